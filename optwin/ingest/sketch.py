@@ -1,0 +1,415 @@
+"""The sketch: a small, fixed set of numbers per operator call that drives its faults.
+
+    python -c "import torch; from optwin.ingest import sketch; print(sketch('softmax', {'x': torch.randn(4, 8)}))"
+
+Contract: /work/notes/sketch_contract.md. One function computes it at build time (over synthetic cases)
+and online (inside inference processes, on CUDA tensors), so the matcher compares like with like.
+
+How it is computed
+------------------
+Every input is read once, converted to float64 (so squares of float32 values near 3e38 do not
+overflow and row statistics do not lose digits), and reduced a handful of times. All reductions stay
+on the inputs' device; the results are stacked into one float64 tensor (`sketch_tensor`, no host
+sync) and `sketch` reads it with one `.tolist()`. Shapes come from tensor metadata (host side).
+Magnitude features are taken over FINITE elements only; an empty or fully non-finite input gives 0.
+
+Features every op has
+---------------------
+- ``numel``: elements of the main input (x; q for attention; a for matmul; lat1 for geodesic).
+  Scales every accumulated rounding error.
+- ``rows``: product of the main input's leading dims (for geodesic, n: every pair is a row).
+  More rows, more chances for one bad row.
+- ``absmax``: largest finite |value| of the main input (attention: over q and k; geodesic: over
+  |lat1|, |lat2|). Overflow of squares/exp/products in low precision starts here.
+- ``rms``: root mean square of the finite elements of the main input (attention: q and k together;
+  geodesic: lat1 and lat2 together). With absmax it tells outlier channels (absmax >> rms) apart
+  from uniformly large inputs.
+- ``nonfinite``: count of NaN/±Inf over all inputs (softmax: -inf is a mask and is not counted).
+  Any non-finite input propagates to a `nonfinite` output fault.
+
+Per operator
+------------
+rmsnorm (x [..., hidden], weight [hidden])
+  ``hidden``: width of the mean of squares (fp16 accumulation error grows with it);
+  ``max_row_rms``: max over rows of sqrt(mean(x^2)): in native-dtype variants x*x overflows fp16 once
+  |x| > 256, and mean(x*x) + eps underflows to eps for tiny rows, so this and absmax locate the faults;
+  ``weight_absmax``: the final weight product can overflow even when the normalized row is fine.
+softmax (x [..., n], -inf marks masked positions)
+  ``n``: row length (sum of exps, entropy); ``max``/``min``: largest/smallest finite value, signed:
+  the naive variant computes exp(x) without subtracting the max, so exp overflows in fp16 for
+  x > 11.09 (bf16/fp32: > 88.7); ``max_row_range``: max over rows of rowmax - rowmin (finite entries;
+  0 for fully masked rows): a wide range means peaked rows (low entropy) and exp underflow to 0;
+  ``masked_rows``: rows that are entirely -inf, whose softmax is 0/0 = NaN; ``masked_frac``: fraction
+  of -inf entries.
+rope (x [seq, heads, d], positions [seq]; param base)
+  ``seq``, ``heads``, ``d``; ``max_pos``: max |position|: angles pos * inv_freq lose absolute
+  precision as positions grow (fp32 at 2^24, fp16/bf16 much earlier: low-precision-angles);
+  ``base``: sets the frequencies.
+attention (q, k, v [batch, heads, seq, d]; param causal)
+  ``batch``, ``heads``, ``seq_q``, ``seq_k``, ``d``, ``causal`` (0/1);
+  ``score_bound``: max_i ||q_i||_2 * max_j ||k_j||_2 / sqrt(d), max over all batches and heads, a
+  bound on |scaled score| (fp16 scores overflow at 65504 in the math variant; large scores also make
+  rows peaked: low entropy); ``v_absmax``: the output is a convex combination of v rows.
+layernorm (x [..., hidden], weight [hidden], bias [hidden])
+  ``hidden``; ``max_mean_over_std``: max over rows of |mean|/std (population std, exact two-pass in
+  float64; 1e30 when std == 0 and mean != 0, 0 when both are 0): the one-pass variance
+  E[x^2] - E[x]^2 cancels catastrophically once this ratio passes ~1/sqrt(u_fp32) ≈ 4e3;
+  ``min_row_std``: the smallest row std (eps dominates below sqrt(eps)); ``weight_absmax``,
+  ``bias_absmax``: the affine step can overflow the output dtype.
+geodesic (lat1, lon1, lat2, lon2 [n], degrees)
+  ``n``; ``min_sep_deg``, ``median_sep_deg`` (lower median), ``max_sep_deg``: angular separation
+  of each pair in degrees, float64 haversine, over pairs whose four inputs are finite. The acos
+  variant loses all digits for nearby points (cos c ≈ 1), haversine near antipodes.
+matmul (a [m, k], b [k, n])
+  ``m``, ``k``, ``n``; ``out_bound``: max row 2-norm of a * max column 2-norm of b, a bound on
+  |a @ b| (Cauchy-Schwarz): output overflow in fp16/bf16; ``b_absmax``; k scales accumulation error.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from numbers import Real
+from typing import Any
+
+import torch
+
+from optwin.catalog import Operator, operator, resolve_params
+from optwin.errors import InputError, SketchError
+
+COMMON_FEATURES: tuple[str, ...] = ("numel", "rows", "absmax", "rms", "nonfinite")
+
+SKETCH_FEATURES: dict[str, tuple[str, ...]] = {
+    "rmsnorm": COMMON_FEATURES + ("hidden", "max_row_rms", "weight_absmax"),
+    "softmax": COMMON_FEATURES + ("n", "max", "min", "max_row_range", "masked_rows", "masked_frac"),
+    "rope": COMMON_FEATURES + ("seq", "heads", "d", "max_pos", "base"),
+    "attention": COMMON_FEATURES + ("batch", "heads", "seq_q", "seq_k", "d", "causal", "score_bound", "v_absmax"),
+    "layernorm": COMMON_FEATURES + ("hidden", "max_mean_over_std", "min_row_std", "weight_absmax", "bias_absmax"),
+    "geodesic": COMMON_FEATURES + ("n", "min_sep_deg", "median_sep_deg", "max_sep_deg"),
+    "matmul": COMMON_FEATURES + ("m", "k", "n", "out_bound", "b_absmax"),
+}
+
+# Features that may be negative; every other feature is a count, a shape or a magnitude (>= 0).
+SIGNED_FEATURES: frozenset[str] = frozenset({"max", "min"})
+
+# Stand-in for +inf in max_mean_over_std (var == 0, mean != 0): the sketch is never inf or NaN.
+RATIO_CAP = 1e30
+
+_F64 = torch.float64
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _check_inputs(spec: Operator, inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """Names, types and ndims of the inputs against the catalog; one-line InputError otherwise."""
+    op = spec.name
+    expected = spec.input_names()
+    if not isinstance(inputs, Mapping):
+        raise InputError(f"{op}: inputs must be a dict with keys {', '.join(expected)}, got {type(inputs).__name__}")
+    missing = [n for n in expected if n not in inputs]
+    extra = sorted(str(n) for n in inputs if n not in expected)
+    if missing or extra:
+        raise InputError(
+            f"{op}: expected inputs {', '.join(expected)}; "
+            + "; ".join(p for p in (f"missing {', '.join(missing)}" if missing else "",
+                                    f"unexpected {', '.join(extra)}" if extra else "") if p)
+        )
+    out: dict[str, torch.Tensor] = {}
+    for s in spec.inputs:
+        t = inputs[s.name]
+        if not isinstance(t, torch.Tensor):
+            raise InputError(f"{op}: input {s.name} must be a torch.Tensor {s.shape}, got {type(t).__name__}")
+        if t.ndim < s.min_ndim or (s.max_ndim is not None and t.ndim > s.max_ndim):
+            want = f"{s.min_ndim}" if s.max_ndim == s.min_ndim else f">= {s.min_ndim}" if s.max_ndim is None else f"{s.min_ndim}..{s.max_ndim}"
+            raise InputError(f"{op}: input {s.name} must be {s.shape} ({want} dims), got shape {tuple(t.shape)}")
+        if t.is_complex():
+            raise InputError(f"{op}: input {s.name} must be real, got {t.dtype}")
+        out[s.name] = t
+    return out
+
+
+def _same(op: str, what: str, got: int, want: int) -> None:
+    if got != want:
+        raise InputError(f"{op}: {what} is {got}, expected {want}")
+
+
+def _check_shapes(op: str, t: dict[str, torch.Tensor]) -> None:
+    """Cross-input shape agreement (host metadata only, no sync)."""
+    if op in ("rmsnorm", "layernorm"):
+        h = t["x"].shape[-1]
+        _same(op, "weight length", t["weight"].shape[0], h)
+        if op == "layernorm":
+            _same(op, "bias length", t["bias"].shape[0], h)
+    elif op == "rope":
+        _same(op, "positions length", t["positions"].shape[0], t["x"].shape[0])
+        if t["x"].shape[2] % 2:
+            raise InputError(f"rope: head dim d must be even, got {t['x'].shape[2]}")
+    elif op == "attention":
+        q, k, v = t["q"].shape, t["k"].shape, t["v"].shape
+        if q[:2] != k[:2] or k[:3] != v[:3] or q[3] != k[3]:
+            raise InputError(f"attention: q {tuple(q)}, k {tuple(k)}, v {tuple(v)} must agree on batch, heads, d (q/k) and seq_k (k/v)")
+    elif op == "geodesic":
+        n = t["lat1"].shape[0]
+        for name in ("lon1", "lat2", "lon2"):
+            _same(op, f"{name} length", t[name].shape[0], n)
+    elif op == "matmul":
+        _same(op, "b rows (k)", t["b"].shape[0], t["a"].shape[1])
+
+
+# ----------------------------------------------------------------------------- reductions
+
+
+def _finite(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float64 copy with non-finite entries set to 0, finite mask)."""
+    h = x.to(_F64)
+    fin = torch.isfinite(h)
+    return torch.where(fin, h, 0.0), fin
+
+
+def _amax(t: torch.Tensor) -> torch.Tensor:
+    """max |t| of a finite-zeroed float64 tensor; 0 when empty."""
+    if t.numel() == 0:
+        return t.new_zeros(())
+    return t.abs().amax()
+
+
+def _count_nonfinite(fin: torch.Tensor) -> torch.Tensor:
+    return (fin.numel() - fin.sum()).to(_F64)
+
+
+def _rms(hf: torch.Tensor, fin: torch.Tensor) -> torch.Tensor:
+    """RMS over finite entries (hf has them zeroed)."""
+    return torch.sqrt(hf.square().sum() / fin.sum().clamp(min=1).to(_F64))
+
+
+def _row_view(t: torch.Tensor) -> torch.Tensor:
+    """[..., n] -> [rows, n]."""
+    return t.reshape(-1, t.shape[-1]) if t.ndim else t.reshape(1, 1)
+
+
+# ----------------------------------------------------------------------------- per op
+
+
+def _rmsnorm(t: dict[str, torch.Tensor], params: dict[str, Any]) -> dict[str, Any]:
+    x, w = t["x"], t["weight"]
+    hidden = x.shape[-1]
+    xf, xfin = _finite(x)
+    wf, wfin = _finite(w)
+    rows2 = _row_view(xf)  # (rows, hidden)
+    if rows2.numel():
+        row_ms = rows2.square().sum(-1) / _row_view(xfin).sum(-1).clamp(min=1).to(_F64)  # (rows,)
+        max_row_rms = torch.sqrt(row_ms.amax())
+    else:
+        max_row_rms = xf.new_zeros(())
+    return {
+        "absmax": _amax(xf), "rms": _rms(xf, xfin), "nonfinite": _count_nonfinite(xfin) + _count_nonfinite(wfin),
+        "hidden": float(hidden), "max_row_rms": max_row_rms, "weight_absmax": _amax(wf),
+    }
+
+
+def _softmax(t: dict[str, torch.Tensor], params: dict[str, Any]) -> dict[str, Any]:
+    x = t["x"]
+    n = x.shape[-1]
+    h = _row_view(x).to(_F64)  # (rows, n)
+    fin = torch.isfinite(h)
+    neg_inf = h == -math.inf
+    hf = torch.where(fin, h, 0.0)
+    out: dict[str, Any] = {
+        "absmax": _amax(hf), "rms": _rms(hf, fin),
+        "nonfinite": (h.numel() - fin.sum() - neg_inf.sum()).to(_F64), "n": float(n),
+    }
+    if h.numel() == 0:
+        zero = hf.new_zeros(())
+        out.update(max=zero, min=zero, max_row_range=zero, masked_rows=zero, masked_frac=zero)
+        return out
+    row_max = torch.where(fin, h, -math.inf).amax(-1)  # (rows,)
+    row_min = torch.where(fin, h, math.inf).amin(-1)  # (rows,)
+    row_any = fin.any(-1)  # (rows,)
+    any_fin = row_any.any()
+    out["max"] = torch.where(any_fin, row_max.amax(), 0.0)
+    out["min"] = torch.where(any_fin, row_min.amin(), 0.0)
+    out["max_row_range"] = torch.where(row_any, row_max - row_min, 0.0).amax()
+    out["masked_rows"] = neg_inf.all(-1).sum().to(_F64)
+    out["masked_frac"] = neg_inf.sum().to(_F64) / h.numel()
+    return out
+
+
+def _rope(t: dict[str, torch.Tensor], params: dict[str, Any]) -> dict[str, Any]:
+    x, pos = t["x"], t["positions"]
+    seq, heads, d = x.shape
+    xf, xfin = _finite(x)
+    pf, pfin = _finite(pos)
+    return {
+        "absmax": _amax(xf), "rms": _rms(xf, xfin), "nonfinite": _count_nonfinite(xfin) + _count_nonfinite(pfin),
+        "seq": float(seq), "heads": float(heads), "d": float(d), "max_pos": _amax(pf), "base": float(params["base"]),
+    }
+
+
+def _max_vec_norm(hf: torch.Tensor) -> torch.Tensor:
+    """max over vectors along the last dim of their 2-norm; 0 when empty."""
+    if hf.numel() == 0:
+        return hf.new_zeros(())
+    return torch.linalg.vector_norm(hf, dim=-1).amax()
+
+
+def _attention(t: dict[str, torch.Tensor], params: dict[str, Any]) -> dict[str, Any]:
+    q, k, v = t["q"], t["k"], t["v"]
+    batch, heads, seq_q, d = q.shape
+    seq_k = k.shape[2]
+    qf, qfin = _finite(q)
+    kf, kfin = _finite(k)
+    vf, vfin = _finite(v)
+    # q and k together for absmax/rms: both feed the scores.
+    sq = qf.square().sum() + kf.square().sum()
+    cnt = (qfin.sum() + kfin.sum()).clamp(min=1).to(_F64)
+    score_bound = _max_vec_norm(qf) * _max_vec_norm(kf) / math.sqrt(max(d, 1))
+    return {
+        "absmax": torch.maximum(_amax(qf), _amax(kf)), "rms": torch.sqrt(sq / cnt),
+        "nonfinite": _count_nonfinite(qfin) + _count_nonfinite(kfin) + _count_nonfinite(vfin),
+        "batch": float(batch), "heads": float(heads), "seq_q": float(seq_q), "seq_k": float(seq_k), "d": float(d),
+        "causal": float(bool(params["causal"])), "score_bound": score_bound, "v_absmax": _amax(vf),
+    }
+
+
+def _layernorm(t: dict[str, torch.Tensor], params: dict[str, Any]) -> dict[str, Any]:
+    x = t["x"]
+    hidden = x.shape[-1]
+    xf, xfin = _finite(x)
+    wf, wfin = _finite(t["weight"])
+    bf, bfin = _finite(t["bias"])
+    out: dict[str, Any] = {
+        "absmax": _amax(xf), "rms": _rms(xf, xfin),
+        "nonfinite": _count_nonfinite(xfin) + _count_nonfinite(wfin) + _count_nonfinite(bfin),
+        "hidden": float(hidden), "weight_absmax": _amax(wf), "bias_absmax": _amax(bf),
+    }
+    r, rfin = _row_view(xf), _row_view(xfin)  # (rows, hidden)
+    if r.numel() == 0:
+        out["max_mean_over_std"] = out["min_row_std"] = xf.new_zeros(())
+        return out
+    cnt = rfin.sum(-1, keepdim=True).clamp(min=1).to(_F64)  # (rows, 1)
+    mean = r.sum(-1, keepdim=True) / cnt  # (rows, 1)
+    dev = torch.where(rfin, r - mean, 0.0)  # (rows, hidden): exact two-pass variance
+    std = torch.sqrt(dev.square().sum(-1) / cnt.squeeze(-1))  # (rows,)
+    am = mean.squeeze(-1).abs()  # (rows,)
+    ratio = torch.where(std > 0, am / std, torch.where(am > 0, RATIO_CAP, 0.0)).clamp(max=RATIO_CAP)
+    out["max_mean_over_std"] = ratio.amax()
+    out["min_row_std"] = std.amin()
+    return out
+
+
+def _geodesic(t: dict[str, torch.Tensor], params: dict[str, Any]) -> dict[str, Any]:
+    n = t["lat1"].shape[0]
+    (la1, f1), (lo1, f2), (la2, f3), (lo2, f4) = (_finite(t[k]) for k in ("lat1", "lon1", "lat2", "lon2"))
+    valid = f1 & f2 & f3 & f4  # (n,)
+    lat_abs = torch.maximum(_amax(la1), _amax(la2))
+    cnt_lat = (f1.sum() + f3.sum()).clamp(min=1).to(_F64)
+    rms = torch.sqrt((la1.square().sum() + la2.square().sum()) / cnt_lat)
+    nonfinite = sum(_count_nonfinite(f) for f in (f1, f2, f3, f4))
+    out: dict[str, Any] = {"absmax": lat_abs, "rms": rms, "nonfinite": nonfinite, "n": float(n)}
+    if n == 0:
+        out["min_sep_deg"] = out["median_sep_deg"] = out["max_sep_deg"] = la1.new_zeros(())
+        return out
+    p1, p2 = torch.deg2rad(la1), torch.deg2rad(la2)
+    dl = torch.deg2rad(lo2 - lo1)
+    a = torch.sin((p2 - p1) / 2).square() + torch.cos(p1) * torch.cos(p2) * torch.sin(dl / 2).square()
+    sep = torch.rad2deg(2 * torch.asin(torch.sqrt(a.clamp(0.0, 1.0))))  # (n,)
+    nvalid = valid.sum()
+    has = nvalid > 0
+    srt = torch.where(valid, sep, math.inf).sort().values  # invalid pairs sort last
+    mid = ((nvalid - 1).clamp(min=0) // 2).view(1)
+    out["min_sep_deg"] = torch.where(has, srt[0], 0.0)
+    out["median_sep_deg"] = torch.where(has, srt.gather(0, mid)[0], 0.0)
+    out["max_sep_deg"] = torch.where(valid, sep, 0.0).amax()
+    return out
+
+
+def _matmul(t: dict[str, torch.Tensor], params: dict[str, Any]) -> dict[str, Any]:
+    a, b = t["a"], t["b"]
+    m, k = a.shape
+    n = b.shape[1]
+    af, afin = _finite(a)
+    bf, bfin = _finite(b)
+    row_a = _max_vec_norm(af)  # max_i ||a[i, :]||
+    col_b = _max_vec_norm(bf.T)  # max_j ||b[:, j]||
+    b_abs = _amax(bf)
+    return {
+        "absmax": torch.maximum(_amax(af), b_abs), "rms": _rms(af, afin),
+        "nonfinite": _count_nonfinite(afin) + _count_nonfinite(bfin),
+        "m": float(m), "k": float(k), "n": float(n), "out_bound": row_a * col_b, "b_absmax": b_abs,
+    }
+
+
+_OPS = {
+    "rmsnorm": _rmsnorm, "softmax": _softmax, "rope": _rope, "attention": _attention,
+    "layernorm": _layernorm, "geodesic": _geodesic, "matmul": _matmul,
+}
+
+_MAIN = {"rmsnorm": "x", "softmax": "x", "rope": "x", "attention": "q", "layernorm": "x", "geodesic": "lat1", "matmul": "a"}
+
+
+# ----------------------------------------------------------------------------- public
+
+
+def sketch_tensor(op: str, inputs: Mapping[str, torch.Tensor], params: dict[str, Any] | None = None
+                  ) -> tuple[tuple[str, ...], torch.Tensor]:
+    """(feature names, float64 tensor of their values) on the inputs' device, without a host sync.
+
+    Raises CatalogError for an unknown op or param, InputError for missing/extra inputs, wrong
+    ndim or disagreeing shapes.
+    """
+    spec = operator(op)
+    t = _check_inputs(spec, inputs)
+    _check_shapes(op, t)
+    p = resolve_params(op, params)
+    vals = _OPS[op](t, p)
+    main = t[_MAIN[op]]
+    vals["numel"] = float(main.numel())
+    vals["rows"] = float(main.shape[0]) if op == "geodesic" else float(math.prod(main.shape[:-1]))
+    names = SKETCH_FEATURES[op]
+    device = main.device
+    host = [i for i, nm in enumerate(names) if not isinstance(vals[nm], torch.Tensor)]
+    dev = [i for i, nm in enumerate(names) if isinstance(vals[nm], torch.Tensor)]
+    out = torch.empty(len(names), dtype=_F64, device=device)
+    # One host->device copy for the shape features, one stack for the reductions.
+    out[host] = torch.tensor([float(vals[names[i]]) for i in host], dtype=_F64).to(device, non_blocking=True)
+    out[dev] = torch.stack([vals[names[i]].to(_F64).reshape(()) for i in dev])
+    return names, out
+
+
+def sketch(op: str, inputs: Mapping[str, torch.Tensor], params: dict[str, Any] | None = None) -> dict[str, float]:
+    """The sketch of one call as {feature: float}; the features of `op` are SKETCH_FEATURES[op]."""
+    names, values = sketch_tensor(op, inputs, params)
+    return dict(zip(names, values.tolist()))
+
+
+def validate_sketch(op: str, sketch: Any) -> dict[str, float]:
+    """Check a sketch received from outside (matcher, sidecar, logs); return it as {feature: float}.
+
+    Required: every feature of SKETCH_FEATURES[op]; each value a finite real number (bool, str,
+    None, NaN and ±inf are rejected); every feature except softmax max/min non-negative; causal
+    0 or 1; masked_frac within [0, 1]. Extra keys are ignored (and dropped), so newer producers
+    can send more. Raises SketchError with one line naming the op and the first problem.
+    """
+    names = SKETCH_FEATURES[operator(op).name]
+    if not isinstance(sketch, Mapping):
+        raise SketchError(f"{op}: sketch must be a JSON object of feature -> number, got {type(sketch).__name__}")
+    missing = [n for n in names if n not in sketch]
+    if missing:
+        raise SketchError(f"{op}: sketch is missing features {', '.join(missing)}")
+    out: dict[str, float] = {}
+    for n in names:
+        v = sketch[n]
+        if isinstance(v, bool) or not isinstance(v, Real) or type(v).__name__ == "bool_":
+            raise SketchError(f"{op}: sketch feature {n} must be a number, got {type(v).__name__} {v!r:.40}")
+        f = float(v)
+        if not math.isfinite(f):
+            raise SketchError(f"{op}: sketch feature {n} must be finite, got {f}")
+        if f < 0 and n not in SIGNED_FEATURES:
+            raise SketchError(f"{op}: sketch feature {n} must be >= 0, got {f}")
+        out[n] = f
+    if "causal" in out and out["causal"] not in (0.0, 1.0):
+        raise SketchError(f"{op}: sketch feature causal must be 0 or 1, got {out['causal']}")
+    if "masked_frac" in out and out["masked_frac"] > 1.0:
+        raise SketchError(f"{op}: sketch feature masked_frac must be within [0, 1], got {out['masked_frac']}")
+    return out

@@ -1,0 +1,95 @@
+"""FP64 twins of the catalog's GPU operator variants, with emulated numerics and rounding noise.
+
+    python -c "import torch; from optwin import twin; x = torch.randn(4, 64).half()*300; \
+w = torch.ones(64).half(); print(twin.run('rmsnorm', 'native-dtype', 'float16', {'x': x, 'weight': w}).faults)"
+
+`run` is the public entry point (shared/spec/api.md). Each operator lives in `optwin/twin/<op>.py`
+and exposes:
+- `reference(inputs, params) -> Tensor`: the float64 reference of the spec;
+- `reference_probabilities(inputs, params) -> Tensor` (softmax, attention): the float64 row
+  probabilities that `low_entropy` judges;
+- `twin(num, variant, dtype, inputs, params) -> Tensor`: the variant step by step, each rounding
+  point of the real implementation a `num.round(...)` / `num.sum(...)` call. Inputs are float64 and
+  may carry a leading replay dim, so twins index trailing dims only.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import torch
+
+from optwin.catalog import Tolerances, resolve_params
+from optwin.twin.faults import fault_flags, relative_error
+from optwin.twin.numerics import NOISE_MODES, Numerics
+from optwin.validation import validate
+
+TWIN_VERSION = "1"
+
+__all__ = ["run", "TwinResult", "TWIN_VERSION", "NOISE_MODES", "twin_module", "to_float64"]
+
+
+@dataclass
+class TwinResult:
+    """What `run` returns (shared/spec/api.md)."""
+
+    op: str
+    variant: str
+    dtype: str
+    exact: torch.Tensor  # float64 reference
+    emulated: torch.Tensor  # float64: the variant under deterministic emulation
+    faults: dict[str, bool]  # for `emulated`
+    replay_faults: dict[str, torch.Tensor] = field(default_factory=dict)  # fault -> bool [replays]
+    replays: torch.Tensor | None = None  # float64 [replays, ...] outputs of the noisy replays
+    noise: str = "none"
+    rel_error: float = 0.0  # ||emulated - exact|| / ||exact|| over finite-reference elements
+    replay_rel_error: torch.Tensor | None = None  # [replays]
+
+    @property
+    def probability(self) -> dict[str, float]:
+        """Fraction of replays that fault, per type (the deterministic flags when there are none)."""
+        if not self.replay_faults:
+            return {k: float(v) for k, v in self.faults.items()}
+        return {k: float(v.double().mean()) for k, v in self.replay_faults.items()}
+
+
+def twin_module(op: str):
+    return importlib.import_module(f"optwin.twin.{op}")
+
+
+def to_float64(inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Exact float64 CPU copies of dtype-rounded inputs (int64 positions are exact below 2^53)."""
+    return {k: v.detach().to("cpu", torch.float64) for k, v in inputs.items()}
+
+
+def run(op: str, variant: str, dtype: str, inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any] | None = None,
+        noise: str = "none", replays: int = 0, seed: int = 0, tolerances: Tolerances | None = None,
+        keep_replays: bool = False) -> TwinResult:
+    """Run one input through the twin of (op, variant, dtype): reference, emulation, noisy replays."""
+    if noise not in NOISE_MODES:
+        raise ValueError(f"{op}: unknown noise mode {noise!r}; expected one of {', '.join(NOISE_MODES)}")
+    if not isinstance(replays, int) or replays < 0:
+        raise ValueError(f"{op}: replays must be a non-negative int, got {replays!r}")
+    validate(op, variant, dtype, inputs)
+    p = resolve_params(op, dict(params or {}))
+    x = to_float64(inputs)
+    mod = twin_module(op)
+    exact = mod.reference(x, p)
+    r_prob = mod.reference_probabilities(x, p) if hasattr(mod, "reference_probabilities") else None
+    emulated = mod.twin(Numerics("none"), variant, dtype, x, p)
+    flags = fault_flags(op, dtype, emulated, exact, r_prob, tolerances)
+    result = TwinResult(op, variant, dtype, exact, emulated, {k: bool(v) for k, v in flags.items()}, noise=noise,
+                        rel_error=float(relative_error(emulated, exact)))
+    if replays:
+        if noise == "none":  # deterministic replays are all the emulated output
+            outs = emulated.unsqueeze(0).expand(replays, *emulated.shape)
+        else:
+            num = Numerics(noise, replays, seed)
+            outs = mod.twin(num, variant, dtype, {k: num.expand(v) for k, v in x.items()}, p)
+        result.replay_faults = fault_flags(op, dtype, outs, exact, r_prob, tolerances)
+        result.replay_rel_error = relative_error(outs, exact)
+        if keep_replays:
+            result.replays = outs
+    return result

@@ -1,0 +1,327 @@
+"""Precision emulation over float64 tensors: formats, rounding, ordered float32 reductions, noise.
+
+    python -m pytest tests/test_twin_numerics.py
+
+Every twin computes on float64 tensors and calls `Numerics.round` at each point where the real
+implementation rounds. A value's float64 representation is exact for every emulated format, so a
+rounded float64 tensor *is* the low-precision value.
+
+Noise modes (one input -> a distribution of outcomes, R replays batched in a leading dim):
+- `none`: deterministic IEEE round-to-nearest-even: the emulated output.
+- `stochastic`: stochastic rounding at every rounded operation: round up with probability equal to
+  the distance from the lower neighbour in ulps. Only the two neighbours are ever picked.
+- `mca`: Monte-Carlo arithmetic in Verificarlo's random-rounding mode: the exact result is perturbed
+  by `2^(e - t) * xi`, xi ~ U(-1/2, 1/2), e the exponent of the result, t the virtual precision
+  (the format's precision by default), and then rounded to nearest in the format, which keeps
+  overflow and underflow physical.
+- `order`: every reduction takes a random order (a random permutation of its elements) and a random
+  block width; rounding itself stays round-to-nearest-even.
+Seeds are reproducible: the same seed gives the same replays.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+NOISE_MODES = ("none", "stochastic", "mca", "order")
+
+
+@dataclass(frozen=True)
+class Format:
+    """A binary floating-point format: precision p (significand bits, implicit bit included)."""
+
+    name: str
+    p: int
+    emin: int  # exponent of the smallest normal number
+    emax: int  # exponent of the largest finite number
+    overflow: str = "inf"  # "inf" (IEEE), "saturate" (torch's float8_e4m3fn cast), "nan"
+    torch_dtype: torch.dtype | None = None
+
+    @property
+    def max(self) -> float:
+        return (2.0 - 2.0 ** (1 - self.p)) * 2.0**self.emax if self.name != "float8_e4m3fn" else 448.0
+
+    @property
+    def tiny(self) -> float:
+        """Smallest positive normal."""
+        return 2.0**self.emin
+
+    @property
+    def u(self) -> float:
+        """Unit roundoff."""
+        return 2.0**-self.p
+
+    def ulp(self, x: torch.Tensor) -> torch.Tensor:
+        """Spacing of the format at |x| (float64), the subnormal spacing below tiny."""
+        _, e = torch.frexp(x.abs())
+        exp = torch.clamp(e - 1, min=self.emin)
+        return torch.exp2((exp - (self.p - 1)).to(torch.float64))
+
+
+FORMATS: dict[str, Format] = {
+    "float16": Format("float16", 11, -14, 15, "inf", torch.float16),
+    "bfloat16": Format("bfloat16", 8, -126, 127, "inf", torch.bfloat16),
+    "float32": Format("float32", 24, -126, 127, "inf", torch.float32),
+    # TF32: float32's range with float16's precision (tensor-core inputs under allow_tf32).
+    "tf32": Format("tf32", 11, -126, 127, "inf", None),
+    # e4m3fn has no infinity; its largest value is 448 (S.1111.110). torch's cast saturates
+    # out-of-range values (inf included) to +-448 and keeps NaN: we model torch's cast.
+    "float8_e4m3fn": Format("float8_e4m3fn", 4, -6, 8, "saturate", torch.float8_e4m3fn),
+    "float8_e5m2": Format("float8_e5m2", 3, -14, 15, "inf", torch.float8_e5m2),
+}
+
+
+def fmt(name: str | Format) -> Format:
+    if isinstance(name, Format):
+        return name
+    try:
+        return FORMATS[name]
+    except KeyError:
+        raise ValueError(f"unknown format {name!r}; expected one of {', '.join(FORMATS)}") from None
+
+
+def _scale_exponent(a: torch.Tensor, f: Format) -> torch.Tensor:
+    """Exponent of the ulp of |a| in format f (subnormals share emin's ulp)."""
+    _, e = torch.frexp(a)
+    return torch.clamp(e - 1, min=f.emin) - (f.p - 1)
+
+
+def _finish(x: torch.Tensor, mag: torch.Tensor, f: Format, ftz: bool) -> torch.Tensor:
+    """Apply overflow, flush-to-zero, the sign (keeping -0.0) and NaN/Inf pass-through."""
+    over = mag > f.max
+    if f.overflow == "inf":
+        mag = torch.where(over, torch.full_like(mag, math.inf), mag)
+    elif f.overflow == "saturate":
+        mag = torch.where(over | torch.isinf(x), torch.full_like(mag, f.max), mag)
+    else:
+        mag = torch.where(over | torch.isinf(x), torch.full_like(mag, math.nan), mag)
+    if ftz:
+        mag = torch.where(mag < f.tiny, torch.zeros_like(mag), mag)
+    out = torch.copysign(mag, x)
+    if f.overflow == "inf":
+        out = torch.where(torch.isinf(x), x, out)
+    return torch.where(torch.isnan(x), x, out)
+
+
+def round_nearest(x: torch.Tensor, f: Format | str, ftz: bool = False) -> torch.Tensor:
+    """IEEE round-to-nearest-even of float64 `x` into format `f`, computed exactly in float64.
+
+    One rounding from the float64 value (the IEEE definition). torch's own `double.to(half)` goes
+    through float32 first (two roundings); see `torch_cast` for that behaviour.
+    """
+    f = fmt(f)
+    x = x.to(torch.float64)
+    a = x.abs()
+    if ftz:  # denormals-are-zero on the way in, as FTZ hardware does
+        a = torch.where(a < f.tiny, torch.zeros_like(a), a)
+    s = _scale_exponent(a, f)
+    # a * 2^-s is exact (power-of-two scaling); torch.round is round-half-to-even.
+    mag = torch.ldexp(torch.round(torch.ldexp(a, -s)), s)
+    return _finish(x, mag, f, ftz)
+
+
+def round_stochastic(x: torch.Tensor, f: Format | str, gen: torch.Generator, ftz: bool = False) -> torch.Tensor:
+    """Stochastic rounding: the upper neighbour with probability (|x| - lo) / ulp, else the lower."""
+    f = fmt(f)
+    x = x.to(torch.float64)
+    a = x.abs()
+    s = _scale_exponent(a, f)
+    scaled = torch.ldexp(a, -s)
+    lo = torch.floor(scaled)
+    frac = scaled - lo
+    up = torch.rand(a.shape, generator=gen, dtype=torch.float64, device=a.device) < frac
+    mag = torch.ldexp(lo + up.to(torch.float64), s)
+    return _finish(x, mag, f, ftz)
+
+
+def perturb_mca(x: torch.Tensor, f: Format | str, gen: torch.Generator, t: int | None = None) -> torch.Tensor:
+    """Verificarlo random-rounding MCA: x + 2^(e_x - t) * xi, xi ~ U(-1/2, 1/2), at virtual precision t."""
+    f = fmt(f)
+    t = f.p if t is None else t
+    x = x.to(torch.float64)
+    _, e = torch.frexp(x.abs())  # |x| = m 2^e, m in [0.5, 1): Verificarlo's e_x
+    xi = torch.rand(x.shape, generator=gen, dtype=torch.float64, device=x.device) - 0.5
+    noise = torch.ldexp(xi, (e - t).to(torch.int64))
+    return torch.where(torch.isfinite(x) & (x != 0), x + noise, x)
+
+
+def torch_cast(x: torch.Tensor, f: Format | str) -> torch.Tensor:
+    """What `x.to(dtype).double()` gives for a float64 `x` in torch: float32 first, then the format.
+
+    Formats without a torch dtype (tf32) round once, from float32.
+    """
+    f = fmt(f)
+    x32 = round_nearest(x, FORMATS["float32"])
+    return x32 if f.name == "float32" else round_nearest(x32, f)
+
+
+class Numerics:
+    """The rounding context a twin computes under: noise mode, replay count, generator.
+
+    With `replays == R > 0` the twin's inputs carry a leading replay dim of size R and every random
+    choice is drawn independently per element, so the R replays run as one batched computation.
+    """
+
+    def __init__(self, noise: str = "none", replays: int = 0, seed: int = 0, ftz: bool = False,
+                 mca_precision: int | None = None, device: torch.device | str = "cpu"):
+        if noise not in NOISE_MODES:
+            raise ValueError(f"unknown noise mode {noise!r}; expected one of {', '.join(NOISE_MODES)}")
+        self.noise = noise
+        self.replays = replays
+        self.seed = seed
+        self.ftz = ftz
+        self.mca_precision = mca_precision
+        self.gen = torch.Generator(device=device)
+        self.gen.manual_seed(seed)
+
+    @property
+    def deterministic(self) -> bool:
+        return self.noise in ("none", "order")
+
+    # -- rounding ---------------------------------------------------------------------------
+    def round(self, x: torch.Tensor, f: Format | str) -> torch.Tensor:
+        """Round a float64 result of one operation into format f, under this context's noise."""
+        f = fmt(f)
+        if self.noise == "stochastic":
+            return round_stochastic(x, f, self.gen, self.ftz)
+        if self.noise == "mca":
+            t = f.p if self.mca_precision is None else self.mca_precision
+            return round_nearest(perturb_mca(x, f, self.gen, t), f, self.ftz)
+        if f.torch_dtype is not None and f.name in ("float32", "float16", "bfloat16") and not self.ftz:
+            # Fast path, bit-identical to round_nearest for values already representable in float32
+            # (every twin intermediate): the hardware cast is correctly rounded from float32.
+            return _cast_via_float32(x, f)
+        return round_nearest(x, f, self.ftz)
+
+    # -- reductions -------------------------------------------------------------------------
+    def sum(self, x: torch.Tensor, dim: int = -1, acc: Format | str = "float32", order: str = "blocked",
+            lanes: int = 256, keepdim: bool = False) -> torch.Tensor:
+        """Sum along `dim` accumulating in format `acc`, rounding after every addition.
+
+        order:
+        - "sequential": s = ((x0 + x1) + x2) + ... (a CPU loop, one thread per row);
+        - "pairwise":   a balanced tree (Triton's tl.sum, a warp shuffle reduction);
+        - "blocked":    each of `lanes` threads sums its strided elements i, i+lanes, ... in
+                        sequence, then a tree over the lanes (a GPU block reduction; with lanes = K
+                        chunks it is a split-K reduction).
+        Under noise "order" the elements are permuted at random (per replay and row) and the lane
+        count is drawn from {32, 64, ..., 1024}.
+        """
+        acc = fmt(acc)
+        x = x.movedim(dim, -1)
+        n = x.shape[-1]
+        if self.noise == "order" and n > 1:
+            perm = torch.argsort(torch.rand(x.shape, generator=self.gen, dtype=torch.float64), dim=-1)
+            x = torch.gather(x, -1, perm)
+            lanes = 2 ** int(torch.randint(5, 11, (1,), generator=self.gen))
+            order = "blocked"
+        if order == "sequential":
+            out = self._sequential(x, acc)
+        elif order == "pairwise":
+            out = self._tree(x, acc)
+        elif order == "blocked":
+            out = self._blocked(x, acc, lanes)
+        else:
+            raise ValueError(f"unknown reduction order {order!r}")
+        return out.unsqueeze(dim) if keepdim else out
+
+    def mean(self, x: torch.Tensor, dim: int = -1, acc: Format | str = "float32", order: str = "blocked",
+             lanes: int = 256, keepdim: bool = False) -> torch.Tensor:
+        """sum / n with the division rounded in `acc` (torch divides the fp32 accumulator by n)."""
+        n = x.shape[dim]
+        s = self.sum(x, dim, acc, order, lanes, keepdim)
+        return self.round(s / n, acc)
+
+    def max(self, x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
+        """Max is exact in every order (NaN propagates, as on the GPU)."""
+        return torch.amax(x, dim=dim, keepdim=keepdim).where(
+            ~torch.isnan(x).any(dim=dim, keepdim=keepdim), torch.tensor(math.nan, dtype=x.dtype))
+
+    def _sequential(self, x: torch.Tensor, acc: Format) -> torch.Tensor:
+        s = x[..., 0]
+        for i in range(1, x.shape[-1]):
+            s = self.round(s + x[..., i], acc)
+        return s
+
+    def _tree(self, x: torch.Tensor, acc: Format) -> torch.Tensor:
+        # Pad to a power of two with zeros (x + 0 is exact) and add halves until one is left.
+        n = x.shape[-1]
+        width = 1 << max(0, (n - 1).bit_length())
+        if width != n:
+            x = torch.nn.functional.pad(x, (0, width - n))
+        while x.shape[-1] > 1:
+            half = x.shape[-1] // 2
+            x = self.round(x[..., :half] + x[..., half:], acc)
+        return x[..., 0]
+
+    def _blocked(self, x: torch.Tensor, acc: Format, lanes: int) -> torch.Tensor:
+        n = x.shape[-1]
+        lanes = max(1, min(lanes, n))
+        steps = -(-n // lanes)
+        if steps * lanes != n:
+            x = torch.nn.functional.pad(x, (0, steps * lanes - n))
+        x = x.reshape(*x.shape[:-1], steps, lanes)  # (..., steps, lanes): lane l holds l, l+lanes, ...
+        s = x[..., 0, :]
+        for i in range(1, steps):
+            s = self.round(s + x[..., i, :], acc)
+        return self._tree(s, acc)
+
+    # -- products -----------------------------------------------------------------------------
+    def matmul(self, a: torch.Tensor, b: torch.Tensor, out: Format | str, acc: Format | str = "float32",
+               chunk: int = 32) -> torch.Tensor:
+        """a @ b with exact products, chunks of `chunk` along k summed exactly (a tensor-core MMA
+        accumulates a k-tile internally), the chunk partials accumulated in sequence in `acc`, then
+        the output rounded to `out`. Batched over leading dims; a leading replay dim on either side
+        broadcasts. Under noise "order" the chunk width is drawn from {16, 32, 64} and the partials
+        are accumulated in a random order.
+        """
+        acc, out = fmt(acc), fmt(out)
+        k = a.shape[-1]
+        if self.noise == "order":
+            chunk = int((16, 32, 64)[int(torch.randint(0, 3, (1,), generator=self.gen))])
+        chunk = max(1, min(chunk, k))
+        n_chunks = -(-k // chunk)
+        pad = n_chunks * chunk - k
+        if pad:
+            a = torch.nn.functional.pad(a, (0, pad))
+            b = torch.nn.functional.pad(b, (0, 0, 0, pad))
+        a_c = a.reshape(*a.shape[:-1], n_chunks, chunk).movedim(-2, -3)  # (..., C, m, chunk)
+        b_c = b.reshape(*b.shape[:-2], n_chunks, chunk, b.shape[-1])  # (..., C, chunk, n)
+        partials = self.round(a_c @ b_c, acc)  # (..., C, m, n)
+        if self.noise == "order" and n_chunks > 1:
+            perm = torch.randperm(n_chunks, generator=self.gen)
+            partials = partials.index_select(-3, perm)
+        s = partials[..., 0, :, :]
+        for i in range(1, n_chunks):
+            s = self.round(s + partials[..., i, :, :], acc)
+        return self.round(s, out)
+
+    def align(self, w: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """View a trailing-dims parameter (e.g. weight (R, hidden)) so it broadcasts against `like`
+        (R, ..., hidden) when both carry the replay dim; without replays broadcasting is already right."""
+        if not self.replays or w.ndim >= like.ndim:
+            return w
+        return w.reshape(w.shape[0], *([1] * (like.ndim - w.ndim)), *w.shape[1:])
+
+    def expand(self, x: torch.Tensor) -> torch.Tensor:
+        """Give an input the leading replay dim (a view) when this context has replays."""
+        return x.unsqueeze(0).expand(self.replays, *x.shape) if self.replays else x
+
+
+def _cast_via_float32(x: torch.Tensor, f: Format) -> torch.Tensor:
+    """Hardware casts: float64 -> float32 is correctly rounded; float32 -> half/bfloat16 too."""
+    y = x.to(torch.float32)
+    if f.torch_dtype is not torch.float32:
+        y = y.to(f.torch_dtype)
+    return y.to(torch.float64)
+
+
+def ulps_between(a: torch.Tensor, b: torch.Tensor, f: Format | str) -> torch.Tensor:
+    """|a - b| in ulps of format f at the magnitude of b (inf where exactly one is non-finite)."""
+    f = fmt(f)
+    d = (a - b).abs() / f.ulp(b)
+    both_same_nonfinite = (~torch.isfinite(a)) & (~torch.isfinite(b)) & ((a == b) | (torch.isnan(a) & torch.isnan(b)))
+    return torch.where(both_same_nonfinite, torch.zeros_like(d), torch.nan_to_num(d, nan=math.inf))

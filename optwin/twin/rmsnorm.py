@@ -1,0 +1,44 @@
+"""rmsnorm twin: fp32-acc (LlamaRMSNorm), native-dtype (T5LayerNorm without upcast), triton.
+
+Inputs are float64 views of dtype tensors, `x (..., hidden)`, `weight (hidden,)`, possibly with a
+leading replay dim. Each `num.round` below is one rounding of the GPU code.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from optwin.catalog import CATALOG
+from optwin.twin.numerics import Numerics
+
+EPS = CATALOG["rmsnorm"].constants["eps"]
+F32 = "float32"
+
+
+def reference(inputs: dict[str, torch.Tensor], params: dict) -> torch.Tensor:
+    x, w = inputs["x"], inputs["weight"]
+    return w * (x * torch.rsqrt((x * x).mean(-1, keepdim=True) + EPS))
+
+
+def twin(num: Numerics, variant: str, dtype: str, inputs: dict[str, torch.Tensor], params: dict) -> torch.Tensor:
+    x = inputs["x"]  # (..., hidden)
+    w = num.align(inputs["weight"], like=x)  # (hidden,)
+    if variant == "fp32-acc":
+        h = x  # x.float() is exact
+        v = num.mean(num.round(h * h, F32), keepdim=True)  # CUDA reduce, fp32 accumulator
+        r = num.round(torch.rsqrt(num.round(v + EPS, F32)), F32)
+        hn = num.round(num.round(h * r, F32), dtype)  # (h * rsqrt(...)).to(dtype)
+        return num.round(w * hn, dtype)  # weight * (...) in dtype
+    if variant == "native-dtype":
+        sq = num.round(x * x, dtype)  # x*x in dtype: |x| > 256 overflows float16
+        v = num.round(num.mean(sq, keepdim=True), dtype)  # mean accumulates fp32, result in dtype
+        r = num.round(torch.rsqrt(num.round(v + EPS, dtype)), dtype)
+        return num.round(w * num.round(x * r, dtype), dtype)
+    if variant == "triton":
+        n = x.shape[-1]
+        s = num.sum(num.round(x * x, F32), order="pairwise", keepdim=True)  # tl.sum: a tree
+        v = num.round(s / n, F32)
+        r = num.round(torch.rsqrt(num.round(v + EPS, F32)), F32)
+        y = num.round(num.round(x * r, F32) * w, F32)
+        return num.round(y, dtype)
+    raise ValueError(f"rmsnorm: no twin for variant {variant!r}")
