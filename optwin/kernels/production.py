@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from optwin.catalog import check_variant_dtype, operator, resolve_params
-from optwin.errors import InputError
+from optwin.errors import CatalogError, InputError
 
 Tensor = torch.Tensor
 
@@ -240,5 +240,8 @@ def run_variant(
 
         y = run_triton(op, inputs, resolved, dict(spec.constants))
     else:
-        y = _PRODUCTION[(op, variant)](inputs, resolved, dict(spec.constants))
+        runner = _PRODUCTION.get((op, variant))
+        if runner is None:  # a catalog variant nobody wrote here yet
+            raise CatalogError(f"{op}/{variant}: no production implementation in optwin.kernels")
+        y = runner(inputs, resolved, dict(spec.constants))
     return y.to(getattr(torch, spec.out_dtype(dtype)))

@@ -1,0 +1,67 @@
+"""Feature-space regions: how a sketch maps to the fingerprint cell it belongs to.
+
+    python -c "from optwin.fingerprints.regions import region_of; print(region_of('rmsnorm', {'absmax': 300, 'max_row_rms': 20, 'hidden': 64}))"
+
+Faults are driven by magnitudes and sizes spanning many decades (|x| from 1e-3 to 1e5, positions to
+2^21, separations to 1e-9 degrees), so each region feature is binned on a signed log2 grid:
+`bin = sign(v) * floor(RES * log2(1 + |v| / SCALE))`. SCALE brings the feature's interesting range
+above 1 (separations in degrees are tiny); RES is bins per octave: finer where a boundary is sharp.
+The same function runs at build time and in the matcher, so a sketch and its region always agree.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+from optwin.catalog import operator
+
+# feature -> (scale, bins per octave). Unlisted features: (1.0, 1).
+_BINNING: dict[str, tuple[float, int]] = {
+    "absmax": (1.0, 2),
+    "max_row_rms": (1.0, 2),
+    "max": (1.0, 2),
+    "max_row_range": (1.0, 2),
+    "masked_rows": (1.0, 1),
+    "max_pos": (1.0, 1),
+    "score_bound": (1.0, 2),
+    "max_mean_over_std": (1.0, 2),
+    "min_sep_deg": (1e-12, 1),
+    "median_sep_deg": (1e-12, 1),
+    "out_bound": (1.0, 2),
+}
+
+Region = tuple[int, ...]
+
+
+def feature_bin(feature: str, value: float) -> int:
+    scale, res = _BINNING.get(feature, (1.0, 1))
+    if not math.isfinite(value):
+        value = math.copysign(1e300, value) if not math.isnan(value) else 0.0
+    b = math.floor(res * math.log2(1.0 + abs(value) / scale))
+    return -b if value < 0 else b
+
+
+def bin_lower_edge(feature: str, b: int) -> float:
+    """The smallest |value| that falls in bin b (signed like b): the inverse of `feature_bin`."""
+    scale, res = _BINNING.get(feature, (1.0, 1))
+    mag = scale * (2.0 ** (abs(b) / res) - 1.0)
+    return -mag if b < 0 else mag
+
+
+def region_features(op: str) -> tuple[str, ...]:
+    return operator(op).region_features
+
+
+def region_of(op: str, sketch: Mapping[str, float]) -> Region:
+    """The region (bin tuple over the op's region features) a sketch lies in."""
+    return tuple(feature_bin(f, float(sketch[f])) for f in region_features(op))
+
+
+def region_key(region: Region) -> str:
+    """Stable text form for storage: '3|-1|10'."""
+    return "|".join(str(b) for b in region)
+
+
+def parse_region_key(key: str) -> Region:
+    return tuple(int(b) for b in key.split("|")) if key else ()

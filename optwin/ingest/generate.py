@@ -1,0 +1,428 @@
+"""Synthetic operator inputs: `Case`, per-op constructors, `default_sweep` and `boundary_sweep`.
+
+    python -c "from optwin.ingest import boundary_sweep; print([c.family for c in boundary_sweep('softmax', 'float16', 8, 0)])"
+
+The fingerprint builder replays twins over these cases. Every generator is deterministic for a
+seed (numpy PCG64 seeded with (seed, op, case index), so case i does not depend on n_cases), returns
+CPU tensors in the op's dtype (rope positions int64; geodesic float32 degrees) under every catalog
+input name, plus the op's params, and a `family` string saying how the case was made.
+
+Constructors (`make_<op>`) take explicit targets for the fault-driving sketch features and hit them
+exactly in float64 before the cast to dtype (the cast then rounds, like a real model's tensors):
+the sweeps draw targets from wide log-uniform ranges, `fit.sample_inputs` draws them from
+distributions fitted to captured profiles. Values are clipped to the dtype's finite range, so no
+input is NaN/±Inf (twins require finite inputs; softmax masks are -inf on purpose).
+
+Shapes stay small enough for an FP64 CPU twin: rows <= 64, hidden <= 1024, attention seq <= 128,
+matmul dims <= 256, geodesic n <= 512.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+
+from optwin.catalog import CATALOG, operator
+from optwin.errors import CatalogError
+
+MAX_ROWS = 64
+MAX_HIDDEN = 1024
+MAX_SEQ = 128
+MAX_MATMUL = 256
+MAX_POINTS = 512
+
+VALUE_FAMILIES: tuple[str, ...] = ("normal", "heavy", "outlier", "uniform")
+_TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+@dataclass
+class Case:
+    """One synthetic call: `inputs` by catalog name, `params`, and the `family` that made it.
+
+    Unpacks as `(inputs, params)` so `for inputs, params in cases` works too.
+    """
+
+    inputs: dict[str, torch.Tensor]
+    params: dict[str, Any] = field(default_factory=dict)
+    family: str = ""
+
+    def __iter__(self) -> Iterator[Any]:
+        yield self.inputs
+        yield self.params
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """Catalog dtype name (or torch dtype) -> torch dtype."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return _TORCH_DTYPES[dtype]
+    except (KeyError, TypeError):
+        raise CatalogError(f"unknown dtype {dtype!r}; expected one of {', '.join(_TORCH_DTYPES)}") from None
+
+
+def dtype_name(dtype: str | torch.dtype) -> str:
+    t = torch_dtype(dtype)
+    return next(k for k, v in _TORCH_DTYPES.items() if v == t)
+
+
+def _check(op: str, dtype: str | torch.dtype) -> tuple[str, torch.dtype]:
+    spec = operator(op)
+    name = dtype_name(dtype)
+    if name not in spec.dtypes:
+        raise CatalogError(f"{op}: unsupported dtype {name!r}; expected one of {', '.join(spec.dtypes)}")
+    return name, torch_dtype(name)
+
+
+def case_rng(seed: int, op: str, i: int, salt: int = 0) -> np.random.Generator:
+    """Independent stream per (seed, op, case, salt): case i is the same whatever n_cases is."""
+    return np.random.default_rng([int(seed) & 0xFFFFFFFF, list(CATALOG).index(op), i, salt])
+
+
+def loguniform(rng: np.random.Generator, lo: float, hi: float) -> float:
+    return float(math.exp(rng.uniform(math.log(lo), math.log(hi))))
+
+
+def to_tensor(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """float64 array -> tensor in dtype, clipped to the dtype's finite range (-inf kept: masks)."""
+    big = torch.finfo(dtype).max
+    a = np.where(np.isneginf(a), a, np.clip(a, -big, big))
+    return torch.from_numpy(np.ascontiguousarray(a)).to(dtype)
+
+
+def values(rng: np.random.Generator, family: str, shape: tuple[int, ...]) -> np.ndarray:
+    """Unit-scale values of one family; the last dim is the channel dim.
+
+    normal: N(0, 1). heavy: Student-t with 1.5..4 degrees of freedom (rare huge entries).
+    outlier: N(0, 1) with 1-4 channels scaled 20..500x, like LLM activation outlier channels.
+    uniform: random signs times U(0.5, 1): absmax close to rms (every element large).
+    """
+    if family == "normal":
+        return rng.standard_normal(shape)
+    if family == "heavy":
+        return rng.standard_t(rng.uniform(1.5, 4.0), size=shape)
+    if family == "outlier":
+        z = rng.standard_normal(shape)
+        c = shape[-1]
+        idx = rng.choice(c, size=min(c, int(rng.integers(1, 5))), replace=False)
+        z[..., idx] *= rng.uniform(20, 500, size=len(idx))
+        return z
+    if family == "uniform":
+        return rng.choice([-1.0, 1.0], size=shape) * rng.uniform(0.5, 1.0, size=shape)
+    raise ValueError(f"unknown value family {family!r}")
+
+
+def _nonzero(z: np.ndarray) -> np.ndarray:
+    """Avoid an all-zero draw (never test on zeros)."""
+    return z if np.any(z) else np.ones_like(z)
+
+
+def _solve_pair_scale(target_prod: float, na: float, nb: float, target_abs: float | None,
+                      aa: float, ab: float) -> tuple[float, float]:
+    """Scales (alpha, beta) with alpha*beta*na*nb = target_prod and max(alpha*aa, beta*ab) = target_abs.
+
+    Used for matmul (row/col norms) and attention (q/k norms). Without target_abs, split evenly.
+    When both constraints cannot hold, the product constraint wins.
+    """
+    prod = target_prod / (na * nb)
+    if target_abs is None:
+        s = math.sqrt(prod)
+        return s, s
+    alpha = target_abs / aa
+    beta = prod / alpha
+    if beta * ab > target_abs * (1 + 1e-12):
+        beta = target_abs / ab
+        alpha = prod / beta
+    return alpha, beta
+
+
+def _leading(rng: np.random.Generator, rows: int) -> tuple[int, ...]:
+    """[rows] or, now and then, [2, rows/2]: twins must handle any leading dims."""
+    if rows % 2 == 0 and rows >= 4 and rng.random() < 0.3:
+        return (2, rows // 2)
+    return (rows,)
+
+
+# ----------------------------------------------------------------------------- constructors
+
+
+def make_rmsnorm(rng: np.random.Generator, dtype: torch.dtype, *, rows: int, hidden: int, family: str,
+                 absmax: float, max_row_rms: float | None = None, weight_absmax: float | None = None) -> Case:
+    """x [rows, hidden] with max|x| = absmax (and max row rms = max_row_rms when given)."""
+    z = _nonzero(values(rng, family, (rows, hidden)))
+    if max_row_rms is None:
+        x = z * (absmax / np.abs(z).max())
+    else:
+        # Row 0 hits both targets: one spike `absmax`, the rest equal magnitude b, so that
+        # (absmax^2 + (H-1) b^2) / H = R^2 (feasible for R <= absmax <= sqrt(H) R; else clamp).
+        r = min(max(max_row_rms, absmax / math.sqrt(hidden)), absmax)
+        b = math.sqrt(max(hidden * r * r - absmax * absmax, 0.0) / max(hidden - 1, 1))
+        row_rms = np.sqrt((z * z).mean(-1, keepdims=True))  # (rows, 1)
+        x = z / np.where(row_rms > 0, row_rms, 1) * (r * rng.uniform(0.3, 1.0, size=(rows, 1)))
+        x = np.clip(x, -absmax, absmax)
+        x[0] = rng.choice([-1.0, 1.0], size=hidden) * b
+        x[0, int(rng.integers(hidden))] = absmax * rng.choice([-1.0, 1.0])
+        x = x[rng.permutation(rows)]
+    wa = weight_absmax if weight_absmax is not None else (loguniform(rng, 0.5, 4.0) if rng.random() < 0.5 else 1.0)
+    w = 1.0 + 0.1 * rng.standard_normal(hidden)
+    w = w * (wa / np.abs(w).max())
+    return Case({"x": to_tensor(x.reshape(*_leading(rng, rows), hidden), dtype), "weight": to_tensor(w, dtype)}, {}, family)
+
+
+def _mask(rng: np.random.Generator, kind: str, rows: int, n: int, masked_rows: int) -> np.ndarray:
+    """Boolean mask (True = -inf) of one kind: none, causal (HF eager), padding, plus full rows."""
+    m = np.zeros((rows, n), dtype=bool)
+    if kind == "causal":
+        off = max(n - rows, 0)  # queries are the last `rows` positions of n keys
+        m = np.arange(n)[None, :] > (np.arange(rows)[:, None] + off)
+    elif kind == "padding":
+        pad = rng.integers(0, max(n // 2, 1), size=rows)
+        m = np.arange(n)[None, :] >= (n - pad)[:, None]
+    if masked_rows:
+        m[rng.choice(rows, size=min(masked_rows, rows), replace=False)] = True
+    return m
+
+
+def make_softmax(rng: np.random.Generator, dtype: torch.dtype, *, rows: int, n: int, family: str, max: float,
+                 max_row_range: float, mask: str = "none", masked_rows: int = 0) -> Case:
+    """x [rows, n] with largest finite value `max` and widest row range `max_row_range`."""
+    m = _mask(rng, mask, rows, n, masked_rows)
+    z = values(rng, family, (rows, n))
+    zm = np.where(m, np.nan, z)
+    live = ~m.all(-1)  # rows with some finite entry
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # fully masked rows: all-NaN slices, handled below
+        lo, hi = np.nanmin(zm, -1, keepdims=True), np.nanmax(zm, -1, keepdims=True)  # (rows, 1)
+    span = np.where(np.isfinite(hi - lo) & (hi - lo > 0), hi - lo, 1.0)
+    unit = np.where(m, 0.0, (z - np.nan_to_num(hi)) / span)  # each live row spans [-1, 0] (or is constant)
+    ranges = max_row_range * rng.uniform(0.2, 1.0, size=(rows, 1))
+    tops = max - np.abs(rng.normal(0, 0.1 * max_row_range + 1e-3, size=(rows, 1)))
+    first = int(np.flatnonzero(live)[0]) if live.any() else 0
+    ranges[first], tops[first] = max_row_range, max  # one row carries both targets exactly
+    x = np.where(m, -np.inf, unit * ranges + tops)
+    tag = family + ("" if mask == "none" else f"+{mask}") + ("+masked-rows" if masked_rows else "")
+    return Case({"x": to_tensor(x, dtype)}, {}, tag)
+
+
+def make_rope(rng: np.random.Generator, dtype: torch.dtype, *, seq: int, heads: int, d: int, family: str,
+              max_pos: int, absmax: float, base: float = 10000.0) -> Case:
+    """x [seq, heads, d] with max|x| = absmax, positions max_pos-seq+1 .. max_pos (decoding at depth)."""
+    z = _nonzero(values(rng, family, (seq, heads, d)))
+    x = z * (absmax / np.abs(z).max())
+    start = max(int(max_pos) - seq + 1, 0)
+    pos = torch.arange(start, start + seq, dtype=torch.int64)
+    return Case({"x": to_tensor(x, dtype), "positions": pos}, {"base": float(base)}, family)
+
+
+def make_attention(rng: np.random.Generator, dtype: torch.dtype, *, batch: int, heads: int, seq_q: int, seq_k: int,
+                   d: int, family: str, score_bound: float, absmax: float | None = None, causal: bool = False,
+                   aligned: bool = False, v_scale: float = 1.0) -> Case:
+    """q, k, v [batch, heads, seq, d] with max||q|| max||k|| / sqrt(d) = score_bound (and max|q,k| = absmax).
+
+    aligned: some keys point along some queries, so real scores approach the bound (peaked rows).
+    """
+    q = _nonzero(values(rng, family, (batch, heads, seq_q, d)))
+    k = _nonzero(values(rng, family, (batch, heads, seq_k, d)))
+    if aligned:
+        nk = max(1, seq_k // 8)
+        src = q[:, :, rng.integers(0, seq_q, size=nk)]  # (batch, heads, nk, d)
+        k[:, :, rng.choice(seq_k, size=nk, replace=False)] = src * np.linalg.norm(k, axis=-1).max() / np.maximum(
+            np.linalg.norm(src, axis=-1, keepdims=True), 1e-300)
+    nq, nkk = np.linalg.norm(q, axis=-1).max(), np.linalg.norm(k, axis=-1).max()
+    alpha, beta = _solve_pair_scale(score_bound * math.sqrt(d), nq, nkk, absmax, np.abs(q).max(), np.abs(k).max())
+    v = rng.standard_normal((batch, heads, seq_k, d)) * v_scale
+    causal = bool(causal and seq_q == seq_k)
+    tag = family + ("+aligned" if aligned else "") + ("+causal" if causal else "")
+    return Case({"q": to_tensor(q * alpha, dtype), "k": to_tensor(k * beta, dtype), "v": to_tensor(v, dtype)},
+                {"causal": causal}, tag)
+
+
+def make_layernorm(rng: np.random.Generator, dtype: torch.dtype, *, rows: int, hidden: int, family: str,
+                   max_mean_over_std: float, absmax: float) -> Case:
+    """x [rows, hidden]: row i = mu_i + sigma_i z_i (z standardized); row 0 has |mu|/sigma = the target
+    ratio and max|x| = absmax exactly; the other rows stay below both."""
+    z = values(rng, family, (rows, hidden))
+    z = z - z.mean(-1, keepdims=True)
+    sd = z.std(-1, keepdims=True)  # population std
+    z = np.where(sd > 0, z / np.where(sd > 0, sd, 1), rng.choice([-1.0, 1.0], size=z.shape))
+    ratio = max_mean_over_std * np.concatenate([[1.0], rng.uniform(0.05, 1.0, size=rows - 1)])[:, None]  # (rows, 1)
+    amax = absmax * np.concatenate([[1.0], rng.uniform(0.3, 1.0, size=rows - 1)])[:, None]
+    zmax = np.abs(z).max(-1, keepdims=True)
+    sigma = amax / (ratio + zmax)
+    # max |mu + sigma z| is exactly amax only if the largest |z| has the sign of mu: pick the sign so.
+    sign = np.sign(np.take_along_axis(z, np.abs(z).argmax(-1)[:, None], -1))
+    x = sign * ratio * sigma + sigma * z
+    x = x[rng.permutation(rows)]
+    w = 1.0 + 0.2 * rng.standard_normal(hidden)
+    b = 0.1 * rng.standard_normal(hidden)
+    return Case({"x": to_tensor(x.reshape(*_leading(rng, rows), hidden), dtype), "weight": to_tensor(w, dtype),
+                 "bias": to_tensor(b, dtype)}, {}, family)
+
+
+def _destination(lat: np.ndarray, lon: np.ndarray, sep_deg: np.ndarray, bearing: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Point at angular distance sep_deg along bearing from (lat, lon), float64 great-circle formula."""
+    p1, l1, dl, th = np.radians(lat), np.radians(lon), np.radians(sep_deg), bearing
+    p2 = np.arcsin(np.clip(np.sin(p1) * np.cos(dl) + np.cos(p1) * np.sin(dl) * np.cos(th), -1, 1))
+    l2 = l1 + np.arctan2(np.sin(th) * np.sin(dl) * np.cos(p1), np.cos(dl) - np.sin(p1) * np.sin(p2))
+    return np.degrees(p2), (np.degrees(l2) + 180.0) % 360.0 - 180.0
+
+
+def make_geodesic(rng: np.random.Generator, dtype: torch.dtype, *, n: int, family: str, min_sep_deg: float,
+                  median_sep_deg: float, near_origin: bool = False) -> Case:
+    """n pairs whose float64 separations have the given min and (approximately) median.
+
+    near_origin: start points within 1e-3 degrees of (0, 0), where float32 degrees resolve 1e-10:
+    the only way tiny separations survive the cast to float32.
+    """
+    med = max(median_sep_deg, min_sep_deg)
+    sep = np.minimum(med * np.exp(rng.normal(0.0, 0.8, size=n)), 180.0)
+    sep = np.maximum(sep, min_sep_deg)
+    sep[int(rng.integers(n))] = min_sep_deg
+    if family == "antipodal":
+        sep = 180.0 - np.minimum(sep, 180.0)  # distance from the antipode instead
+    if near_origin:
+        lat1, lon1 = rng.uniform(-1e-3, 1e-3, n), rng.uniform(-1e-3, 1e-3, n)
+    else:
+        lat1 = np.degrees(np.arcsin(rng.uniform(-0.99, 0.99, n)))  # uniform on the sphere, off the poles
+        lon1 = rng.uniform(-180.0, 180.0, n)
+    lat2, lon2 = _destination(lat1, lon1, sep, rng.uniform(0, 2 * math.pi, n))
+    t = lambda a: to_tensor(a, torch.float32)  # noqa: E731  geodesic is float32 degrees
+    tag = family + ("+near-origin" if near_origin else "")
+    return Case({"lat1": t(lat1), "lon1": t(lon1), "lat2": t(lat2), "lon2": t(lon2)}, {}, tag)
+
+
+def make_matmul(rng: np.random.Generator, dtype: torch.dtype, *, m: int, k: int, n: int, family: str,
+                out_bound: float, absmax: float | None = None, aligned: bool = False) -> Case:
+    """a [m, k], b [k, n] with max row norm(a) * max col norm(b) = out_bound (and max|a,b| = absmax).
+
+    aligned: a column of b points along a row of a, so |a @ b| actually reaches the bound.
+    """
+    a = _nonzero(values(rng, family, (m, k)))
+    b = _nonzero(values(rng, "normal" if family == "outlier" else family, (k, n)))
+    if aligned:
+        b[:, int(rng.integers(n))] = a[int(rng.integers(m))]
+    ra, cb = np.linalg.norm(a, axis=1).max(), np.linalg.norm(b, axis=0).max()
+    alpha, beta = _solve_pair_scale(out_bound, ra, cb, absmax, np.abs(a).max(), np.abs(b).max())
+    return Case({"a": to_tensor(a * alpha, dtype), "b": to_tensor(b * beta, dtype)}, {},
+                family + ("+aligned" if aligned else ""))
+
+
+# ----------------------------------------------------------------------------- sweeps
+
+# Boundary ranges of the fault-driving features: (lo, hi) for float16, and for the wider-exponent
+# dtypes (bfloat16, float32) where overflow sits near 3e38 and squares overflow near 1.8e19.
+BOUNDARY_RANGES: dict[str, dict[str, tuple[tuple[float, float], tuple[float, float]]]] = {
+    "rmsnorm": {"absmax": ((1e-4, 1e4), (1e-4, 1e21))},  # fp16: x*x overflows past 256
+    "softmax": {"max": ((1e-1, 1e4), (1e-1, 1e4)), "max_row_range": ((1e-2, 1e4), (1e-2, 1e4))},  # naive exp: 11.1 / 88.7
+    "rope": {"max_pos": ((1.0, 2.0**21), (1.0, 2.0**25)), "absmax": ((1e-2, 1e4), (1e-2, 1e4))},  # fp32 ints exact to 2^24
+    "attention": {"score_bound": ((1e-1, 1e6), (1e-1, 1e6))},  # fp16 scores overflow at 65504
+    "layernorm": {"max_mean_over_std": ((1.0, 1e6), (1.0, 1e8))},  # one-pass var cancels past ~4e3 (fp32)
+    "geodesic": {"min_sep_deg": ((1e-9, 1.0), (1e-9, 1.0)), "median_sep_deg": ((1e-9, 180.0), (1e-9, 180.0))},
+    "matmul": {"out_bound": ((1e-9, 1e6), (1e-42, 1e40))},  # fp16: overflow 65504, subnormals < 6e-5
+}
+
+
+def _range(op: str, feature: str, dtype: str) -> tuple[float, float]:
+    narrow, wide = BOUNDARY_RANGES[op][feature]
+    return narrow if dtype == "float16" else wide
+
+
+def _pick(rng: np.random.Generator, options: tuple[Any, ...] | list[Any]) -> Any:
+    return options[int(rng.integers(len(options)))]
+
+
+def _log_int(rng: np.random.Generator, lo: int, hi: int) -> int:
+    return int(round(loguniform(rng, lo, hi)))
+
+
+def _case(op: str, dtype: str, t: torch.dtype, rng: np.random.Generator, boundary: bool) -> Case:
+    """One case; `boundary` draws the fault-driving features from BOUNDARY_RANGES, otherwise from
+    realistic ranges with every input family (a build without a profile still reaches faults)."""
+    fam = _pick(rng, VALUE_FAMILIES)
+    lo_hi = (lambda f: _range(op, f, dtype)) if boundary else None
+    if op == "rmsnorm":
+        lo, hi = lo_hi("absmax") if lo_hi else (1e-3, 1e3)
+        return make_rmsnorm(rng, t, rows=_log_int(rng, 1, MAX_ROWS), hidden=_pick(rng, (32, 64, 127, 256, 512, 1024)),
+                            family=fam, absmax=loguniform(rng, lo, hi))
+    if op == "softmax":
+        rows, n = _log_int(rng, 1, MAX_ROWS), _pick(rng, (8, 33, 128, 512, 1024))
+        lo, hi = lo_hi("max") if lo_hi else (1e-1, 1e2)
+        top = loguniform(rng, lo, hi) * (1 if rng.random() < 0.75 else -1)
+        rlo, rhi = lo_hi("max_row_range") if lo_hi else (1e-2, 1e2)
+        mask = _pick(rng, ("none", "none", "causal", "padding"))
+        masked = int(rng.integers(1, max(rows // 4, 1) + 1)) if rng.random() < (0.3 if boundary else 0.15) else 0
+        return make_softmax(rng, t, rows=rows, n=n, family=fam, max=top, max_row_range=loguniform(rng, rlo, rhi),
+                            mask=mask, masked_rows=masked)
+    if op == "rope":
+        seq, d = _log_int(rng, 1, MAX_ROWS), _pick(rng, (16, 32, 64, 128))
+        plo, phi = lo_hi("max_pos") if lo_hi else (1.0, 2.0**17)
+        alo, ahi = lo_hi("absmax") if lo_hi else (1e-2, 1e2)
+        base = 10000.0 if boundary or rng.random() < 0.7 else 500000.0  # Llama 2 / Llama 3 bases
+        return make_rope(rng, t, seq=seq, heads=int(rng.integers(1, 5)), d=d, family=fam,
+                         max_pos=max(int(loguniform(rng, plo, phi)), seq - 1), absmax=loguniform(rng, alo, ahi), base=base)
+    if op == "attention":
+        seq_k = _log_int(rng, 1, MAX_SEQ)
+        seq_q = seq_k if rng.random() < 0.6 else _pick(rng, (1, max(seq_k // 2, 1)))
+        lo, hi = lo_hi("score_bound") if lo_hi else (1e-1, 1e3)
+        return make_attention(rng, t, batch=int(rng.integers(1, 3)), heads=int(rng.integers(1, 5)), seq_q=seq_q,
+                              seq_k=seq_k, d=_pick(rng, (16, 32, 64, 128)), family=fam, score_bound=loguniform(rng, lo, hi),
+                              causal=bool(rng.random() < 0.5), aligned=bool(rng.random() < 0.3))
+    if op == "layernorm":
+        lo, hi = lo_hi("max_mean_over_std") if lo_hi else (1e-2, 1e4)
+        amax = loguniform(rng, 1e-1, 1e4 if dtype == "float16" else 1e6)
+        return make_layernorm(rng, t, rows=_log_int(rng, 1, MAX_ROWS), hidden=_pick(rng, (32, 64, 127, 384, 768, 1024)),
+                              family=fam, max_mean_over_std=loguniform(rng, lo, hi), absmax=amax)
+    if op == "geodesic":
+        gfam = _pick(rng, ("random", "near-identical", "antipodal", "random"))
+        lo, hi = lo_hi("min_sep_deg") if lo_hi else ((1e-9, 1e-2) if gfam == "near-identical" else (1e-3, 10.0))
+        mn = loguniform(rng, lo, hi)
+        mlo, mhi = lo_hi("median_sep_deg") if lo_hi else (mn, 180.0)
+        med = max(loguniform(rng, max(mlo, mn), max(mhi, mn * 1.0001)), mn)
+        return make_geodesic(rng, t, n=_log_int(rng, 8, MAX_POINTS), family=gfam, min_sep_deg=mn, median_sep_deg=med,
+                             near_origin=gfam != "antipodal" and mn < 1e-4 and rng.random() < 0.5)
+    if op == "matmul":
+        lo, hi = lo_hi("out_bound") if lo_hi else (1e-3, 1e4)
+        return make_matmul(rng, t, m=_log_int(rng, 1, MAX_MATMUL), k=_log_int(rng, 1, MAX_MATMUL),
+                           n=_log_int(rng, 1, MAX_MATMUL), family=fam, out_bound=loguniform(rng, lo, hi),
+                           aligned=bool(rng.random() < 0.3))
+    raise CatalogError(f"no generator for operator {op!r}")
+
+
+def _sweep(op: str, dtype: str | torch.dtype, n_cases: int, seed: int, boundary: bool, salt: int) -> list[Case]:
+    name, t = _check(op, dtype)
+    if n_cases < 0:
+        raise ValueError(f"n_cases must be >= 0, got {n_cases}")
+    out = []
+    for i in range(n_cases):
+        c = _case(op, name, t, case_rng(seed, op, i, salt), boundary)
+        if boundary:
+            c.family = f"boundary:{c.family}"
+        out.append(c)
+    return out
+
+
+def default_sweep(op: str, dtype: str | torch.dtype, n_cases: int, seed: int) -> list[Case]:
+    """Cases for a build without a profile: every input family (normal, heavy tails, outlier
+    channels, uniform; masks; long positions; near-identical and antipodal points), realistic shapes
+    and log-uniform scales wide enough to cross the common fault boundaries."""
+    return _sweep(op, dtype, n_cases, seed, boundary=False, salt=1)
+
+
+def boundary_sweep(op: str, dtype: str | torch.dtype, n_cases: int, seed: int) -> list[Case]:
+    """Cases that push the op's region features (catalog region_features) log-uniformly across
+    BOUNDARY_RANGES: toward and past each fault boundary of the dtype."""
+    return _sweep(op, dtype, n_cases, seed, boundary=True, salt=2)
+
+
+GENERATORS: dict[str, Callable[..., Case]] = {
+    "rmsnorm": make_rmsnorm, "softmax": make_softmax, "rope": make_rope, "attention": make_attention,
+    "layernorm": make_layernorm, "geodesic": make_geodesic, "matmul": make_matmul,
+}
