@@ -117,16 +117,12 @@ def test_geodesic_haversine_degrees() -> None:
     assert s["absmax"] == 45.0
 
 
-def test_empty_inputs_are_zero_not_nan() -> None:
-    for op, inp in [
-        ("rmsnorm", {"x": torch.empty(0, 8), "weight": torch.ones(8)}),
-        ("layernorm", {"x": torch.empty(0, 8), "weight": torch.ones(8), "bias": torch.ones(8)}),
-        ("matmul", {"a": torch.empty(0, 3), "b": torch.empty(3, 2)}),
-        ("geodesic", {k: torch.empty(0) for k in ("lat1", "lon1", "lat2", "lon2")}),
-    ]:
-        s = sketch(op, inp)
-        assert all(math.isfinite(v) for v in s.values()), (op, s)
-        assert s["numel"] == 0
+def test_empty_inputs_are_refused_and_masked_rows_are_zero() -> None:
+    # optwin.validation refuses empty tensors; an all-masked softmax input still gives zeros, not NaN.
+    with pytest.raises(InputError, match="empty"):
+        sketch("matmul", {"a": torch.empty(0, 3), "b": torch.empty(3, 2)})
+    s = sketch("softmax", {"x": torch.full((2, 3), -math.inf)})
+    assert all(math.isfinite(v) for v in s.values()) and s["absmax"] == 0 and s["rms"] == 0
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
@@ -140,18 +136,18 @@ def test_float32_extremes_do_not_overflow(dtype: torch.dtype) -> None:
 def test_bad_inputs_raise_one_line_errors() -> None:
     with pytest.raises(CatalogError, match="unknown operator 'gelu'"):
         sketch("gelu", {"x": torch.ones(2)})
-    with pytest.raises(InputError, match=r"rmsnorm: .*missing weight") as e:
+    with pytest.raises(InputError, match=r"rmsnorm: missing \['weight'\]") as e:
         sketch("rmsnorm", {"x": torch.ones(2, 4)})
     assert "\n" not in str(e.value)
-    with pytest.raises(InputError, match="unexpected bias"):
+    with pytest.raises(InputError, match="unexpected \\['bias'\\]"):
         sketch("rmsnorm", {"x": torch.ones(2, 4), "weight": torch.ones(4), "bias": torch.ones(4)})
-    with pytest.raises(InputError, match=r"rope: input x must be \[seq, heads, d\]"):
+    with pytest.raises(InputError, match=r"rope: input 'x' must be \[seq, heads, d\]"):
         sketch("rope", {"x": torch.ones(2, 4), "positions": torch.arange(2)})
-    with pytest.raises(InputError, match="weight length is 3, expected 4"):
+    with pytest.raises(InputError, match=r"weight must be \[hidden\] = \[4\], got \[3\]"):
         sketch("rmsnorm", {"x": torch.ones(2, 4), "weight": torch.ones(3)})
     with pytest.raises(InputError, match="must be a torch.Tensor"):
         sketch("softmax", {"x": [1.0, 2.0]})
-    with pytest.raises(InputError, match="b rows"):
+    with pytest.raises(InputError, match="disagree on k"):
         sketch("matmul", {"a": torch.ones(2, 4), "b": torch.ones(3, 2)})
     with pytest.raises(CatalogError, match="unknown params"):
         sketch("softmax", {"x": torch.ones(2, 4)}, {"causal": True})

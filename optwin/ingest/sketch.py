@@ -74,8 +74,9 @@ from typing import Any
 
 import torch
 
-from optwin.catalog import Operator, operator, resolve_params
-from optwin.errors import InputError, SketchError
+from optwin.catalog import operator, resolve_params
+from optwin.errors import SketchError
+from optwin.validation import check_names, check_shapes
 
 COMMON_FEATURES: tuple[str, ...] = ("numel", "rows", "absmax", "rms", "nonfinite")
 
@@ -96,65 +97,6 @@ SIGNED_FEATURES: frozenset[str] = frozenset({"max", "min"})
 RATIO_CAP = 1e30
 
 _F64 = torch.float64
-
-
-# ----------------------------------------------------------------------------- validation
-
-
-def _check_inputs(spec: Operator, inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-    """Names, types and ndims of the inputs against the catalog; one-line InputError otherwise."""
-    op = spec.name
-    expected = spec.input_names()
-    if not isinstance(inputs, Mapping):
-        raise InputError(f"{op}: inputs must be a dict with keys {', '.join(expected)}, got {type(inputs).__name__}")
-    missing = [n for n in expected if n not in inputs]
-    extra = sorted(str(n) for n in inputs if n not in expected)
-    if missing or extra:
-        raise InputError(
-            f"{op}: expected inputs {', '.join(expected)}; "
-            + "; ".join(p for p in (f"missing {', '.join(missing)}" if missing else "",
-                                    f"unexpected {', '.join(extra)}" if extra else "") if p)
-        )
-    out: dict[str, torch.Tensor] = {}
-    for s in spec.inputs:
-        t = inputs[s.name]
-        if not isinstance(t, torch.Tensor):
-            raise InputError(f"{op}: input {s.name} must be a torch.Tensor {s.shape}, got {type(t).__name__}")
-        if t.ndim < s.min_ndim or (s.max_ndim is not None and t.ndim > s.max_ndim):
-            want = f"{s.min_ndim}" if s.max_ndim == s.min_ndim else f">= {s.min_ndim}" if s.max_ndim is None else f"{s.min_ndim}..{s.max_ndim}"
-            raise InputError(f"{op}: input {s.name} must be {s.shape} ({want} dims), got shape {tuple(t.shape)}")
-        if t.is_complex():
-            raise InputError(f"{op}: input {s.name} must be real, got {t.dtype}")
-        out[s.name] = t
-    return out
-
-
-def _same(op: str, what: str, got: int, want: int) -> None:
-    if got != want:
-        raise InputError(f"{op}: {what} is {got}, expected {want}")
-
-
-def _check_shapes(op: str, t: dict[str, torch.Tensor]) -> None:
-    """Cross-input shape agreement (host metadata only, no sync)."""
-    if op in ("rmsnorm", "layernorm"):
-        h = t["x"].shape[-1]
-        _same(op, "weight length", t["weight"].shape[0], h)
-        if op == "layernorm":
-            _same(op, "bias length", t["bias"].shape[0], h)
-    elif op == "rope":
-        _same(op, "positions length", t["positions"].shape[0], t["x"].shape[0])
-        if t["x"].shape[2] % 2:
-            raise InputError(f"rope: head dim d must be even, got {t['x'].shape[2]}")
-    elif op == "attention":
-        q, k, v = t["q"].shape, t["k"].shape, t["v"].shape
-        if q[:2] != k[:2] or k[:3] != v[:3] or q[3] != k[3]:
-            raise InputError(f"attention: q {tuple(q)}, k {tuple(k)}, v {tuple(v)} must agree on batch, heads, d (q/k) and seq_k (k/v)")
-    elif op == "geodesic":
-        n = t["lat1"].shape[0]
-        for name in ("lon1", "lat2", "lon2"):
-            _same(op, f"{name} length", t[name].shape[0], n)
-    elif op == "matmul":
-        _same(op, "b rows (k)", t["b"].shape[0], t["a"].shape[1])
 
 
 # ----------------------------------------------------------------------------- reductions
@@ -355,12 +297,15 @@ def sketch_tensor(op: str, inputs: Mapping[str, torch.Tensor], params: dict[str,
                   ) -> tuple[tuple[str, ...], torch.Tensor]:
     """(feature names, float64 tensor of their values) on the inputs' device, without a host sync.
 
-    Raises CatalogError for an unknown op or param, InputError for missing/extra inputs, wrong
-    ndim or disagreeing shapes.
+    Raises CatalogError for an unknown op or param, InputError for missing/extra inputs, non-tensors,
+    wrong ndim, empty inputs or disagreeing shapes.
     """
     spec = operator(op)
-    t = _check_inputs(spec, inputs)
-    _check_shapes(op, t)
+    # Shared checks (optwin.validation): names, tensor types, ndims, cross-input shapes. Dtypes
+    # and values are not errors for a sketch: non-finite values are what `nonfinite` counts.
+    check_names(spec, inputs)
+    check_shapes(spec, inputs)
+    t = {name: inputs[name] for name in spec.input_names()}
     p = resolve_params(op, params)
     vals = _OPS[op](t, p)
     main = t[_MAIN[op]]

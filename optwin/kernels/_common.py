@@ -51,13 +51,13 @@ def rows_view(x: torch.Tensor) -> torch.Tensor:
 def finite_partials(h, mask):
     """(largest finite |h|, sum of finite h*h, count of NaN/±inf) over the lanes in `mask`.
 
-    h is float32; all three are float32 tree reductions (tl.max / tl.sum). Non-finite lanes are
+    h is a float32 block of any rank (reduced over all axes); all three are float32 tree reductions. Non-finite lanes are
     zeroed before squaring, so one NaN does not erase the row's magnitude.
     """
     ah = tl.abs(h)
     fin = mask & (ah <= FMAX)  # NaN compares false
     hf = tl.where(fin, h, 0.0)
-    absmax = tl.max(tl.where(fin, ah, 0.0), axis=0)
-    sumsq = tl.sum(hf * hf, axis=0)
-    nonfin = tl.sum(tl.where(mask, 1.0, 0.0), axis=0) - tl.sum(tl.where(fin, 1.0, 0.0), axis=0)
+    absmax = tl.max(tl.where(fin, ah, 0.0))
+    sumsq = tl.sum(hf * hf)
+    nonfin = tl.sum(tl.where(mask, 1.0, 0.0)) - tl.sum(tl.where(fin, 1.0, 0.0))
     return absmax, sumsq, nonfin

@@ -61,13 +61,13 @@ def _rmsnorm_kernel(
             tl.store(s + 1, sumsq)
             tl.store(s + 2, nonfin)
     else:
-        # The one extra program (launched only with SKETCH): weight partials into the last row.
-        w = tl.load(W_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        wmax, _, wnonfin = finite_partials(w, mask)
-        s = S_ptr + n_rows * S_COLS
-        tl.store(s + 0, wmax)
-        tl.store(s + 1, wnonfin)
-        tl.store(s + 2, 0.0)
+        if SKETCH:  # the one extra program, launched only with SKETCH: weight partials, last row
+            w = tl.load(W_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+            wmax, _, wnonfin = finite_partials(w, mask)
+            s = S_ptr + n_rows * S_COLS
+            tl.store(s + 0, wmax)
+            tl.store(s + 1, wnonfin)
+            tl.store(s + 2, 0.0)
 
 
 def _rmsnorm_launch(

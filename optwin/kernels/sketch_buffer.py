@@ -142,12 +142,13 @@ def reduce_sketch(
         raise InputError(f"{op}: sketch buffer has shape {tuple(buffer.shape)}, expected {want} for input {tuple(shape)}")
     vals = _features(op, buffer, shape, resolve_params(op, params))
     names = SKETCH_FEATURES[op]
-    parts = [
-        vals[k].reshape(()) if isinstance(vals[k], torch.Tensor)
-        else torch.tensor(vals[k], dtype=torch.float64, device=buffer.device)
-        for k in names
-    ]
-    return names, torch.stack(parts)
+    host = [i for i, k in enumerate(names) if not isinstance(vals[k], torch.Tensor)]
+    dev = [i for i, k in enumerate(names) if isinstance(vals[k], torch.Tensor)]
+    out = torch.empty(len(names), dtype=torch.float64, device=buffer.device)
+    # one host->device copy for the shape features, one stack for the reductions (no sync)
+    out[host] = torch.tensor([float(vals[names[i]]) for i in host], dtype=torch.float64).to(buffer.device, non_blocking=True)
+    out[dev] = torch.stack([vals[names[i]].to(torch.float64).reshape(()) for i in dev])
+    return names, out
 
 
 def read_sketch(

@@ -218,15 +218,30 @@ class Numerics:
             x = torch.gather(x, -1, perm)
             lanes = 2 ** int(torch.randint(5, 11, (1,), generator=self.gen))
             order = "blocked"
+        add = self._adder(acc)
+        if add is _add32:  # exact float32 arithmetic when every term is a float32 value
+            x32 = x.to(torch.float32)
+            if bool(((x32.to(torch.float64) == x) | torch.isnan(x)).all()):
+                x = x32
+            else:
+                add = lambda s, t: self.round(s + t, acc)  # noqa: E731
         if order == "sequential":
-            out = self._sequential(x, acc)
+            out = self._sequential(x, add)
         elif order == "pairwise":
-            out = self._tree(x, acc)
+            out = self._tree(x, add)
         elif order == "blocked":
-            out = self._blocked(x, acc, lanes)
+            out = self._blocked(x, add, lanes)
         else:
             raise ValueError(f"unknown reduction order {order!r}")
+        out = out.to(torch.float64)
         return out.unsqueeze(dim) if keepdim else out
+
+    def _adder(self, acc: Format):
+        """The rounded addition of two acc values: float32 tensor addition (IEEE, correctly rounded:
+        bit-identical to round(s + t) and one kernel instead of three) where rounding is to nearest."""
+        if acc.name == "float32" and not self.ftz and self.noise in ("none", "order"):
+            return _add32
+        return lambda s, t: self.round(s + t, acc)
 
     def mean(self, x: torch.Tensor, dim: int = -1, acc: Format | str = "float32", order: str = "blocked",
              lanes: int = 256, keepdim: bool = False) -> torch.Tensor:
@@ -240,13 +255,13 @@ class Numerics:
         return torch.amax(x, dim=dim, keepdim=keepdim).where(
             ~torch.isnan(x).any(dim=dim, keepdim=keepdim), torch.tensor(math.nan, dtype=x.dtype))
 
-    def _sequential(self, x: torch.Tensor, acc: Format) -> torch.Tensor:
+    def _sequential(self, x: torch.Tensor, add) -> torch.Tensor:
         s = x[..., 0]
         for i in range(1, x.shape[-1]):
-            s = self.round(s + x[..., i], acc)
+            s = add(s, x[..., i])
         return s
 
-    def _tree(self, x: torch.Tensor, acc: Format) -> torch.Tensor:
+    def _tree(self, x: torch.Tensor, add) -> torch.Tensor:
         # Pad to a power of two with zeros (x + 0 is exact) and add halves until one is left.
         n = x.shape[-1]
         width = 1 << max(0, (n - 1).bit_length())
@@ -254,10 +269,10 @@ class Numerics:
             x = torch.nn.functional.pad(x, (0, width - n))
         while x.shape[-1] > 1:
             half = x.shape[-1] // 2
-            x = self.round(x[..., :half] + x[..., half:], acc)
+            x = add(x[..., :half], x[..., half:])
         return x[..., 0]
 
-    def _blocked(self, x: torch.Tensor, acc: Format, lanes: int) -> torch.Tensor:
+    def _blocked(self, x: torch.Tensor, add, lanes: int) -> torch.Tensor:
         n = x.shape[-1]
         lanes = max(1, min(lanes, n))
         steps = -(-n // lanes)
@@ -266,8 +281,8 @@ class Numerics:
         x = x.reshape(*x.shape[:-1], steps, lanes)  # (..., steps, lanes): lane l holds l, l+lanes, ...
         s = x[..., 0, :]
         for i in range(1, steps):
-            s = self.round(s + x[..., i, :], acc)
-        return self._tree(s, acc)
+            s = add(s, x[..., i, :])
+        return self._tree(s, add)
 
     # -- products -----------------------------------------------------------------------------
     def matmul(self, a: torch.Tensor, b: torch.Tensor, out: Format | str, acc: Format | str = "float32",
@@ -275,10 +290,17 @@ class Numerics:
         """a @ b with exact products, chunks of `chunk` along k summed exactly (a tensor-core MMA
         accumulates a k-tile internally), the chunk partials accumulated in sequence in `acc`, then
         the output rounded to `out`. Batched over leading dims; a leading replay dim on either side
-        broadcasts. Under noise "order" the chunk width is drawn from {16, 32, 64} and the partials
-        are accumulated in a random order.
+        broadcasts. Under noise "order" the chunk width is drawn from {16, 32, 64} (one per call) and
+        every replay accumulates the partials in its own random order.
+
+        Cost: an input that is a replay-expanded view (stride 0, from `expand`) is multiplied once,
+        not R times; under stochastic/mca the partials are formed and rounded chunk by chunk so the
+        replay dim never multiplies the memory of all partials.
         """
         acc, out = fmt(acc), fmt(out)
+        a, a_shared = self._unreplay(a)
+        b, b_shared = self._unreplay(b)
+        shared = bool(self.replays) and a_shared and b_shared  # the result gets the replay dim back
         k = a.shape[-1]
         if self.noise == "order":
             chunk = int((16, 32, 64)[int(torch.randint(0, 3, (1,), generator=self.gen))])
@@ -290,14 +312,49 @@ class Numerics:
             b = torch.nn.functional.pad(b, (0, 0, 0, pad))
         a_c = a.reshape(*a.shape[:-1], n_chunks, chunk).movedim(-2, -3)  # (..., C, m, chunk)
         b_c = b.reshape(*b.shape[:-2], n_chunks, chunk, b.shape[-1])  # (..., C, chunk, n)
-        partials = self.round(a_c @ b_c, acc)  # (..., C, m, n)
-        if self.noise == "order" and n_chunks > 1:
-            perm = torch.randperm(n_chunks, generator=self.gen)
-            partials = partials.index_select(-3, perm)
-        s = partials[..., 0, :, :]
-        for i in range(1, n_chunks):
-            s = self.round(s + partials[..., i, :, :], acc)
+        if self.deterministic:
+            s = self._accumulate_rne(self.round(a_c @ b_c, acc), acc, shared)  # partials (..., C, m, n)
+        else:
+            s = None
+            for i in range(n_chunks):  # one chunk partial at a time, rounded under noise
+                p = a_c[..., i, :, :] @ b_c[..., i, :, :]  # (..., m, n) exact chunk sum
+                p = self.round(self.expand(p) if shared else p, acc)
+                s = p if s is None else self.round(s + p, acc)
+        if shared and s.ndim == max(a.ndim, b.ndim):  # deterministic "none": replays are all alike
+            s = self.expand(s)
         return self.round(s, out)
+
+    def _unreplay(self, x: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """Drop a leading replay dim that is a broadcast view (stride 0), so it is computed once."""
+        if self.replays and x.ndim >= 3 and x.shape[0] == self.replays and x.stride(0) == 0:
+            return x[0], True
+        return x, False
+
+    def _accumulate_rne(self, partials: torch.Tensor, acc: Format, shared: bool) -> torch.Tensor:
+        """Sum partials (..., C, m, n) over C in sequence with round-to-nearest in `acc`; under
+        "order" each replay takes its own random permutation of the C partials."""
+        n_chunks = partials.shape[-3]
+        if self.noise == "order" and n_chunks > 1:
+            if self.replays:
+                perm = torch.argsort(torch.rand(self.replays, n_chunks, generator=self.gen), dim=-1)  # (R, C)
+                if shared:  # partials carry no replay dim: gather each step's partial per replay
+                    steps = [partials.index_select(-3, perm[:, i]).movedim(-3, 0) for i in range(n_chunks)]
+                    return self._add_in_sequence(steps, acc)
+                idx = perm.reshape(self.replays, *([1] * (partials.ndim - 4)), n_chunks, 1, 1)
+                partials = torch.take_along_dim(partials, idx, dim=-3)
+            else:
+                partials = partials.index_select(-3, torch.randperm(n_chunks, generator=self.gen))
+        return self._add_in_sequence([partials[..., i, :, :] for i in range(n_chunks)], acc)
+
+    def _add_in_sequence(self, terms: list[torch.Tensor], acc: Format) -> torch.Tensor:
+        """((t0 + t1) + t2) + ..., each addition rounded to nearest in acc. float32 terms add as
+        float32 tensors: IEEE addition of two float32 values is the correctly rounded exact sum,
+        bit-identical to round(t + t', float32) and one kernel instead of three."""
+        add = self._adder(acc)
+        s = terms[0].to(torch.float32) if add is _add32 else terms[0]
+        for t in terms[1:]:
+            s = add(s, t.to(s.dtype))
+        return s.to(torch.float64)
 
     def align(self, w: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         """View a trailing-dims parameter (e.g. weight (R, hidden)) so it broadcasts against `like`
@@ -309,6 +366,10 @@ class Numerics:
     def expand(self, x: torch.Tensor) -> torch.Tensor:
         """Give an input the leading replay dim (a view) when this context has replays."""
         return x.unsqueeze(0).expand(self.replays, *x.shape) if self.replays else x
+
+
+def _add32(s: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    return s + t
 
 
 def _cast_via_float32(x: torch.Tensor, f: Format) -> torch.Tensor:

@@ -1,0 +1,124 @@
+"""What every dashboard page shares: settings, the cached read-only database, the build picker.
+
+    streamlit run optwin/dashboard/app.py -- --db fingerprints.duckdb [--sidecar http://127.0.0.1:8787]
+
+Settings come from, in order: `st.session_state` ("optwin_db", "optwin_sidecar"; tests set these),
+the script arguments after `--`, then the environment (OPTWIN_DB, OPTWIN_SIDECAR).
+
+The database is a `st.cache_resource` keyed by (path, file identity): a rebuild replaces the file
+(`os.replace`), its inode/mtime change, and the next rerun opens the new file; `st.cache_data`
+results are keyed the same way, so nothing stale survives a rebuild.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from optwin.dashboard.data import DashboardData, file_identity, open_data
+from optwin.errors import OptwinError
+
+
+def _args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--db")
+    p.add_argument("--sidecar")
+    # sys.argv is the script's own args under `streamlit run`; under AppTest it is pytest's
+    ns, _ = p.parse_known_args(sys.argv[1:])
+    return ns
+
+
+def db_path() -> str | None:
+    return st.session_state.get("optwin_db") or _args().db or os.environ.get("OPTWIN_DB") or None
+
+
+def sidecar_url() -> str | None:
+    url = st.session_state.get("optwin_sidecar") or _args().sidecar or os.environ.get("OPTWIN_SIDECAR")
+    return url.rstrip("/") if url else None
+
+
+@st.cache_resource(max_entries=2, show_spinner=False)
+def _open(path: str, identity: tuple[int, int, int]) -> DashboardData:
+    # identity is only part of the cache key: a changed file is a new entry, the old one is evicted
+    return open_data(path)
+
+
+@st.cache_data(max_entries=512, show_spinner=False)
+def _cached(path: str, identity: tuple[int, int, int], method: str, args: tuple[Any, ...]) -> Any:
+    return getattr(_open(path, identity), method)(*args)
+
+
+@dataclass(frozen=True)
+class Context:
+    """The open database of this rerun and the build the sidebar picked."""
+
+    path: str
+    identity: tuple[int, int, int]
+    build: str
+    builds: pd.DataFrame
+
+    def q(self, method: str, *args: Any) -> Any:
+        """A cached call of `DashboardData.<method>(*args)` on this file version."""
+        return _cached(self.path, self.identity, method, tuple(args))
+
+
+def open_db(path: str | None) -> tuple[str, tuple[int, int, int]] | str:
+    """(path, identity) of an openable database, or a one-line message why it is not."""
+    if not path:
+        return "No fingerprint database configured: start with `optwin dashboard --db PATH`."
+    identity = file_identity(path)
+    if identity is None:
+        return f"no fingerprint database at {path}: run `optwin build`"
+    try:
+        _open(path, identity)
+    except OptwinError as e:
+        return str(e)
+    return (path, identity)
+
+
+def page_context(required: bool = True) -> Context | None:
+    """Sidebar (database, build picker) and the page's Context; stops the page with a message when
+    the database is missing or foreign (returns None instead when not `required`)."""
+    got = open_db(db_path())
+    if isinstance(got, str):
+        (st.error if required else st.info)(got)
+        if required:
+            st.stop()
+        return None
+    path, identity = got
+    builds = _cached(path, identity, "builds", ())
+    if builds.empty:
+        (st.warning if required else st.info)(f"{path} holds no builds yet: run `optwin build`")
+        if required:
+            st.stop()
+        return None
+    ids = [str(b) for b in builds["build_id"]]
+    picked, was_newest = st.session_state.get("build"), st.session_state.get("_build_newest")
+    # a rebuild may drop the picked build; one who watched the current build follows it to the new one
+    if picked not in ids or (picked == was_newest and ids[0] != was_newest):
+        st.session_state["build"] = ids[0]
+    st.session_state["_build_newest"] = ids[0]
+    created = dict(zip(ids, builds["created_at"]))
+    st.sidebar.caption(f"database: `{path}`")
+    build = st.sidebar.selectbox(
+        "Build", ids, key="build", format_func=lambda b: f"{b} ({str(created[b])[:16]})",
+        help="The newest build is the current one.",
+    )
+    return Context(path=path, identity=identity, build=build, builds=builds)
+
+
+def pick(label: str, options: list[Any], key: str, default: Any = None, **kw: Any) -> Any:
+    """A selectbox whose stale value (not in options after another choice changed) resets to
+    `default` (or the first option)."""
+    if not options:
+        st.info(f"nothing to choose for {label.lower()}")
+        return None
+    if st.session_state.get(key) not in options:
+        st.session_state[key] = default if default in options else options[0]
+    return st.selectbox(label, options, key=key, **kw)

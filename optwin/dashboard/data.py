@@ -1,0 +1,266 @@
+"""Read-only queries the dashboard pages need, over a fingerprint database (schema v1).
+
+    python -c "from optwin.dashboard.data import open_data; print(open_data('fingerprints.duckdb').builds())"
+
+The pages never touch the database: they call the methods here, which read through the fingerprint
+store (`optwin.fingerprints.store.open_store(path, read_only=True)`, parameterised queries, its own
+one-line errors) and return pandas DataFrames. The store offers row selections by build/op/variant/
+dtype; the dashboard's aggregates (per-triple counts, fault totals, build-to-build diffs, pooled
+probabilities) are computed here in pandas over those selections (Arrow tables, so no row-by-row
+Python). The file may be replaced underneath us by a rebuild (`os.replace`): a DashboardData is a
+snapshot of one file version, and `file_identity` tells the app when to open a new one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import pandas as pd
+
+from optwin.catalog import FAULT_TYPES, operator
+from optwin.fingerprints.migrations.v0001_initial import TABLES
+from optwin.fingerprints.regions import bin_lower_edge, parse_region_key
+from optwin.fingerprints.stats import wilson
+
+
+def file_identity(path: str | os.PathLike) -> tuple[int, int, int] | None:
+    """(inode, mtime_ns, size) of the file, or None when it is missing: changes on every rebuild."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def pool(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """Pool fingerprint rows over everything not in `by`: probability = sum(faults) / sum(replays).
+
+    Pooling counts (not averaging probabilities) weights each region by the evidence it holds, and
+    the Wilson interval of the pooled counts shows how much evidence that is.
+    """
+    cols = [*by, "probability", "ci_low", "ci_high", "ci_width", "n_faults", "n_replays", "n_cases"]
+    if df.empty:
+        return pd.DataFrame(columns=cols)
+    g = df.groupby(by, as_index=False, sort=True).agg(
+        n_faults=("n_faults", "sum"), n_replays=("n_replays", "sum"), n_cases=("n_cases", "sum")
+    )
+    g["probability"] = [k / n if n > 0 else float("nan") for k, n in zip(g.n_faults, g.n_replays)]
+    ci = [wilson(int(k), int(n)) for k, n in zip(g.n_faults, g.n_replays)]
+    g["ci_low"] = [c[0] for c in ci]
+    g["ci_high"] = [c[1] for c in ci]
+    g["ci_width"] = g.ci_high - g.ci_low
+    return g[cols]
+
+
+def boundary(curve: pd.DataFrame, feature: str, threshold: float) -> float | None:
+    """The lowest `feature` value (bin lower edge) whose pooled probability reaches `threshold`."""
+    hit = curve[curve["probability"] >= threshold]
+    return float(hit[feature].min()) if len(hit) else None
+
+
+def with_region_features(df: pd.DataFrame, op: str) -> pd.DataFrame:
+    """Add per region feature a bin column `bin:<f>` and its lower-edge value column `<f>`."""
+    feats = operator(op).region_features
+    out = df.copy()
+    bins = [parse_region_key(k) for k in out["region"]] if len(out) else []
+    for i, f in enumerate(feats):
+        out[f"bin:{f}"] = [b[i] if i < len(b) else 0 for b in bins]
+        out[f] = [bin_lower_edge(f, b) for b in out[f"bin:{f}"]]
+    return out
+
+
+@dataclass(frozen=True)
+class CaseDetail:
+    """One case with its outcome and parsed JSON columns (for the Cases page drill-down)."""
+
+    row: dict[str, Any]
+    sketch: dict[str, float]
+    params: dict[str, Any]
+
+
+_OUTCOME_COLS = ("replays", "noise", "det_nonfinite", "det_precision_loss", "det_low_entropy", "n_nonfinite",
+                 "n_precision_loss", "n_low_entropy", "det_rel_error", "err_q50", "err_q90", "err_max")
+
+
+class DashboardData:
+    """A read-only view of one fingerprint database file, as it was when opened."""
+
+    def __init__(self, path: str | os.PathLike):
+        from optwin.fingerprints.store import open_store  # lazy: duckdb loads with the store
+
+        self.path = os.path.abspath(os.fspath(path))
+        self.identity = file_identity(self.path)
+        self._store = open_store(self.path, read_only=True)  # DatabaseError / SchemaVersionError
+        # one DuckDB connection behind the store; Streamlit serves sessions from several threads
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._lock:
+            self._store.close()
+
+    def _df(self, method: str, **kw: Any) -> pd.DataFrame:
+        """Rows of one store read method (named like its table) as a DataFrame."""
+        with self._lock:
+            read = getattr(self._store, method)
+            try:
+                return read(as_arrow=True, **kw).to_pandas()
+            except AttributeError:
+                # duckdb 2 dropped fetch_arrow_table, which the store's arrow path calls; rows work
+                rows = read(**kw)
+        return pd.DataFrame.from_records(rows, columns=[c for c, _, _ in TABLES[method]] if not rows else None)
+
+    # --- builds -------------------------------------------------------------------------------
+
+    def builds(self) -> pd.DataFrame:
+        """All builds with their provenance, newest first."""
+        df = self._df("builds")
+        return df.sort_values(["created_at", "build_id"], ascending=False, kind="stable").reset_index(drop=True)
+
+    def current_build(self) -> str | None:
+        with self._lock:
+            return self._store.latest_build_id()
+
+    # --- overview -----------------------------------------------------------------------------
+
+    def _cases_outcomes(self, build: str) -> pd.DataFrame:
+        cases = self._df("cases", build_id=build)[["case_id", "op", "variant", "dtype", "region", "held_out"]]
+        outs = self._df("outcomes", build_id=build)
+        return cases.merge(outs.drop(columns=["build_id"]), on="case_id", how="left")
+
+    def ops_covered(self, build: str) -> pd.DataFrame:
+        """Per op/variant/dtype: cases, held-out cases, replays, regions."""
+        df = self._cases_outcomes(build)
+        cols = ["op", "variant", "dtype", "n_cases", "n_held_out", "n_replays", "n_regions"]
+        if df.empty:
+            return pd.DataFrame(columns=cols)
+        g = df.groupby(["op", "variant", "dtype"], as_index=False, sort=True).agg(
+            n_cases=("case_id", "size"), n_held_out=("held_out", "sum"),
+            n_replays=("replays", "sum"), n_regions=("region", "nunique"))
+        return g.astype({"n_held_out": "int64", "n_replays": "int64"})[cols]
+
+    def totals(self, build: str) -> dict[str, int]:
+        """Counts for the overview's headline numbers."""
+        df = self._cases_outcomes(build)
+        fp = self._df("fingerprints", build_id=build)
+        return {
+            "cases": len(df),
+            "ops": int(df["op"].nunique()),
+            "triples": int(df.groupby(["op", "variant", "dtype"]).ngroups) if len(df) else 0,
+            "replays": int(df["replays"].fillna(0).sum()),
+            "regions": int(fp.groupby(["op", "variant", "dtype", "region"]).ngroups) if len(fp) else 0,
+        }
+
+    def fault_totals(self, build: str) -> pd.DataFrame:
+        """Per fault type: cases whose deterministic emulation faults, faulting replays, and the
+        cases where the type applies (low_entropy only for softmax and attention)."""
+        o = self._df("outcomes", build_id=build)
+        rows = []
+        for ft in FAULT_TYPES:
+            det = o[f"det_{ft}"]
+            rows.append({"fault_type": ft, "det_cases": int(det.fillna(False).astype(bool).sum()),
+                         "faulting_replays": int(o[f"n_{ft}"].fillna(0).sum()),
+                         "applicable_cases": int(det.notna().sum())})
+        return pd.DataFrame(rows)
+
+    # --- fingerprints -------------------------------------------------------------------------
+
+    def triples(self, build: str) -> pd.DataFrame:
+        """The (op, variant, dtype) triples the build fingerprinted."""
+        fp = self._df("fingerprints", build_id=build)
+        return fp[["op", "variant", "dtype"]].drop_duplicates().sort_values(["op", "variant", "dtype"]).reset_index(drop=True)
+
+    def fingerprints(self, build: str, op: str, variant: str | None = None, dtype: str | None = None,
+                     fault_type: str | None = None) -> pd.DataFrame:
+        """Fingerprint rows of one op (optionally one variant/dtype/fault type), with bin columns."""
+        df = self._df("fingerprints", build_id=build, op=op, variant=variant, dtype=dtype)
+        if fault_type is not None:
+            df = df[df["fault_type"] == fault_type].reset_index(drop=True)
+        return with_region_features(df, op)
+
+    # --- cases --------------------------------------------------------------------------------
+
+    def _case_rows(self, build: str, case_ids: Sequence[int]) -> pd.DataFrame:
+        ids = [int(i) for i in case_ids]
+        cases = self._df("cases", build_id=build, case_ids=ids)
+        outs = self._df("outcomes", build_id=build, case_ids=ids)
+        return cases.merge(outs[["case_id", *_OUTCOME_COLS]], on="case_id", how="left")
+
+    def representatives(self, build: str, op: str, variant: str, dtype: str,
+                        fault_type: str | None = None) -> pd.DataFrame:
+        """Representative failing cases of one triple, worst relative error first."""
+        reps = self._df("representatives", build_id=build, op=op, variant=variant, dtype=dtype, fault_type=fault_type)
+        cols = ["case_id", "fault_type", "region", "rel_error", "source", "family", "seed", "case_index", "shard",
+                "replays", "err_q50", "err_q90", "err_max"]
+        if reps.empty:
+            return pd.DataFrame(columns=cols)
+        info = self._case_rows(build, reps["case_id"].unique().tolist()).drop(columns=["region"])
+        df = reps[["case_id", "fault_type", "region", "rel_error"]].merge(info, on="case_id", how="left")
+        return df.sort_values(["rel_error", "case_id"], ascending=[False, True], na_position="last")[cols].reset_index(drop=True)
+
+    def case(self, build: str, case_id: int) -> CaseDetail | None:
+        """One case joined with its outcome, or None."""
+        df = self._case_rows(build, [case_id])
+        if df.empty:
+            return None
+        row = {k: _plain(v) for k, v in df.iloc[0].to_dict().items()}
+        return CaseDetail(row=row, sketch=_json(row.get("sketch")), params=_json(row.get("params")))
+
+    # --- compare ------------------------------------------------------------------------------
+
+    def compare(self, build_a: str, build_b: str, op: str | None = None) -> pd.DataFrame:
+        """Fingerprints of two builds side by side: status new / removed / changed / same, delta = b - a."""
+        key = ["op", "variant", "dtype", "region", "fault_type"]
+        keep = [*key, "probability", "n_replays"]
+        a = self._df("fingerprints", build_id=build_a, op=op)[keep]
+        b = self._df("fingerprints", build_id=build_b, op=op)[keep]
+        df = a.merge(b, on=key, how="outer", suffixes=("_a", "_b"), indicator=True)
+        df["delta"] = df["probability_b"] - df["probability_a"]
+        status = df["_merge"].map({"left_only": "removed", "right_only": "new", "both": "same"}).astype(str)
+        changed = (status == "same") & (df["probability_a"] != df["probability_b"])
+        df["status"] = status.where(~changed, "changed")
+        df = df.drop(columns=["_merge"])
+        order = df["delta"].abs().fillna(1.0)
+        df = df.assign(_o=order).sort_values(["_o", *key], ascending=[False, True, True, True, True, True])
+        return df.drop(columns=["_o"])[[*key, "probability_a", "probability_b", "delta", "n_replays_a",
+                                        "n_replays_b", "status"]].reset_index(drop=True)
+
+    def region_changes(self, build_a: str, build_b: str) -> pd.DataFrame:
+        """Regions (op/variant/dtype/region) present in only one of the two builds."""
+        key = ["op", "variant", "dtype", "region"]
+        a = self._df("fingerprints", build_id=build_a)[key].drop_duplicates()
+        b = self._df("fingerprints", build_id=build_b)[key].drop_duplicates()
+        df = a.merge(b, on=key, how="outer", indicator=True)
+        df = df[df["_merge"] != "both"]
+        df.insert(0, "status", df.pop("_merge").map({"left_only": "removed", "right_only": "new"}).astype(str))
+        return df.sort_values(["status", *key]).reset_index(drop=True)
+
+
+def open_data(path: str | os.PathLike) -> DashboardData:
+    """Open a fingerprint database read-only; DatabaseError with one line when it can't be."""
+    return DashboardData(path)
+
+
+def _json(text: Any) -> dict[str, Any]:
+    if not isinstance(text, str) or not text:
+        return {}
+    try:
+        v = json.loads(text)
+    except json.JSONDecodeError:
+        return {}
+    return v if isinstance(v, dict) else {}
+
+
+def _plain(v: Any) -> Any:
+    """numpy/pandas scalars -> Python values (None for NA) for display and snippets."""
+    if v is None:
+        return None
+    try:
+        if pd.isna(v):
+            return None
+    except (TypeError, ValueError):
+        pass
+    return v.item() if hasattr(v, "item") else v

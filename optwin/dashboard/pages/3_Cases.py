@@ -1,0 +1,81 @@
+"""Cases: representative failing cases of one op/variant/dtype, and a drill-down into one of them.
+
+    streamlit run optwin/dashboard/app.py -- --db fingerprints.duckdb   (page "Cases")
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from optwin.catalog import DEFAULT_TOLERANCES, operator
+from optwin.dashboard import charts
+from optwin.dashboard.common import page_context, pick
+from optwin.dashboard.snippet import reproduce_snippet
+
+ALL = "all fault types"
+
+st.title("Cases")
+ctx = page_context()
+assert ctx is not None
+
+triples = ctx.q("triples", ctx.build)
+if triples.empty:
+    st.info(f"build {ctx.build} has no fingerprints")
+    st.stop()
+c1, c2, c3, c4 = st.columns(4)
+with c1:
+    op = pick("Operator", sorted(triples["op"].unique()), "cs_op")
+spec = operator(op)
+with c2:
+    variant = pick("Variant", [v for v in spec.variant_names if v in set(triples[triples.op == op]["variant"])], "cs_variant")
+with c3:
+    dtype = pick("Dtype", [d for d in spec.dtypes if d in set(triples[(triples.op == op) & (triples.variant == variant)]["dtype"])], "cs_dtype")
+with c4:
+    fault = pick("Fault type", [ALL, *spec.fault_types], "cs_fault")
+if not (variant and dtype and fault):
+    st.stop()
+
+reps = ctx.q("representatives", ctx.build, op, variant, dtype, None if fault == ALL else fault)
+st.metric("Representative failing cases", len(reps))
+if reps.empty:
+    st.info(f"no failing cases for {op}/{variant}/{dtype} ({fault}) in build {ctx.build}")
+    st.stop()
+st.caption("Up to 3 most-faulting cases per region and fault type, worst replay error (q50) first.")
+st.dataframe(reps, hide_index=True, key="cs_table")
+
+st.subheader("Drill-down")
+ids = [int(i) for i in reps["case_id"].drop_duplicates()]
+labels = {int(r.case_id): f"{r.case_id}: {r.fault_type}, region {r.region}, rel_error {r.rel_error:.3g}"
+          for r in reps.drop_duplicates("case_id").itertuples()}
+case_id = pick("Case", ids, "cs_case", format_func=lambda i: labels[i])
+detail = ctx.q("case", ctx.build, case_id)
+if detail is None:
+    st.warning(f"case {case_id} is not in build {ctx.build}")
+    st.stop()
+row = detail.row
+
+left, right = st.columns(2)
+with left:
+    st.markdown(f"**Provenance**: source `{row['source']}`, family `{row['family']}`, seed {row['seed']}, "
+                f"case index {row['case_index']}, shard `{row['shard']}`, region `{row['region']}`"
+                + (" (held out)" if row.get("held_out") else ""))
+    st.markdown("**Sketch**")
+    sketch = pd.DataFrame({"feature": list(detail.sketch), "value": list(detail.sketch.values())})
+    sketch["region feature"] = sketch["feature"].isin(spec.region_features)
+    st.dataframe(sketch, hide_index=True, key="cs_sketch")
+    flags = {ft: (row.get(f"det_{ft}"), row.get(f"n_{ft}")) for ft in spec.fault_types}
+    st.markdown("**Faults** (deterministic flag; faulting replays of "
+                f"{row.get('replays')} with noise `{row.get('noise')}`)")
+    st.dataframe(pd.DataFrame([{"fault_type": k, "deterministic": v[0], "faulting_replays": v[1]} for k, v in flags.items()]),
+                 hide_index=True, key="cs_faults")
+with right:
+    st.markdown("**Replay error distribution** (relative error; red: precision_loss threshold)")
+    tau = DEFAULT_TOLERANCES.precision_tau(op, spec.out_dtype(dtype))
+    st.altair_chart(charts.error_quantiles(row, tau), width="stretch")
+    q = st.columns(3)
+    for col, name in zip(q, ("err_q50", "err_q90", "err_max")):
+        col.metric(name, f"{row.get(name):.3g}" if row.get(name) is not None else "n/a")
+
+st.markdown("**Reproduce** (copy and run):")
+st.code(reproduce_snippet(row), language="python")

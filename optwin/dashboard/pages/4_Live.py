@@ -1,0 +1,54 @@
+"""Live: warnings from the prediction sidecar as they arrive; per-stream risk over time and forecast.
+
+    streamlit run optwin/dashboard/app.py -- --db fingerprints.duckdb --sidecar http://127.0.0.1:8787
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from optwin.dashboard import charts, live
+from optwin.dashboard.common import page_context, sidecar_url
+
+st.title("Live")
+page_context(required=False)  # the sidebar; the live view needs only the sidecar
+
+default = sidecar_url() or ""
+if "live_url" not in st.session_state:
+    st.session_state["live_url"] = default
+url = st.text_input("Sidecar URL", key="live_url", placeholder="http://127.0.0.1:8787").strip().rstrip("/")
+auto = st.toggle("Refresh every 2 s", value=True, key="live_auto")
+if not url:
+    st.info("No sidecar configured: start one with `optwin serve --db DB` and the dashboard with "
+            "`optwin dashboard --db DB --sidecar http://127.0.0.1:PORT`, or enter its URL above.")
+    st.stop()
+
+if st.session_state.get("live_for") != url:  # another sidecar: start over
+    st.session_state.update(live_for=url, live_warnings=[], live_cursor=0, live_error=None)
+
+
+def _view() -> None:
+    got = live.fetch_warnings(url, st.session_state["live_cursor"])
+    st.session_state["live_error"] = got.error
+    if got.error is None:
+        st.session_state["live_warnings"], st.session_state["live_cursor"] = live.merge(
+            st.session_state["live_warnings"], got.warnings, st.session_state["live_cursor"])
+    if got.error:
+        st.info(got.error)
+    df = live.table(st.session_state["live_warnings"])
+    m = st.columns(3)
+    m[0].metric("Warnings", len(df))
+    m[1].metric("Streams", int(df["stream"].nunique()))
+    m[2].metric("Last seq", st.session_state["live_cursor"])
+    if df.empty:
+        st.caption(f"no warnings from {url} yet")
+        return
+    st.altair_chart(charts.live_risk(df.dropna(subset=["risk"])), width="stretch")
+    latest = df.sort_values("seq").groupby("stream", as_index=False).last()
+    st.markdown("**Per stream, latest** (eta_s: forecast seconds until the stream reaches a fault region)")
+    st.dataframe(latest[["stream", "op", "variant", "dtype", "t", "risk", "fault_type", "eta_s"]], hide_index=True)
+    st.markdown("**Warnings, newest first**")
+    st.dataframe(df.sort_values("seq", ascending=False), hide_index=True)
+
+
+st.fragment(_view, run_every=2.0 if auto else None)()

@@ -1,0 +1,56 @@
+"""The copyable Python snippet that reproduces one stored case with `optwin.twin.run`.
+
+    python -c "from optwin.dashboard.snippet import reproduce_snippet; print(reproduce_snippet({'op': 'rmsnorm', 'variant': 'native-dtype', 'dtype': 'float16', 'source': 'default', 'family': 'normal', 'seed': 0, 'case_index': 3, 'replays': 16, 'noise': 'stochastic'}))"
+
+Sweep cases are regenerated, not stored: the generators are deterministic in (op, dtype, seed, case
+index) and case i does not depend on how many cases were asked for, so asking for `case_index + 1`
+cases and taking the last one gives the build's case back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def generator_of(source: str | None, family: str | None) -> str | None:
+    """The optwin.ingest generator that made a case, or None for profile cases."""
+    if source not in ("sweep", "default"):
+        return None
+    # boundary_sweep tags its families "boundary:<family>"
+    return "boundary_sweep" if (family or "").startswith("boundary:") else "default_sweep"
+    return None
+
+
+def reproduce_snippet(case: dict[str, Any]) -> str:
+    """Python source that regenerates the case's inputs and replays it through the twin."""
+    op, variant, dtype = case["op"], case["variant"], case["dtype"]
+    seed, index = int(case.get("seed") or 0), int(case.get("case_index") or 0)
+    replays = int(case.get("replays") or 0)
+    noise = case.get("noise") or ("stochastic" if replays else "none")
+    gen = generator_of(case.get("source"), case.get("family"))
+    head = [
+        f"# case {case.get('case_id')} of build {case.get('build_id')}: {op}/{variant}/{dtype}, "
+        f"source {case.get('source')}, family {case.get('family')}, region {case.get('region')}",
+        "from optwin import twin",
+    ]
+    if gen is not None:
+        head += [
+            f"from optwin.ingest import {gen}",
+            "",
+            f"case = {gen}({op!r}, {dtype!r}, {index + 1}, {seed})[{index}]  # n_cases = case_index + 1",
+            "inputs, params = case.inputs, case.params",
+        ]
+    else:
+        head += [
+            "",
+            f"# this case came from a captured profile (source {case.get('source')!r}, shard {case.get('shard')!r}):",
+            "# load its tensors from that profile; the sketch it matched is",
+            f"# {case.get('sketch')}",
+            "inputs, params = ..., {}",
+        ]
+    head += [
+        f"res = twin.run({op!r}, {variant!r}, {dtype!r}, inputs=inputs, params=params,",
+        f"               noise={noise!r}, replays={replays}, seed={seed})",
+        "print(res.faults, res.probability, res.rel_error)",
+    ]
+    return "\n".join(head) + "\n"

@@ -1,0 +1,1 @@
+"""Fault fingerprints: the DuckDB fault database (store), its builder, the matcher and the sidecar."""

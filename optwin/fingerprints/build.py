@@ -1,0 +1,294 @@
+"""Fingerprint builds: plan shards, run them (local pool or Ray), gather into DuckDB, swap atomically.
+
+    optwin build --quick --out fingerprints.duckdb
+
+Steps, each safe to kill:
+1. plan: every (op, variant, dtype) of the catalog (or `--ops`) x case source x slice becomes a
+   shard; the plan and the build id go to `<out>.work/manifest.json`;
+2. run: shards write `<out>.work/shards/<shard>.parquet` (tmp name + os.replace); `--resume` reuses
+   the manifest and skips every shard whose file exists, so nothing is redone or duplicated;
+3. gather: the existing database (if any) is copied to `<out>.tmp-<pid>`, the shard files are read
+   into it (deduplicated by shard and case id), fingerprints and representatives are aggregated in
+   SQL, and the file is os.replace()d onto `<out>`: readers never see a half-written database;
+4. the work directory is removed.
+Case counts and replays come from a preset (`quick`: demos and tests; `full`: the default build).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from optwin.catalog import DEFAULT_TOLERANCES, Tolerances, all_triples, operator
+from optwin.errors import DatabaseError, OptwinError, ProfileError
+from optwin.fingerprints.shards import ShardSpec, shard_path, stable_hash, summary_path
+
+MANIFEST_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Sizes of a build: cases per generator call (per op and dtype, shared by its variants)."""
+
+    name: str
+    cases: int  # per (op, dtype, source) generator call
+    replays: int  # noisy replays per case
+    slices: int  # shards per (op, variant, dtype, source): load balance and resume granularity
+
+
+PRESETS: dict[str, Preset] = {
+    # Sized on 2 cores (bench/bench_build.py): quick ~1 min for every variant, full ~6 min.
+    "quick": Preset("quick", cases=32, replays=16, slices=1),
+    "full": Preset("full", cases=96, replays=32, slices=2),
+}
+
+# Relative cost of one case per op (measured replay time): the pool starts the dearest shards first.
+_COST = {"layernorm": 2.5, "attention": 1.5, "rmsnorm": 1.1, "softmax": 1.0, "rope": 1.0, "matmul": 0.3, "geodesic": 0.1}
+
+
+@dataclass
+class BuildConfig:
+    out: str = "fingerprints.duckdb"
+    profile: str | None = None
+    ops: tuple[str, ...] | None = None  # None: every catalog operator
+    replays: int | None = None  # None: the preset's
+    cases: int | None = None  # None: the preset's
+    noise: str = "stochastic"
+    engine: str = "local"
+    address: str | None = None
+    quick: bool = False
+    resume: bool = False
+    seed: int = 0
+    workers: int | None = None  # None: os.cpu_count()
+    tolerances: dict[str, float] = field(default_factory=dict)  # Tolerances overrides
+    include_triton: bool = True
+
+    @property
+    def preset(self) -> Preset:
+        return PRESETS["quick" if self.quick else "full"]
+
+    @property
+    def n_replays(self) -> int:
+        return self.preset.replays if self.replays is None else self.replays
+
+    @property
+    def n_cases(self) -> int:
+        return self.preset.cases if self.cases is None else self.cases
+
+    @property
+    def n_workers(self) -> int:
+        return self.workers or os.cpu_count() or 1
+
+    @property
+    def work_dir(self) -> str:
+        return f"{self.out}.work"
+
+    def plan_key(self) -> dict[str, Any]:
+        """What determines the build's rows (engine, address and workers do not)."""
+        return {"ops": list(self.selected_ops()), "replays": self.n_replays, "cases": self.n_cases,
+                "slices": self.preset.slices, "noise": self.noise, "seed": self.seed, "quick": self.quick,
+                "profile": os.path.abspath(self.profile) if self.profile else None,
+                "tolerances": self.tolerance_values(), "include_triton": self.include_triton}
+
+    def tolerance_values(self) -> dict[str, float]:
+        return dataclasses.asdict(Tolerances(**self.tolerances)) if self.tolerances else dataclasses.asdict(DEFAULT_TOLERANCES)
+
+    def selected_ops(self) -> tuple[str, ...]:
+        from optwin.catalog import CATALOG
+
+        return tuple(self.ops) if self.ops else tuple(CATALOG)
+
+
+@dataclass
+class BuildResult:
+    build_id: str
+    out: str
+    cases: int
+    replays: int
+    fingerprints: int
+    shards_run: int
+    shards_skipped: int
+    duration_s: float
+    summary: list[dict[str, Any]]  # per (op, variant, dtype): cases, replays, rejected, fault rates
+
+
+def validate_config(cfg: BuildConfig) -> None:
+    """Bad input becomes one OptwinError line before any work starts."""
+    from optwin.fingerprints.engines import ENGINES
+    from optwin.twin import NOISE_MODES
+
+    for op in cfg.selected_ops():
+        operator(op)  # CatalogError naming the known operators
+    if cfg.noise not in NOISE_MODES:
+        raise OptwinError(f"unknown noise mode {cfg.noise!r}; expected one of {', '.join(NOISE_MODES)}")
+    if cfg.engine not in ENGINES:
+        raise OptwinError(f"unknown engine {cfg.engine!r}; expected one of {', '.join(ENGINES)}")
+    if cfg.n_replays < 0 or cfg.n_cases < 1 or cfg.n_workers < 1:
+        raise OptwinError("--replays must be >= 0, --cases and --workers >= 1")
+    if cfg.tolerances:
+        try:
+            Tolerances(**cfg.tolerances)
+        except TypeError as e:
+            raise OptwinError(f"bad tolerance override: {e}") from None
+    if cfg.profile is not None:
+        from optwin.fingerprints.sources import profile_ops
+
+        try:
+            profile_ops(cfg.profile)
+        except OptwinError:
+            raise
+        except Exception as e:  # a truncated/corrupt file surfaces as whatever its reader raises
+            raise ProfileError(f"{cfg.profile}: unreadable profile ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+
+
+def plan_shards(cfg: BuildConfig) -> list[ShardSpec]:
+    """Every shard of the build, dearest first."""
+    ops = set(cfg.selected_ops())
+    prof_ops: set[str] = set()
+    if cfg.profile is not None:
+        from optwin.fingerprints.sources import profile_ops
+
+        prof_ops = profile_ops(cfg.profile)
+    profile = os.path.abspath(cfg.profile) if cfg.profile else None
+    specs = []
+    for op, variant, dtype in all_triples(cfg.include_triton):
+        if op not in ops:
+            continue
+        sources = ("profile-tensor", "profile-sample", "sweep") if op in prof_ops else ("default", "sweep")
+        for source in sources:
+            gen_seed = stable_hash("gen", cfg.seed, op, dtype, source) % (2**31)
+            for s in range(cfg.preset.slices):
+                specs.append(ShardSpec(op, variant, dtype, source, s, cfg.preset.slices, cfg.n_cases, gen_seed,
+                                       cfg.n_replays, cfg.noise, cfg.seed, profile if source.startswith("profile") else None,
+                                       dict(cfg.tolerances)))
+    specs.sort(key=lambda s: -_COST.get(s.op, 1.0))
+    return specs
+
+
+def _write_json(path: str, obj: Any) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def load_or_write_manifest(cfg: BuildConfig, specs: list[ShardSpec]) -> dict[str, Any]:
+    """The manifest of this build: reused on --resume when it plans the same build, else fresh."""
+    path = os.path.join(cfg.work_dir, "manifest.json")
+    key = cfg.plan_key()
+    if os.path.exists(path):
+        if cfg.resume:
+            try:
+                with open(path) as f:
+                    manifest = json.load(f)
+            except (OSError, ValueError):
+                manifest = None
+            if manifest and manifest.get("version") == MANIFEST_VERSION:
+                if manifest.get("plan") != key:
+                    raise OptwinError(f"{cfg.work_dir} holds a different build (other ops/replays/seed/...): "
+                                      "rerun with the same options, or without --resume to start over")
+                return manifest
+        shutil.rmtree(cfg.work_dir)  # not resuming (or unreadable manifest): start over
+    os.makedirs(os.path.join(cfg.work_dir, "shards"), exist_ok=True)
+    manifest = {"version": MANIFEST_VERSION, "build_id": f"b{dt.datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:8]}",
+                "created_at": dt.datetime.now(dt.timezone.utc).replace(tzinfo=None).isoformat(),
+                "plan": key, "shards": [s.shard_id for s in specs]}
+    _write_json(path, manifest)
+    return manifest
+
+
+def code_version() -> str:
+    import optwin
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(optwin.__file__)))
+    try:
+        rev = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        rev = ""
+    return f"{optwin.__version__}+{rev}" if rev else optwin.__version__
+
+
+def _summarise(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    table: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for s in summaries:
+        row = table.setdefault((s["op"], s["variant"], s["dtype"]),
+                               {"op": s["op"], "variant": s["variant"], "dtype": s["dtype"], "cases": 0, "replays": 0,
+                                "rejected": 0, "faults": {f: 0 for f in operator(s["op"]).fault_types}})
+        row["cases"] += s["cases"]
+        row["replays"] += s["replays"]
+        row["rejected"] += sum(s["rejected"].values())
+        for f in row["faults"]:
+            row["faults"][f] += s["faults"].get(f, 0)
+    out = []
+    for row in table.values():
+        trials = max(row["replays"], 1)
+        row["rates"] = {f: k / trials for f, k in row["faults"].items()}
+        out.append(row)
+    return sorted(out, key=lambda r: (r["op"], r["variant"], r["dtype"]))
+
+
+def build(cfg: BuildConfig, on_start: Callable[[int, int], None] | None = None,
+          on_shard: Callable[[dict[str, Any]], None] | None = None) -> BuildResult:
+    """Run a whole build (see the module docstring). Callbacks feed the progress display:
+    on_start(total_shards, already_done), on_shard(summary)."""
+    from optwin.fingerprints.duckdb_store import copy_for_write, is_disk_full
+    from optwin.fingerprints.engines import run_shards
+    from optwin.fingerprints.store import open_store
+    from optwin.twin import TWIN_VERSION
+
+    t0 = time.perf_counter()
+    validate_config(cfg)
+    if os.path.exists(cfg.out):  # fail fast on a database of another schema version
+        open_store(cfg.out, read_only=True).close()
+    specs = plan_shards(cfg)
+    tmp = f"{cfg.out}.tmp-{os.getpid()}"
+    try:
+        manifest = load_or_write_manifest(cfg, specs)
+        todo = [s for s in specs if not os.path.exists(shard_path(cfg.work_dir, s.shard_id))]
+        if on_start:
+            on_start(len(specs), len(specs) - len(todo))
+        run_shards(cfg.engine, todo, cfg.work_dir, cfg.n_workers, on_shard or (lambda s: None), cfg.address)
+        summaries = []
+        for s in specs:
+            with open(summary_path(cfg.work_dir, s.shard_id)) as f:
+                summaries.append(json.load(f))
+        if os.path.exists(cfg.out):
+            copy_for_write(cfg.out, tmp)
+        flags = {"ops": list(cfg.selected_ops()), "replays": cfg.n_replays, "cases": cfg.n_cases, "noise": cfg.noise,
+                 "quick": cfg.quick, "engine": cfg.engine, "workers": cfg.n_workers, "slices": cfg.preset.slices,
+                 "tolerances": cfg.tolerance_values(), "include_triton": cfg.include_triton}
+        row = {"build_id": manifest["build_id"], "created_at": dt.datetime.fromisoformat(manifest["created_at"]),
+               "code_version": code_version(), "twin_version": TWIN_VERSION, "seed": cfg.seed,
+               "flags": json.dumps(flags, sort_keys=True), "profile": cfg.plan_key()["profile"],
+               "replays": cfg.n_replays, "noise": cfg.noise, "engine": cfg.engine,
+               "duration_s": time.perf_counter() - t0}
+        store = open_store(tmp, read_only=False, create=True)
+        try:
+            counts = store.add_build(row, [shard_path(cfg.work_dir, s.shard_id) for s in specs])
+            store.checkpoint()
+        finally:
+            store.close()
+        os.replace(tmp, cfg.out)
+        shutil.rmtree(cfg.work_dir, ignore_errors=True)
+    except OptwinError:
+        raise
+    except Exception as e:
+        if is_disk_full(e):
+            raise DatabaseError(f"{cfg.out}: disk full while building: free space and rerun with --resume "
+                                "(finished shards are kept)") from None
+        raise
+    finally:
+        for p in (tmp, tmp + ".wal"):
+            if os.path.exists(p):
+                os.remove(p)
+    return BuildResult(manifest["build_id"], cfg.out, counts["cases"], counts["replays"], counts["fingerprints"],
+                       len(todo), len(specs) - len(todo), time.perf_counter() - t0, _summarise(summaries))

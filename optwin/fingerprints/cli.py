@@ -1,0 +1,71 @@
+"""`optwin build` and `optwin migrate` (registered by optwin/cli.py; runnable alone for tests).
+
+    python -m optwin.fingerprints.cli build --quick --out fingerprints.duckdb
+
+Imports only typer at import time; the builder, rich, duckdb and torch load inside the commands.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import List, Optional
+
+import typer
+
+
+def build_command(
+    profile: Optional[str] = typer.Option(None, "--profile", help="Input profile (from `optwin capture`); default: the built-in sweep."),
+    ops: Optional[List[str]] = typer.Option(None, "--ops", help="Operators to build (repeat or comma-separate); default: all."),
+    replays: Optional[int] = typer.Option(None, "--replays", help="Noisy replays per case (default: preset: quick 16, full 32)."),
+    out: str = typer.Option("fingerprints.duckdb", "--out", help="Database file (created or extended with a new build)."),
+    engine: str = typer.Option("local", "--engine", help="local (process pool) or ray."),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (default: a local cluster)."),
+    quick: bool = typer.Option(False, "--quick", help="Small build for demos and tests (<= 2 min on 2 cores)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue a killed build, keeping its finished shards."),
+    seed: int = typer.Option(0, "--seed", help="Seed of every case generator and replay."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="Parallel workers (default: CPU cores)."),
+    noise: str = typer.Option("stochastic", "--noise", help="Replay noise: stochastic, mca, order or none."),
+    cases: Optional[int] = typer.Option(None, "--cases", help="Cases per (op, dtype, source) (default: preset: quick 32, full 96)."),
+) -> None:
+    """Replay the twins over a profile or the default sweep and write the fault-fingerprint database."""
+    from rich.console import Console
+
+    from optwin.fingerprints.build import BuildConfig, build
+    from optwin.fingerprints.progress import BuildProgress, print_summary
+
+    op_list = tuple(o.strip() for item in (ops or []) for o in item.split(",") if o.strip()) or None
+    cfg = BuildConfig(out=out, profile=profile, ops=op_list, replays=replays, cases=cases, noise=noise, engine=engine,
+                      address=address, quick=quick, resume=resume, seed=seed, workers=workers)
+    console = Console(stderr=True)
+    with BuildProgress(console) as progress:
+        result = build(cfg, on_start=progress.start, on_shard=progress.advance)
+    print_summary(Console(), result)
+
+
+def migrate_command(db: str = typer.Argument(..., help="Fingerprint database to upgrade in place.")) -> None:
+    """Upgrade a fingerprint database to this optwin's schema version (atomically)."""
+    from optwin.fingerprints.store import migrate_database
+
+    before, after = migrate_database(db)
+    if before == after:
+        typer.echo(f"{db}: already at schema version {after}")
+    else:
+        typer.echo(f"{db}: migrated schema version {before} -> {after}")
+
+
+def _standalone() -> None:
+    """`python -m optwin.fingerprints.cli build ...`: the same commands outside the main CLI."""
+    from optwin.errors import OptwinError
+
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.command("build")(build_command)
+    app.command("migrate")(migrate_command)
+    try:
+        app(standalone_mode=True)
+    except OptwinError as e:
+        typer.echo(f"error: {e}", err=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    _standalone()

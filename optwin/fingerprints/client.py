@@ -1,0 +1,247 @@
+"""Sidecar client: send sketches to `optwin serve` without ever blocking the model.
+
+    python -c "from optwin.fingerprints.client import SidecarClient; c = SidecarClient('tcp://127.0.0.1:8765'); print(c.health())"
+
+`observe(...)` puts a record on a bounded queue and returns at once (False when the queue is full:
+the record is dropped and counted). A background thread batches the queue (up to `batch_size`
+records per POST /v1/observe), keeps one HTTP/1.1 keep-alive connection, and reconnects with
+backoff when the sidecar goes away (a batch in flight then is counted as `failed`). Answers with
+`warn` go to `on_warning` callbacks; 503 answers (the sidecar is overloaded) are counted as
+`rejected`. Nothing here raises into the caller's thread.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import queue
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from optwin.fingerprints.sidecar import Address, parse_listen
+
+log = logging.getLogger("optwin.client")
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(self.timeout)
+        s.connect(self._path)
+        self.sock = s
+
+
+def connect(address: Address, timeout: float) -> http.client.HTTPConnection:
+    if address.kind == "unix":
+        return _UnixHTTPConnection(address.path, timeout)
+    conn = http.client.HTTPConnection(address.host, address.port, timeout=timeout)
+    return conn
+
+
+class HTTP:
+    """One keep-alive connection with a `request` that reconnects once on a stale socket."""
+
+    def __init__(self, url: str, token: str | None = None, timeout: float = 5.0) -> None:
+        self.address = parse_listen(url)
+        self.timeout = timeout
+        self.headers = {"Content-Type": "application/json"}
+        if token:
+            self.headers["Authorization"] = f"Bearer {token}"
+        self._conn: http.client.HTTPConnection | None = None
+
+    def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+        for attempt in (0, 1):
+            if self._conn is None:
+                self._conn = connect(self.address, self.timeout)
+                if self.address.kind == "tcp":
+                    self._conn.connect()
+                    self._conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            try:
+                self._conn.request(method, path, body=body, headers=self.headers)
+                resp = self._conn.getresponse()
+                data = resp.read()
+                if resp.will_close:
+                    self.close()
+                return resp.status, data
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                self.close()
+                if attempt:
+                    raise
+            except (OSError, http.client.HTTPException):
+                self.close()
+                raise
+        raise ConnectionError("unreachable")
+
+    def close(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            finally:
+                self._conn = None
+
+
+@dataclass
+class ClientStats:
+    queued: int = 0
+    sent: int = 0  # records the sidecar answered
+    dropped: int = 0  # queue full: never sent
+    failed: int = 0  # in a batch whose request failed (sidecar down, timeout)
+    rejected: int = 0  # in a batch the sidecar refused with 503 (overloaded)
+    errors: int = 0  # answered with {"error": ...}
+    warnings: int = 0
+    reconnects: int = 0
+    latencies_s: list[float] = field(default_factory=list)  # per request, when record_latency
+
+
+class SidecarClient:
+    """Fire-and-forget client with a bounded queue and a sender thread."""
+
+    def __init__(self, url: str, token: str | None = None, queue_size: int = 10000, batch_size: int = 256,
+                 timeout_s: float = 2.0, on_warning: Callable[[dict[str, Any]], None] | None = None,
+                 record_latency: bool = False) -> None:
+        self.http = HTTP(url, token=token, timeout=timeout_s)
+        self.batch_size = batch_size
+        self.stats = ClientStats()
+        self.record_latency = record_latency
+        self._callbacks = [on_warning] if on_warning else []
+        self._q: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=queue_size)
+        self._closed = False
+        self._idle = threading.Event()
+        self._idle.set()
+        self._thread = threading.Thread(target=self._run, name="optwin-sidecar-client", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ producer side (model thread)
+
+    def observe(self, stream: str, op: str, variant: str, dtype: str, sketch: dict[str, float],
+                params: dict[str, Any] | None = None, t: float | None = None) -> bool:
+        """Queue one record; never blocks. False when dropped (queue full or client closed)."""
+        rec = {"stream": stream, "op": op, "variant": variant, "dtype": dtype, "sketch": sketch,
+               "params": params or {}, "t": time.monotonic() if t is None else t}
+        return self.put(rec)
+
+    def put(self, rec: dict[str, Any]) -> bool:
+        if self._closed:
+            self.stats.dropped += 1
+            return False
+        try:
+            self._q.put_nowait(rec)
+        except queue.Full:
+            self.stats.dropped += 1
+            return False
+        self._idle.clear()
+        self.stats.queued += 1
+        return True
+
+    def add_callback(self, fn: Callable[[dict[str, Any]], None]) -> None:
+        self._callbacks.append(fn)
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until everything queued so far was sent (or failed). True when drained in time."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self._q.empty() and self._idle.is_set():
+                return True
+            time.sleep(0.002)
+        return False
+
+    def close(self, timeout: float = 5.0) -> None:
+        if self._closed:
+            return
+        self.flush(timeout)
+        self._closed = True
+        try:
+            self._q.put_nowait(None)
+        except queue.Full:
+            pass
+        self._thread.join(timeout)
+        self.http.close()
+
+    # ------------------------------------------------------------------ synchronous helpers
+
+    def health(self) -> dict[str, Any]:
+        http = HTTP(str(self.http.address), timeout=self.http.timeout)
+        http.headers = dict(self.http.headers)
+        try:
+            code, body = http.request("GET", "/healthz")
+        finally:
+            http.close()
+        return {"code": code, **json.loads(body)}
+
+    # ------------------------------------------------------------------ sender thread
+
+    def _run(self) -> None:
+        backoff = 0.05
+        while True:
+            try:
+                first = self._q.get(timeout=0.1)
+            except queue.Empty:
+                self._idle.set()
+                continue
+            if first is None:
+                self._idle.set()
+                return
+            batch = [first]
+            while len(batch) < self.batch_size:
+                try:
+                    nxt = self._q.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    self._closed = True
+                    break
+                batch.append(nxt)
+            try:
+                t0 = time.perf_counter()
+                code, body = self.http.request("POST", "/v1/observe", json.dumps(batch, separators=(",", ":")).encode())
+                if self.record_latency:
+                    self.stats.latencies_s.append(time.perf_counter() - t0)
+                backoff = 0.05
+            except (OSError, http.client.HTTPException) as e:
+                self.stats.failed += len(batch)
+                self.stats.reconnects += 1
+                log.debug("sidecar unreachable (%s); retrying in %.2fs", e, backoff)
+                self._drain_while_down(backoff)
+                backoff = min(1.0, backoff * 2)
+                continue
+            if code == 503:
+                self.stats.rejected += len(batch)
+                time.sleep(0.01)
+            elif code != 200:
+                self.stats.failed += len(batch)
+            else:
+                self._answers(batch, body)
+            if self._q.empty():
+                self._idle.set()
+            if self._closed and self._q.empty():
+                return
+
+    def _drain_while_down(self, seconds: float) -> None:
+        """Sleep through a backoff without letting the queue fill with stale records... nor block."""
+        time.sleep(seconds)
+
+    def _answers(self, batch: list[dict[str, Any]], body: bytes) -> None:
+        try:
+            answers = json.loads(body)
+        except ValueError:
+            self.stats.failed += len(batch)
+            return
+        self.stats.sent += len(batch)
+        for rec, ans in zip(batch, answers):
+            if "error" in ans:
+                self.stats.errors += 1
+            elif ans.get("warn"):
+                self.stats.warnings += 1
+                for fn in self._callbacks:
+                    try:
+                        fn({**ans, "op": rec["op"], "variant": rec["variant"], "dtype": rec["dtype"], "t": rec["t"]})
+                    except Exception:  # a broken callback must not stop the sender
+                        log.exception("sidecar warning callback failed")

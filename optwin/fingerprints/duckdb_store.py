@@ -1,0 +1,269 @@
+"""DuckDB implementation of the fingerprint store (the only module that imports duckdb).
+
+    python -c "from optwin.fingerprints.duckdb_store import DuckDBStore; print(DuckDBStore('fingerprints.duckdb').builds())"
+
+Read-only stores ATTACH the file into a private in-memory DuckDB instance instead of connecting to
+the path: duckdb caches one instance per path inside a process, so a plain `connect(path)` after a
+rebuild swapped the file (os.replace) could hand back the cached instance of the OLD file. Each
+ATTACH opens the current file; a store opened earlier keeps its old inode and keeps working.
+Writers (the builder, migrate) only ever write to a private copy that is swapped in afterwards.
+Driver errors become DatabaseError / SchemaVersionError with one line.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from typing import Any, Iterable, Sequence
+
+import duckdb
+
+from optwin.errors import DatabaseError, SchemaVersionError
+from optwin.fingerprints import aggregate, migrations
+from optwin.fingerprints.migrations.v0001_initial import TABLES
+from optwin.fingerprints.store import FingerprintStore, Rows
+
+_DISK_FULL = ("no space left", "file too large", "disk quota")
+
+
+def is_disk_full(e: BaseException) -> bool:
+    """True for ENOSPC-like failures, whether from the OS or from DuckDB's own I/O layer."""
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+        return True
+    return any(s in str(e).lower() for s in _DISK_FULL)
+
+
+def driver_error(e: BaseException, path: str, what: str) -> DatabaseError:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if is_disk_full(e):
+        return DatabaseError(f"{path}: disk full while {what}: free space and run again (`optwin build --resume` keeps finished shards)")
+    if "lock" in first.lower():
+        return DatabaseError(f"{path}: database is locked by another process while {what} ({first})")
+    return DatabaseError(f"{path}: not a readable fingerprint database while {what} ({first})")
+
+
+class DuckDBStore(FingerprintStore):
+    def __init__(self, path: str, read_only: bool = True, create: bool = False):
+        self.path, self.read_only = path, read_only
+        self._conn: duckdb.DuckDBPyConnection | None = None
+        exists = os.path.exists(path)
+        if not exists and (read_only or not create):
+            raise DatabaseError(f"no fingerprint database at {path}: run `optwin build`")
+        try:
+            if read_only:
+                self._conn = duckdb.connect(":memory:")
+                self._conn.execute(f"ATTACH {_lit(path)} AS fp (READ_ONLY)")
+                self._conn.execute("USE fp")
+            else:
+                self._conn = duckdb.connect(path)
+        except duckdb.Error as e:
+            self.close()
+            raise driver_error(e, path, "opening it") from None
+        try:
+            if not read_only and migrations.detect_version(self._conn) is None:
+                self._conn.execute("BEGIN")
+                migrations.upgrade(self._conn, path)
+                self._conn.execute("COMMIT")
+            self._version = migrations.check_version(self._conn, path)
+        except SchemaVersionError:
+            self.close()
+            raise
+        except duckdb.Error as e:
+            self.close()
+            raise driver_error(e, path, "reading its schema version") from None
+
+    # ---- helpers ----
+    @property
+    def conn(self) -> duckdb.DuckDBPyConnection:
+        if self._conn is None:
+            raise DatabaseError(f"{self.path}: the fingerprint store is closed")
+        return self._conn
+
+    def _query(self, sql: str, params: Sequence[Any] = (), as_arrow: bool = False) -> Rows | Any:
+        try:
+            cur = self.conn.execute(sql, list(params))
+            if as_arrow:
+                return cur.fetch_arrow_table()
+            cols = [d[0] for d in cur.description]
+            return [dict(zip(cols, row)) for row in cur.fetchall()]
+        except duckdb.Error as e:
+            raise driver_error(e, self.path, "reading it") from None
+
+    def _resolve(self, build_id: str | None) -> str | None:
+        return build_id if build_id is not None else self.latest_build_id()
+
+    def _select(self, table: str, build_id: str | None, filters: dict[str, Any], order: str,
+                limit: int | None = None, as_arrow: bool = False, alias: str = "") -> Rows | Any:
+        bid = self._resolve(build_id)
+        where, params = [f"{alias}build_id = ?"], [bid]
+        for col, val in filters.items():
+            if val is None:
+                continue
+            if isinstance(val, (list, tuple)):
+                if not val:
+                    where.append("false")
+                    continue
+                where.append(f"{col} IN ({', '.join('?' for _ in val)})")
+                params.extend(int(v) for v in val)
+            else:
+                where.append(f"{col} = ?")
+                params.append(val)
+        sql = f"SELECT * FROM {table} WHERE {' AND '.join(where)} ORDER BY {order}"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        return self._query(sql, params, as_arrow)
+
+    # ---- read side ----
+    def schema_version(self) -> int:
+        return self._version
+
+    def builds(self, as_arrow: bool = False) -> Rows | Any:
+        return self._query("SELECT * FROM builds ORDER BY created_at, build_id", (), as_arrow)
+
+    def latest_build_id(self) -> str | None:
+        rows = self._query("SELECT build_id FROM builds ORDER BY created_at DESC, build_id DESC LIMIT 1")
+        return rows[0]["build_id"] if rows else None
+
+    def fingerprints(self, build_id=None, op=None, variant=None, dtype=None, as_arrow=False):
+        return self._select("fingerprints", build_id, {"op": op, "variant": variant, "dtype": dtype},
+                            "op, variant, dtype, region, fault_type", None, as_arrow)
+
+    def cases(self, build_id=None, op=None, variant=None, dtype=None, region=None, case_ids=None,
+              held_out=None, limit=None, as_arrow=False):
+        return self._select("cases", build_id, {"op": op, "variant": variant, "dtype": dtype, "region": region,
+                                                "case_id": case_ids, "held_out": held_out}, "case_id", limit, as_arrow)
+
+    def outcomes(self, build_id=None, case_ids=None, op=None, variant=None, dtype=None, limit=None, as_arrow=False):
+        if op is None and variant is None and dtype is None:
+            return self._select("outcomes", build_id, {"case_id": case_ids}, "case_id", limit, as_arrow)
+        table = "(SELECT o.*, c.op, c.variant, c.dtype FROM outcomes o JOIN cases c USING (build_id, case_id))"
+        return self._select(table, build_id, {"case_id": case_ids, "op": op, "variant": variant, "dtype": dtype},
+                            "case_id", limit, as_arrow)
+
+    def representatives(self, build_id=None, op=None, variant=None, dtype=None, region=None, fault_type=None,
+                        as_arrow=False):
+        return self._select("representatives", build_id, {"op": op, "variant": variant, "dtype": dtype,
+                                                          "region": region, "fault_type": fault_type},
+                            "op, variant, dtype, region, fault_type, case_id", None, as_arrow)
+
+    def held_out_cases(self, build_id=None, op=None, variant=None, dtype=None, as_arrow=False):
+        out_cols = ", ".join(f"o.{c}" for c, _, _ in TABLES["outcomes"] if c not in ("build_id", "case_id"))
+        table = f"(SELECT c.*, {out_cols} FROM cases c JOIN outcomes o USING (build_id, case_id) WHERE c.held_out)"
+        return self._select(table, build_id, {"op": op, "variant": variant, "dtype": dtype}, "case_id", None, as_arrow)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            finally:
+                self._conn = None
+
+    # ---- write side ----
+    def add_build(self, build: dict[str, Any], shard_files: Iterable[str]) -> dict[str, int]:
+        if self.read_only:
+            raise DatabaseError(f"{self.path}: opened read-only; cannot add a build")
+        files = sorted(set(shard_files))
+        bid = build["build_id"]
+        c = self.conn
+        case_cols = [col for col, _, _ in TABLES["cases"] if col != "build_id"]
+        out_cols = [col for col, _, _ in TABLES["outcomes"] if col != "build_id"]
+        try:
+            c.execute("BEGIN")
+            if c.execute("SELECT count(*) FROM builds WHERE build_id = ?", [bid]).fetchone()[0]:
+                raise DatabaseError(f"{self.path}: build {bid} is already in the database")
+            # Dedup by shard, then by case_id: a shard file is read once even if listed twice, and a
+            # case can only belong to one shard (case ids hash the shard's op/variant/dtype/source).
+            if files:
+                c.execute("CREATE OR REPLACE TEMP TABLE staging AS "
+                          f"SELECT * FROM read_parquet({_list(files)}, union_by_name = true) "
+                          "QUALIFY row_number() OVER (PARTITION BY case_id ORDER BY shard) = 1")
+            else:
+                c.execute("CREATE OR REPLACE TEMP TABLE staging AS SELECT * FROM ("
+                          + _empty_staging_sql() + ") WHERE false")
+            c.execute(f"INSERT INTO cases SELECT ?, {', '.join(case_cols)} FROM staging", [bid])
+            c.execute(f"INSERT INTO outcomes SELECT ?, {', '.join(out_cols)} FROM staging", [bid])
+            c.execute("INSERT INTO fingerprints " + aggregate.fingerprints_sql("staging"), [bid])
+            c.execute("INSERT INTO representatives " + aggregate.representatives_sql("staging"), [bid])
+            n_cases, n_replays = c.execute("SELECT count(*), coalesce(sum(replays), 0) FROM staging").fetchone()
+            row = dict(build, n_cases=int(n_cases), n_replays=int(n_replays))
+            cols = [col for col, _, _ in TABLES["builds"]]
+            c.execute(f"INSERT INTO builds ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})",
+                      [row.get(col) for col in cols])
+            n_fp = c.execute("SELECT count(*) FROM fingerprints WHERE build_id = ?", [bid]).fetchone()[0]
+            n_rep = c.execute("SELECT count(*) FROM representatives WHERE build_id = ?", [bid]).fetchone()[0]
+            c.execute("DROP TABLE staging")
+            c.execute("COMMIT")
+        except DatabaseError:
+            _rollback(c)
+            raise
+        except (duckdb.Error, OSError) as e:
+            _rollback(c)
+            raise driver_error(e, self.path, "writing the build") from None
+        return {"cases": int(n_cases), "replays": int(n_replays), "fingerprints": int(n_fp),
+                "representatives": int(n_rep)}
+
+    def checkpoint(self) -> None:
+        """Fold the WAL into the file so it can be copied/renamed as one file."""
+        try:
+            self.conn.execute("CHECKPOINT")
+        except duckdb.Error as e:
+            raise driver_error(e, self.path, "checkpointing") from None
+
+
+def _lit(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+def _list(files: Sequence[str]) -> str:
+    return "[" + ", ".join(_lit(f) for f in files) + "]"
+
+
+def _empty_staging_sql() -> str:
+    from optwin.fingerprints.shards import SHARD_SCHEMA_SQL
+
+    return "SELECT " + ", ".join(f"NULL::{t} AS {c}" for c, t in SHARD_SCHEMA_SQL)
+
+
+def _rollback(c: duckdb.DuckDBPyConnection) -> None:
+    try:
+        c.execute("ROLLBACK")
+    except duckdb.Error:
+        pass
+
+
+def copy_for_write(src: str, dst: str) -> None:
+    """Copy an existing database (and nothing half-written: src is only ever replaced atomically)."""
+    try:
+        shutil.copyfile(src, dst)
+    except OSError as e:
+        raise driver_error(e, dst, "copying the database") from None
+
+
+def migrate_file(path: str) -> tuple[int, int]:
+    """Upgrade `path` to the current schema on a private copy, then swap it in with os.replace."""
+    if not os.path.exists(path):
+        raise DatabaseError(f"no fingerprint database at {path}: run `optwin build`")
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        copy_for_write(path, tmp)
+        try:
+            conn = duckdb.connect(tmp)
+        except duckdb.Error as e:
+            raise driver_error(e, path, "opening it") from None
+        try:
+            conn.execute("BEGIN")
+            found = migrations.detect_version(conn)
+            result = migrations.upgrade(conn, path) if found != migrations.SCHEMA_VERSION else (found, found)
+            conn.execute("COMMIT")
+            conn.execute("CHECKPOINT")
+        except duckdb.Error as e:
+            raise driver_error(e, path, "migrating it") from None
+        finally:
+            conn.close()
+        os.replace(tmp, path)
+        return result
+    finally:
+        for p in (tmp, tmp + ".wal"):
+            if os.path.exists(p):
+                os.remove(p)

@@ -1,0 +1,429 @@
+"""The live matcher: per-call fault risk from the fingerprint database, in microseconds.
+
+    python -c "from optwin.fingerprints import Matcher; m = Matcher.open('fingerprints.duckdb'); \
+print(m.assess('rmsnorm', 'native-dtype', 'float16', sketch={...}))"
+
+`Matcher.open(db)` reads the current build's fingerprints once, through the store interface
+(optwin.fingerprints.store; duckdb is imported there and only at open time), into plain dicts:
+(op, variant, dtype) -> region tuple -> probabilities per fault type. `assess` is then pure Python:
+validate the sketch, bin it (optwin.fingerprints.regions, the same code the builder binned with),
+one dict lookup. No SQL, no torch on the hot path (torch only when tensors are passed, to sketch).
+
+Threshold. `warn` fires when some fault type's probability reaches `MatcherConfig.threshold`,
+0.2 by default: a fault that shows in one of five noisy replays of the same input is reproducible
+under ordinary run-to-run variation (reduction order, kernel choice), and a missed NaN costs far
+more than a spurious warning. `Matcher.calibration()` shows how far the probabilities can be
+trusted at that level (Brier score and a reliability table on the build's held-out cases).
+
+Sketches outside what was replayed (`known=False`): the conservative rule
+  1. the sketch's region was replayed: its probabilities (`known=True`);
+  2. otherwise each region feature's bin is first clamped into the triple's replayed bin range.
+     If clamping moved a magnitude feature (not a shape: `SHAPE_FEATURES` are only clamped) in its
+     fault direction (`FAULT_DIRECTION`: larger |x|, positions, scores, ratios; smaller separations
+     for geodesic) the sketch lies beyond everything replayed, where faults get more likely: every
+     fault type the build saw at all for this triple gets `MatcherConfig.beyond_prior` (1.0), the
+     others 0: we do not extrapolate safety;
+  3. the (clamped) region has replayed neighbours within `near_bins` bins (Chebyshev distance on
+     bin indices): the max probability over the nearest ones;
+  4. otherwise the max probability over the nearest replayed regions that are at least as extreme
+     as the sketch along every fault-driving feature (each one an upper bound if faults grow
+     monotonically in the fault direction; the nearest are the tightest), falling back to the max
+     over all regions of the triple.
+Results of 2-4 are cached per region, so an unknown sketch costs a lookup the second time.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from optwin.catalog import check_variant_dtype, operator
+from optwin.errors import CatalogError, SketchError
+from optwin.fingerprints.regions import Region, parse_region_key, region_features
+from optwin.fingerprints.regions import _BINNING  # noqa: PLC2701 (same package: the bin grid itself)
+from optwin.ingest.sketch import SIGNED_FEATURES, SKETCH_FEATURES, validate_sketch
+
+Triple = tuple[str, str, str]
+_log2 = math.log2
+
+# Fault direction of each region feature: +1 when faults get more likely as it grows, -1 when
+# they get more likely as it shrinks (geodesic: the acos variant loses every digit for nearby
+# points). Shapes grow accumulation error, so they count as +1 too.
+FAULT_DIRECTION: dict[str, int] = {
+    "absmax": 1, "max_row_rms": 1, "hidden": 1, "max": 1, "max_row_range": 1, "masked_rows": 1, "n": 1,
+    "max_pos": 1, "d": 1, "score_bound": 1, "seq_k": 1, "max_mean_over_std": 1,
+    "min_sep_deg": -1, "median_sep_deg": -1, "out_bound": 1, "k": 1,
+}
+# Shapes are not magnitudes: beyond the replayed sizes the sketch is clamped to the largest replayed
+# size (rule 2 applies to magnitudes only; a model wider than the sweep is not a fault by itself).
+SHAPE_FEATURES: frozenset[str] = frozenset({"hidden", "n", "d", "seq_k", "k"})
+
+
+@dataclass(frozen=True)
+class MatcherConfig:
+    """How risks become verdicts. Presets: `MatcherConfig.preset("default" | "sensitive" | "quiet")`."""
+
+    threshold: float = 0.2  # warn when some fault probability >= this
+    near_bins: int = 1  # rule 3: how far (in bins) a replayed neighbour may stand in for a sketch
+    beyond_prior: float = 1.0  # rule 2: probability beyond the replayed range in the fault direction
+
+    @staticmethod
+    def preset(name: str) -> "MatcherConfig":
+        presets = {"default": MatcherConfig(), "sensitive": MatcherConfig(threshold=0.05, near_bins=2),
+                   "quiet": MatcherConfig(threshold=0.5, near_bins=1, beyond_prior=0.5)}
+        try:
+            return presets[name]
+        except KeyError:
+            raise CatalogError(f"unknown matcher preset {name!r}; expected one of {', '.join(presets)}") from None
+
+
+@dataclass(slots=True)
+class Risk:
+    """The matcher's answer for one call."""
+
+    probability: dict[str, float]  # fault type -> probability in [0, 1]
+    warn: bool  # some fault type >= threshold
+    known: bool  # False when the sketch's region was never replayed (see the module docstring)
+    sketch: dict[str, float]
+    region: Region
+    rule: str = "exact"  # which rule answered: exact | beyond | near | dominating | triple-max
+
+    @property
+    def max_probability(self) -> float:
+        return max(self.probability.values()) if self.probability else 0.0
+
+
+@dataclass
+class TripleIndex:
+    """The fingerprints of one (op, variant, dtype): region -> probabilities, plus what rules 2-4 need."""
+
+    triple: Triple
+    features: tuple[str, ...]
+    fault_types: tuple[str, ...]
+    probs: dict[Region, tuple[float, ...]] = field(default_factory=dict)
+    n_cases: dict[Region, int] = field(default_factory=dict)
+    lo_bin: tuple[int, ...] = ()
+    hi_bin: tuple[int, ...] = ()
+    _unknown: dict[Region, tuple[tuple[float, ...], str]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    grid: tuple[tuple[str, float, int], ...] = ()  # (feature, scale, bins per octave) per region feature
+
+    def __post_init__(self) -> None:
+        self.grid = tuple((f, *_BINNING.get(f, (1.0, 1))) for f in self.features)
+
+    def coordinates(self, sk: Mapping[str, float]) -> tuple[float, ...]:
+        """continuous_bin of every region feature of a validated sketch (the hot path's one pass)."""
+        out = []
+        for f, scale, res in self.grid:
+            v = sk[f]
+            c = res * _log2(1.0 + (v if v >= 0 else -v) / scale)
+            out.append(-c if v < 0 else c)
+        return tuple(out)
+
+    def finish(self) -> None:
+        """Compute the per-feature replayed bin ranges once all regions are in."""
+        regs = list(self.probs)
+        if regs:
+            self.lo_bin = tuple(min(r[i] for r in regs) for i in range(len(self.features)))
+            self.hi_bin = tuple(max(r[i] for r in regs) for i in range(len(self.features)))
+
+    def lookup(self, region: Region, cfg: MatcherConfig) -> tuple[tuple[float, ...], str]:
+        """(probabilities in fault_types order, rule) for a region, replayed or not."""
+        p = self.probs.get(region)
+        if p is not None:
+            return p, "exact"
+        hit = self._unknown.get(region)
+        if hit is None:
+            hit = self._conservative(region, cfg)
+            if len(self._unknown) < 65536:  # bounded: a fuzzer must not grow it forever
+                with self._lock:
+                    self._unknown[region] = hit
+        return hit
+
+    def _conservative(self, region: Region, cfg: MatcherConfig) -> tuple[tuple[float, ...], str]:
+        nft = len(self.fault_types)
+        if not self.probs:
+            return (cfg.beyond_prior,) * nft, "beyond"
+        clamped, beyond = [], False
+        for i, (f, b) in enumerate(zip(self.features, region)):
+            c = min(max(b, self.lo_bin[i]), self.hi_bin[i])
+            beyond |= c != b and f not in SHAPE_FEATURES and (b - c) * FAULT_DIRECTION.get(f, 1) > 0
+            clamped.append(c)
+        reg = tuple(clamped)
+        if beyond:
+            seen = self._max_over(list(self.probs))
+            return tuple(cfg.beyond_prior if s > 0 else 0.0 for s in seen), "beyond"
+        if reg in self.probs:
+            return self.probs[reg], "near"
+        best_d, near = None, []
+        for r in self.probs:
+            d = max(abs(a - b) for a, b in zip(r, reg))
+            if best_d is None or d < best_d:
+                best_d, near = d, [r]
+            elif d == best_d:
+                near.append(r)
+        if best_d is not None and best_d <= cfg.near_bins:
+            return self._max_over(near), "near"
+        dirs = [FAULT_DIRECTION.get(f, 1) for f in self.features]
+        dom = [r for r in self.probs if all((a - b) * s >= 0 for a, b, s in zip(r, reg, dirs))]
+        if dom:
+            # Every dominating region bounds the sketch from above (monotone faults); the nearest
+            # ones give the tightest bound, and the max over them absorbs their estimation noise.
+            dist = {r: max(abs(a - b) for a, b in zip(r, reg)) for r in dom}
+            dmin = min(dist.values())
+            return self._max_over([r for r in dom if dist[r] == dmin]), "dominating"
+        return self._max_over(list(self.probs)), "triple-max"
+
+    def _max_over(self, regs: list[Region]) -> tuple[float, ...]:
+        return tuple(max(self.probs[r][j] for r in regs) for j in range(len(self.fault_types)))
+
+
+def continuous_bin(feature: str, value: float) -> float:
+    """The bin coordinate before flooring: `regions.feature_bin(f, v) == trunc(continuous_bin(f, v))`.
+
+    The forecaster follows streams on this log scale, so a trend is in bins per second.
+    """
+    scale, res = _BINNING.get(feature, (1.0, 1))
+    c = res * math.log2(1.0 + abs(value) / scale)
+    return -c if value < 0 else c
+
+
+def bin_of_coordinate(c: float) -> int:
+    """Inverse of continuous_bin's flooring (signed like regions.feature_bin)."""
+    b = math.floor(abs(c))
+    return -b if c < 0 else b
+
+
+class Matcher:
+    """Fault risk per call and per stream from one build's fingerprints. Thread-safe for reads."""
+
+    def __init__(self, index: dict[Triple, TripleIndex], build_id: str = "", config: MatcherConfig | None = None,
+                 path: str | None = None) -> None:
+        self.index = index
+        self.build_id = build_id
+        self.config = config or MatcherConfig()
+        self.path = path
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def open(cls, db: Any, config: MatcherConfig | None = None, build_id: str | None = None) -> "Matcher":
+        """Load the current (or the given) build of a fingerprint database, read-only."""
+        from optwin.fingerprints.store import open_store  # duckdb loads here, never on the hot path
+
+        store = open_store(str(db), read_only=True)
+        try:
+            bid = build_id or _current_build_id(store)
+            rows = store.fingerprints(bid)
+        finally:
+            store.close()
+        m = cls.from_rows(rows, build_id=bid, config=config)
+        m.path = str(db)
+        return m
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[Mapping[str, Any]], build_id: str = "",
+                  config: MatcherConfig | None = None) -> "Matcher":
+        """Build the index from fingerprint rows (the `fingerprints` table's columns, as dicts)."""
+        index: dict[Triple, TripleIndex] = {}
+        for row in rows:
+            triple = (str(row["op"]), str(row["variant"]), str(row["dtype"]))
+            ti = index.get(triple)
+            if ti is None:
+                spec = operator(triple[0])
+                ti = index[triple] = TripleIndex(triple, spec.region_features, spec.fault_types)
+            region = parse_region_key(str(row["region"]))
+            if len(region) != len(ti.features):
+                continue  # a region of another binning: not ours to interpret
+            ft = str(row["fault_type"])
+            if ft not in ti.fault_types:
+                continue
+            j = ti.fault_types.index(ft)
+            probs = list(ti.probs.get(region, (0.0,) * len(ti.fault_types)))
+            probs[j] = float(row["probability"])
+            ti.probs[region] = tuple(probs)
+            ti.n_cases[region] = max(ti.n_cases.get(region, 0), int(row.get("n_cases") or 0))
+        for ti in index.values():
+            ti.finish()
+        return cls(index, build_id=build_id, config=config)
+
+    # ------------------------------------------------------------------ per call
+
+    def triple_index(self, op: str, variant: str, dtype: str) -> TripleIndex:
+        ti = self.index.get((op, variant, dtype))
+        if ti is None:
+            check_variant_dtype(op, variant, dtype)  # unknown names: CatalogError naming them
+            spec = operator(op)
+            ti = self.index[(op, variant, dtype)] = TripleIndex((op, variant, dtype), spec.region_features,
+                                                                spec.fault_types)
+        return ti
+
+    def assess(self, op: str, variant: str, dtype: str, inputs: Mapping[str, Any] | None = None,
+               params: Mapping[str, Any] | None = None, sketch: Mapping[str, Any] | None = None) -> Risk:
+        """Risk of one call, from its tensors (sketched here) or a precomputed sketch."""
+        ti = self.triple_index(op, variant, dtype)
+        if sketch is None:
+            if inputs is None:
+                raise SketchError(f"{op}: assess needs inputs (tensors) or a sketch")
+            from optwin.ingest.sketch import sketch as compute_sketch
+
+            sk = compute_sketch(op, inputs, dict(params or {}))
+        else:
+            sk = fast_validate_sketch(op, sketch)
+        return self.assess_valid(ti, sk)
+
+    def assess_valid(self, ti: TripleIndex, sk: dict[str, float]) -> Risk:
+        """assess for a sketch already validated: the hot path (dict lookups only)."""
+        region = tuple(_bin(f, sk[f]) for f in ti.features)
+        probs, rule = ti.lookup(region, self.config)
+        thr = self.config.threshold
+        return Risk(dict(zip(ti.fault_types, probs)), max(probs, default=0.0) >= thr, rule == "exact", sk, region, rule)
+
+    def max_probability_at(self, ti: TripleIndex, region: Region) -> float:
+        probs, _ = ti.lookup(region, self.config)
+        return max(probs, default=0.0)
+
+    # ------------------------------------------------------------------ per stream
+
+    def stream(self, name: str, op: str, variant: str, dtype: str, forecast: Any = None, sampling: Any = None):
+        """A stream of calls of one op site: per-call risk plus a forecast of where it drifts."""
+        from optwin.fingerprints.forecast import Stream
+
+        self.triple_index(op, variant, dtype)
+        return Stream(self, name, op, variant, dtype, config=forecast, sampling=sampling)
+
+    # ------------------------------------------------------------------ calibration
+
+    def calibration(self, bins: int = 10) -> dict[str, Any]:
+        """Brier score and reliability table of the probabilities on the build's held-out cases.
+
+        Each held-out case (kept out of the fingerprints by the builder) is assessed from its stored
+        sketch; its observed outcome per fault type is the fraction of its replays that faulted
+        (its deterministic flag when it had no replays). Returned: n, per fault type the Brier score
+        and the base-rate Brier (always predicting the held-out base rate), the skill 1 - brier/base,
+        and one reliability table over all fault types: per predicted-probability bin, count, mean
+        predicted, mean observed.
+        """
+        if self.path is None:
+            raise CatalogError("calibration needs a matcher opened from a database (Matcher.open)")
+        from optwin.fingerprints.store import open_store
+
+        store = open_store(self.path, read_only=True)
+        try:
+            rows = store.held_out_cases(self.build_id or None)
+        finally:
+            store.close()
+        return calibration_table(self, (held_out_row(r) for r in rows), bins)
+
+
+def calibration_table(m: Matcher, held: Iterable[Mapping[str, Any]], bins: int = 10) -> dict[str, Any]:
+    """The calibration report from held-out rows {op, variant, dtype, sketch, observed: {fault: frac}}."""
+    pairs: dict[str, list[tuple[float, float]]] = {}
+    unknown = 0
+    n = 0
+    for row in held:
+        op, variant, dtype = row["op"], row["variant"], row["dtype"]
+        try:
+            risk = m.assess(op, variant, dtype, sketch=row["sketch"])
+        except (SketchError, CatalogError):
+            continue
+        n += 1
+        unknown += not risk.known
+        for ft, y in row["observed"].items():
+            if y is None or ft not in risk.probability:
+                continue
+            pairs.setdefault(ft, []).append((risk.probability[ft], float(y)))
+    per_type = {}
+    for ft, ps in pairs.items():
+        base = sum(y for _, y in ps) / len(ps)
+        brier = sum((p - y) ** 2 for p, y in ps) / len(ps)
+        base_brier = sum((base - y) ** 2 for _, y in ps) / len(ps)
+        per_type[ft] = {"n": len(ps), "brier": brier, "base_rate": base, "base_brier": base_brier,
+                        "skill": (1.0 - brier / base_brier) if base_brier > 0 else None}
+    table = []
+    allp = [pr for ps in pairs.values() for pr in ps]
+    for b in range(bins):
+        lo, hi = b / bins, (b + 1) / bins
+        sel = [(p, y) for p, y in allp if lo <= p < hi or (b == bins - 1 and p == 1.0)]
+        if sel:
+            table.append({"bin": f"[{lo:.1f}, {hi:.1f}{']' if b == bins - 1 else ')'}", "n": len(sel),
+                          "mean_predicted": sum(p for p, _ in sel) / len(sel),
+                          "mean_observed": sum(y for _, y in sel) / len(sel)})
+    total = sum((p - y) ** 2 for p, y in allp) / len(allp) if allp else None
+    return {"build_id": m.build_id, "n_cases": n, "n_unknown": unknown, "brier": total,
+            "per_fault_type": per_type, "reliability": table}
+
+
+_INF = math.inf
+
+
+def fast_validate_sketch(op: str, sketch: Any) -> dict[str, float]:
+    """`optwin.ingest.validate_sketch` with a fast path for the common case (a dict of plain floats).
+
+    The fast path accepts exactly what validate_sketch accepts for float/int values; anything else
+    (bools, strings, numpy scalars, NaN, a missing feature) goes to validate_sketch itself, which
+    accepts it or raises its one-line SketchError, so both paths agree.
+    """
+    names = SKETCH_FEATURES.get(op)
+    if names is None or type(sketch) is not dict:
+        return validate_sketch(op, sketch)
+    out = {}
+    try:
+        for n in names:
+            v = sketch[n]
+            tv = type(v)
+            if tv is int:
+                v = float(v)
+            elif tv is not float:
+                return validate_sketch(op, sketch)
+            if not (0.0 <= v < _INF or (n in SIGNED_FEATURES and -_INF < v < _INF)):
+                return validate_sketch(op, sketch)
+            out[n] = v
+    except (KeyError, OverflowError):
+        return validate_sketch(op, sketch)
+    if ("causal" in out and out["causal"] not in (0.0, 1.0)) or ("masked_frac" in out and out["masked_frac"] > 1.0):
+        return validate_sketch(op, sketch)
+    return out
+
+
+def _bin(feature: str, value: float) -> int:
+    """regions.feature_bin for a validated (finite) value, inlined for the hot path."""
+    scale, res = _BINNING.get(feature, (1.0, 1))
+    b = math.floor(res * math.log2(1.0 + abs(value) / scale))
+    return -b if value < 0 else b
+
+
+def held_out_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A `held_out_cases` row -> {op, variant, dtype, sketch, observed: {fault type: fraction}}.
+
+    Observed = faulting replays / replays; the deterministic flag when the case had no replays.
+    """
+    import json
+
+    sk = row["sketch"]
+    reps = int(row.get("replays") or 0)
+    observed: dict[str, float | None] = {}
+    for ft in operator(str(row["op"])).fault_types:
+        n, det = row.get(f"n_{ft}"), row.get(f"det_{ft}")
+        if reps > 0 and n is not None:
+            observed[ft] = float(n) / reps
+        else:
+            observed[ft] = None if det is None else float(bool(det))
+    return {"op": row["op"], "variant": row["variant"], "dtype": row["dtype"],
+            "sketch": json.loads(sk) if isinstance(sk, str) else sk, "observed": observed}
+
+
+def _current_build_id(store: Any) -> str:
+    bid = store.latest_build_id()
+    if bid is None:
+        from optwin.errors import DatabaseError
+
+        raise DatabaseError(f"the fingerprint database {store.path} holds no build: run `optwin build`")
+    return str(bid)
+
+
+__all__ = ["Matcher", "MatcherConfig", "Risk", "TripleIndex", "FAULT_DIRECTION", "continuous_bin", "fast_validate_sketch",
+           "calibration_table", "region_features"]

@@ -1,0 +1,586 @@
+"""The online prediction sidecar: `optwin serve`, HTTP/1.1 + JSON over asyncio streams.
+
+    optwin serve --db fingerprints.duckdb --listen tcp://127.0.0.1:8765 --warnings-jsonl warnings.jsonl
+
+Protocol (shared/spec/api.md, "Sidecar protocol"):
+- POST /v1/observe: one record or a JSON list of records {stream, op, variant, dtype, sketch,
+  params, t}; answers a list of {stream, warn, probability, known, eta_s} in the same order; a
+  malformed record gets {"error": "..."} in its place and the rest are served.
+- GET /v1/warnings?since=SEQ: warnings (stream warning episodes) with seq > SEQ, oldest first.
+- GET /metrics: Prometheus text. GET /healthz: 200 {"status": "ok", "build_id": ...}.
+
+Why plain asyncio: the work per record is a few dict lookups (the matcher's index) and a short
+trend fit, so the server's cost is parsing. A hand-written HTTP/1.1 keep-alive loop over
+`asyncio.start_server` costs a few microseconds per request; clients batch records (client.py
+sends up to 256 per request), so one core serves tens of thousands of records per second.
+
+Backpressure: the server never queues unboundedly. Request bodies are capped (`max_body`, 413);
+when the event loop lags more than `max_lag_s` behind (it is saturated) or the configured record
+rate is exceeded, POST /v1/observe answers 503 at once (counted, exported) so clients drop instead
+of piling up. The client (client.py) never blocks the model either: bounded queue, counted drops.
+
+Hot reload: the database path is polled (inode, mtime, size); on a change the new file is loaded in
+a worker thread and swapped in; the streams keep their history. A file that fails to load is
+logged and counted, and the old index keeps serving.
+
+Security: any listen address other than loopback (or a unix socket) needs `--token`; then every
+request must carry `Authorization: Bearer TOKEN` (401 otherwise).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import json
+import logging
+import math
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from optwin.catalog import CATALOG
+from optwin.errors import OptwinError
+from optwin.fingerprints.forecast import ForecastConfig, Stream
+from optwin.fingerprints.matcher import Matcher, MatcherConfig, fast_validate_sketch
+
+try:  # optional: 3-5x faster JSON; the stdlib serves the same bytes without it
+    import orjson as _orjson
+
+    def _loads(b: bytes) -> Any:
+        return _orjson.loads(b)
+
+    def _dumps(o: Any) -> bytes:
+        return _orjson.dumps(o)
+except ImportError:  # pragma: no cover - depends on the environment
+    _orjson = None
+
+    def _loads(b: bytes) -> Any:
+        return json.loads(b)
+
+    def _dumps(o: Any) -> bytes:
+        return json.dumps(o, separators=(",", ":")).encode()
+
+log = logging.getLogger("optwin.sidecar")
+
+_INF = math.inf
+_LAT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0)
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
+            411: "Length Required", 413: "Payload Too Large", 431: "Request Header Fields Too Large",
+            503: "Service Unavailable"}
+
+
+class ListenError(OptwinError, ValueError):
+    """A listen address the sidecar cannot or must not use."""
+
+
+@dataclass(frozen=True)
+class SidecarConfig:
+    max_body: int = 8 << 20  # bytes per request
+    max_records: int = 10000  # records per request
+    max_streams: int = 200_000
+    max_lag_s: float = 0.25  # event-loop lag beyond which /v1/observe answers 503
+    max_records_per_s: float | None = None  # optional hard cap (token bucket)
+    reload_poll_s: float = 0.5
+    warnings_kept: int = 10000  # for /v1/warnings
+
+
+@dataclass(frozen=True)
+class Address:
+    kind: str  # "tcp" | "unix"
+    host: str = ""
+    port: int = 0
+    path: str = ""
+
+    def __str__(self) -> str:
+        return f"unix://{self.path}" if self.kind == "unix" else f"tcp://{self.host}:{self.port}"
+
+    @property
+    def loopback(self) -> bool:
+        if self.kind == "unix":
+            return True
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+
+def parse_listen(listen: str) -> Address:
+    """'tcp://HOST:PORT' or 'unix:///path.sock' -> Address; ListenError with one line otherwise."""
+    if listen.startswith("unix://"):
+        path = listen[len("unix://"):]
+        if not path:
+            raise ListenError(f"listen address {listen!r}: missing socket path (unix:///path.sock)")
+        return Address("unix", path=path)
+    if listen.startswith("tcp://"):
+        rest = listen[len("tcp://"):]
+        host, sep, port = rest.rpartition(":")
+        host = host.strip("[]")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+            raise ListenError(f"listen address {listen!r}: expected tcp://HOST:PORT")
+        return Address("tcp", host=host, port=int(port))
+    raise ListenError(f"listen address {listen!r}: expected tcp://HOST:PORT or unix:///path.sock")
+
+
+class Metrics:
+    """Counters and a latency histogram, rendered as Prometheus text."""
+
+    def __init__(self) -> None:
+        self.requests: dict[tuple[str, int], int] = {}
+        self.records_ok = 0
+        self.records_error = 0
+        self.overloaded = 0
+        self.warnings = 0
+        self.reloads_ok = 0
+        self.reloads_failed = 0
+        self.lat_counts = [0] * (len(_LAT_BUCKETS) + 1)
+        self.lat_sum = 0.0
+        self.lat_n = 0
+
+    def request(self, path: str, code: int, seconds: float) -> None:
+        key = (path, code)
+        self.requests[key] = self.requests.get(key, 0) + 1
+        i = 0
+        while i < len(_LAT_BUCKETS) and seconds > _LAT_BUCKETS[i]:
+            i += 1
+        self.lat_counts[i] += 1
+        self.lat_sum += seconds
+        self.lat_n += 1
+
+
+class SidecarState:
+    """Everything behind the protocol, without the transport: testable and benchmarkable directly."""
+
+    def __init__(self, db: str, config: SidecarConfig | None = None, matcher_config: MatcherConfig | None = None,
+                 forecast: ForecastConfig | None = None, warnings_jsonl: str | None = None) -> None:
+        self.db = os.fspath(db)
+        self.cfg = config or SidecarConfig()
+        self.matcher_config = matcher_config
+        self.forecast = forecast
+        self.matcher = Matcher.open(self.db, config=matcher_config)
+        self._sig = _file_sig(self.db)
+        self.streams: dict[tuple[str, str, str, str], Stream] = {}
+        self.warnings: deque[dict[str, Any]] = deque(maxlen=self.cfg.warnings_kept)
+        self.seq = 0
+        self.metrics = Metrics()
+        self.started = time.time()
+        self._jsonl = open(warnings_jsonl, "a", buffering=1, encoding="utf-8") if warnings_jsonl else None
+        self._bucket = (self.cfg.max_records_per_s or 0.0, time.monotonic())
+
+    # ------------------------------------------------------------------ records
+
+    def observe_payload(self, payload: Any) -> list[dict[str, Any]]:
+        """The answer list for a decoded JSON body (one record or a list of records)."""
+        records = payload if isinstance(payload, list) else [payload]
+        return [self.observe_record(r) for r in records]
+
+    def observe_record(self, rec: Any) -> dict[str, Any]:
+        try:
+            return self._observe(rec)
+        except (OptwinError, ValueError, TypeError, KeyError, OverflowError) as e:
+            self.metrics.records_error += 1
+            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+            return {"error": msg[:300]}
+
+    def _observe(self, rec: Any) -> dict[str, Any]:
+        if type(rec) is not dict:
+            raise ValueError(f"record must be a JSON object, got {type(rec).__name__}")
+        name, op, variant, dtype = rec.get("stream"), rec.get("op"), rec.get("variant"), rec.get("dtype")
+        key = (name, op, variant, dtype)
+        s = self.streams.get(key)  # hit: the names were checked when the stream was created
+        if s is None:
+            s = self._new_stream(key, rec)
+        params = rec.get("params")
+        if params is not None and type(params) is not dict:
+            raise ValueError("record field 'params' must be a JSON object")
+        t = rec.get("t")
+        if t is None:
+            t = time.monotonic()
+        elif type(t) is not float and (type(t) is not int):
+            raise ValueError("record field 't' must be a finite number of seconds")
+        elif not -_INF < t < _INF:
+            raise ValueError("record field 't' must be a finite number of seconds")
+        sk = fast_validate_sketch(op, rec.get("sketch"))
+        r = s.observe_valid(sk, float(t))
+        self.metrics.records_ok += 1
+        if r.raised:
+            self._warn(s, r)
+        return {"stream": name, "warn": r.warn, "probability": r.probability, "known": r.known, "eta_s": r.eta_s}
+
+    def _new_stream(self, key: tuple, rec: dict[str, Any]) -> Stream:
+        name, op, variant, dtype = key
+        for field, v in (("stream", name), ("op", op), ("variant", variant), ("dtype", dtype)):
+            if not isinstance(v, str) or not v:
+                raise ValueError(f"record field {field!r} must be a non-empty string")
+        if len(name) > 512:
+            raise ValueError("record field 'stream' is longer than 512 characters")
+        if op not in CATALOG:
+            raise ValueError(f"unknown operator {op!r}; expected one of {', '.join(CATALOG)}")
+        if len(self.streams) >= self.cfg.max_streams:
+            raise ValueError(f"too many streams (max {self.cfg.max_streams})")
+        fast_validate_sketch(op, rec.get("sketch"))  # a bad first record must not create the stream
+        s = Stream(self.matcher, name, op, variant, dtype, config=self.forecast)  # CatalogError on bad names
+        self.streams[key] = s
+        return s
+
+    def _warn(self, s: Stream, r: Any) -> None:
+        self.seq += 1
+        w = {"seq": self.seq, "stream": s.name, "op": s.op, "variant": s.variant, "dtype": s.dtype, "t": r.t,
+             "time": time.time(), "reason": "risk" if r.max_probability >= self.matcher.config.threshold else "forecast",
+             "probability": r.probability, "known": r.known, "eta_s": r.eta_s, "build_id": self.matcher.build_id}
+        self.warnings.append(w)
+        self.metrics.warnings += 1
+        log.warning("stream %s (%s/%s/%s): %s, p=%s, eta_s=%s", s.name, s.op, s.variant, s.dtype, w["reason"],
+                    r.probability, r.eta_s)
+        if self._jsonl is not None:
+            self._jsonl.write(json.dumps(w) + "\n")
+
+    def warnings_since(self, since: int) -> list[dict[str, Any]]:
+        return [w for w in self.warnings if w["seq"] > since]
+
+    def take_tokens(self, n: int) -> bool:
+        """Token bucket for max_records_per_s (always True without a cap)."""
+        cap = self.cfg.max_records_per_s
+        if not cap:
+            return True
+        tokens, last = self._bucket
+        now = time.monotonic()
+        tokens = min(cap, tokens + (now - last) * cap)
+        if tokens < n:
+            self._bucket = (tokens, now)
+            return False
+        self._bucket = (tokens - n, now)
+        return True
+
+    # ------------------------------------------------------------------ reload
+
+    def changed(self) -> bool:
+        return _file_sig(self.db) != self._sig
+
+    def load_new(self) -> Matcher | None:
+        """Load the database file as it is now (worker thread). None (counted, logged) on failure."""
+        sig = _file_sig(self.db)
+        try:
+            m = Matcher.open(self.db, config=self.matcher_config)
+        except Exception as e:  # any failure keeps the old index serving
+            self._sig = sig
+            self.metrics.reloads_failed += 1
+            log.error("reload of %s failed, still serving build %s: %s", self.db, self.matcher.build_id,
+                      str(e).splitlines()[0] if str(e) else type(e).__name__)
+            return None
+        self._sig = sig
+        return m
+
+    def swap(self, m: Matcher) -> None:
+        self.matcher = m
+        for s in self.streams.values():
+            s.rebind(m)
+        self.metrics.reloads_ok += 1
+        log.info("loaded build %s from %s", m.build_id, self.db)
+
+    # ------------------------------------------------------------------ metrics
+
+    def prometheus(self, lag_s: float) -> str:
+        mt = self.metrics
+        out = [
+            "# HELP optwin_sidecar_records_total Records observed, by result.",
+            "# TYPE optwin_sidecar_records_total counter",
+            f'optwin_sidecar_records_total{{result="ok"}} {mt.records_ok}',
+            f'optwin_sidecar_records_total{{result="error"}} {mt.records_error}',
+            "# HELP optwin_sidecar_requests_total HTTP requests, by path and status code.",
+            "# TYPE optwin_sidecar_requests_total counter",
+        ]
+        for (path, code), n in sorted(mt.requests.items()):
+            out.append(f'optwin_sidecar_requests_total{{path="{path}",code="{code}"}} {n}')
+        out += [
+            "# HELP optwin_sidecar_overloaded_total Observe requests refused with 503 (overload).",
+            "# TYPE optwin_sidecar_overloaded_total counter",
+            f"optwin_sidecar_overloaded_total {mt.overloaded}",
+            "# HELP optwin_sidecar_warnings_total Stream warning episodes raised.",
+            "# TYPE optwin_sidecar_warnings_total counter",
+            f"optwin_sidecar_warnings_total {mt.warnings}",
+            "# HELP optwin_sidecar_reloads_total Database reloads, by result.",
+            "# TYPE optwin_sidecar_reloads_total counter",
+            f'optwin_sidecar_reloads_total{{result="ok"}} {mt.reloads_ok}',
+            f'optwin_sidecar_reloads_total{{result="failed"}} {mt.reloads_failed}',
+            "# HELP optwin_sidecar_streams Streams tracked.",
+            "# TYPE optwin_sidecar_streams gauge",
+            f"optwin_sidecar_streams {len(self.streams)}",
+            "# HELP optwin_sidecar_loop_lag_seconds Event-loop lag (smoothed).",
+            "# TYPE optwin_sidecar_loop_lag_seconds gauge",
+            f"optwin_sidecar_loop_lag_seconds {lag_s:.6f}",
+            "# HELP optwin_sidecar_build_info The loaded fingerprint build.",
+            "# TYPE optwin_sidecar_build_info gauge",
+            f'optwin_sidecar_build_info{{build_id="{_label(self.matcher.build_id)}"}} 1',
+            "# HELP optwin_sidecar_request_seconds Request handling time.",
+            "# TYPE optwin_sidecar_request_seconds histogram",
+        ]
+        cum = 0
+        for le, n in zip(_LAT_BUCKETS, mt.lat_counts):
+            cum += n
+            out.append(f'optwin_sidecar_request_seconds_bucket{{le="{le}"}} {cum}')
+        out.append(f'optwin_sidecar_request_seconds_bucket{{le="+Inf"}} {mt.lat_n}')
+        out.append(f"optwin_sidecar_request_seconds_sum {mt.lat_sum:.6f}")
+        out.append(f"optwin_sidecar_request_seconds_count {mt.lat_n}")
+        return "\n".join(out) + "\n"
+
+    def close(self) -> None:
+        if self._jsonl is not None:
+            self._jsonl.close()
+            self._jsonl = None
+
+
+def _label(s: str) -> str:
+    return s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")
+
+
+def _file_sig(path: str) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+class Sidecar:
+    """The asyncio HTTP server around a SidecarState."""
+
+    def __init__(self, state: SidecarState, address: Address, token: str | None = None) -> None:
+        if not address.loopback and not token:
+            raise ListenError(f"refusing to listen on non-loopback address {address} without --token")
+        self.state = state
+        self.address = address
+        self._token = f"Bearer {token}".encode() if token else None
+        self.lag_s = 0.0
+        self._server: asyncio.base_events.Server | None = None
+        self._tasks: list[asyncio.Task] = []
+        self.ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        if self.address.kind == "unix":
+            if os.path.exists(self.address.path):
+                os.remove(self.address.path)  # a stale socket from a killed sidecar
+            self._server = await asyncio.start_unix_server(self._client, path=self.address.path, limit=1 << 16)
+        else:
+            self._server = await asyncio.start_server(self._client, self.address.host, self.address.port,
+                                                      limit=1 << 16, backlog=1024, reuse_address=True)
+            if self.address.port == 0:  # ephemeral port: report the real one
+                port = self._server.sockets[0].getsockname()[1]
+                self.address = Address("tcp", host=self.address.host, port=port)
+        self._tasks = [asyncio.create_task(self._lag_monitor()), asyncio.create_task(self._reloader())]
+        self.ready.set()
+        log.info("optwin sidecar serving build %s on %s", self.state.matcher.build_id, self.address)
+
+    async def serve_forever(self) -> None:
+        await self.start()
+        assert self._stop is not None
+        await self._stop.wait()
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        if self._server is not None:
+            self._server.close()
+            try:
+                await asyncio.wait_for(self._server.wait_closed(), 1.0)
+            except (asyncio.TimeoutError, Exception):
+                pass
+        self.state.close()
+
+    def stop(self) -> None:
+        """Thread-safe stop."""
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+
+    # ------------------------------------------------------------------ background tasks
+
+    async def _lag_monitor(self, period: float = 0.01) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            t0 = loop.time()
+            await asyncio.sleep(period)
+            lag = max(0.0, loop.time() - t0 - period)
+            self.lag_s = lag if lag > self.lag_s else 0.8 * self.lag_s + 0.2 * lag  # fast attack, slow decay
+
+    async def _reloader(self) -> None:
+        while True:
+            await asyncio.sleep(self.state.cfg.reload_poll_s)
+            if self.state.changed():
+                m = await asyncio.to_thread(self.state.load_new)
+                if m is not None:
+                    self.state.swap(m)
+
+    # ------------------------------------------------------------------ HTTP
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except asyncio.IncompleteReadError:
+                    return
+                except asyncio.LimitOverrunError:
+                    await self._send(writer, 431, b'{"error": "request head too large"}', close=True)
+                    return
+                t0 = time.perf_counter()
+                keep = await self._request(head, reader, writer, t0)
+                if not keep:
+                    return
+        except (ConnectionError, asyncio.CancelledError):
+            return
+        finally:
+            try:
+                writer.close()
+            except Exception:
+                pass
+
+    async def _request(self, head: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                       t0: float) -> bool:
+        st = self.state
+        try:
+            lines = head[:-4].decode("latin-1").split("\r\n")
+            method, target, version = lines[0].split(" ", 2)
+            headers = {}
+            for ln in lines[1:]:
+                k, _, v = ln.partition(":")
+                headers[k.strip().lower()] = v.strip()
+        except ValueError:
+            await self._send(writer, 400, b'{"error": "malformed request line"}', close=True)
+            return False
+        keep = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
+        if "transfer-encoding" in headers:
+            await self._send(writer, 411, b'{"error": "send a Content-Length body"}', close=True)
+            return False
+        try:
+            length = int(headers.get("content-length", "0"))
+            if length < 0:
+                raise ValueError
+        except ValueError:
+            await self._send(writer, 400, b'{"error": "bad Content-Length"}', close=True)
+            return False
+        if length > st.cfg.max_body:
+            await self._send(writer, 413, b'{"error": "body too large"}', close=True)
+            return False
+        body = await reader.readexactly(length) if length else b""
+        path, _, query = target.partition("?")
+        if self._token is not None:
+            got = headers.get("authorization", "").encode("latin-1")
+            if not hmac.compare_digest(got, self._token):
+                return await self._reply(writer, path, 401, b'{"error": "missing or wrong bearer token"}', keep, t0)
+        if path == "/v1/observe":
+            if method != "POST":
+                return await self._reply(writer, path, 405, b'{"error": "use POST"}', keep, t0)
+            if self.lag_s > st.cfg.max_lag_s:
+                st.metrics.overloaded += 1
+                return await self._reply(writer, path, 503, b'{"error": "overloaded, retry later"}', keep, t0)
+            try:
+                payload = _loads(body)
+            except (ValueError, RecursionError) as e:
+                msg = json.dumps({"error": f"body is not JSON: {str(e)[:200]}"}).encode()
+                return await self._reply(writer, path, 400, msg, keep, t0)
+            n = len(payload) if isinstance(payload, list) else 1
+            if n > st.cfg.max_records:
+                return await self._reply(writer, path, 413, b'{"error": "too many records in one request"}', keep, t0)
+            if not st.take_tokens(n):
+                st.metrics.overloaded += 1
+                return await self._reply(writer, path, 503, b'{"error": "over the record rate, retry later"}', keep, t0)
+            out = _dumps(st.observe_payload(payload))
+            return await self._reply(writer, path, 200, out, keep, t0)
+        if method != "GET":
+            return await self._reply(writer, path, 405 if path in ("/v1/warnings", "/metrics", "/healthz") else 404,
+                                     b'{"error": "not found"}', keep, t0)
+        if path == "/v1/warnings":
+            try:
+                since = int(parse_qs(query).get("since", ["0"])[0])
+            except ValueError:
+                return await self._reply(writer, path, 400, b'{"error": "since must be an integer"}', keep, t0)
+            return await self._reply(writer, path, 200, json.dumps(st.warnings_since(since)).encode(), keep, t0)
+        if path == "/metrics":
+            return await self._reply(writer, path, 200, st.prometheus(self.lag_s).encode(), keep, t0,
+                                     ctype=b"text/plain; version=0.0.4")
+        if path == "/healthz":
+            msg = json.dumps({"status": "ok", "build_id": st.matcher.build_id, "db": st.db}).encode()
+            return await self._reply(writer, path, 200, msg, keep, t0)
+        return await self._reply(writer, "other", 404, b'{"error": "not found"}', keep, t0)
+
+    async def _reply(self, writer: asyncio.StreamWriter, path: str, code: int, body: bytes, keep: bool, t0: float,
+                     ctype: bytes = b"application/json") -> bool:
+        await self._send(writer, code, body, close=not keep, ctype=ctype)
+        self.state.metrics.request(path if path in ("/v1/observe", "/v1/warnings", "/metrics", "/healthz") else "other",
+                                   code, time.perf_counter() - t0)
+        return keep
+
+    @staticmethod
+    async def _send(writer: asyncio.StreamWriter, code: int, body: bytes, close: bool = False,
+                    ctype: bytes = b"application/json") -> None:
+        head = (b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s\r\n"
+                % (code, _REASONS.get(code, "Error").encode(), ctype, len(body),
+                   b"Connection: close\r\n" if close else b""))
+        writer.write(head + body)
+        if writer.transport.get_write_buffer_size() > 1 << 20:
+            await writer.drain()  # a slow reader: wait instead of buffering without bound
+
+
+def serve(db: str, listen: str = "tcp://127.0.0.1:8765", token: str | None = None,
+          warnings_jsonl: str | None = None, config: SidecarConfig | None = None) -> None:
+    """Run the sidecar until interrupted (the `optwin serve` command)."""
+    address = parse_listen(listen)
+    if not address.loopback and not token:
+        raise ListenError(f"refusing to listen on non-loopback address {address} without --token")
+    state = SidecarState(db, config=config, warnings_jsonl=warnings_jsonl)
+    sidecar = Sidecar(state, address, token=token)
+    try:
+        asyncio.run(sidecar.serve_forever())
+    except KeyboardInterrupt:
+        pass
+
+
+class SidecarThread:
+    """A sidecar on a background thread with its own event loop (tests, benchmarks, notebooks)."""
+
+    def __init__(self, db: str, listen: str = "tcp://127.0.0.1:0", token: str | None = None,
+                 warnings_jsonl: str | None = None, config: SidecarConfig | None = None,
+                 forecast: ForecastConfig | None = None) -> None:
+        self.state = SidecarState(db, config=config, warnings_jsonl=warnings_jsonl, forecast=forecast)
+        self.sidecar = Sidecar(self.state, parse_listen(listen), token=token)
+        self._thread = threading.Thread(target=self._run, name="optwin-sidecar", daemon=True)
+        self._error: BaseException | None = None
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self.sidecar.serve_forever())
+        except BaseException as e:  # surfaced by start()
+            self._error = e
+            self.sidecar.ready.set()
+
+    def start(self) -> "SidecarThread":
+        self._thread.start()
+        self.sidecar.ready.wait(10)
+        if self._error is not None:
+            raise self._error
+        return self
+
+    @property
+    def url(self) -> str:
+        return str(self.sidecar.address)
+
+    def stop(self) -> None:
+        self.sidecar.stop()
+        self._thread.join(5)
+
+    def __enter__(self) -> "SidecarThread":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,148 @@
+"""Where a build's cases come from: the ingest generators and input profiles, by source name.
+
+    python -c "from optwin.fingerprints.sources import generate; print(len(generate('default', 'rmsnorm', 'float16', 8, 0)))"
+
+Sources (the `cases.source` column):
+- `default`: optwin.ingest.default_sweep(op, dtype, n_cases, seed): the op's feature space;
+- `sweep`: optwin.ingest.boundary_sweep(op, dtype, n_cases, seed): dense around fault boundaries;
+- `profile-tensor`: tensors captured from a model (optwin.ingest.read_profile);
+- `profile-sample`: optwin.ingest.sample_inputs(op, dtype, fitted, n_cases, seed) from the profile's fit.
+Every source is a deterministic function of (op, dtype, n_cases, seed[, profile]): a case is
+reproduced from its row's (source, seed, case_index). Generators are the ingest engineer's; this module
+only adapts them (and casts captured tensors to the variant's dtype).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from optwin.catalog import operator
+from optwin.errors import ProfileError
+
+SOURCES = ("default", "sweep", "profile-tensor", "profile-sample")
+
+
+@dataclass
+class GenCase:
+    """One generated case: what twin.run needs plus its provenance inside the generator call."""
+
+    inputs: dict[str, torch.Tensor]
+    params: dict[str, Any]
+    family: str
+    case_index: int
+
+
+def _to_dtype(op: str, dtype: str, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Cast floating 'op'-dtype inputs to the variant's dtype (captured tensors come in the model's)."""
+    from optwin.validation import torch_dtype
+
+    specs = {i.name: i for i in operator(op).inputs}
+    out = {}
+    for name, t in inputs.items():
+        spec = specs.get(name)
+        want = torch_dtype(dtype if spec is None or spec.dtype == "op" else spec.dtype)
+        out[name] = t.to(want) if t.dtype != want else t
+    return out
+
+
+def _wrap(op: str, dtype: str, cases: list[Any]) -> list[GenCase]:
+    out = []
+    for i, c in enumerate(cases):
+        inputs = dict(getattr(c, "inputs"))
+        out.append(GenCase(_to_dtype(op, dtype, inputs), dict(getattr(c, "params", None) or {}),
+                           str(getattr(c, "family", "") or "unknown"), i))
+    return out
+
+
+@functools.lru_cache(maxsize=2)
+def _profile(path: str) -> Any:
+    import optwin.ingest as ingest
+
+    if not os.path.exists(path):
+        raise ProfileError(f"no profile at {path}: run `optwin capture` first")
+    return ingest.read_profile(path)
+
+
+def profile_ops(path: str) -> set[str]:
+    """The operators a profile holds captured calls of."""
+    prof = _profile(path)
+    ops = getattr(prof, "ops", None)
+    ops = ops() if callable(ops) else ops
+    if ops is None:
+        raise ProfileError(f"{path}: profile lists no operators")
+    return set(ops)
+
+
+def _profile_tensors(path: str, op: str, dtype: str, n_cases: int) -> list[GenCase]:
+    prof = _profile(path)
+    getter = getattr(prof, "cases", None) or getattr(prof, "tensors", None)
+    if getter is None:
+        raise ProfileError(f"{path}: this profile has no captured tensors")
+    cases = list(getter(op))[:n_cases]
+    return _wrap(op, dtype, cases)
+
+
+def _profile_samples(path: str, op: str, dtype: str, n_cases: int, seed: int) -> list[GenCase]:
+    import optwin.ingest as ingest
+
+    prof = _profile(path)
+    fitted = getattr(prof, "fitted", None)
+    fitted = fitted(op) if callable(fitted) else (fitted or {}).get(op) if isinstance(fitted, dict) else fitted
+    if fitted is None:
+        fitted = ingest.fit_profile(prof)[op] if hasattr(ingest, "fit_profile") else None
+    if fitted is None:
+        return []
+    return _wrap(op, dtype, ingest.sample_inputs(op, dtype, fitted, n_cases, seed))
+
+
+@functools.lru_cache(maxsize=2)
+def generate(source: str, op: str, dtype: str, n_cases: int, seed: int, profile: str | None = None) -> list[GenCase]:
+    """All cases of one generator call (cached: the slices and variants of a shard family share it)."""
+    import optwin.ingest as ingest
+
+    if source in ("default", "sweep"):
+        try:
+            gen = ingest.default_sweep if source == "default" else ingest.boundary_sweep
+        except ImportError:  # TEMPORARY until optwin.ingest.generate lands: rmsnorm only
+            return _fallback(op, dtype, n_cases, seed + (0 if source == "default" else 7919))
+        return _wrap(op, dtype, gen(op, dtype, n_cases, seed))
+    if source == "profile-tensor":
+        return _profile_tensors(_need(profile), op, dtype, n_cases)
+    if source == "profile-sample":
+        return _profile_samples(_need(profile), op, dtype, n_cases, seed)
+    raise ValueError(f"unknown case source {source!r}; expected one of {', '.join(SOURCES)}")
+
+
+def _need(profile: str | None) -> str:
+    if profile is None:
+        raise ProfileError("a profile source needs --profile")
+    return profile
+
+
+def _fallback(op: str, dtype: str, n_cases: int, seed: int) -> list[GenCase]:
+    """TEMPORARY stand-in for optwin.ingest.default_sweep (rmsnorm only): log-uniform magnitudes,
+    a few widths, optional outlier channels. Removed once ingest's generators exist."""
+    if op != "rmsnorm":
+        raise ImportError(f"no case generator for {op} yet (optwin.ingest.generate is missing)")
+    from optwin.validation import torch_dtype
+
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n_cases):
+        hidden = int((16, 64, 256, 1024)[int(torch.randint(0, 4, (1,), generator=g))])
+        rows = int(torch.randint(1, 9, (1,), generator=g))
+        scale = float(10 ** (torch.rand(1, generator=g) * 8 - 3))  # 1e-3 .. 1e5
+        x = torch.randn(rows, hidden, generator=g, dtype=torch.float64) * scale  # (rows, hidden)
+        family = "gaussian"
+        if i % 3 == 0:
+            x[:, 0] *= 30.0  # one outlier channel
+            family = "outlier-channel"
+        x = x.clamp(-6e4, 6e4) if dtype == "float16" else x
+        w = torch.ones(hidden, dtype=torch.float64)  # (hidden,)
+        out.append(GenCase({"x": x.to(torch_dtype(dtype)), "weight": w.to(torch_dtype(dtype))}, {}, family, i))
+    return out

@@ -1,0 +1,487 @@
+"""Capture hooks: record catalog operator calls (and their sketches) as a real PyTorch model runs.
+
+    python -c "from optwin.ingest.capture import capture; help(capture)"
+
+    with capture(model, sample_rate=0.1, capacity=4) as rec:
+        model(**batch)
+    rec.write_profile("profiles/minilm", model="minilm")
+
+Two interception paths, one per kind of call site:
+
+* torch functions, through `torch.overrides.TorchFunctionMode` (the mode sees every torch call; a
+  dict lookup picks ours): `softmax` (F./torch./Tensor.) -> softmax "torch";
+  `F.scaled_dot_product_attention` -> attention "sdpa"; `F.layer_norm` -> layernorm "torch";
+  `F.rms_norm` -> rmsnorm "fp32-acc" (torch's fused kernel accumulates in fp32);
+  `F.linear(x, W, b)` -> matmul "torch" with a = x.reshape(-1, in), b = W.T;
+  `torch.matmul`/`@`/`mm` -> matmul "torch" when b is 2-D (a's leading dims folded into m;
+  batched products of two >2-D tensors are not catalog matmuls and are skipped).
+* modules and functions whose *numerics* make them a variant, through module forward hooks and,
+  where the tensors never cross a module boundary, by wrapping the transformers function for the
+  duration of the capture: `*RMSNorm` / `T5LayerNorm` modules -> rmsnorm, variant by reading the
+  class's forward source (an upcast to float32 -> "fp32-acc", none -> "native-dtype");
+  `eager_attention_forward` (HF eager attention) -> attention "math" (q, k, v after repeat_kv);
+  `apply_rotary_pos_emb` -> rope "fp32-angles" (HF builds cos/sin from fp32 angles).
+
+Rope in transformers 5.x Llama: `LlamaRotaryEmbedding.forward(x, position_ids)` returns (cos, sin)
+for all layers once per forward and never sees q/k; `apply_rotary_pos_emb(q, k, cos, sin)` sees q/k
+but not the positions. So a forward hook on the rotary module remembers position_ids and the base
+(config rope_theta), and the wrapped `apply_rotary_pos_emb` records two rope calls (streams
+"<attention path>:q" and ":k") with x = q or k as [batch*seq, heads, d] and positions [batch*seq].
+
+While a hooked module's forward or a wrapped function runs, the torch functions it calls are not
+recorded again (no double counting: the eager softmax belongs to attention "math").
+
+Every record carries op, variant, dtype, stream (module path of the innermost module running,
+e.g. "encoder.layer.3.attention.self"), call_index (order of calls in this capture), t (seconds
+since the capture began) and the sketch. Sketches stay tensors on the inputs' device until the
+records are read (one sync per op at the end on CUDA). Raw inputs are kept by reservoir sampling
+per (op, variant, dtype, shape class): each call is offered with probability sample_rate, and each
+class keeps at most `capacity` uniformly chosen offered calls (cloned to CPU).
+
+Capturing never changes outputs: handlers only read inputs, then call the original function.
+A call the sketch cannot take (unexpected shapes) is counted in `Recorder.skipped`, never raised.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import random
+import sys
+import time
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from optwin.ingest.sketch import SKETCH_FEATURES, sketch_tensor
+
+
+@dataclass(frozen=True)
+class CaptureSettings:
+    """Sampling settings of one capture (they are written into profile.json)."""
+
+    sample_rate: float = 0.0  # probability that a call is offered to its tensor reservoir
+    capacity: int = 4  # raw calls kept per (op, variant, dtype, shape class)
+    seed: int = 0  # reservoir randomness
+    ops: tuple[str, ...] | None = None  # record only these ops (None: all)
+
+
+@dataclass
+class Sample:
+    """A raw call kept by the reservoir: CPU clones of its inputs."""
+
+    op: str
+    variant: str
+    dtype: str
+    stream: str
+    call_index: int
+    shape_class: str
+    inputs: dict[str, torch.Tensor]
+    params: dict[str, Any]
+
+
+@dataclass
+class _Pending:
+    op: str
+    variant: str
+    dtype: str
+    stream: str
+    call_index: int
+    t: float
+    params: dict[str, Any]
+    values: torch.Tensor  # float64 [n_features] on the inputs' device
+
+
+def _dtype_name(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def _pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def shape_class(op: str, inputs: dict[str, torch.Tensor]) -> str:
+    """Inputs' shapes with every dim rounded up to a power of two: 'x=64x512,weight=512'."""
+    return ",".join(f"{k}={'x'.join(str(_pow2(d)) for d in v.shape)}" for k, v in inputs.items())
+
+
+class Recorder:
+    """Collects the calls of one capture; read `records()`, `samples`, `skipped` after the block."""
+
+    def __init__(self, settings: CaptureSettings) -> None:
+        self.settings = settings
+        self.samples: dict[str, list[Sample]] = {}
+        self.skipped: Counter[str] = Counter()  # "op: reason" -> count
+        self._offered: Counter[str] = Counter()
+        self._pending: list[_Pending] = []
+        self._rng = random.Random(settings.seed)
+        self._stack: list[tuple[str, nn.Module]] = []
+        self.suppress = 0  # > 0 while inside a hooked module or wrapped function
+        self._t0 = time.perf_counter()
+        self.started = time.time()
+        self.last_positions: torch.Tensor | None = None
+        self.last_base: float | None = None
+        self._records: list[dict[str, Any]] | None = None
+
+    # -- context ------------------------------------------------------------------------------
+
+    @property
+    def stream(self) -> str:
+        return self._stack[-1][0] if self._stack else ""
+
+    @property
+    def module(self) -> nn.Module | None:
+        return self._stack[-1][1] if self._stack else None
+
+    # -- recording ----------------------------------------------------------------------------
+
+    def record(self, op: str, variant: str, inputs: dict[str, torch.Tensor], params: dict[str, Any] | None = None,
+               dtype: str | None = None, stream: str | None = None) -> None:
+        """Sketch one call and keep it; never raises (a refused call is counted in `skipped`)."""
+        ops = self.settings.ops
+        if ops is not None and op not in ops:
+            return
+        params = params or {}
+        try:
+            with torch._C.DisableTorchFunction():  # our own reductions must not re-enter the mode
+                _, values = sketch_tensor(op, inputs, params)
+        except Exception as e:  # noqa: BLE001  a capture must never break the model it watches
+            self.skipped[f"{op}: {type(e).__name__}: {str(e)[:120]}"] += 1
+            return
+        main = next(iter(inputs.values()))
+        p = _Pending(op, variant, dtype or _dtype_name(main), self.stream if stream is None else stream,
+                     len(self._pending), time.perf_counter() - self._t0, dict(params), values)
+        self._pending.append(p)
+        self._records = None
+        if self.settings.sample_rate > 0 and self._rng.random() < self.settings.sample_rate:
+            self._offer(p, inputs)
+
+    def _offer(self, p: _Pending, inputs: dict[str, torch.Tensor]) -> None:
+        """Reservoir sampling (algorithm R) per (op, variant, dtype, shape class)."""
+        sc = shape_class(p.op, inputs)
+        key = f"{p.op}|{p.variant}|{p.dtype}|{sc}"
+        self._offered[key] += 1
+        box = self.samples.setdefault(key, [])
+        cap = self.settings.capacity
+        slot = len(box) if len(box) < cap else self._rng.randrange(self._offered[key])
+        if slot >= cap:
+            return
+        with torch._C.DisableTorchFunction():
+            kept = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in inputs.items()}
+        s = Sample(p.op, p.variant, p.dtype, p.stream, p.call_index, sc, kept, dict(p.params))
+        if slot == len(box):
+            box.append(s)
+        else:
+            box[slot] = s
+
+    def records(self) -> list[dict[str, Any]]:
+        """One dict per call: op, variant, dtype, stream, call_index, t, params, sketch (one sync per op)."""
+        if self._records is None:
+            by_op: dict[str, list[int]] = {}
+            for i, p in enumerate(self._pending):
+                by_op.setdefault(p.op, []).append(i)
+            sketches: list[dict[str, float] | None] = [None] * len(self._pending)
+            for op, idx in by_op.items():
+                names = SKETCH_FEATURES[op]
+                rows = torch.stack([self._pending[i].values.to("cpu") for i in idx]).tolist()
+                for i, row in zip(idx, rows):
+                    sketches[i] = dict(zip(names, row))
+            self._records = [
+                {"op": p.op, "variant": p.variant, "dtype": p.dtype, "stream": p.stream, "call_index": p.call_index,
+                 "t": p.t, "params": p.params, "sketch": sketches[i]}
+                for i, p in enumerate(self._pending)
+            ]
+        return self._records
+
+    def all_samples(self) -> list[Sample]:
+        return sorted((s for box in self.samples.values() for s in box), key=lambda s: s.call_index)
+
+    def write_profile(self, path: str | Path, model: str = "", extra: dict[str, Any] | None = None) -> Path:
+        """Write this capture as a profile directory (see optwin.ingest.profile)."""
+        from optwin.ingest.profile import write_profile
+
+        return write_profile(path, self, model=model, extra=extra)
+
+
+# ----------------------------------------------------------------------------- torch functions
+
+
+def _arg(args: tuple, kwargs: dict, i: int, name: str, default: Any = None) -> Any:
+    if len(args) > i:
+        return args[i]
+    return kwargs.get(name, default)
+
+
+def _softmax(rec: Recorder, args: tuple, kwargs: dict) -> None:
+    x = _arg(args, kwargs, 0, "input")
+    dim = _arg(args, kwargs, 1, "dim")
+    dtype = kwargs.get("dtype") if len(args) < 3 or not isinstance(args[2], torch.dtype) else args[2]
+    if not isinstance(x, torch.Tensor) or x.ndim == 0:
+        return
+    if dim is not None and dim not in (-1, x.ndim - 1):
+        x = x.movedim(dim, -1)  # the catalog softmax runs over the last dim
+    # softmax(x, dtype=float32) computes in float32: that is the call's dtype.
+    rec.record("softmax", "torch", {"x": x}, dtype=str(dtype).removeprefix("torch.") if dtype is not None else None)
+
+
+def _sdpa(rec: Recorder, args: tuple, kwargs: dict) -> None:
+    q, k, v = (_arg(args, kwargs, i, n) for i, n in enumerate(("query", "key", "value")))
+    mask = _arg(args, kwargs, 3, "attn_mask")
+    is_causal = bool(_arg(args, kwargs, 5, "is_causal", False))
+    if q.ndim != 4:
+        rec.skipped[f"attention: sdpa with {q.ndim}-D q"] += 1
+        return
+    if k.shape[1] != q.shape[1] and q.shape[1] % k.shape[1] == 0:  # GQA: expand kv heads (norms unchanged)
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    # HF passes causality as an explicit mask when there is padding: read it off the module.
+    mod = rec.module
+    causal = is_causal or (mask is not None and bool(getattr(mod, "is_causal", False)) and q.shape[2] > 1)
+    rec.record("attention", "sdpa", {"q": q, "k": k, "v": v}, {"causal": causal})
+
+
+def _vec(t: torch.Tensor | None, n: int, like: torch.Tensor, fill: float) -> torch.Tensor:
+    return t if isinstance(t, torch.Tensor) else torch.full((n,), fill, dtype=like.dtype, device=like.device)
+
+
+def _layer_norm(rec: Recorder, args: tuple, kwargs: dict) -> None:
+    x = _arg(args, kwargs, 0, "input")
+    shape = _arg(args, kwargs, 1, "normalized_shape")
+    if len(tuple(shape)) != 1:
+        rec.skipped["layernorm: normalized over more than the last dim"] += 1
+        return
+    h = x.shape[-1]
+    w = _vec(_arg(args, kwargs, 2, "weight"), h, x, 1.0)
+    b = _vec(_arg(args, kwargs, 3, "bias"), h, x, 0.0)
+    rec.record("layernorm", "torch", {"x": x, "weight": w, "bias": b})
+
+
+def _rms_norm(rec: Recorder, args: tuple, kwargs: dict) -> None:
+    x = _arg(args, kwargs, 0, "input")
+    shape = _arg(args, kwargs, 1, "normalized_shape")
+    if len(tuple(shape)) != 1:
+        rec.skipped["rmsnorm: normalized over more than the last dim"] += 1
+        return
+    w = _vec(_arg(args, kwargs, 2, "weight"), x.shape[-1], x, 1.0)
+    rec.record("rmsnorm", "fp32-acc", {"x": x, "weight": w})
+
+
+def _linear(rec: Recorder, args: tuple, kwargs: dict) -> None:
+    x = _arg(args, kwargs, 0, "input")
+    w = _arg(args, kwargs, 1, "weight")
+    rec.record("matmul", "torch", {"a": x.reshape(-1, x.shape[-1]), "b": w.T})  # (m, in), (in, out)
+
+
+def _matmul(rec: Recorder, args: tuple, kwargs: dict) -> None:
+    a = _arg(args, kwargs, 0, "input")
+    b = _arg(args, kwargs, 1, "other", kwargs.get("mat2"))
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.ndim < 2 or b.ndim != 2:
+        return  # batched products of two >2-D tensors are not catalog matmuls
+    rec.record("matmul", "torch", {"a": a.reshape(-1, a.shape[-1]), "b": b})
+
+
+_HANDLERS: dict[Callable, Callable[[Recorder, tuple, dict], None]] = {
+    F.softmax: _softmax, torch.softmax: _softmax, torch.Tensor.softmax: _softmax,
+    F.scaled_dot_product_attention: _sdpa,
+    F.layer_norm: _layer_norm, torch.layer_norm: _layer_norm,
+    F.rms_norm: _rms_norm, torch.rms_norm: _rms_norm,
+    F.linear: _linear,
+    torch.matmul: _matmul, torch.Tensor.matmul: _matmul, torch.Tensor.__matmul__: _matmul,
+    torch.mm: _matmul, torch.Tensor.mm: _matmul,
+}
+
+
+class _Mode(TorchFunctionMode):
+    """Sees every torch function call; records ours, then runs the original unchanged."""
+
+    def __init__(self, rec: Recorder) -> None:
+        super().__init__()
+        self.rec = rec
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        h = _HANDLERS.get(func)
+        if h is not None and self.rec.suppress == 0:
+            try:
+                h(self.rec, args, kwargs)
+            except Exception as e:  # noqa: BLE001  never break the model
+                self.rec.skipped[f"{getattr(func, '__name__', func)}: {type(e).__name__}"] += 1
+        return func(*args, **kwargs)
+
+
+# ----------------------------------------------------------------------------- modules
+
+
+_VARIANT_CACHE: dict[type, tuple[str, str] | None] = {}
+
+
+def classify_module(mod: nn.Module) -> tuple[str, str] | None:
+    """(op, variant) for modules whose numerics make them a catalog variant, ("rope-tables", "")
+    for rotary-embedding modules, None for everything else."""
+    cls = type(mod)
+    if cls in _VARIANT_CACHE:
+        return _VARIANT_CACHE[cls]
+    name = cls.__name__
+    out: tuple[str, str] | None = None
+    if name.endswith("RotaryEmbedding"):
+        out = ("rope-tables", "")
+    elif name.endswith("RMSNorm") or name.endswith("T5LayerNorm"):
+        try:
+            src = inspect.getsource(cls.forward)
+        except (OSError, TypeError):
+            src = ""
+        upcast = "float32" in src or ".float()" in src
+        out = ("rmsnorm", "fp32-acc" if upcast else "native-dtype")
+    _VARIANT_CACHE[cls] = out
+    return out
+
+
+def _rope_base(mod: nn.Module) -> float | None:
+    cfg = getattr(mod, "config", None)
+    rp = getattr(cfg, "rope_parameters", None) or {}
+    for v in (rp.get("rope_theta") if isinstance(rp, dict) else None, getattr(cfg, "rope_theta", None), getattr(mod, "base", None)):
+        if isinstance(v, (int, float)) and v > 1:
+            return float(v)
+    inv = getattr(mod, "inv_freq", None)
+    if isinstance(inv, torch.Tensor) and inv.numel() > 1:  # inv[1] = base^(-2/d), d = 2 * len(inv)
+        return float(inv[1].double() ** (-float(inv.numel())))
+    return None
+
+
+def _install_module_hooks(rec: Recorder, model: nn.Module,
+                          overrides: dict[Any, tuple[str, str]]) -> list[Any]:
+    handles: list[Any] = []
+    for path, mod in model.named_modules():
+        kind = overrides.get(type(mod), overrides.get(type(mod).__name__)) or classify_module(mod)
+
+        def pre(m: nn.Module, args: tuple, kwargs: dict, path: str = path, kind: Any = kind) -> None:
+            rec._stack.append((path, m))
+            if kind is None or rec.suppress:
+                if kind is not None:
+                    rec.suppress += 1
+                return
+            op, variant = kind
+            if op == "rmsnorm" and args:
+                x = args[0]
+                w = getattr(m, "weight", None)
+                rec.record("rmsnorm", variant, {"x": x, "weight": _vec(w, x.shape[-1], x, 1.0)})
+            elif op == "rope-tables":
+                pos = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
+                rec.last_positions = pos if isinstance(pos, torch.Tensor) else None
+                rec.last_base = _rope_base(m)
+            rec.suppress += 1
+
+        def post(m: nn.Module, args: tuple, kwargs: dict, out: Any, kind: Any = kind) -> None:
+            if kind is not None:
+                rec.suppress -= 1
+            if rec._stack:
+                rec._stack.pop()
+
+        handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
+        handles.append(mod.register_forward_hook(post, with_kwargs=True, always_call=True))
+    return handles
+
+
+# ----------------------------------------------------------------------------- wrapped functions
+
+
+def _wrap_eager(rec: Recorder, orig: Callable) -> Callable:
+    def eager_attention_forward(module, query, key, value, attention_mask, *args, **kwargs):  # noqa: ANN001
+        if rec.suppress == 0:
+            k, v = key, value
+            if k.shape[1] != query.shape[1] and query.shape[1] % k.shape[1] == 0:
+                rep = query.shape[1] // k.shape[1]
+                k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+            causal = bool(getattr(module, "is_causal", False)) and query.shape[2] > 1
+            rec.record("attention", "math", {"q": query, "k": k, "v": v}, {"causal": causal})
+        rec.suppress += 1
+        try:
+            return orig(module, query, key, value, attention_mask, *args, **kwargs)
+        finally:
+            rec.suppress -= 1
+
+    eager_attention_forward.__wrapped__ = orig  # type: ignore[attr-defined]
+    return eager_attention_forward
+
+
+def _wrap_rope(rec: Recorder, orig: Callable) -> Callable:
+    def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):  # noqa: ANN001
+        if rec.suppress == 0:
+            unsq = kwargs.get("unsqueeze_dim", args[1] if len(args) > 1 else 1)
+            pos = rec.last_positions
+            if pos is None or q.ndim != 4:
+                rec.skipped["rope: positions unknown (no rotary-embedding module ran)"] += 1
+            else:
+                base = rec.last_base or 10000.0
+                for name, x in (("q", q), ("k", k)):
+                    xs = x.transpose(1, 2) if unsq == 1 else x  # (b, s, h, d)
+                    b, s, h, d = xs.shape
+                    p = pos.reshape(-1, pos.shape[-1]).expand(b, s).reshape(-1)  # (b*s,)
+                    rec.record("rope", "fp32-angles", {"x": xs.reshape(b * s, h, d), "positions": p},
+                               {"base": base}, dtype=_dtype_name(x), stream=f"{rec.stream}:{name}")
+        rec.suppress += 1
+        try:
+            return orig(q, k, cos, sin, *args, **kwargs)
+        finally:
+            rec.suppress -= 1
+
+    apply_rotary_pos_emb.__wrapped__ = orig  # type: ignore[attr-defined]
+    return apply_rotary_pos_emb
+
+
+_WRAPPERS: dict[str, Callable[[Recorder, Callable], Callable]] = {
+    "eager_attention_forward": _wrap_eager,
+    "apply_rotary_pos_emb": _wrap_rope,
+}
+
+
+def _patch_transformers(rec: Recorder) -> list[tuple[Any, str, Any]]:
+    """Wrap the functions above in every loaded transformers modeling module; returns undo list."""
+    undo: list[tuple[Any, str, Any]] = []
+    for mname, mod in list(sys.modules.items()):
+        if mod is None or not mname.startswith("transformers.models."):
+            continue
+        for fname, wrap in _WRAPPERS.items():
+            fn = mod.__dict__.get(fname)
+            if callable(fn) and not hasattr(fn, "__optwin_capture__"):
+                w = wrap(rec, fn)
+                w.__optwin_capture__ = True  # type: ignore[attr-defined]
+                undo.append((mod, fname, fn))
+                setattr(mod, fname, w)
+    return undo
+
+
+@contextmanager
+def capture(model: nn.Module | None = None, *, sample_rate: float = 0.0, capacity: int = 4, seed: int = 0,
+            ops: tuple[str, ...] | list[str] | None = None,
+            module_variants: dict[Any, tuple[str, str]] | None = None) -> Iterator[Recorder]:
+    """Record catalog operator calls made inside the block; yields the Recorder.
+
+    model: hooked for module paths (streams) and variant modules; None records torch functions
+    only, with stream "". sample_rate/capacity/seed: tensor reservoir (see module docstring).
+    ops: restrict to these ops. module_variants: {class or class name: (op, variant)} overrides
+    for modules classify_module does not know (op must be "rmsnorm" or "rope-tables").
+    """
+    if not 0.0 <= sample_rate <= 1.0 or not math.isfinite(sample_rate):
+        raise ValueError(f"sample_rate must be within [0, 1], got {sample_rate}")
+    if capacity < 0:
+        raise ValueError(f"capacity must be >= 0, got {capacity}")
+    rec = Recorder(CaptureSettings(sample_rate, capacity, seed, tuple(ops) if ops is not None else None))
+    handles = _install_module_hooks(rec, model, dict(module_variants or {})) if model is not None else []
+    undo = _patch_transformers(rec)
+    mode = _Mode(rec)
+    try:
+        with mode:
+            yield rec
+    finally:
+        for h in handles:
+            h.remove()
+        for mod, fname, fn in undo:
+            setattr(mod, fname, fn)

@@ -1,0 +1,139 @@
+"""Swap a Hugging Face model's norms, attention softmax and rotary application for our Triton kernels.
+
+    TRITON_INTERPRET=1 python -m pytest -q tests/test_kernels_patch.py
+
+Like Liger-Kernel's model patches: RMSNorm modules (any class named *RMSNorm with `weight` and
+`variance_epsilon`/`eps`, e.g. LlamaRMSNorm) and torch.nn.LayerNorm instances get an instance-level
+`forward`; the model's modeling module gets our `apply_rotary_pos_emb` and `eager_attention_forward`
+(the softmax lives there; it runs when the model uses attn_implementation="eager"). Everything is
+undone by the returned handle (`handle.undo()`, or use it as a context manager). `handle.calls`
+counts kernel launches per op, so a caller can see that the swap took effect.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch import nn
+
+from optwin.kernels.layernorm import layernorm
+from optwin.kernels.rmsnorm import rmsnorm
+from optwin.kernels.rope import rope_from_tables
+from optwin.kernels.softmax import softmax
+
+
+@dataclass
+class Patch:
+    """Undo handle: restores every swapped forward and module global, in reverse order."""
+
+    calls: Counter = field(default_factory=Counter)
+    _undo: list[Callable[[], None]] = field(default_factory=list)
+
+    def undo(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+    def __enter__(self) -> Patch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.undo()
+
+
+def _set_forward(handle: Patch, module: nn.Module, fwd: Callable[..., Any]) -> None:
+    had = "forward" in module.__dict__
+    old = module.__dict__.get("forward")
+    module.forward = fwd  # instance attribute shadows the class's forward
+
+    def restore() -> None:
+        if had:
+            module.forward = old
+        else:
+            del module.forward
+
+    handle._undo.append(restore)
+
+
+def _set_global(handle: Patch, mod: ModuleType, name: str, value: Any) -> None:
+    old = getattr(mod, name)
+    setattr(mod, name, value)
+    handle._undo.append(lambda: setattr(mod, name, old))
+
+
+def _rmsnorm_forward(handle: Patch, m: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    eps = float(getattr(m, "variance_epsilon", getattr(m, "eps", 1e-6)))
+
+    def forward(hidden_states: torch.Tensor) -> torch.Tensor:
+        handle.calls["rmsnorm"] += 1
+        w = m.weight
+        y, _ = rmsnorm(hidden_states, w.to(hidden_states.dtype), eps, sketch=False)
+        return y.to(torch.promote_types(hidden_states.dtype, w.dtype))  # HF: weight * h.to(input dtype)
+
+    return forward
+
+
+def _layernorm_forward(handle: Patch, m: nn.LayerNorm) -> Callable[[torch.Tensor], torch.Tensor]:
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        handle.calls["layernorm"] += 1
+        y, _ = layernorm(x, m.weight.to(x.dtype), m.bias.to(x.dtype), float(m.eps), sketch=False)
+        return y
+
+    return forward
+
+
+def _rotary(handle: Patch, original: Callable[..., Any]) -> Callable[..., Any]:
+    def apply_rotary_pos_emb(q, k, cos, sin, *args: Any, **kwargs: Any):  # HF signature
+        unsqueeze_dim = kwargs.get("unsqueeze_dim", args[-1] if args else 1)
+        if unsqueeze_dim != 1 or cos.ndim != 3 or q.ndim != 4:  # layouts the kernel does not take
+            return original(q, k, cos, sin, *args, **kwargs)
+        handle.calls["rope"] += 2
+        return rope_from_tables(q, cos, sin), rope_from_tables(k, cos, sin)
+
+    return apply_rotary_pos_emb
+
+
+def _eager_attention(handle: Patch, mod: ModuleType) -> Callable[..., Any]:
+    """HF's eager_attention_forward (transformers 5.x) with our softmax in place of F.softmax."""
+    repeat_kv = getattr(mod, "repeat_kv")
+
+    def eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+        key_states = repeat_kv(key, module.num_key_value_groups)  # (B, H, S, D)
+        value_states = repeat_kv(value, module.num_key_value_groups)  # (B, H, S, D)
+        attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling  # (B, H, Sq, Sk)
+        if attention_mask is not None:
+            attn_weights = attn_weights + attention_mask
+        handle.calls["softmax"] += 1
+        # HF: softmax(..., dtype=float32).to(query.dtype): fp32 out, as our kernel's out_dtype
+        attn_weights = softmax(attn_weights, sketch=False, out_dtype=torch.float32)[0].to(query.dtype)
+        attn_weights = nn.functional.dropout(attn_weights, p=dropout, training=module.training)
+        attn_output = torch.matmul(attn_weights, value_states)  # (B, H, Sq, D)
+        return attn_output.transpose(1, 2).contiguous(), attn_weights
+
+    return eager_attention_forward
+
+
+def patch(model: nn.Module, rmsnorm: bool = True, layernorm: bool = True, softmax: bool = True,
+          rope: bool = True) -> Patch:
+    """Swap the model's operators for our kernels; returns the undo handle."""
+    handle = Patch()
+    modeling: dict[str, ModuleType] = {}
+    for m in model.modules():
+        mod = sys.modules.get(type(m).__module__)
+        if mod is not None and mod.__name__.startswith("transformers.models."):
+            modeling[mod.__name__] = mod
+        if rmsnorm and type(m).__name__.endswith("RMSNorm") and isinstance(getattr(m, "weight", None), torch.Tensor):
+            _set_forward(handle, m, _rmsnorm_forward(handle, m))
+        elif layernorm and isinstance(m, nn.LayerNorm) and m.weight is not None and m.bias is not None and len(m.normalized_shape) == 1:
+            _set_forward(handle, m, _layernorm_forward(handle, m))
+    for mod in modeling.values():
+        if rope and callable(getattr(mod, "apply_rotary_pos_emb", None)):
+            _set_global(handle, mod, "apply_rotary_pos_emb", _rotary(handle, mod.apply_rotary_pos_emb))
+        if softmax and callable(getattr(mod, "eager_attention_forward", None)) and hasattr(mod, "repeat_kv"):
+            _set_global(handle, mod, "eager_attention_forward", _eager_attention(handle, mod))
+    return handle

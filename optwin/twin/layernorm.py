@@ -1,0 +1,95 @@
+"""layernorm twin: torch (F.layer_norm, fp32 Welford), one-pass (E[h^2] - E[h]^2), triton (two-pass tree).
+
+    python -c "import torch; from optwin import twin; x = (1e4 + torch.randn(2, 64)).half(); \
+print(twin.run('layernorm', 'one-pass', 'float16', {'x': x, 'weight': torch.ones(64).half(), 'bias': torch.zeros(64).half()}).faults)"
+
+Inputs are float64 views of dtype tensors, `x (..., hidden)`, `weight (hidden,)`, `bias (hidden,)`,
+possibly with a leading replay dim. Each `num.round` is one rounding of the GPU code. rsqrt is
+modelled correctly rounded (CUDA's rsqrtf is within 2 ulp).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from optwin.catalog import CATALOG
+from optwin.twin.numerics import FORMATS, Numerics, round_nearest
+
+EPS = CATALOG["layernorm"].constants["eps"]
+F32 = "float32"
+# `var + eps` in float32 code adds eps cast to float32 (a python scalar becomes the op's type).
+EPS32 = float(round_nearest(torch.tensor(EPS, dtype=torch.float64), FORMATS[F32]))
+
+
+def reference(inputs: dict[str, torch.Tensor], params: dict) -> torch.Tensor:
+    x, w, b = inputs["x"], inputs["weight"], inputs["bias"]
+    m = x.mean(-1, keepdim=True)
+    var = ((x - m) ** 2).mean(-1, keepdim=True)  # population variance
+    return (x - m) * torch.rsqrt(var + EPS) * w + b
+
+
+def _normalize(num: Numerics, h: torch.Tensor, m: torch.Tensor, var: torch.Tensor, w: torch.Tensor,
+               b: torch.Tensor) -> torch.Tensor:
+    """((h - m) * rsqrt(var + eps)) * w + b, every operation rounded to float32."""
+    r = num.round(torch.rsqrt(num.round(var + EPS32, F32)), F32)  # rsqrt(neg) = NaN, as on the GPU
+    y = num.round(num.round(h - m, F32) * r, F32)
+    return num.round(num.round(y * w, F32) + b, F32)
+
+
+def welford(num: Numerics, h: torch.Tensor, lanes: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and population variance as CUDA's layer_norm computes them: each of `lanes` threads runs
+    Welford's update over its strided elements, then a tree of Welford merges; every op in fp32.
+    A constant row keeps its mean exactly (every delta is 0), unlike sum / n."""
+    n = h.shape[-1]
+    if num.noise == "order" and n > 1:  # a random element order and thread count, as num.sum does
+        perm = torch.argsort(torch.rand(h.shape, generator=num.gen, dtype=torch.float64), dim=-1)
+        h = torch.gather(h, -1, perm)
+        lanes = 2 ** int(torch.randint(5, 11, (1,), generator=num.gen))
+    lanes = max(1, min(lanes, n))
+    steps = -(-n // lanes)
+    valid = torch.arange(steps * lanes).reshape(steps, lanes) < n  # (steps, lanes)
+    x = torch.nn.functional.pad(h, (0, steps * lanes - n)).reshape(*h.shape[:-1], steps, lanes)
+    mean, m2 = torch.zeros_like(x[..., 0, :]), torch.zeros_like(x[..., 0, :])  # (..., lanes)
+    cnt = torch.zeros(lanes, dtype=torch.float64)
+    for i in range(steps):
+        c = cnt + valid[i]
+        delta = num.round(x[..., i, :] - mean, F32)
+        new_mean = num.round(mean + num.round(delta / c.clamp_min(1), F32), F32)
+        new_m2 = num.round(m2 + num.round(delta * num.round(x[..., i, :] - new_mean, F32), F32), F32)
+        mean, m2 = torch.where(valid[i], new_mean, mean), torch.where(valid[i], new_m2, m2)
+        cnt = c
+    while mean.shape[-1] > 1:  # tree of merges (warp shuffles, then across warps)
+        if mean.shape[-1] % 2:
+            mean, m2 = (torch.nn.functional.pad(t, (0, 1)) for t in (mean, m2))
+            cnt = torch.nn.functional.pad(cnt, (0, 1))
+        half = mean.shape[-1] // 2
+        ma, mb, qa, qb, na, nb = mean[..., :half], mean[..., half:], m2[..., :half], m2[..., half:], cnt[:half], cnt[half:]
+        nn = na + nb  # counts are exact small integers in fp32
+        frac = num.round(nb / nn.clamp_min(1), F32)  # (half,)
+        delta = num.round(mb - ma, F32)
+        mean = num.round(ma + num.round(delta * frac, F32), F32)
+        m2 = num.round(num.round(qa + qb, F32) + num.round(num.round(num.round(delta * delta, F32) * na, F32) * frac, F32), F32)
+        cnt = nn
+    return mean, num.round(m2 / n, F32)  # (..., 1) each
+
+
+def twin(num: Numerics, variant: str, dtype: str, inputs: dict[str, torch.Tensor], params: dict) -> torch.Tensor:
+    h = inputs["x"]  # (..., hidden); x.float() is exact
+    w = num.align(inputs["weight"], like=h)  # (hidden,)
+    b = num.align(inputs["bias"], like=h)
+    n = h.shape[-1]
+    if variant == "torch":
+        m, var = welford(num, h)  # (..., 1) fp32 each
+        return num.round(_normalize(num, h, m, var, w, b), dtype)
+    if variant == "one-pass":
+        m = num.mean(h, keepdim=True)  # (..., 1) fp32
+        ms = num.mean(num.round(h * h, F32), keepdim=True)  # E[h^2] fp32
+        # E[h^2] - E[h]^2 cancels catastrophically once |mean| / std ~ 2^12 (and can go negative).
+        var = num.round(ms - num.round(m * m, F32), F32)
+        return num.round(_normalize(num, h, m, var, w, b), dtype)
+    if variant == "triton":
+        m = num.round(num.sum(h, order="pairwise", keepdim=True) / n, F32)  # tl.sum: a tree
+        dev = num.round(h - m, F32)
+        var = num.round(num.sum(num.round(dev * dev, F32), order="pairwise", keepdim=True) / n, F32)
+        return num.round(_normalize(num, h, m, var, w, b), dtype)
+    raise ValueError(f"layernorm: no twin for variant {variant!r}")

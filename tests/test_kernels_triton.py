@@ -1,0 +1,285 @@
+"""Triton kernels under TRITON_INTERPRET=1 on CPU: outputs against float64 math and against the
+production torch variants, and the fused sketch against optwin.ingest.sketch.
+
+    python -m pytest -q tests/test_kernels_triton.py
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (the kernels read it at decoration)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from optwin.ingest import sketch as ingest_sketch  # noqa: E402
+from optwin.kernels import read_sketch, run_variant  # noqa: E402
+from optwin.kernels.compare import mismatch_report  # noqa: E402
+
+DT = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+# (dtype, atol, rtol) against float64 math: output rounding (u = 2^-11, 2^-8, 2^-24) plus a few
+# fp32 ulps of accumulated error (approximate rsqrt/exp), relative to O(1) outputs.
+VS_FLOAT64 = [("float16", 2e-3, 2e-3), ("bfloat16", 1.6e-2, 1.6e-2), ("float32", 2e-5, 2e-5)]
+# against the production torch variant: both round to dtype, so allow twice the rounding
+VS_PRODUCTION = [("float16", 4e-3, 4e-3), ("bfloat16", 3.2e-2, 3.2e-2), ("float32", 4e-5, 4e-5)]
+
+SHAPES = [(3, 781), (1, 1), (5, 1024), (7, 1025), (2, 3, 64)]
+
+
+def _seed(*key: object) -> torch.Generator:
+    return torch.Generator().manual_seed(sum(map(ord, repr(key))) * 7919 % 2**31)
+
+
+# ------------------------------------------------------------------ per-op inputs and float64 math
+
+
+def rms_inputs(shape, dtype, g):
+    dt = DT[dtype]
+    return {"x": (2 * torch.randn(*shape, generator=g)).to(dt), "weight": (1 + 0.2 * torch.randn(shape[-1], generator=g)).to(dt)}, {}
+
+
+def rms_ref(inp, params):
+    x, w = inp["x"].double(), inp["weight"].double()
+    return x / torch.sqrt((x * x).mean(-1, keepdim=True) + 1e-6) * w
+
+
+def rms_kernel(inp, params, sketch):
+    from optwin.kernels.rmsnorm import rmsnorm
+
+    return rmsnorm(inp["x"], inp["weight"], sketch=sketch)
+
+
+def softmax_inputs(shape, dtype, g):
+    x = 3 * torch.randn(*shape, generator=g)
+    if shape[-1] > 4:  # a masked column and, for several rows, a fully masked row
+        x[..., 1] = -math.inf
+        if x.shape[0] > 2:
+            x[1] = -math.inf
+    return {"x": x.to(DT[dtype])}, {}
+
+
+def softmax_ref(inp, params):
+    return torch.softmax(inp["x"].double(), -1)
+
+
+def softmax_kernel(inp, params, sketch):
+    from optwin.kernels.softmax import softmax
+
+    return softmax(inp["x"], sketch=sketch)
+
+
+def ln_inputs(shape, dtype, g):
+    dt = DT[dtype]
+    n = shape[-1]
+    x = 0.5 + 2 * torch.randn(*shape, generator=g)
+    return {"x": x.to(dt), "weight": (1 + 0.2 * torch.randn(n, generator=g)).to(dt),
+            "bias": (0.1 * torch.randn(n, generator=g)).to(dt)}, {}
+
+
+def ln_ref(inp, params):
+    x = inp["x"].double()
+    m = x.mean(-1, keepdim=True)
+    var = ((x - m) ** 2).mean(-1, keepdim=True)
+    return (x - m) / torch.sqrt(var + 1e-5) * inp["weight"].double() + inp["bias"].double()
+
+
+def ln_kernel(inp, params, sketch):
+    from optwin.kernels.layernorm import layernorm
+
+    return layernorm(inp["x"], inp["weight"], inp["bias"], sketch=sketch)
+
+
+def rope_inputs(shape, dtype, g):
+    # shape (rows, n) of the generic tests -> x (seq=rows, heads, d) with d even
+    seq, n = shape[0], shape[-1]
+    heads, d = (3, 2 * max(n // 6, 1)) if n > 1 else (1, 2)
+    x = torch.randn(seq, heads, d, generator=g)
+    # small positions: fp32 angles carry |ang| * 2^-24 absolute error, which the float64 math lacks
+    # (large positions are tested against the fp32-angles variant below)
+    pos = torch.randint(0, 64, (seq,), generator=g)
+    return {"x": x.to(DT[dtype]), "positions": pos}, {"base": 10000.0}
+
+
+def rope_ref(inp, params):
+    x, pos = inp["x"].double(), inp["positions"].double()
+    d = x.shape[-1]
+    inv = 1.0 / params["base"] ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    ang = torch.cat([pos[:, None] * inv] * 2, -1)[:, None, :]  # (seq, 1, d)
+    rot = torch.cat([-x[..., d // 2:], x[..., : d // 2]], -1)
+    return x * ang.cos() + rot * ang.sin()
+
+
+def rope_kernel(inp, params, sketch):
+    from optwin.kernels.rope import rope
+
+    return rope(inp["x"], inp["positions"], params["base"], sketch=sketch)
+
+
+OPS = {
+    # op: (inputs, float64 math, kernel, production variant compared against)
+    "rmsnorm": (rms_inputs, rms_ref, rms_kernel, "fp32-acc"),
+    "softmax": (softmax_inputs, softmax_ref, softmax_kernel, "torch"),
+    "layernorm": (ln_inputs, ln_ref, ln_kernel, "torch"),
+    "rope": (rope_inputs, rope_ref, rope_kernel, "fp32-angles"),
+}
+
+
+def _check(got: torch.Tensor, want: torch.Tensor, atol: float, rtol: float) -> None:
+    report = mismatch_report(got, want, atol, rtol)
+    assert report is None, report
+
+
+def _sketch_close(got: dict[str, float], want: dict[str, float], rtol: float = 1e-5) -> None:
+    assert list(got) == list(want)
+    for k in want:
+        assert math.isclose(got[k], want[k], rel_tol=rtol, abs_tol=1e-30), f"{k}: kernel {got[k]} != ingest {want[k]}"
+
+
+# ------------------------------------------------------------------ generic tests over OPS
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype,atol,rtol", VS_FLOAT64)
+def test_kernel_matches_float64(op, shape, dtype, atol, rtol):
+    make, ref, kernel, _ = OPS[op]
+    inp, params = make(shape, dtype, _seed(op, shape, dtype))
+    y, buf = kernel(inp, params, sketch=True)
+    assert y.dtype == DT[dtype] and y.shape == next(iter(inp.values())).shape
+    _check(y, ref(inp, params), atol, rtol)
+    _sketch_close(read_sketch(op, buf, inp["x"].shape, params), ingest_sketch(op, inp, params))
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("dtype,atol,rtol", VS_PRODUCTION)
+def test_kernel_matches_production_variant(op, dtype, atol, rtol):
+    make, _, _, variant = OPS[op]
+    inp, params = make((7, 1025), dtype, _seed(op, dtype, "prod"))
+    got = run_variant(op, "triton", dtype, inp, params)
+    _check(got, run_variant(op, variant, dtype, inp, params).double(), atol, rtol)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_sketch_flag_does_not_change_output(op):
+    make, _, kernel, _ = OPS[op]
+    inp, params = make((5, 300), "bfloat16", _seed(op, "flag"))
+    y1, buf = kernel(inp, params, sketch=True)
+    y0, none = kernel(inp, params, sketch=False)
+    assert none is None and buf is not None
+    torch.testing.assert_close(y0, y1, rtol=0, atol=0, equal_nan=True)  # bit-identical
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_sketch_counts_nonfinite_and_ignores_them_in_magnitudes(op):
+    make, _, kernel, _ = OPS[op]
+    inp, params = make((4, 37), "float32", _seed(op, "nan"))
+    x = inp["x"]
+    flat = x.view(-1)  # rows of 37 for rmsnorm/softmax/layernorm; rope's x is (4, 3, 12)
+    flat[3], flat[74], flat[110] = float("nan"), float("inf"), -float("inf")
+    flat[116] = 1e4  # the largest finite value
+    _, buf = kernel(inp, params, sketch=True)
+    got = read_sketch(op, buf, x.shape, params)
+    want = ingest_sketch(op, inp, params)
+    _sketch_close(got, want)
+    assert got["absmax"] == 1e4
+    assert got["nonfinite"] == (2 if op == "softmax" else 3)  # -inf is a mask for softmax
+
+
+# ------------------------------------------------------------------ op-specific
+
+
+def test_rmsnorm_weight_sketch_and_row_rms():
+    from optwin.kernels.rmsnorm import rmsnorm
+
+    x = torch.ones(3, 16)
+    x[1] *= 10.0
+    w = torch.ones(16)
+    w[7] = -5.0
+    w[8] = float("nan")
+    y, buf = rmsnorm(x, w)
+    s = read_sketch("rmsnorm", buf, x.shape)
+    assert s["max_row_rms"] == pytest.approx(10.0) and s["weight_absmax"] == 5.0 and s["nonfinite"] == 1.0
+    assert torch.isnan(y[:, 8]).all() and torch.allclose(y[:, 7], torch.full((3,), -5.0))
+
+
+def test_empty_rows_give_a_zero_sketch():
+    from optwin.kernels.rmsnorm import rmsnorm
+
+    x, w = torch.empty(0, 8), torch.full((8,), 2.0)
+    y, buf = rmsnorm(x, w)
+    s = read_sketch("rmsnorm", buf, x.shape)
+    assert y.shape == (0, 8) and s["absmax"] == 0 and s["rms"] == 0 and s["weight_absmax"] == 2.0
+
+
+def test_mismatch_report_names_count_indices_and_nan():
+    want = torch.zeros(4, 4, dtype=torch.float64)
+    got = torch.zeros(4, 4)
+    got[1, 2] = 0.5
+    got[3, 3] = float("nan")
+    rep = mismatch_report(got, want, 1e-3, 1e-3)
+    assert rep is not None and rep.startswith("2/16 elements differ") and "(1, 2)" in rep and "NaN mismatches 1" in rep
+    assert mismatch_report(want.float(), want, 0, 0) is None
+
+
+def test_softmax_masked_rows_and_out_dtype():
+    from optwin.kernels.softmax import softmax
+
+    x = torch.randn(4, 6, generator=_seed("mask")).half()
+    x[2] = -math.inf
+    x[0, :3] = -math.inf
+    y, buf = softmax(x, out_dtype=torch.float32)
+    assert y.dtype == torch.float32 and torch.isnan(y[2]).all() and (y[0, :3] == 0).all()
+    s = read_sketch("softmax", buf, x.shape)
+    assert s["masked_rows"] == 1 and s["masked_frac"] == pytest.approx(9 / 24) and s["nonfinite"] == 0
+    _sketch_close(s, ingest_sketch("softmax", {"x": x}))
+    assert torch.allclose(y[[0, 1, 3]], torch.softmax(x[[0, 1, 3]].double(), -1).float(), atol=1e-6)
+
+
+def test_layernorm_sketch_ratio_cap_and_min_std():
+    from optwin.kernels.layernorm import layernorm
+
+    x = torch.randn(3, 64, generator=_seed("ln")).float()
+    x[0] = 7.0  # constant row: std 0, mean 7 -> ratio capped at 1e30
+    x[1] = 1000.0 + x[1]  # |mean|/std ~ 1000
+    w, b = torch.ones(64), torch.full((64,), -3.0)
+    y, buf = layernorm(x, w, b)
+    s = read_sketch("layernorm", buf, x.shape)
+    assert s["max_mean_over_std"] == 1e30 and s["min_row_std"] == 0.0 and s["bias_absmax"] == 3.0
+    _sketch_close(s, ingest_sketch("layernorm", {"x": x, "weight": w, "bias": b}), rtol=1e-4)
+    assert torch.allclose(y[0], torch.full((64,), -3.0))  # (h - m) == 0 exactly, y = bias
+
+
+def test_rope_large_positions_match_fp32_angles_variant():
+    g = _seed("rope-large")
+    x = torch.randn(9, 4, 32, generator=g)
+    pos = torch.tensor([0, 1, 100, 4095, 4096, 20000, 65535, 131071, 500000])
+    inp = {"x": x, "positions": pos}
+    got = run_variant("rope", "triton", "float32", inp, {"base": 10000.0})
+    want = run_variant("rope", "fp32-angles", "float32", inp, {"base": 10000.0})
+    _check(got, want.double(), 1e-5, 1e-5)  # same fp32 table and fp32 product: same angles
+    from optwin.kernels.rope import rope
+
+    _, buf = rope(x, -pos, 500.0)
+    s = read_sketch("rope", buf, x.shape, {"base": 500.0})
+    assert s["max_pos"] == 500000 and s["base"] == 500.0
+    _sketch_close(s, ingest_sketch("rope", {"x": x, "positions": -pos}, {"base": 500.0}))
+
+
+def test_rope_from_tables_matches_hf_rotary():
+    from optwin.kernels.rope import rope_from_tables
+    from optwin.kernels.production import rotate_half
+
+    g = _seed("tables")
+    q = torch.randn(2, 3, 5, 8, generator=g).to(torch.bfloat16)  # (B, H, S, D)
+    ang = torch.rand(1, 5, 4, generator=g) * 10
+    emb = torch.cat([ang, ang], -1)  # (1, S, D)
+    cos, sin = emb.cos().to(torch.bfloat16), emb.sin().to(torch.bfloat16)
+    want = q.double() * cos[:, None].double() + rotate_half(q).double() * sin[:, None].double()
+    _check(rope_from_tables(q, cos, sin), want, 1.6e-2, 1.6e-2)
+    # a non-contiguous (B, S, H, D)-transposed view, as HF passes it
+    qt = torch.randn(2, 5, 3, 8, generator=g).to(torch.bfloat16).transpose(1, 2)
+    want = qt.double() * cos[:, None].double() + rotate_half(qt).double() * sin[:, None].double()
+    _check(rope_from_tables(qt, cos, sin), want, 1.6e-2, 1.6e-2)

@@ -1,0 +1,86 @@
+"""geodesic twin: acos loses near-identical points (c rounds to the float32 spacing at 1), haversine
+does not; large separations are clean for both.
+
+    python -m pytest -q tests/test_twin_geodesic.py
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from optwin import twin
+from optwin.kernels.production import run_variant
+from optwin.twin import geodesic
+from optwin.twin.numerics import ulps_between
+
+
+def _pairs(sep_deg: float, span_deg: float, seed: int = 0, n: int = 64) -> dict[str, torch.Tensor]:
+    """n point pairs sep_deg apart in random directions, the first point within +-span_deg."""
+    g = torch.Generator().manual_seed(seed)
+    lat1 = (torch.rand(n, generator=g, dtype=torch.float64) * 2 - 1) * min(span_deg, 80)
+    lon1 = (torch.rand(n, generator=g, dtype=torch.float64) * 2 - 1) * min(2 * span_deg, 180)
+    th = torch.rand(n, generator=g, dtype=torch.float64) * 2 * math.pi
+    return {"lat1": lat1.float(), "lon1": lon1.float(),
+            "lat2": (lat1 + sep_deg * th.sin()).float(), "lon2": (lon1 + sep_deg * th.cos()).float()}
+
+
+def _faults(variant: str, inp: dict[str, torch.Tensor]) -> dict[str, bool]:
+    return twin.run("geodesic", variant, "float32", inp).faults
+
+
+def test_reference_is_the_great_circle_distance() -> None:
+    inp = {"lat1": torch.tensor([0.0, 0.0, 90.0]), "lon1": torch.tensor([0.0, 0.0, 0.0]),
+           "lat2": torch.tensor([0.0, 0.0, -90.0]), "lon2": torch.tensor([90.0, 180.0, 0.0])}
+    r = geodesic.reference(twin.to_float64(inp), {})
+    q = math.pi * geodesic.R_KM
+    assert torch.allclose(r, torch.tensor([q / 2, q, q], dtype=torch.float64), rtol=1e-14)
+
+
+@pytest.mark.parametrize("sep,span", [(1e-5, 0.001), (1e-4, 0.01), (0.01, 80.0), (0.05, 80.0)])
+def test_acos_loses_near_identical_points_haversine_does_not(sep: float, span: float) -> None:
+    inp = _pairs(sep, span, seed=int(1 / sep))
+    f = _faults("acos", inp)
+    assert f["precision_loss"] or f["nonfinite"]
+    assert not any(_faults("haversine", inp).values())
+
+
+@pytest.mark.parametrize("sep", [5.0, 30.0, 120.0])
+def test_large_separations_are_clean(sep: float) -> None:
+    inp = _pairs(sep, 80.0, seed=int(sep))
+    assert not any(_faults("acos", inp).values())
+    assert not any(_faults("haversine", inp).values())
+
+
+def test_identical_far_from_the_origin_rounds_c_past_one() -> None:
+    # cos^2 + sin^2 rounded in float32 exceeds 1 for some latitudes: acos(c > 1) is NaN.
+    lat = torch.linspace(10, 80, 200)
+    inp = {"lat1": lat, "lon1": lat, "lat2": lat, "lon2": lat}
+    assert _faults("acos", inp)["nonfinite"]
+    y = run_variant("geodesic", "acos", "float32", inp)
+    assert not torch.isfinite(y).all()  # production agrees (CPU float32)
+    assert not any(_faults("haversine", inp).values())
+
+
+@pytest.mark.parametrize("variant", ["acos", "haversine"])
+@pytest.mark.parametrize("sep", [0.05, 20.0])
+def test_twin_tracks_cpu_production(variant: str, sep: float) -> None:
+    inp = _pairs(sep, 80.0, seed=7, n=256)
+    res = twin.run("geodesic", variant, "float32", inp)
+    y = run_variant("geodesic", variant, "float32", inp).double()
+    u = ulps_between(res.emulated, y, "float32")
+    # Most elements agree bit for bit; acos amplifies a 1-ulp sinf/cosf difference in c by
+    # 1/sin(theta), so compare the size of the error rather than the bits.
+    assert u.median().item() == 0
+    prod_rel = ((y - res.exact).norm() / res.exact.norm()).item()
+    assert 0.5 < res.rel_error / prod_rel < 2, (res.rel_error, prod_rel)
+    if variant == "haversine":
+        assert u.max().item() <= 2
+
+
+def test_mca_replays_spread_near_identical_acos() -> None:
+    res = twin.run("geodesic", "acos", "float32", _pairs(0.2, 80.0, seed=9), noise="mca", replays=16, seed=1)
+    assert res.replay_rel_error.std().item() > 0
+    assert res.probability["precision_loss"] > 0.5

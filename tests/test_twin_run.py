@@ -1,0 +1,171 @@
+"""twin.run end to end for every catalog triple of softmax, attention, matmul and rmsnorm, and its errors.
+
+    python -m pytest -q tests/test_twin_run.py
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from optwin import twin
+from optwin.catalog import CATALOG, all_triples
+from optwin.errors import CatalogError, InputError
+
+OPS = ("softmax", "attention", "matmul", "rmsnorm")
+TRIPLES = [t for t in all_triples() if t[0] in OPS]
+DT = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def sample(op: str, dtype: str, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g).to(DT[dtype])  # noqa: E731
+    if op == "softmax":
+        x = r(3, 5, 40)
+        x[0, 1, 30:] = -math.inf  # a partial mask
+        return {"x": x}
+    if op == "attention":
+        return {"q": r(1, 2, 6, 16), "k": r(1, 2, 9, 16), "v": r(1, 2, 9, 16)}
+    if op == "matmul":
+        return {"a": r(7, 70), "b": r(70, 5)}
+    if op == "rmsnorm":
+        return {"x": r(4, 64), "weight": r(64)}
+    raise AssertionError(op)
+
+
+def out_shape(op: str, inputs: dict[str, torch.Tensor]) -> tuple[int, ...]:
+    if op == "attention":
+        return (*inputs["q"].shape[:-1], inputs["v"].shape[-1])
+    if op == "matmul":
+        return (inputs["a"].shape[0], inputs["b"].shape[1])
+    return tuple(inputs["x"].shape)
+
+
+def test_triples_cover_the_catalog() -> None:
+    want = sum(len(CATALOG[op].variants) * len(CATALOG[op].dtypes) for op in OPS)
+    assert len(TRIPLES) == want == 3 * 3 + 2 * 3 + 1 * 3 + 3 * 3
+
+
+@pytest.mark.parametrize(("op", "variant", "dtype"), TRIPLES)
+def test_run_end_to_end(op: str, variant: str, dtype: str) -> None:
+    inputs = sample(op, dtype)
+    res = twin.run(op, variant, dtype, inputs, noise="stochastic", replays=4, seed=1, keep_replays=True)
+    shape = out_shape(op, inputs)
+    assert (res.op, res.variant, res.dtype, res.noise) == (op, variant, dtype, "stochastic")
+    assert res.exact.dtype == res.emulated.dtype == torch.float64
+    assert res.exact.shape == res.emulated.shape == shape
+    assert torch.isfinite(res.emulated).all()
+    # The emulated output holds values of the output dtype (one store in dtype at the end).
+    assert torch.equal(res.emulated, res.emulated.to(DT[dtype]).double())
+    assert set(res.faults) == set(CATALOG[op].fault_types)
+    assert not res.faults["nonfinite"] and not res.faults["precision_loss"]
+    assert 0 < res.rel_error < 16 * {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-24}[dtype]
+    assert res.replays.shape == (4, *shape)
+    assert set(res.replay_faults) == set(res.faults)
+    assert all(v.shape == (4,) and v.dtype == torch.bool for v in res.replay_faults.values())
+    assert set(res.probability) == set(res.faults)
+    assert all(0.0 <= p <= 1.0 for p in res.probability.values())
+    assert res.replay_rel_error.shape == (4,)
+    # Deterministic run: no replays, probability is the flags.
+    det = twin.run(op, variant, dtype, inputs)
+    assert torch.equal(det.emulated, res.emulated) and det.replays is None
+    assert det.probability == {k: float(v) for k, v in det.faults.items()}
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_noise_none_replays_repeat_the_emulation(op: str) -> None:
+    variant = CATALOG[op].variants[0].name
+    res = twin.run(op, variant, "float16", sample(op, "float16"), replays=3, keep_replays=True)
+    assert torch.equal(res.replays, res.emulated.expand(3, *res.emulated.shape))
+
+
+def test_params_reach_the_twin() -> None:
+    inputs = sample("attention", "float32")
+    a = twin.run("attention", "sdpa", "float32", inputs, {"causal": True})
+    b = twin.run("attention", "sdpa", "float32", inputs)
+    assert not torch.equal(a.exact, b.exact) and not torch.equal(a.emulated, b.emulated)
+
+
+# -- wrong input: one clear error that names the op ---------------------------------------
+
+
+def one_line(e: pytest.ExceptionInfo) -> str:
+    msg = str(e.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_unknown_op_and_variant_and_dtype() -> None:
+    with pytest.raises(CatalogError) as e:
+        twin.run("softmaxx", "torch", "float16", {"x": torch.zeros(2, 2).half()})
+    assert "softmaxx" in one_line(e) and "softmax" in one_line(e)
+    with pytest.raises(CatalogError) as e:
+        twin.run("softmax", "flash", "float16", {"x": torch.zeros(2, 2).half()})
+    assert one_line(e).startswith("softmax") and "flash" in one_line(e)
+    with pytest.raises(CatalogError) as e:
+        twin.run("matmul", "torch", "float64", {"a": torch.zeros(2, 2).double(), "b": torch.zeros(2, 2).double()})
+    assert one_line(e).startswith("matmul") and "float64" in one_line(e)
+    with pytest.raises(CatalogError) as e:
+        twin.run("attention", "sdpa", "float16", sample("attention", "float16"), {"causl": True})
+    assert one_line(e).startswith("attention") and "causl" in one_line(e)
+
+
+def test_missing_and_extra_inputs() -> None:
+    with pytest.raises(InputError) as e:
+        twin.run("attention", "math", "float16", {"q": torch.zeros(1, 1, 2, 4).half(), "k": torch.zeros(1, 1, 2, 4).half()})
+    assert one_line(e).startswith("attention") and "'v'" in one_line(e)
+    with pytest.raises(InputError) as e:
+        twin.run("softmax", "torch", "float16", {"x": torch.zeros(2, 2).half(), "mask": torch.zeros(2, 2).half()})
+    assert one_line(e).startswith("softmax") and "mask" in one_line(e)
+
+
+def test_wrong_dtype_and_shape() -> None:
+    with pytest.raises(InputError) as e:
+        twin.run("softmax", "torch", "float16", {"x": torch.zeros(2, 2)})
+    assert one_line(e).startswith("softmax") and "float16" in one_line(e)
+    with pytest.raises(InputError) as e:
+        twin.run("matmul", "torch", "float32", {"a": torch.zeros(3, 4), "b": torch.zeros(5, 2)})
+    assert one_line(e).startswith("matmul") and "k" in one_line(e)
+    with pytest.raises(InputError) as e:
+        twin.run("matmul", "torch", "float32", {"a": torch.zeros(2, 3, 4), "b": torch.zeros(4, 2)})
+    assert one_line(e).startswith("matmul")
+    with pytest.raises(InputError) as e:
+        twin.run("attention", "sdpa", "float32", {"q": torch.zeros(1, 1, 2, 4), "k": torch.zeros(1, 1, 3, 8),
+                                                  "v": torch.zeros(1, 1, 3, 8)})
+    assert one_line(e).startswith("attention")
+    with pytest.raises(InputError) as e:
+        twin.run("rmsnorm", "fp32-acc", "float32", {"x": torch.zeros(2, 8), "weight": torch.zeros(4)})
+    assert one_line(e).startswith("rmsnorm")
+    with pytest.raises(InputError) as e:
+        twin.run("softmax", "torch", "float32", {"x": torch.zeros(0, 4)})
+    assert one_line(e).startswith("softmax") and "empty" in one_line(e)
+
+
+def test_non_finite_where_forbidden() -> None:
+    x = torch.zeros(2, 4).half()
+    for bad in (math.nan, math.inf):
+        y = x.clone()
+        y[0, 1] = bad
+        with pytest.raises(InputError) as e:
+            twin.run("softmax", "naive", "float16", {"x": y})
+        assert one_line(e).startswith("softmax") and "-inf masks are allowed" in one_line(e)
+    a = torch.zeros(2, 2)
+    a[1, 1] = -math.inf  # -inf is a mask only for softmax
+    with pytest.raises(InputError) as e:
+        twin.run("matmul", "torch", "float32", {"a": a, "b": torch.zeros(2, 2)})
+    assert one_line(e).startswith("matmul") and "'a'" in one_line(e)
+    q = torch.zeros(1, 1, 2, 4)
+    q[0, 0, 0, 0] = math.nan
+    with pytest.raises(InputError) as e:
+        twin.run("attention", "sdpa", "float32", {"q": q, "k": torch.zeros(1, 1, 2, 4), "v": torch.zeros(1, 1, 2, 4)})
+    assert one_line(e).startswith("attention") and "'q'" in one_line(e)
+
+
+def test_bad_noise_and_replays() -> None:
+    inputs = sample("matmul", "float16")
+    with pytest.raises(ValueError, match="^matmul: unknown noise mode"):
+        twin.run("matmul", "torch", "float16", inputs, noise="gaussian")
+    with pytest.raises(ValueError, match="^matmul: replays"):
+        twin.run("matmul", "torch", "float16", inputs, replays=-1)
