@@ -189,7 +189,10 @@ def check(op: str, shape: tuple[int, ...], dtype: str, device: str, seed: int = 
     unwritten = int((torch.isnan(y) & ~torch.isnan(ref)).sum())
     atol, rtol = TOL[dtype]
     if op == "rope" and dtype == "float32":
-        atol = 1e-3  # fp32 angles: |pos * inv| up to 8192 carries ~8192 * 2^-24 absolute error (spec numerics)
+        # fp32 angles (spec numerics): inv and pos*inv each round at |ang| <= 8192, ~2 * 8192 * 2^-24
+        # = 1e-3 rad, times |x| up to ~5: the H200 run saw 2e-3 worst. The production fp32-angles
+        # variant has the same error; the column "vs production" isolates the kernel (4.8e-7).
+        atol = 5e-3
     rep64 = mismatch_report(y, ref, atol, rtol)
     prod = b.eager(inp, params)
     diff_prod = (y.double() - prod.double()).abs().nan_to_num(0.0).max().item()

@@ -46,6 +46,10 @@ from optwin.twin.faults import fault_flags, relative_error  # noqa: E402
 from optwin.twin.numerics import FORMATS, Numerics, ulps_between  # noqa: E402
 from optwin.validation import validate  # noqa: E402
 
+# Jobs carry tensors to the worker pool: share them through files, not one descriptor each
+# (the default strategy runs out of descriptors with thousands of cases).
+torch.multiprocessing.set_sharing_strategy("file_system")
+
 TORCH_DT = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 NOISES = ("stochastic", "mca", "order")
 ULP_SAMPLE = 2048  # elements per case kept for the ulp statistics

@@ -97,7 +97,7 @@ def test_minilm_ops_variants_streams(texts: list[str]) -> None:
     for s in kept:
         r = recs[s.call_index]
         assert (r["op"], r["stream"]) == (s.op, s.stream)
-        assert sketch(s.op, s.inputs, s.params) == pytest.approx(r["sketch"], rel=1e-12)
+        assert sketch(s.op, s.inputs, s.params) == pytest.approx(r["sketch"], rel=1e-6)
 
 
 class NativeRMSNorm(nn.Module):

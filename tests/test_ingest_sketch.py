@@ -182,3 +182,41 @@ def test_import_is_light() -> None:
     code = "import sys, optwin.ingest; print(sorted(m for m in ('polars','scipy','safetensors','transformers','duckdb','pyarrow') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_cpu_fast_path_agrees_with_exact_float64_path(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(11)
+    cases = {
+        "rmsnorm": {"x": torch.randn(3, 7, 96, generator=g) * 4, "weight": torch.randn(96, generator=g)},
+        "matmul": {"a": torch.randn(40, 96, generator=g), "b": torch.randn(96, 24, generator=g) * 1e-3},
+        "attention": {"q": torch.randn(2, 3, 9, 16, generator=g), "k": torch.randn(2, 3, 11, 16, generator=g) * 30,
+                      "v": torch.randn(2, 3, 11, 16, generator=g)},
+        "layernorm": {"x": torch.randn(12, 64, generator=g) * 2 + 5, "weight": torch.randn(64, generator=g),
+                      "bias": torch.randn(64, generator=g)},
+    }
+    for op, inp in cases.items():
+        inp = {k: v.to(dtype) for k, v in inp.items()}
+        names, fast = sketch_tensor(op, inp)
+        _, exact = sketch_tensor(op, inp, exact=True)
+        assert torch.allclose(fast, exact, rtol=2e-6, atol=0), (op, dict(zip(names, (fast - exact).tolist())))
+    # Outside the fast range (tiny values, inf) the fast path steps aside: results stay exact.
+    tiny = {"a": torch.full((4, 8), 1e-30), "b": torch.full((8, 2), 1e-20)}
+    assert sketch("matmul", tiny)["out_bound"] == pytest.approx(8e-50, rel=1e-6)
+    x = torch.randn(4, 8, generator=g)
+    x[1, 1] = math.inf
+    assert sketch("rmsnorm", {"x": x, "weight": torch.ones(8)})["nonfinite"] == 1
+
+
+def test_weight_cache_follows_in_place_updates() -> None:
+    from optwin.ingest.sketch import WeightCache
+
+    lin = torch.nn.Linear(8, 4)
+    cache = WeightCache()
+    a = torch.randn(3, 8, generator=torch.Generator().manual_seed(0))
+    _, v1 = sketch_tensor("matmul", {"a": a, "b": lin.weight.T}, cache=cache)
+    with torch.no_grad():
+        lin.weight.mul_(10.0)  # bumps _version: the cached statistics must not be reused
+    _, v2 = sketch_tensor("matmul", {"a": a, "b": lin.weight.T}, cache=cache)
+    _, v3 = sketch_tensor("matmul", {"a": a, "b": lin.weight.T}, exact=True)
+    assert torch.allclose(v2, v3, rtol=2e-6) and not torch.allclose(v1, v2)

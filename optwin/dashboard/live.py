@@ -4,8 +4,8 @@
 
 Pure functions, no Streamlit: the page keeps the cursor and the accumulated warnings in session
 state. A warning is one JSON object as the sidecar raises it (an observe answer with its sequence
-number and time): {"seq", "stream", "op", "variant", "dtype", "probability": {fault: p}, "eta_s", "t",
-...}; unknown extra keys are kept, missing ones tolerated.
+number and time, optwin/fingerprints/sidecar.py `_warn`): {"seq", "stream", "op", "variant", "dtype",
+"probability": {fault: p}, "eta_s", "t", "reason": "risk"|"forecast", "known", ...}; unknown extra keys are kept, missing ones tolerated.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def table(warnings: list[dict[str, Any]]) -> pd.DataFrame:
             "stream": str(w.get("stream", "?")), "op": w.get("op"), "variant": w.get("variant"), "dtype": w.get("dtype"),
             "risk": r, "fault_type": ft,
             "eta_s": float(eta) if isinstance(eta, (int, float)) and math.isfinite(eta) else None,
-            "known": w.get("known"),
+            "known": w.get("known"), "reason": w.get("reason"),
         })
-    cols = ["seq", "t", "stream", "op", "variant", "dtype", "risk", "fault_type", "eta_s", "known"]
+    cols = ["seq", "t", "stream", "op", "variant", "dtype", "risk", "fault_type", "eta_s", "known", "reason"]
     return pd.DataFrame(rows, columns=cols)

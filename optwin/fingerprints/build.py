@@ -118,6 +118,8 @@ class BuildResult:
     shards_skipped: int
     duration_s: float
     summary: list[dict[str, Any]]  # per (op, variant, dtype): cases, replays, rejected, fault rates
+    run_s: float = 0.0  # running the shards (this invocation)
+    gather_s: float = 0.0  # gather + aggregate + commit into the database
 
 
 def validate_config(cfg: BuildConfig) -> None:
@@ -236,6 +238,15 @@ def _summarise(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(out, key=lambda r: (r["op"], r["variant"], r["dtype"]))
 
 
+def check_inputs(cfg: BuildConfig) -> None:
+    """Everything that can be refused before work starts: options, profile, the target's schema version."""
+    from optwin.fingerprints.store import open_store
+
+    validate_config(cfg)
+    if os.path.exists(cfg.out):
+        open_store(cfg.out, read_only=True).close()
+
+
 def build(cfg: BuildConfig, on_start: Callable[[int, int], None] | None = None,
           on_shard: Callable[[dict[str, Any]], None] | None = None) -> BuildResult:
     """Run a whole build (see the module docstring). Callbacks feed the progress display:
@@ -246,9 +257,7 @@ def build(cfg: BuildConfig, on_start: Callable[[int, int], None] | None = None,
     from optwin.twin import TWIN_VERSION
 
     t0 = time.perf_counter()
-    validate_config(cfg)
-    if os.path.exists(cfg.out):  # fail fast on a database of another schema version
-        open_store(cfg.out, read_only=True).close()
+    check_inputs(cfg)  # fail fast: bad options, profile, or a database of another schema version
     specs = plan_shards(cfg)
     tmp = f"{cfg.out}.tmp-{os.getpid()}"
     try:
@@ -256,7 +265,9 @@ def build(cfg: BuildConfig, on_start: Callable[[int, int], None] | None = None,
         todo = [s for s in specs if not os.path.exists(shard_path(cfg.work_dir, s.shard_id))]
         if on_start:
             on_start(len(specs), len(specs) - len(todo))
+        t_run = time.perf_counter()
         run_shards(cfg.engine, todo, cfg.work_dir, cfg.n_workers, on_shard or (lambda s: None), cfg.address)
+        run_s = time.perf_counter() - t_run
         summaries = []
         for s in specs:
             with open(summary_path(cfg.work_dir, s.shard_id)) as f:
@@ -279,6 +290,8 @@ def build(cfg: BuildConfig, on_start: Callable[[int, int], None] | None = None,
             store.close()
         os.replace(tmp, cfg.out)
         shutil.rmtree(cfg.work_dir, ignore_errors=True)
+    except DatabaseError as e:  # name the target, not our private temporary copy
+        raise DatabaseError(str(e).replace(tmp, cfg.out)) from None
     except OptwinError:
         raise
     except Exception as e:
@@ -290,5 +303,6 @@ def build(cfg: BuildConfig, on_start: Callable[[int, int], None] | None = None,
         for p in (tmp, tmp + ".wal"):
             if os.path.exists(p):
                 os.remove(p)
-    return BuildResult(manifest["build_id"], cfg.out, counts["cases"], counts["replays"], counts["fingerprints"],
-                       len(todo), len(specs) - len(todo), time.perf_counter() - t0, _summarise(summaries))
+    return BuildResult(manifest["build_id"], cfg.out, int(counts["cases"]), int(counts["replays"]), int(counts["fingerprints"]),
+                       len(todo), len(specs) - len(todo), time.perf_counter() - t0, _summarise(summaries), run_s,
+                       counts["gather_s"] + counts["aggregate_s"] + counts["commit_s"])

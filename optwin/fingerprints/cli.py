@@ -30,16 +30,18 @@ def build_command(
     """Replay the twins over a profile or the default sweep and write the fault-fingerprint database."""
     from rich.console import Console
 
-    from optwin.fingerprints.build import BuildConfig, build
+    from optwin.fingerprints.build import BuildConfig, build, check_inputs
     from optwin.fingerprints.progress import BuildProgress, print_summary
 
     op_list = tuple(o.strip() for item in (ops or []) for o in item.split(",") if o.strip()) or None
     cfg = BuildConfig(out=out, profile=profile, ops=op_list, replays=replays, cases=cases, noise=noise, engine=engine,
                       address=address, quick=quick, resume=resume, seed=seed, workers=workers)
+    check_inputs(cfg)  # one `error:` line before any progress output
     console = Console(stderr=True)
     with BuildProgress(console) as progress:
         result = build(cfg, on_start=progress.start, on_shard=progress.advance)
-    print_summary(Console(), result)
+    stdout = Console()
+    print_summary(stdout if stdout.is_terminal else Console(width=160), result)
 
 
 def migrate_command(db: str = typer.Argument(..., help="Fingerprint database to upgrade in place.")) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import time
 from typing import Any, Iterable, Sequence
 
 import duckdb
@@ -84,7 +85,7 @@ class DuckDBStore(FingerprintStore):
         try:
             cur = self.conn.execute(sql, list(params))
             if as_arrow:
-                return cur.fetch_arrow_table()
+                return cur.to_arrow_table() if hasattr(cur, "to_arrow_table") else cur.fetch_arrow_table()
             cols = [d[0] for d in cur.description]
             return [dict(zip(cols, row)) for row in cur.fetchall()]
         except duckdb.Error as e:
@@ -160,7 +161,7 @@ class DuckDBStore(FingerprintStore):
                 self._conn = None
 
     # ---- write side ----
-    def add_build(self, build: dict[str, Any], shard_files: Iterable[str]) -> dict[str, int]:
+    def add_build(self, build: dict[str, Any], shard_files: Iterable[str]) -> dict[str, float]:
         if self.read_only:
             raise DatabaseError(f"{self.path}: opened read-only; cannot add a build")
         files = sorted(set(shard_files))
@@ -168,6 +169,7 @@ class DuckDBStore(FingerprintStore):
         c = self.conn
         case_cols = [col for col, _, _ in TABLES["cases"] if col != "build_id"]
         out_cols = [col for col, _, _ in TABLES["outcomes"] if col != "build_id"]
+        t0 = time.perf_counter()
         try:
             c.execute("BEGIN")
             if c.execute("SELECT count(*) FROM builds WHERE build_id = ?", [bid]).fetchone()[0]:
@@ -183,6 +185,7 @@ class DuckDBStore(FingerprintStore):
                           + _empty_staging_sql() + ") WHERE false")
             c.execute(f"INSERT INTO cases SELECT ?, {', '.join(case_cols)} FROM staging", [bid])
             c.execute(f"INSERT INTO outcomes SELECT ?, {', '.join(out_cols)} FROM staging", [bid])
+            t1 = time.perf_counter()
             c.execute("INSERT INTO fingerprints " + aggregate.fingerprints_sql("staging"), [bid])
             c.execute("INSERT INTO representatives " + aggregate.representatives_sql("staging"), [bid])
             n_cases, n_replays = c.execute("SELECT count(*), coalesce(sum(replays), 0) FROM staging").fetchone()
@@ -193,6 +196,7 @@ class DuckDBStore(FingerprintStore):
             n_fp = c.execute("SELECT count(*) FROM fingerprints WHERE build_id = ?", [bid]).fetchone()[0]
             n_rep = c.execute("SELECT count(*) FROM representatives WHERE build_id = ?", [bid]).fetchone()[0]
             c.execute("DROP TABLE staging")
+            t2 = time.perf_counter()
             c.execute("COMMIT")
         except DatabaseError:
             _rollback(c)
@@ -201,7 +205,8 @@ class DuckDBStore(FingerprintStore):
             _rollback(c)
             raise driver_error(e, self.path, "writing the build") from None
         return {"cases": int(n_cases), "replays": int(n_replays), "fingerprints": int(n_fp),
-                "representatives": int(n_rep)}
+                "representatives": int(n_rep), "gather_s": t1 - t0, "aggregate_s": t2 - t1,
+                "commit_s": time.perf_counter() - t2}
 
     def checkpoint(self) -> None:
         """Fold the WAL into the file so it can be copied/renamed as one file."""

@@ -18,7 +18,7 @@ A stream is one call site (a layer's norm, an attention block) observed over tim
    feature (a fast/slow arrival band).
 4. Verdict with hysteresis: a stream enters the warning state when the call's probability reaches
    the threshold or eta_s <= horizon_s; it leaves only after `exit_calls` consecutive calls below
-   `exit_ratio * threshold` with no forecast within the horizon. No flapping, and a stationary safe
+   `exit_ratio * threshold` with no forecast within `exit_horizon_ratio * horizon_s`. No flapping, and a stationary safe
    stream never warns. `raised` marks the call that opened a warning episode.
 """
 
@@ -44,7 +44,8 @@ class ForecastConfig:
     lookahead_s: float = 300.0  # how far along the drift line eta is searched (eta None beyond)
     max_steps: int = 512  # cap on quarter-bin steps per search
     exit_ratio: float = 0.5  # leave the warning state below exit_ratio * threshold ...
-    exit_calls: int = 5  # ... for this many consecutive calls
+    exit_calls: int = 5  # ... for this many consecutive calls ...
+    exit_horizon_ratio: float = 1.5  # ... with no forecast within exit_horizon_ratio * horizon_s
 
     @staticmethod
     def preset(name: str) -> "ForecastConfig":
@@ -152,7 +153,7 @@ class Stream:
             if p >= thr or fwarn:
                 self.warning, raised, self._calm = True, True, 0
                 self.n_episodes += 1
-        elif p < thr * self.cfg.exit_ratio and not fwarn:
+        elif p < thr * self.cfg.exit_ratio and (eta is None or eta > self.cfg.horizon_s * self.cfg.exit_horizon_ratio):
             self._calm += 1
             if self._calm >= self.cfg.exit_calls:
                 self.warning, self._calm = False, 0

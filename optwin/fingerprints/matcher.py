@@ -16,6 +16,9 @@ more than a spurious warning. `Matcher.calibration()` shows how far the probabil
 trusted at that level (Brier score and a reliability table on the build's held-out cases).
 
 Sketches outside what was replayed (`known=False`): the conservative rule
+  0. the build never replayed the (op, variant, dtype) at all: `MatcherConfig.unbuilt_prior` (0.0:
+     the database says nothing about it, and warning on every call of every unbuilt op would drown
+     the real warnings; set it to 1.0 to be strict), rule "unbuilt";
   1. the sketch's region was replayed: its probabilities (`known=True`);
   2. otherwise each region feature's bin is first clamped into the triple's replayed bin range.
      If clamping moved a magnitude feature (not a shape: `SHAPE_FEATURES` are only clamped) in its
@@ -69,6 +72,7 @@ class MatcherConfig:
     threshold: float = 0.2  # warn when some fault probability >= this
     near_bins: int = 1  # rule 3: how far (in bins) a replayed neighbour may stand in for a sketch
     beyond_prior: float = 1.0  # rule 2: probability beyond the replayed range in the fault direction
+    unbuilt_prior: float = 0.0  # rule 0: a triple the build never replayed (known=False either way)
 
     @staticmethod
     def preset(name: str) -> "MatcherConfig":
@@ -89,7 +93,7 @@ class Risk:
     known: bool  # False when the sketch's region was never replayed (see the module docstring)
     sketch: dict[str, float]
     region: Region
-    rule: str = "exact"  # which rule answered: exact | beyond | near | dominating | triple-max
+    rule: str = "exact"  # which rule answered: exact | unbuilt | beyond | near | dominating | triple-max
 
     @property
     def max_probability(self) -> float:
@@ -146,7 +150,7 @@ class TripleIndex:
     def _conservative(self, region: Region, cfg: MatcherConfig) -> tuple[tuple[float, ...], str]:
         nft = len(self.fault_types)
         if not self.probs:
-            return (cfg.beyond_prior,) * nft, "beyond"
+            return (cfg.unbuilt_prior,) * nft, "unbuilt"
         clamped, beyond = [], False
         for i, (f, b) in enumerate(zip(self.features, region)):
             c = min(max(b, self.lo_bin[i]), self.hi_bin[i])

@@ -52,10 +52,18 @@ try:  # optional: 3-5x faster JSON; the stdlib serves the same bytes without it
     import orjson as _orjson
 
     def _loads(b: bytes) -> Any:
-        return _orjson.loads(b)
+        try:
+            return _orjson.loads(b)
+        except _orjson.JSONDecodeError:
+            # orjson refuses numbers beyond double range (1e400) and NaN/Infinity literals; the
+            # stdlib reads them (as inf/nan), so such records get their own error in place.
+            return json.loads(b)
 
     def _dumps(o: Any) -> bytes:
-        return _orjson.dumps(o)
+        try:
+            return _orjson.dumps(o)
+        except TypeError:  # lone surrogates in a client's strings: the stdlib escapes them
+            return json.dumps(o, separators=(",", ":")).encode()
 except ImportError:  # pragma: no cover - depends on the environment
     _orjson = None
 
@@ -70,7 +78,7 @@ log = logging.getLogger("optwin.sidecar")
 _INF = math.inf
 _LAT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0)
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
-            411: "Length Required", 413: "Payload Too Large", 431: "Request Header Fields Too Large",
+            411: "Length Required", 500: "Internal Server Error", 413: "Payload Too Large", 431: "Request Header Fields Too Large",
             503: "Service Unavailable"}
 
 
@@ -434,10 +442,19 @@ class Sidecar:
                     await self._send(writer, 431, b'{"error": "request head too large"}', close=True)
                     return
                 t0 = time.perf_counter()
-                keep = await self._request(head, reader, writer, t0)
+                try:
+                    keep = await self._request(head, reader, writer, t0)
+                except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+                    raise
+                except Exception as e:  # a bug must cost one request, not the server
+                    log.exception("request failed")
+                    msg = json.dumps({"error": f"internal error: {type(e).__name__}"}).encode()
+                    await self._send(writer, 500, msg, close=True)
+                    self.state.metrics.request("other", 500, time.perf_counter() - t0)
+                    return
                 if not keep:
                     return
-        except (ConnectionError, asyncio.CancelledError):
+        except (ConnectionError, asyncio.CancelledError, asyncio.IncompleteReadError):
             return
         finally:
             try:

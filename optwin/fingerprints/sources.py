@@ -79,22 +79,30 @@ def profile_ops(path: str) -> set[str]:
 
 
 def _profile_tensors(path: str, op: str, dtype: str, n_cases: int) -> list[GenCase]:
+    """Captured inputs of `op`: those captured in `dtype` when there are any, else all (cast)."""
     prof = _profile(path)
-    getter = getattr(prof, "cases", None) or getattr(prof, "tensors", None)
-    if getter is None:
-        raise ProfileError(f"{path}: this profile has no captured tensors")
-    cases = list(getter(op))[:n_cases]
-    return _wrap(op, dtype, cases)
+    cases = prof.samples(op=op, dtype=dtype) or prof.samples(op=op)
+    return _wrap(op, dtype, cases[:n_cases])
+
+
+@functools.lru_cache(maxsize=2)
+def _fitted(path: str) -> Any:
+    import optwin.ingest as ingest
+
+    try:
+        fit_profile = ingest.fit_profile
+    except ImportError:  # optwin.ingest.fit not available: no fitted samples
+        return None
+    return fit_profile(_profile(path))
 
 
 def _profile_samples(path: str, op: str, dtype: str, n_cases: int, seed: int) -> list[GenCase]:
+    """Inputs sampled from the profile's fitted feature distributions (none when it cannot be fitted)."""
     import optwin.ingest as ingest
 
-    prof = _profile(path)
-    fitted = getattr(prof, "fitted", None)
-    fitted = fitted(op) if callable(fitted) else (fitted or {}).get(op) if isinstance(fitted, dict) else fitted
-    if fitted is None:
-        fitted = ingest.fit_profile(prof)[op] if hasattr(ingest, "fit_profile") else None
+    fitted = _fitted(path)
+    if isinstance(fitted, dict):
+        fitted = fitted.get(op)
     if fitted is None:
         return []
     return _wrap(op, dtype, ingest.sample_inputs(op, dtype, fitted, n_cases, seed))
@@ -106,10 +114,7 @@ def generate(source: str, op: str, dtype: str, n_cases: int, seed: int, profile:
     import optwin.ingest as ingest
 
     if source in ("default", "sweep"):
-        try:
-            gen = ingest.default_sweep if source == "default" else ingest.boundary_sweep
-        except ImportError:  # TEMPORARY until optwin.ingest.generate lands: rmsnorm only
-            return _fallback(op, dtype, n_cases, seed + (0 if source == "default" else 7919))
+        gen = ingest.default_sweep if source == "default" else ingest.boundary_sweep
         return _wrap(op, dtype, gen(op, dtype, n_cases, seed))
     if source == "profile-tensor":
         return _profile_tensors(_need(profile), op, dtype, n_cases)
@@ -123,26 +128,3 @@ def _need(profile: str | None) -> str:
         raise ProfileError("a profile source needs --profile")
     return profile
 
-
-def _fallback(op: str, dtype: str, n_cases: int, seed: int) -> list[GenCase]:
-    """TEMPORARY stand-in for optwin.ingest.default_sweep (rmsnorm only): log-uniform magnitudes,
-    a few widths, optional outlier channels. Removed once ingest's generators exist."""
-    if op != "rmsnorm":
-        raise ImportError(f"no case generator for {op} yet (optwin.ingest.generate is missing)")
-    from optwin.validation import torch_dtype
-
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for i in range(n_cases):
-        hidden = int((16, 64, 256, 1024)[int(torch.randint(0, 4, (1,), generator=g))])
-        rows = int(torch.randint(1, 9, (1,), generator=g))
-        scale = float(10 ** (torch.rand(1, generator=g) * 8 - 3))  # 1e-3 .. 1e5
-        x = torch.randn(rows, hidden, generator=g, dtype=torch.float64) * scale  # (rows, hidden)
-        family = "gaussian"
-        if i % 3 == 0:
-            x[:, 0] *= 30.0  # one outlier channel
-            family = "outlier-channel"
-        x = x.clamp(-6e4, 6e4) if dtype == "float16" else x
-        w = torch.ones(hidden, dtype=torch.float64)  # (hidden,)
-        out.append(GenCase({"x": x.to(torch_dtype(dtype)), "weight": w.to(torch_dtype(dtype))}, {}, family, i))
-    return out

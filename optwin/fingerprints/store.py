@@ -82,14 +82,14 @@ class FingerprintStore(abc.ABC):
 
     # ---- write side (builder, migrate) ----
     @abc.abstractmethod
-    def add_build(self, build: dict[str, Any], shard_files: Iterable[str]) -> dict[str, int]:
+    def add_build(self, build: dict[str, Any], shard_files: Iterable[str]) -> dict[str, float]:
         """Gather a build's shard files into cases/outcomes, aggregate its fingerprints and
         representatives, and record its `builds` row, all in one transaction.
 
         `build` holds the `builds` columns except n_cases/n_replays (computed here). Shard files
         (Parquet, one row per case: case and outcome columns plus `f0..f3`, the region feature
-        values) are deduplicated by shard and case_id. Returns counts: cases, fingerprints,
-        representatives.
+        values) are deduplicated by shard and case_id. Returns counts (cases, replays, fingerprints,
+        representatives) and timings in seconds (gather_s, aggregate_s, commit_s).
         """
 
     def __enter__(self) -> "FingerprintStore":

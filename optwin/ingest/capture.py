@@ -60,7 +60,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from optwin.ingest.sketch import SKETCH_FEATURES, sketch_tensor
+from optwin.ingest.sketch import SKETCH_FEATURES, WeightCache, sketch_tensor
 
 
 @dataclass(frozen=True)
@@ -99,6 +99,11 @@ class _Pending:
     values: torch.Tensor  # float64 [n_features] on the inputs' device
 
 
+# Shared by every capture in the process: entries are checked by identity and _version, so a
+# changed or freed weight is never served stale statistics.
+_WEIGHTS = WeightCache()
+
+
 def _dtype_name(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
@@ -129,6 +134,7 @@ class Recorder:
         self.last_positions: torch.Tensor | None = None
         self.last_base: float | None = None
         self._records: list[dict[str, Any]] | None = None
+        self._weights = _WEIGHTS  # weight statistics are reduced once, not on every call
 
     # -- context ------------------------------------------------------------------------------
 
@@ -151,7 +157,7 @@ class Recorder:
         params = params or {}
         try:
             with torch._C.DisableTorchFunction():  # our own reductions must not re-enter the mode
-                _, values = sketch_tensor(op, inputs, params)
+                _, values = sketch_tensor(op, inputs, params, cache=self._weights)
         except Exception as e:  # noqa: BLE001  a capture must never break the model it watches
             self.skipped[f"{op}: {type(e).__name__}: {str(e)[:120]}"] += 1
             return

@@ -151,26 +151,58 @@ def _leading(rng: np.random.Generator, rows: int) -> tuple[int, ...]:
     return (rows,)
 
 
+# ----------------------------------------------------------------------------- row construction
+
+
+def split_product(p: float, a: float, d: int) -> tuple[float, float, float, float | None]:
+    """Norms (n1, n2) with n1 * n2 = p for two row sets of width d whose overall max |x| is a.
+
+    A row of width d with max |x| = a has a 2-norm within [a, a sqrt(d)]. Returns (n1, n2, a1, a2):
+    the max norms and per-set absmax targets (a2 None: unconstrained, it stays below n2 < a).
+    When p > a^2 d no rows can hold both targets: the product wins and absmax grows.
+    """
+    lo, hi = a, a * math.sqrt(max(d, 1))
+    g = math.sqrt(p)
+    if lo <= g <= hi:
+        return g, g, a, a
+    if g < lo:
+        return a, p / a, a, None
+    return g, g, g / math.sqrt(max(d, 1)), g / math.sqrt(max(d, 1))
+
+
+def rows_with(rng: np.random.Generator, family: str, shape: tuple[int, ...], max_norm: float,
+              absmax: float | None = None) -> np.ndarray:
+    """Values of `family` whose rows (last dim) have max 2-norm `max_norm` and, when given, whose
+    max |x| is `absmax`. One random row carries both targets (one spike of size absmax, the rest of
+    equal magnitude; the norm is clamped into [absmax, absmax sqrt(d)] where it must be); the other
+    rows keep the family's shape, scaled to 0.3..1 of the max norm and clipped at absmax."""
+    z = _nonzero(values(rng, family, shape)).reshape(-1, shape[-1])  # (rows, d)
+    rows, d = z.shape
+    nz = np.linalg.norm(z, axis=1, keepdims=True)
+    z = z / np.where(nz > 0, nz, 1) * (max_norm * rng.uniform(0.3, 1.0, size=(rows, 1)))
+    r0 = int(rng.integers(rows))
+    if absmax is None:
+        z[r0] *= max_norm / max(np.linalg.norm(z[r0]), 1e-300)
+        return z.reshape(shape)
+    z = np.clip(z, -absmax, absmax)
+    n = min(max(max_norm, absmax), absmax * math.sqrt(d))
+    b = math.sqrt(max(n * n - absmax * absmax, 0.0) / max(d - 1, 1))
+    z[r0] = rng.choice([-1.0, 1.0], size=d) * b
+    z[r0, int(rng.integers(d))] = absmax * rng.choice([-1.0, 1.0])
+    return z.reshape(shape)
+
+
 # ----------------------------------------------------------------------------- constructors
 
 
 def make_rmsnorm(rng: np.random.Generator, dtype: torch.dtype, *, rows: int, hidden: int, family: str,
                  absmax: float, max_row_rms: float | None = None, weight_absmax: float | None = None) -> Case:
     """x [rows, hidden] with max|x| = absmax (and max row rms = max_row_rms when given)."""
-    z = _nonzero(values(rng, family, (rows, hidden)))
     if max_row_rms is None:
+        z = _nonzero(values(rng, family, (rows, hidden)))
         x = z * (absmax / np.abs(z).max())
-    else:
-        # Row 0 hits both targets: one spike `absmax`, the rest equal magnitude b, so that
-        # (absmax^2 + (H-1) b^2) / H = R^2 (feasible for R <= absmax <= sqrt(H) R; else clamp).
-        r = min(max(max_row_rms, absmax / math.sqrt(hidden)), absmax)
-        b = math.sqrt(max(hidden * r * r - absmax * absmax, 0.0) / max(hidden - 1, 1))
-        row_rms = np.sqrt((z * z).mean(-1, keepdims=True))  # (rows, 1)
-        x = z / np.where(row_rms > 0, row_rms, 1) * (r * rng.uniform(0.3, 1.0, size=(rows, 1)))
-        x = np.clip(x, -absmax, absmax)
-        x[0] = rng.choice([-1.0, 1.0], size=hidden) * b
-        x[0, int(rng.integers(hidden))] = absmax * rng.choice([-1.0, 1.0])
-        x = x[rng.permutation(rows)]
+    else:  # both targets exact where feasible: rms <= absmax <= sqrt(hidden) rms
+        x = rows_with(rng, family, (rows, hidden), max_row_rms * math.sqrt(hidden), absmax)
     wa = weight_absmax if weight_absmax is not None else (loguniform(rng, 0.5, 4.0) if rng.random() < 0.5 else 1.0)
     w = 1.0 + 0.1 * rng.standard_normal(hidden)
     w = w * (wa / np.abs(w).max())
@@ -214,11 +246,13 @@ def make_softmax(rng: np.random.Generator, dtype: torch.dtype, *, rows: int, n: 
 
 def make_rope(rng: np.random.Generator, dtype: torch.dtype, *, seq: int, heads: int, d: int, family: str,
               max_pos: int, absmax: float, base: float = 10000.0) -> Case:
-    """x [seq, heads, d] with max|x| = absmax, positions max_pos-seq+1 .. max_pos (decoding at depth)."""
+    """x [seq, heads, d] with max|x| = absmax and max position exactly max_pos."""
     z = _nonzero(values(rng, family, (seq, heads, d)))
     x = z * (absmax / np.abs(z).max())
-    start = max(int(max_pos) - seq + 1, 0)
-    pos = torch.arange(start, start + seq, dtype=torch.int64)
+    if max_pos >= seq - 1:  # one sequence decoding at depth: max_pos-seq+1 .. max_pos
+        pos = torch.arange(int(max_pos) - seq + 1, int(max_pos) + 1, dtype=torch.int64)
+    else:  # a flattened batch of short sequences (what capture records): 0..max_pos repeated
+        pos = torch.arange(seq, dtype=torch.int64) % (int(max_pos) + 1)
     return Case({"x": to_tensor(x, dtype), "positions": pos}, {"base": float(base)}, family)
 
 
@@ -229,15 +263,21 @@ def make_attention(rng: np.random.Generator, dtype: torch.dtype, *, batch: int, 
 
     aligned: some keys point along some queries, so real scores approach the bound (peaked rows).
     """
-    q = _nonzero(values(rng, family, (batch, heads, seq_q, d)))
-    k = _nonzero(values(rng, family, (batch, heads, seq_k, d)))
-    if aligned:
-        nk = max(1, seq_k // 8)
-        src = q[:, :, rng.integers(0, seq_q, size=nk)]  # (batch, heads, nk, d)
-        k[:, :, rng.choice(seq_k, size=nk, replace=False)] = src * np.linalg.norm(k, axis=-1).max() / np.maximum(
-            np.linalg.norm(src, axis=-1, keepdims=True), 1e-300)
-    nq, nkk = np.linalg.norm(q, axis=-1).max(), np.linalg.norm(k, axis=-1).max()
-    alpha, beta = _solve_pair_scale(score_bound * math.sqrt(d), nq, nkk, absmax, np.abs(q).max(), np.abs(k).max())
+    if absmax is not None and not aligned:
+        nq, nk, aq, ak = split_product(score_bound * math.sqrt(d), absmax, d)
+        q = rows_with(rng, family, (batch, heads, seq_q, d), nq, aq)
+        k = rows_with(rng, family, (batch, heads, seq_k, d), nk, ak)
+        alpha = beta = 1.0
+    else:
+        q = _nonzero(values(rng, family, (batch, heads, seq_q, d)))
+        k = _nonzero(values(rng, family, (batch, heads, seq_k, d)))
+        if aligned:
+            nk = max(1, seq_k // 8)
+            src = q[:, :, rng.integers(0, seq_q, size=nk)]  # (batch, heads, nk, d)
+            k[:, :, rng.choice(seq_k, size=nk, replace=False)] = src * np.linalg.norm(k, axis=-1).max() / np.maximum(
+                np.linalg.norm(src, axis=-1, keepdims=True), 1e-300)
+        nq, nkk = np.linalg.norm(q, axis=-1).max(), np.linalg.norm(k, axis=-1).max()
+        alpha, beta = _solve_pair_scale(score_bound * math.sqrt(d), nq, nkk, absmax, np.abs(q).max(), np.abs(k).max())
     v = rng.standard_normal((batch, heads, seq_k, d)) * v_scale
     causal = bool(causal and seq_q == seq_k)
     tag = family + ("+aligned" if aligned else "") + ("+causal" if causal else "")
@@ -283,9 +323,11 @@ def make_geodesic(rng: np.random.Generator, dtype: torch.dtype, *, n: int, famil
     the only way tiny separations survive the cast to float32.
     """
     med = max(median_sep_deg, min_sep_deg)
-    sep = np.minimum(med * np.exp(rng.normal(0.0, 0.8, size=n)), 180.0)
+    z = rng.normal(0.0, 0.8, size=n)
+    z -= np.sort(z)[(n - 1) // 2]  # lower median of z is 0: the lower median of sep is `med`
+    sep = np.minimum(med * np.exp(z), 180.0)
     sep = np.maximum(sep, min_sep_deg)
-    sep[int(rng.integers(n))] = min_sep_deg
+    sep[int(np.argmin(sep))] = min_sep_deg
     if family == "antipodal":
         sep = 180.0 - np.minimum(sep, 180.0)  # distance from the antipode instead
     if near_origin:
@@ -305,12 +347,18 @@ def make_matmul(rng: np.random.Generator, dtype: torch.dtype, *, m: int, k: int,
 
     aligned: a column of b points along a row of a, so |a @ b| actually reaches the bound.
     """
-    a = _nonzero(values(rng, family, (m, k)))
-    b = _nonzero(values(rng, "normal" if family == "outlier" else family, (k, n)))
-    if aligned:
-        b[:, int(rng.integers(n))] = a[int(rng.integers(m))]
-    ra, cb = np.linalg.norm(a, axis=1).max(), np.linalg.norm(b, axis=0).max()
-    alpha, beta = _solve_pair_scale(out_bound, ra, cb, absmax, np.abs(a).max(), np.abs(b).max())
+    if absmax is not None and not aligned:
+        na, nb, aa, ab = split_product(out_bound, absmax, k)
+        a = rows_with(rng, family, (m, k), na, aa)
+        b = rows_with(rng, "normal" if family == "outlier" else family, (n, k), nb, ab).T  # columns of b
+        alpha = beta = 1.0
+    else:
+        a = _nonzero(values(rng, family, (m, k)))
+        b = _nonzero(values(rng, "normal" if family == "outlier" else family, (k, n)))
+        if aligned:
+            b[:, int(rng.integers(n))] = a[int(rng.integers(m))]
+        ra, cb = np.linalg.norm(a, axis=1).max(), np.linalg.norm(b, axis=0).max()
+        alpha, beta = _solve_pair_scale(out_bound, ra, cb, absmax, np.abs(a).max(), np.abs(b).max())
     return Case({"a": to_tensor(a * alpha, dtype), "b": to_tensor(b * beta, dtype)}, {},
                 family + ("+aligned" if aligned else ""))
 

@@ -70,7 +70,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from numbers import Real
-from typing import Any
+import weakref
+from typing import Any, Callable
 
 import torch
 
@@ -290,31 +291,174 @@ _OPS = {
 _MAIN = {"rmsnorm": "x", "softmax": "x", "rope": "x", "attention": "q", "layernorm": "x", "geodesic": "lat1", "matmul": "a"}
 
 
+# ----------------------------------------------------------------------------- CPU fast path
+#
+# On CPU a host sync is free, so the common case (every element finite, magnitudes well inside
+# float32's range) skips the float64 copy and the masking passes: one aminmax and one row-norm pass
+# per input, in the input's precision (half types upcast to float32). Anything else (non-finite
+# elements, |x| outside (1e-18, 1e18) where float32 squares under/overflow, layernorm rows with
+# |mean|/std > 100 where float32 variance loses digits) falls back to the exact float64 path above.
+# The two paths agree to float32 rounding (tested); CUDA always takes the float64 path (no sync).
+
+_FAST_LO, _FAST_HI = 1e-18, 1e18
+
+
+class WeightCache:
+    """Memo of per-tensor statistics for weights (nn.Parameter or views of one), keyed by identity
+    and `_version`, so a capture does not re-reduce a static [k, n] weight on every call."""
+
+    def __init__(self) -> None:
+        self._d: dict[tuple, tuple[weakref.ref, int, Any]] = {}
+
+    def get(self, t: torch.Tensor, kind: str, fn: Callable[[], Any]) -> Any:
+        base = t if t._base is None else t._base
+        if not isinstance(base, torch.nn.Parameter):
+            return fn()
+        key = (id(base), kind, tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype)
+        hit = self._d.get(key)
+        if hit is not None and hit[0]() is base and hit[1] == base._version:
+            return hit[2]
+        val = fn()
+        self._d[key] = (weakref.ref(base), base._version, val)
+        return val
+
+
+def _f32(x: torch.Tensor) -> torch.Tensor:
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()
+
+
+def _dense(x: torch.Tensor) -> torch.Tensor:
+    """A contiguous alias of x when one exists (x.T of a weight): whole-tensor reductions over a
+    strided view are ~40x slower on CPU, and max |x| does not depend on the layout."""
+    if x.is_contiguous() or x.ndim != 2:
+        return x
+    return x.T if x.T.is_contiguous() else x
+
+
+def _fast_amax(x: torch.Tensor) -> float | None:
+    """max |x| if every element is finite and within the fast range (or exactly 0), else None."""
+    if x.numel() == 0:
+        return None
+    mn, mx = torch.aminmax(_f32(_dense(x)))
+    a = max(-float(mn), float(mx))
+    if not math.isfinite(a) or (a != 0.0 and not _FAST_LO < a < _FAST_HI):
+        return None
+    return a
+
+
+def _fast_rows(x: torch.Tensor) -> tuple[float, torch.Tensor] | None:
+    """(absmax, float64 2-norms along the last dim) or None to fall back."""
+    a = _fast_amax(x)
+    if a is None:
+        return None
+    return a, torch.linalg.vector_norm(_f32(x), dim=-1).to(_F64)
+
+
+def _fast_rmsnorm(t: dict[str, torch.Tensor], params: dict[str, Any], cache: WeightCache | None) -> dict[str, Any] | None:
+    x, w = t["x"], t["weight"]
+    rx = _fast_rows(x)
+    wa = _fast_amax(w)
+    if rx is None or wa is None:
+        return None
+    a, rn = rx
+    h = x.shape[-1]
+    return {"absmax": a, "rms": math.sqrt(float(rn.square().sum()) / x.numel()), "nonfinite": 0.0,
+            "hidden": float(h), "max_row_rms": float(rn.amax()) / math.sqrt(h), "weight_absmax": wa}
+
+
+def _fast_matmul(t: dict[str, torch.Tensor], params: dict[str, Any], cache: WeightCache | None) -> dict[str, Any] | None:
+    a, b = t["a"], t["b"]
+    ra = _fast_rows(a)
+
+    def bstats() -> tuple[float, float] | None:
+        ba = _fast_amax(b)
+        if ba is None:
+            return None
+        bt = b.T  # column norms of b = row norms of b.T (contiguous for b = W.T: the fast layout)
+        return ba, float(torch.linalg.vector_norm(_f32(bt), dim=-1).amax())
+
+    bs = cache.get(b, "matmul.b", bstats) if cache is not None else bstats()
+    if ra is None or bs is None:
+        return None
+    aa, rn = ra
+    ba, cn = bs
+    return {"absmax": max(aa, ba), "rms": math.sqrt(float(rn.square().sum()) / a.numel()), "nonfinite": 0.0,
+            "m": float(a.shape[0]), "k": float(a.shape[1]), "n": float(b.shape[1]), "out_bound": float(rn.amax()) * cn,
+            "b_absmax": ba}
+
+
+def _fast_attention(t: dict[str, torch.Tensor], params: dict[str, Any], cache: WeightCache | None) -> dict[str, Any] | None:
+    q, k, v = t["q"], t["k"], t["v"]
+    rq, rk, va = _fast_rows(q), _fast_rows(k), _fast_amax(v)
+    if rq is None or rk is None or va is None:
+        return None
+    batch, heads, seq_q, d = q.shape
+    sq = float(rq[1].square().sum()) + float(rk[1].square().sum())
+    return {"absmax": max(rq[0], rk[0]), "rms": math.sqrt(sq / (q.numel() + k.numel())), "nonfinite": 0.0,
+            "batch": float(batch), "heads": float(heads), "seq_q": float(seq_q), "seq_k": float(k.shape[2]), "d": float(d),
+            "causal": float(bool(params["causal"])),
+            "score_bound": float(rq[1].amax()) * float(rk[1].amax()) / math.sqrt(max(d, 1)), "v_absmax": va}
+
+
+def _fast_layernorm(t: dict[str, torch.Tensor], params: dict[str, Any], cache: WeightCache | None) -> dict[str, Any] | None:
+    x = t["x"]
+    a, wa, ba = _fast_amax(x), _fast_amax(t["weight"]), _fast_amax(t["bias"])
+    if a is None or wa is None or ba is None:
+        return None
+    r = _row_view(_f32(x))  # (rows, hidden)
+    mean = r.mean(-1, keepdim=True)  # (rows, 1); two-pass: centered norms, no cancellation
+    std = torch.linalg.vector_norm(r - mean, dim=-1).to(_F64) / math.sqrt(r.shape[-1])  # (rows,)
+    mean = mean.squeeze(-1).to(_F64)
+    am = mean.abs()
+    if not bool((std > 0).all()):
+        return None
+    ratio = float((am / std).amax())
+    if not ratio <= 100.0:  # float32 variance loses digits as |mean|/std grows: exact path
+        return None
+    ms = float((std.square() + mean.square()).mean())  # mean of x^2 (rows have equal length)
+    return {"absmax": a, "rms": math.sqrt(max(ms, 0.0)), "nonfinite": 0.0, "hidden": float(x.shape[-1]),
+            "max_mean_over_std": ratio, "min_row_std": float(std.amin()), "weight_absmax": wa, "bias_absmax": ba}
+
+
+_FAST: dict[str, Callable[..., dict[str, Any] | None]] = {
+    "rmsnorm": _fast_rmsnorm, "matmul": _fast_matmul, "attention": _fast_attention, "layernorm": _fast_layernorm,
+}
+
+
 # ----------------------------------------------------------------------------- public
 
 
-def sketch_tensor(op: str, inputs: Mapping[str, torch.Tensor], params: dict[str, Any] | None = None
-                  ) -> tuple[tuple[str, ...], torch.Tensor]:
+def sketch_tensor(op: str, inputs: Mapping[str, torch.Tensor], params: dict[str, Any] | None = None,
+                  *, cache: WeightCache | None = None, exact: bool = False) -> tuple[tuple[str, ...], torch.Tensor]:
     """(feature names, float64 tensor of their values) on the inputs' device, without a host sync.
 
     Raises CatalogError for an unknown op or param, InputError for missing/extra inputs, non-tensors,
     wrong ndim, empty inputs or disagreeing shapes.
+
+    cache: a WeightCache reused across calls (capture passes one) to memoize weight statistics.
+    exact: skip the CPU fast path (tests compare the two).
     """
     spec = operator(op)
     # Shared checks (optwin.validation): names, tensor types, ndims, cross-input shapes. Dtypes
     # and values are not errors for a sketch: non-finite values are what `nonfinite` counts.
     check_names(spec, inputs)
     check_shapes(spec, inputs)
-    t = {name: inputs[name] for name in spec.input_names()}
+    t = {name: inputs[name].detach() for name in spec.input_names()}  # never build autograd graphs
     p = resolve_params(op, params)
-    vals = _OPS[op](t, p)
     main = t[_MAIN[op]]
+    vals = None
+    if not exact and main.device.type == "cpu" and op in _FAST:
+        vals = _FAST[op](t, p, cache)
+    if vals is None:
+        vals = _OPS[op](t, p)
     vals["numel"] = float(main.numel())
     vals["rows"] = float(main.shape[0]) if op == "geodesic" else float(math.prod(main.shape[:-1]))
     names = SKETCH_FEATURES[op]
     device = main.device
     host = [i for i, nm in enumerate(names) if not isinstance(vals[nm], torch.Tensor)]
     dev = [i for i, nm in enumerate(names) if isinstance(vals[nm], torch.Tensor)]
+    if not dev:  # CPU fast path: every value is already a host float
+        return names, torch.tensor([float(vals[nm]) for nm in names], dtype=_F64)
     out = torch.empty(len(names), dtype=_F64, device=device)
     # One host->device copy for the shape features, one stack for the reductions.
     out[host] = torch.tensor([float(vals[names[i]]) for i in host], dtype=_F64).to(device, non_blocking=True)

@@ -18,8 +18,18 @@ from optwin.errors import InputError
 # Largest row a single program holds in registers (BLOCK >= n, next power of two).
 MAX_BLOCK = 65536
 
+# Under TRITON_INTERPRET=1 (CPU tests) the kernels use one tl.max/tl.sum per partial instead of a
+# combined multi-operand tl.reduce: same values (same reduction per partial), numpy-fast.
+INTERPRET: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
+
 # Largest finite float32; |h| <= FMAX is false for NaN and ±inf, so it is the finiteness test.
 FMAX: tl.constexpr = tl.constexpr(3.4028234663852886e38)
+
+
+def programs_for(n_rows: int, device: torch.device) -> int:
+    """Grid of a persistent kernel: at most 4 programs per SM (one row each in flight), >= 1."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    return max(1, min(n_rows, 4 * sms))
 
 
 def launch_settings(n: int) -> tuple[int, int]:
@@ -48,16 +58,35 @@ def rows_view(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def _max_sum_sum(a0, a1, a2, b0, b1, b2):
+    return tl.maximum(a0, b0), a1 + b1, a2 + b2
+
+
+@triton.jit
+def finite_lanes(h, mask):
+    """Per lane: (|h| if finite else 0, its square, 1.0 if in `mask` and NaN/±inf else 0.0)."""
+    ah = tl.abs(h)
+    fin = mask & (ah <= FMAX)  # NaN compares false
+    a = tl.where(fin, ah, 0.0)
+    return a, a * a, tl.where(fin, 0.0, tl.where(mask, 1.0, 0.0))
+
+
+@triton.jit
+def reduce_partials(a, q, nf):
+    """(max a, sum q, sum nf) over every axis in ONE reduction tree: one cross-warp exchange for
+    the three values instead of three (separate tl.max/tl.sum calls each pay a barrier)."""
+    if INTERPRET:  # the interpreter's multi-operand reduce is per-element Python (and rejects axis=None)
+        return tl.max(a), tl.sum(q), tl.sum(nf)
+    else:
+        return tl.reduce((a, q, nf), None, _max_sum_sum)
+
+
+@triton.jit
 def finite_partials(h, mask):
     """(largest finite |h|, sum of finite h*h, count of NaN/±inf) over the lanes in `mask`.
 
-    h is a float32 block of any rank (reduced over all axes); all three are float32 tree reductions. Non-finite lanes are
+    h is a float32 block of any rank; fp32, one combined tree reduction. Non-finite lanes are
     zeroed before squaring, so one NaN does not erase the row's magnitude.
     """
-    ah = tl.abs(h)
-    fin = mask & (ah <= FMAX)  # NaN compares false
-    hf = tl.where(fin, h, 0.0)
-    absmax = tl.max(tl.where(fin, ah, 0.0))
-    sumsq = tl.sum(hf * hf)
-    nonfin = tl.sum(tl.where(mask, 1.0, 0.0)) - tl.sum(tl.where(fin, 1.0, 0.0))
-    return absmax, sumsq, nonfin
+    a, q, nf = finite_lanes(h, mask)
+    return reduce_partials(a, q, nf)

@@ -9,8 +9,8 @@ Numerics (what optwin.twin's rmsnorm/triton models), per row of n = hidden eleme
     r = rsqrt(v + eps)                 # eps as an fp32 scalar; rsqrt is approximate (rsqrt.approx.f32
                                        # on NVIDIA, ~2 ulp), the interpreter uses 1/sqrt in numpy
     y = (h * r * w.float()).to(dtype)  # fp32 products left to right, one rounding to dtype
-Memory: read rows*n (x) + n per program (weight, L2-resident), write rows*n (y); with the sketch
-also write (rows + 1) * 3 floats.
+Memory: read rows*n (x) + n per program (weight, once per persistent program), write rows*n (y);
+with the sketch also write (rows + 1) * 3 floats.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from optwin.catalog import CATALOG
-from optwin.kernels._common import check_device, finite_partials, launch_settings, rows_view
+from optwin.kernels._common import check_device, finite_partials, launch_settings, programs_for, rows_view
 from optwin.kernels.sketch_buffer import LAYOUTS, n_cols, new_buffer
 
 EPS = CATALOG["rmsnorm"].constants["eps"]
@@ -43,16 +43,27 @@ def _rmsnorm_kernel(
     SKETCH: tl.constexpr,
     S_COLS: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
+    # Persistent: each program loads the weight once and walks rows pid, pid + grid, ...; re-reading
+    # the weight per row costs as much L2 traffic as x itself. Each row is still reduced by one
+    # program in one tree, so the numerics do not depend on the grid.
+    pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
-    if row < n_rows:
+    w = tl.load(W_ptr + cols, mask=mask, other=0.0).to(tl.float32)  # read n (dtype) per program
+    if SKETCH:
+        if pid == 0:  # weight partials into the last row
+            wmax, _, wnonfin = finite_partials(w, mask)
+            sw = S_ptr + n_rows * S_COLS
+            tl.store(sw + 0, wmax)
+            tl.store(sw + 1, wnonfin)
+            tl.store(sw + 2, 0.0)
+    for r in tl.range(pid, n_rows, tl.num_programs(0)):
+        row = tl.cast(r, tl.int64)  # 64-bit offsets for tensors past 2^31 elements
         x = tl.load(X_ptr + row * X_row_stride + cols, mask=mask, other=0.0)  # read n (dtype)
-        w = tl.load(W_ptr + cols, mask=mask, other=0.0)  # read n (dtype), shared by all rows: L2 hits
         h = x.to(tl.float32)
         v = tl.sum(h * h, axis=0) / n_cols  # fp32 tree sum, fp32 divide
-        r = tl.math.rsqrt(v + eps)  # approximate rsqrt
-        y = h * r * w.to(tl.float32)  # (h*r)*w in fp32
+        rs = tl.math.rsqrt(v + eps)  # approximate rsqrt
+        y = h * rs * w  # (h*r)*w in fp32
         tl.store(Y_ptr + row * Y_row_stride + cols, y.to(Y_ptr.dtype.element_ty), mask=mask)  # write n
         if SKETCH:
             absmax, sumsq, nonfin = finite_partials(h, mask)  # registers only: x is already loaded
@@ -60,27 +71,18 @@ def _rmsnorm_kernel(
             tl.store(s + 0, absmax)
             tl.store(s + 1, sumsq)
             tl.store(s + 2, nonfin)
-    else:
-        if SKETCH:  # the one extra program, launched only with SKETCH: weight partials, last row
-            w = tl.load(W_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-            wmax, _, wnonfin = finite_partials(w, mask)
-            s = S_ptr + n_rows * S_COLS
-            tl.store(s + 0, wmax)
-            tl.store(s + 1, wnonfin)
-            tl.store(s + 2, 0.0)
 
 
 def _rmsnorm_launch(
     x2: torch.Tensor, weight: torch.Tensor, y2: torch.Tensor, buf: torch.Tensor | None, eps: float
 ) -> None:
-    """Grid: one program per row (+1 for the weight partials when sketching)."""
+    """Grid: a persistent program per SM slot (programs_for), each over its share of the rows."""
     n_rows, n = x2.shape
     block, warps = launch_settings(n)
     sketch = buf is not None
-    grid = (n_rows + int(sketch),)
-    if grid[0] == 0:
+    if n_rows == 0 and not sketch:
         return
-    _rmsnorm_kernel[grid](
+    _rmsnorm_kernel[(programs_for(n_rows, x2.device),)](
         x2, x2.stride(0), weight, y2, y2.stride(0), buf if sketch else y2,
         n_rows, n, eps, BLOCK=block, SKETCH=sketch, S_COLS=S_COLS, num_warps=warps,
     )

@@ -27,7 +27,7 @@ import triton.language as tl
 
 from optwin.catalog import CATALOG
 from optwin.errors import InputError
-from optwin.kernels._common import MAX_BLOCK, check_device, finite_partials
+from optwin.kernels._common import MAX_BLOCK, check_device, finite_lanes, reduce_partials
 from optwin.kernels.production import rope_inv_freq
 from optwin.kernels.sketch_buffer import LAYOUTS, n_cols, new_buffer
 
@@ -97,12 +97,13 @@ def _rope_kernel(
     tl.store(yp, y1.to(Y_ptr.dtype.element_ty), mask=mask)  # write heads*d/2
     tl.store(yp + half, y2.to(Y_ptr.dtype.element_ty), mask=mask)  # write heads*d/2
     if SKETCH:
-        a1, q1, n1 = finite_partials(x1, mask)
-        a2, q2, n2 = finite_partials(x2, mask)
+        a1, q1, n1 = finite_lanes(x1, mask)
+        a2, q2, n2 = finite_lanes(x2, mask)
+        amax, sumsq, nonfin = reduce_partials(tl.maximum(a1, a2), q1 + q2, n1 + n2)  # one tree
         st = S_ptr + pid * S_COLS
-        tl.store(st + 0, tl.maximum(a1, a2))
-        tl.store(st + 1, q1 + q2)
-        tl.store(st + 2, n1 + n2)
+        tl.store(st + 0, amax)
+        tl.store(st + 1, sumsq)
+        tl.store(st + 2, nonfin)
         tl.store(st + 3, tl.abs(pos))  # 0 in table mode: positions unknown
 
 

@@ -21,11 +21,16 @@ import torch
 import triton
 import triton.language as tl
 
-from optwin.kernels._common import FMAX, check_device, launch_settings, rows_view
+from optwin.kernels._common import FMAX, INTERPRET, check_device, launch_settings, rows_view
 from optwin.kernels.sketch_buffer import LAYOUTS, n_cols, new_buffer
 
 S_COLS = n_cols("softmax")
 assert LAYOUTS["softmax"][0] == ("absmax", "sumsq", "nonfinite", "max", "min", "neginf")
+
+
+@triton.jit
+def _combine6(a0, a1, a2, a3, a4, a5, b0, b1, b2, b3, b4, b5):
+    return tl.maximum(a0, b0), a1 + b1, a2 + b2, tl.maximum(a3, b3), tl.minimum(a4, b4), a5 + b5
 
 
 @triton.jit
@@ -51,20 +56,27 @@ def _softmax_kernel(
     y = e / s
     tl.store(Y_ptr + row * Y_row_stride + cols, y.to(Y_ptr.dtype.element_ty), mask=mask)  # write n
     if SKETCH:
-        # Registers only. -inf is a mask (counted apart); NaN and +inf are non-finite.
+        # Registers only, one combined reduction tree for the six partials. -inf is a mask (counted
+        # apart); NaN and +inf are non-finite.
         ah = tl.abs(h)
         fin = mask & (ah <= FMAX)
-        neg = mask & (h < -FMAX)  # exactly the -inf lanes (NaN compares false)
-        hf = tl.where(fin, h, 0.0)
-        n_fin = tl.sum(tl.where(fin, 1.0, 0.0), axis=0)
-        n_neg = tl.sum(tl.where(neg, 1.0, 0.0), axis=0)
+        a = tl.where(fin, ah, 0.0)
+        nf = tl.where(fin | (h < -FMAX), 0.0, tl.where(mask, 1.0, 0.0))  # NaN, +inf
+        neg = tl.where(mask & (h < -FMAX), 1.0, 0.0)  # exactly the -inf lanes (NaN compares false)
+        hi = tl.where(fin, h, -float("inf"))
+        lo = tl.where(fin, h, float("inf"))
+        if INTERPRET:
+            amax, sumsq, nonfin = tl.max(a, 0), tl.sum(a * a, 0), tl.sum(nf, 0)
+            rmax, rmin, nneg = tl.max(hi, 0), tl.min(lo, 0), tl.sum(neg, 0)
+        else:
+            amax, sumsq, nonfin, rmax, rmin, nneg = tl.reduce((a, a * a, nf, hi, lo, neg), 0, _combine6)
         st = S_ptr + row * S_COLS
-        tl.store(st + 0, tl.max(tl.abs(hf), axis=0))
-        tl.store(st + 1, tl.sum(hf * hf, axis=0))
-        tl.store(st + 2, n_cols - n_fin - n_neg)
-        tl.store(st + 3, tl.max(tl.where(fin, h, -float("inf")), axis=0))  # -inf: no finite entry
-        tl.store(st + 4, tl.min(tl.where(fin, h, float("inf")), axis=0))
-        tl.store(st + 5, n_neg)
+        tl.store(st + 0, amax)
+        tl.store(st + 1, sumsq)
+        tl.store(st + 2, nonfin)
+        tl.store(st + 3, rmax)  # -inf: no finite entry
+        tl.store(st + 4, rmin)  # +inf: no finite entry
+        tl.store(st + 5, nneg)
 
 
 def _softmax_launch(x2: torch.Tensor, y2: torch.Tensor, buf: torch.Tensor | None) -> None:

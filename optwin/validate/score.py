@@ -269,7 +269,10 @@ def render(report: dict[str, Any], console: Any = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
+    if console is None:  # logs and pipes get a wide table instead of rich's 80-column default
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=170)
     t = Table(title=f"held-out cases vs matcher (build {report.get('build_id') or '?'}, threshold "
                     f"{_f(report.get('threshold'), '.2f')}): AUROC per fault type (positives), warn recall/precision")
     for col in ("op", "variant", "dtype", "n", "nonfinite", "prec_loss", "low_ent", "recall", "precision",

@@ -46,7 +46,7 @@ def _view() -> None:
     st.altair_chart(charts.live_risk(df.dropna(subset=["risk"])), width="stretch")
     latest = df.sort_values("seq").groupby("stream", as_index=False).last()
     st.markdown("**Per stream, latest** (eta_s: forecast seconds until the stream reaches a fault region)")
-    st.dataframe(latest[["stream", "op", "variant", "dtype", "t", "risk", "fault_type", "eta_s"]], hide_index=True)
+    st.dataframe(latest[["stream", "op", "variant", "dtype", "t", "risk", "fault_type", "eta_s", "reason"]], hide_index=True)
     st.markdown("**Warnings, newest first**")
     st.dataframe(df.sort_values("seq", ascending=False), hide_index=True)
 

@@ -1,0 +1,62 @@
+"""`optwin serve`: the online prediction sidecar (registered by optwin/cli.py; runnable alone).
+
+    python -m optwin.fingerprints.serve_cli --db fingerprints.duckdb --listen tcp://127.0.0.1:8765
+
+Imports only typer at import time; the sidecar (and with it torch and the store) loads inside.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import typer
+
+
+def serve_command(
+    db: str = typer.Option(..., "--db", help="Fingerprint database (from `optwin build`); reloaded when replaced."),
+    listen: str = typer.Option("tcp://127.0.0.1:8765", "--listen",
+                               help="tcp://HOST:PORT or unix:///path.sock; non-loopback needs --token."),
+    token: Optional[str] = typer.Option(None, "--token", envvar="OPTWIN_SIDECAR_TOKEN",
+                                        help="Require `Authorization: Bearer TOKEN` on every request."),
+    warnings_jsonl: Optional[str] = typer.Option(None, "--warnings-jsonl", help="Append every warning to this JSONL file."),
+    max_records_per_s: Optional[float] = typer.Option(None, "--max-records-per-s",
+                                                      help="Answer 503 above this record rate (default: only on overload)."),
+    log_level: str = typer.Option("INFO", "--log-level", help="Logging level of the sidecar."),
+) -> None:
+    """Serve per-call fault risk and per-stream forecasts over HTTP (POST /v1/observe, GET /v1/warnings, /metrics, /healthz)."""
+    import logging
+
+    from optwin.fingerprints.sidecar import SidecarConfig, parse_listen, serve
+
+    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    parse_listen(listen)  # a bad address fails before the database loads
+    cfg = SidecarConfig(max_records_per_s=max_records_per_s)
+    typer.echo(f"optwin serve: loading {db}", err=True)
+    serve(db, listen=listen, token=token, warnings_jsonl=warnings_jsonl, config=cfg)
+
+
+def _standalone() -> None:
+    from optwin.errors import OptwinError
+
+    app = typer.Typer(add_completion=False)
+    app.command()(serve_command)
+    try:
+        app(standalone_mode=False)
+    except OptwinError as e:
+        typer.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    except (typer.Abort, KeyboardInterrupt):
+        sys.exit(130)
+    except Exception as e:  # click usage errors
+        import click
+
+        if isinstance(e, click.ClickException):
+            e.show()
+            sys.exit(e.exit_code)
+        raise
+
+
+if __name__ == "__main__":
+    _standalone()

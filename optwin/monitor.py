@@ -1,0 +1,370 @@
+"""The in-process monitor: fault warnings for a running PyTorch model, before the faulting call.
+
+    python -c "import torch, optwin.monitor as om; m = torch.nn.LayerNorm(8); \
+print(om.monitor(m, db='fingerprints.duckdb'))"
+
+    with optwin.monitor(model, db="fingerprints.duckdb", policy="warn") as mon:
+        model(**batch)
+    mon.warnings            # the warning events so far (also on logging 'optwin.monitor')
+
+Interception reuses the capture hooks of optwin.ingest.capture (a TorchFunctionMode for softmax,
+layer_norm, rms_norm, sdpa, linear/matmul; module hooks for RMSNorm/T5LayerNorm modules; wrapped HF
+eager attention and rotary functions), with a Recorder whose `record` checks the call instead of
+storing it. Each call site is a stream ("<module path>:<op>") with its own forecaster and dynamic
+sampling (optwin.fingerprints.sampling): unsampled calls cost a counter increment, not a sketch.
+
+Policies:
+- "warn": never changes the model. Warnings go to logging ('optwin.monitor'), to callbacks and, with
+  a sidecar, to the sidecar (which forecasts server-side). On CUDA the sketch is computed on the
+  device and queued with a CUDA event; it is read on a later call once the event has completed
+  (`event.query()`), so the hot path never synchronizes. `flush()` drains the queue.
+- "fallback": when the call itself is predicted to fault (probability >= threshold), it runs in
+  float32 and the result is cast back to the call's dtype. Applies to torch-function calls and to
+  RMSNorm modules; wrapped HF functions (eager attention, rotary) only warn. Needs the verdict
+  before the call, so it reads the sketch synchronously.
+- "raise": raises FaultPredicted (an OptwinError) before the faulting call runs.
+"raise"/"fallback" need a local database (db=...); a sidecar answers asynchronously.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+import time
+import types
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+import torch
+from torch import nn
+
+from optwin.catalog import CATALOG
+from optwin.errors import CatalogError, OptwinError
+import optwin.ingest as _ingest
+from optwin.ingest.sketch import SKETCH_FEATURES, sketch_tensor
+
+# Importing the submodule binds it over the package's lazy `optwin.ingest.capture` function
+# (the import system sets the parent attribute); put the public function back.
+_cap = importlib.import_module("optwin.ingest.capture")
+_ingest.capture = _cap.capture
+
+log = logging.getLogger("optwin.monitor")
+
+POLICIES = ("warn", "fallback", "raise")
+_LOW = (torch.float16, torch.bfloat16)
+
+
+class FaultPredicted(OptwinError):
+    """policy="raise": the next call is predicted to fault; raised before it runs."""
+
+
+@dataclass
+class MonitorStats:
+    calls: int = 0  # catalog calls seen
+    checked: int = 0  # sampled, sketched and assessed
+    skipped: int = 0  # sketch refused the call (shapes), or dtype outside the catalog
+    queued: int = 0  # device sketches waiting for their event (CUDA, warn policy)
+    fallbacks: int = 0
+    raised: int = 0
+    warnings: int = 0
+
+
+class _MonitorRecorder(_cap.Recorder):
+    """A capture Recorder whose `record` checks the call (see Monitor)."""
+
+    def __init__(self, mon: "Monitor") -> None:
+        super().__init__(_cap.CaptureSettings(ops=mon.ops))
+        self.mon = mon
+        self.action: str | None = None
+        self.fallback_modules: set[int] = set()
+
+    def record(self, op: str, variant: str, inputs: dict[str, torch.Tensor], params: dict[str, Any] | None = None,
+               dtype: str | None = None, stream: str | None = None) -> None:
+        self.mon._check(self, op, variant, inputs, params or {}, dtype, self.stream if stream is None else stream)
+
+
+class _MonitorMode(_cap._Mode):
+    """The capture mode, plus the policy's action: run the call in float32, or raise first."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        h = _cap._HANDLERS.get(func)
+        rec = self.rec
+        if rec.suppress < 0:  # a pre-hook that raised FaultPredicted skipped its increment
+            rec.suppress = 0
+        if h is None or rec.suppress:
+            return func(*args, **kwargs)
+        rec.action = None
+        try:
+            h(rec, args, kwargs)
+        except FaultPredicted:
+            raise
+        except Exception as e:  # noqa: BLE001  never break the model
+            rec.skipped[f"{getattr(func, '__name__', func)}: {type(e).__name__}"] += 1
+        act, rec.action = rec.action, None
+        if act == "fallback":
+            return _in_float32(func, args, kwargs)
+        return func(*args, **kwargs)
+
+
+def _in_float32(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """Run func with its float16/bfloat16 tensors upcast; cast the output back to their dtype."""
+    low = next((a.dtype for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor) and a.dtype in _LOW),
+               None)
+    up = lambda a: a.float() if isinstance(a, torch.Tensor) and a.dtype in _LOW else a  # noqa: E731
+    out = func(*[up(a) for a in args], **{k: up(v) for k, v in kwargs.items()})
+    if low is None:
+        return out
+    if isinstance(out, torch.Tensor):
+        return out.to(low)
+    if isinstance(out, tuple):
+        return type(out)(o.to(low) if isinstance(o, torch.Tensor) and o.is_floating_point() else o for o in out)
+    return out
+
+
+class Monitor:
+    """Watches a model's catalog calls; a context manager (or start()/stop())."""
+
+    def __init__(self, model: nn.Module | None = None, *, db: Any = None, sidecar: str | None = None,
+                 policy: str = "warn", matcher: Any = None, token: str | None = None, sampling: Any = "default",
+                 forecast: Any = None, variants: dict[str, str] | None = None,
+                 callbacks: Iterable[Callable[[dict[str, Any]], None]] = (), ops: Iterable[str] | None = None,
+                 async_readback: bool | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        from optwin.fingerprints.sampling import SamplingConfig
+
+        if policy not in POLICIES:
+            raise CatalogError(f"unknown monitor policy {policy!r}; expected one of {', '.join(POLICIES)}")
+        if db is None and matcher is None and sidecar is None:
+            raise CatalogError("monitor needs db=PATH (local matcher) or sidecar=URL")
+        if policy != "warn" and db is None and matcher is None:
+            raise CatalogError(f"policy {policy!r} needs a local database (db=...): a sidecar answers asynchronously")
+        for op, v in (variants or {}).items():
+            if op not in CATALOG:
+                raise CatalogError(f"variants: unknown operator {op!r}")
+            CATALOG[op].variant(v)
+        self.model = model
+        self.policy = policy
+        self.variants = dict(variants or {})
+        self.ops = tuple(ops) if ops is not None else None
+        self.callbacks = list(callbacks)
+        self.sampling = SamplingConfig.preset(sampling) if isinstance(sampling, str) else sampling
+        self.forecast = forecast
+        self.async_readback = async_readback
+        self.clock = clock  # seconds, monotonic: the streams' time axis
+        self.matcher = matcher
+        if self.matcher is None and db is not None:
+            from optwin.fingerprints.matcher import Matcher
+
+            self.matcher = Matcher.open(db)
+        self.client = None
+        if sidecar is not None:
+            from optwin.fingerprints.client import SidecarClient
+
+            self.client = SidecarClient(sidecar, token=token, on_warning=self._sidecar_warning)
+        self.streams: dict[tuple[str, str, str, str], Any] = {}
+        self.warnings: list[dict[str, Any]] = []
+        self.stats = MonitorStats()
+        self._pending: deque[tuple[Any, tuple[str, ...], torch.Tensor, Any, float, dict]] = deque()
+        self._rec: _MonitorRecorder | None = None
+        self._handles: list[Any] = []
+        self._undo: list[Any] = []
+        self._mode: _MonitorMode | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> "Monitor":
+        rec = self._rec = _MonitorRecorder(self)
+        if self.model is not None:
+            self._handles = _cap._install_module_hooks(rec, self.model, {})
+            if self.policy == "fallback":
+                self._handles += _install_module_fallback(rec, self.model)
+        self._undo = _cap._patch_transformers(rec)
+        self._mode = _MonitorMode(rec)
+        self._mode.__enter__()
+        return self
+
+    def stop(self) -> None:
+        if self._mode is None:
+            return
+        try:
+            self._mode.__exit__(None, None, None)
+        finally:
+            self._mode = None
+            for h in self._handles:
+                h.remove()
+            for mod, fname, fn in self._undo:
+                setattr(mod, fname, fn)
+            self._handles, self._undo = [], []
+            self.flush()
+            if self.client is not None:
+                self.client.close()
+
+    def __enter__(self) -> "Monitor":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def add_callback(self, fn: Callable[[dict[str, Any]], None]) -> None:
+        self.callbacks.append(fn)
+
+    # ------------------------------------------------------------------ the check
+
+    def _stream(self, name: str, op: str, variant: str, dtype: str) -> Any:
+        key = (name, op, variant, dtype)
+        s = self.streams.get(key)
+        if s is None:
+            if self.matcher is not None:
+                s = self.matcher.stream(name, op, variant, dtype, forecast=self.forecast, sampling=self.sampling)
+            else:
+                from optwin.fingerprints.sampling import Sampler
+
+                s = types.SimpleNamespace(name=name, op=op, variant=variant, dtype=dtype, sampler=Sampler(self.sampling))
+                s.should_check = s.sampler.should_check
+            self.streams[key] = s
+        return s
+
+    def _check(self, rec: _MonitorRecorder, op: str, variant: str, inputs: dict[str, torch.Tensor],
+               params: dict[str, Any], dtype: str | None, site: str) -> None:
+        self.stats.calls += 1
+        if self._pending:
+            self._drain(block=False)
+        main = next(iter(inputs.values()))
+        dt = dtype or str(main.dtype).removeprefix("torch.")
+        variant = self.variants.get(op, variant)
+        if dt not in CATALOG[op].dtypes:
+            self.stats.skipped += 1  # e.g. float64 calls: not a catalog variant
+            return
+        s = self._stream(f"{site}:{op}" if site else op, op, variant, dt)
+        if not s.should_check():
+            return
+        try:
+            with torch._C.DisableTorchFunction(), torch.no_grad():  # no re-entry into the mode, no graph
+                names, values = sketch_tensor(op, inputs, params)
+        except Exception as e:  # noqa: BLE001  the sketch refused the call: count, never break the model
+            rec.skipped[f"{op}: {type(e).__name__}: {str(e)[:120]}"] += 1
+            self.stats.skipped += 1
+            return
+        self.stats.checked += 1
+        t = self.clock()
+        asyncr = self.async_readback if self.async_readback is not None else values.is_cuda
+        if self.policy == "warn" and asyncr:
+            event = None
+            if values.is_cuda:
+                event = torch.cuda.Event()
+                event.record()
+            self._pending.append((s, names, values, event, t, params))
+            self.stats.queued = len(self._pending)
+            return
+        r = self._assess(s, dict(zip(names, values.tolist())), t, params)
+        if r is None or self.policy == "warn":
+            return
+        if r.max_probability >= self.matcher.config.threshold:
+            msg = (f"{s.name}: {op}/{variant}/{dt} predicted to fault "
+                   f"({', '.join(f'{k} p={v:.2f}' for k, v in r.probability.items())})")
+            if self.policy == "raise":
+                self.stats.raised += 1
+                raise FaultPredicted(msg)
+            self.stats.fallbacks += 1
+            rec.action = "fallback"
+            if rec.module is not None and op == "rmsnorm":
+                rec.fallback_modules.add(id(rec.module))
+            log.info("%s: running in float32", msg)
+
+    def _assess(self, s: Any, sk: dict[str, float], t: float, params: dict[str, Any]) -> Any:
+        if self.client is not None:
+            self.client.observe(s.name, s.op, s.variant, s.dtype, sk, params=_jsonable(params), t=t)
+        if self.matcher is None:
+            return None
+        r = s.observe_valid(sk, t)
+        if r.raised:
+            self._emit({"stream": s.name, "op": s.op, "variant": s.variant, "dtype": s.dtype, "t": t,
+                        "probability": r.probability, "known": r.known, "eta_s": r.eta_s,
+                        "reason": "risk" if r.max_probability >= self.matcher.config.threshold else "forecast",
+                        "source": "local"})
+        return r
+
+    def _drain(self, block: bool) -> None:
+        """Assess queued device sketches whose events completed (all of them when block)."""
+        while self._pending:
+            s, names, values, event, t, params = self._pending[0]
+            if event is not None and not block and not event.query():
+                break
+            self._pending.popleft()
+            self._assess(s, dict(zip(names, values.tolist())), t, params)
+        self.stats.queued = len(self._pending)
+
+    def flush(self) -> None:
+        """Assess everything still queued (synchronizes once on CUDA)."""
+        self._drain(block=True)
+        if self.client is not None:
+            self.client.flush()
+
+    # ------------------------------------------------------------------ warnings
+
+    def _sidecar_warning(self, ans: dict[str, Any]) -> None:
+        s = self.streams.get((ans.get("stream"), ans.get("op"), ans.get("variant"), ans.get("dtype")))
+        last = getattr(s, "_sidecar_warn", False) if s is not None else False
+        if s is not None:
+            s._sidecar_warn = True
+        if not last:  # one event per episode, like local warnings
+            self._emit({**ans, "source": "sidecar"})
+
+    def _emit(self, w: dict[str, Any]) -> None:
+        self.stats.warnings += 1
+        self.warnings.append(w)
+        log.warning("optwin: %s (%s/%s/%s) %s: %s, eta_s=%s", w.get("stream"), w.get("op"), w.get("variant"),
+                    w.get("dtype"), w.get("reason", "warn"), w.get("probability"), w.get("eta_s"))
+        for fn in self.callbacks:
+            try:
+                fn(w)
+            except Exception:  # a broken callback must not break the model
+                log.exception("monitor callback failed")
+
+
+def _jsonable(params: dict[str, Any]) -> dict[str, Any]:
+    return {k: (v if isinstance(v, (int, float, str, bool)) or v is None else str(v)) for k, v in params.items()}
+
+
+def _install_module_fallback(rec: _MonitorRecorder, model: nn.Module) -> list[Any]:
+    """Forward hooks that recompute a flagged RMSNorm module in float32 and cast back."""
+    handles = []
+    for _, mod in model.named_modules():
+        kind = _cap.classify_module(mod)
+        if not kind or kind[0] != "rmsnorm":
+            continue
+
+        def post(m: nn.Module, args: tuple, out: Any) -> Any:
+            if id(m) not in rec.fallback_modules or not args or not isinstance(out, torch.Tensor):
+                return None
+            rec.fallback_modules.discard(id(m))
+            rec.suppress += 1  # the recomputation is not a new call
+            try:
+                with torch.no_grad() if not torch.is_grad_enabled() else torch.enable_grad():
+                    return m.forward(args[0].float()).to(out.dtype)
+            finally:
+                rec.suppress -= 1
+
+        handles.append(mod.register_forward_hook(post))
+    return handles
+
+
+def monitor(model: nn.Module | None = None, *, db: Any = None, sidecar: str | None = None, policy: str = "warn",
+            **kwargs: Any) -> Monitor:
+    """`optwin.monitor(model, db=... | sidecar=..., policy="warn"|"fallback"|"raise")`: a Monitor to use
+    as a context manager (`with optwin.monitor(...) as mon:`) or with start()/stop()."""
+    return Monitor(model, db=db, sidecar=sidecar, policy=policy, **kwargs)
+
+
+class _CallableModule(types.ModuleType):
+    """`import optwin.monitor` binds the module to `optwin.monitor`; calling it calls monitor()."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Monitor:
+        return monitor(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
+
+__all__ = ["monitor", "Monitor", "FaultPredicted", "MonitorStats", "POLICIES", "SKETCH_FEATURES"]

@@ -1,0 +1,198 @@
+"""Profiles on disk (capture -> write -> read), corrupt files, and sketch logs with bad rows.
+
+    python -m pytest -q tests/test_ingest_profile.py
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import polars as pl
+import pytest
+import torch
+
+from optwin.errors import ProfileError
+from optwin.ingest import read_profile, read_sketch_log, sketch
+from optwin.ingest.capture import capture
+from optwin.ingest.models import default_texts, load_model
+
+
+@pytest.fixture(scope="module")
+def profile_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    lm = load_model("llama-tiny-eager")
+    with torch.no_grad(), capture(lm.module, sample_rate=1.0, capacity=2, seed=1) as rec:
+        for batch in lm.batches(default_texts(16), 8):
+            lm.module(**batch)
+    return rec.write_profile(tmp_path_factory.mktemp("prof") / "llama", model="llama-tiny-eager")
+
+
+def test_profile_round_trip(profile_dir: Path) -> None:
+    p = read_profile(profile_dir)
+    assert set(p.triples()) == {("attention", "math", "float32"), ("matmul", "torch", "float32"),
+                                ("rmsnorm", "fp32-acc", "float32"), ("rope", "fp32-angles", "float32")}
+    assert p.sketches.height == 2 * 26 and p.meta["n_calls"] == 52 and p.meta["model"] == "llama-tiny-eager"
+    assert p.meta["sampling"] == {"sample_rate": 1.0, "capacity": 2, "seed": 1, "ops": None}
+    assert "torch" in p.meta["versions"] and p.meta["created_at"].endswith("Z")
+    assert p.streams("attention") == ["model.layers.0.self_attn", "model.layers.1.self_attn"]
+    assert p.sketches["call_index"].to_list() == list(range(52))
+    f = p.features("rope")
+    assert f.columns == ["numel", "rows", "absmax", "rms", "nonfinite", "seq", "heads", "d", "max_pos", "base"]
+    assert f.null_count().sum_horizontal().item() == 0
+    # Every kept sample reproduces the sketch recorded for its call.
+    assert 0 < len(p.index) <= 2 * 8  # capacity 2 per class
+    rows = {r["call_index"]: r for r in p.sketches.iter_rows(named=True)}
+    for i, entry in enumerate(p.index):
+        c = p.sample(i)
+        s = sketch(entry["op"], c.inputs, c.params)
+        row = rows[entry["call_index"]]
+        assert (row["op"], row["stream"]) == (entry["op"], entry["stream"])
+        assert s == pytest.approx({k: row[k] for k in s}, rel=1e-6)  # float32 norms: layout-dependent order
+    ropes = p.samples("rope")
+    assert ropes and all(c.inputs["positions"].dtype == torch.int64 and c.params == {"base": 10000.0} for c in ropes)
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _truncate(f: Path) -> None:
+    data = f.read_bytes()
+    f.write_bytes(data[: len(data) // 2])
+
+
+@pytest.mark.parametrize("damage,match", [
+    (lambda d: (d / "profile.json").unlink(), "profile.json: missing"),
+    (lambda d: (d / "profile.json").write_text("{not json"), "not valid JSON"),
+    (lambda d: (d / "profile.json").write_text('{"format": "other"}'), "not an optwin profile"),
+    (lambda d: _truncate(d / "sketches.parquet"), "sketches.parquet: corrupt or truncated parquet"),
+    (lambda d: (d / "sketches.parquet").unlink(), "sketches.parquet: missing"),
+    (lambda d: _truncate(d / "tensors.safetensors"), "tensors.safetensors: corrupt or truncated safetensors"),
+    (lambda d: (d / "tensors.safetensors").write_bytes(b""), "tensors.safetensors: corrupt"),
+    (lambda d: (d / "tensors_index.json").write_text('{"samples": [{"op": "softmax", "tensors": {"x": "nope"}}]}'),
+     "missing tensors nope"),
+    (lambda d: (d / "tensors_index.json").write_text("[1, 2"), "tensors_index.json: not valid JSON"),
+    (lambda d: pl.read_parquet(d / "sketches.parquet").head(5).write_parquet(d / "sketches.parquet"), "truncated"),
+    (lambda d: pl.read_parquet(d / "sketches.parquet").drop("max_pos").write_parquet(d / "sketches.parquet"),
+     "missing columns max_pos"),
+])
+def test_corrupt_profile_is_a_one_line_profile_error(profile_dir: Path, tmp_path: Path, damage, match: str) -> None:
+    d = _copy(profile_dir, tmp_path / "p")
+    damage(d)
+    with pytest.raises(ProfileError, match=match) as e:
+        read_profile(d)
+    assert "\n" not in str(e.value)
+
+
+def test_missing_profile_directory(tmp_path: Path) -> None:
+    with pytest.raises(ProfileError, match="no profile directory"):
+        read_profile(tmp_path / "nothing")
+
+
+def _good(op: str = "softmax", **kw) -> dict:  # noqa: ANN003
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(len(kw)))
+    row = {"op": op, "variant": "naive", "dtype": "float16", "stream": "layers.0.attn", "t": 1.5,
+           "sketch": sketch("softmax", {"x": x})}
+    row.update(kw)
+    return row
+
+
+# (row, reason it is rejected)
+BAD_ROWS = [
+    ({"op": "gelu", "variant": "x", "dtype": "float16", "sketch": {}}, "unknown_op"),
+    (_good(variant="fast"), "unknown_variant"),
+    (_good(dtype="float64"), "unsupported_dtype"),
+    ({"variant": "naive", "dtype": "float16"}, "missing_field"),
+    (_good(t="soon"), "bad_time"),
+    (_good(call_index=-3), "bad_call_index"),
+    (_good(params="{bad"), "bad_params"),
+]
+
+
+def _bad_sketches() -> list[tuple[dict, str]]:
+    g = _good()
+    out = []
+    for mutate in ({"max": None}, {"max": "high"}, {"n": True}, {"rms": math.nan}, {"masked_rows": -1}):
+        r = dict(g)
+        sk = dict(g["sketch"])
+        for k, v in mutate.items():
+            if v is None:
+                sk.pop(k)
+            else:
+                sk[k] = v
+        r["sketch"] = sk
+        out.append((r, "bad_sketch"))
+    return out
+
+
+def _expected() -> dict[str, int]:
+    exp: dict[str, int] = {}
+    for _, reason in BAD_ROWS + _bad_sketches():
+        exp[reason] = exp.get(reason, 0) + 1
+    return exp
+
+
+def test_jsonl_log_counts_bad_rows(tmp_path: Path) -> None:
+    f = tmp_path / "log.jsonl"
+    lines = [json.dumps(_good(call_index=i)) for i in range(5)]
+    lines += [json.dumps(r, allow_nan=True) for r, _ in BAD_ROWS + _bad_sketches()]
+    lines += ["{this is not json", "[1, 2, 3]", ""]
+    f.write_text("\n".join(lines) + "\n")
+    log = read_sketch_log(f)
+    exp = _expected()
+    exp["bad_json"] = 1
+    exp["not_an_object"] = 1
+    assert dict(log.rejected) == exp
+    assert log.n_accepted == 5 and log.n_rows == 5 + sum(exp.values())
+    assert log.frame["stream"].to_list() == ["layers.0.attn"] * 5 and log.frame["max"].null_count() == 0
+    assert "bad_sketch" in log.report() and log.examples
+
+
+def _flat(r: dict) -> dict:
+    out = {k: v for k, v in r.items() if k != "sketch"}
+    out.update(r.get("sketch", {}))
+    if isinstance(out.get("params"), dict):
+        out["params"] = json.dumps(out["params"])
+    return out
+
+
+def test_csv_log_counts_bad_rows(tmp_path: Path) -> None:
+    rows = [_flat(_good(call_index=i)) for i in range(4)] + [_flat(r) for r, _ in BAD_ROWS + _bad_sketches()]
+    cols = sorted({k for r in rows for k in r})
+    df = pl.DataFrame({c: [None if r.get(c) is None else str(r[c]) for r in rows] for c in cols})
+    f = tmp_path / "log.csv"
+    df.write_csv(f)
+    log = read_sketch_log(f)
+    assert log.n_accepted == 4 and dict(log.rejected) == _expected()
+    assert log.frame["t"].to_list() == [1.5] * 4
+
+
+def test_parquet_log_counts_bad_rows(tmp_path: Path) -> None:
+    rows = [_good(call_index=i) for i in range(3)] + [r for r, _ in BAD_ROWS + _bad_sketches()]
+    # Parquet keeps types: nested sketch as JSON text, t as text only where it is bad.
+    table = [{"op": r.get("op"), "variant": r.get("variant"), "dtype": r.get("dtype"), "stream": r.get("stream"),
+              "t": str(r.get("t")) if isinstance(r.get("t"), str) else r.get("t"),
+              "call_index": r.get("call_index"), "params": r.get("params") if isinstance(r.get("params"), str) else None,
+              "sketch": json.dumps(r["sketch"], allow_nan=True) if "sketch" in r else None} for r in rows]
+    df = pl.DataFrame(table, schema={"op": pl.Utf8, "variant": pl.Utf8, "dtype": pl.Utf8, "stream": pl.Utf8,
+                                     "t": pl.Utf8, "call_index": pl.Int64, "params": pl.Utf8, "sketch": pl.Utf8})
+    f = tmp_path / "log.parquet"
+    df.write_parquet(f)
+    log = read_sketch_log(f)
+    assert log.n_accepted == 3 and dict(log.rejected) == _expected()
+
+
+def test_unreadable_logs_are_profile_errors(tmp_path: Path) -> None:
+    with pytest.raises(ProfileError, match="no sketch log"):
+        read_sketch_log(tmp_path / "none.jsonl")
+    f = tmp_path / "x.parquet"
+    f.write_bytes(b"PAR1garbage")
+    with pytest.raises(ProfileError, match="unreadable parquet"):
+        read_sketch_log(f)
+    g = tmp_path / "x.txt"
+    g.write_text("{}")
+    with pytest.raises(ProfileError, match="unknown sketch log format"):
+        read_sketch_log(g)

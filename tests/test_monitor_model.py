@@ -1,0 +1,158 @@
+"""The in-process monitor on a real PyTorch model: warn / fallback / raise, sampling, async readback.
+
+    python -m pytest -q tests/test_monitor_model.py
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+import optwin.monitor as om
+from _matcher_fixture import cached_db
+from optwin.errors import CatalogError, OptwinError
+from optwin.fingerprints.sidecar import SidecarConfig, SidecarThread
+
+
+class NativeRMSNorm(nn.Module):
+    """T5LayerNorm-style: squares in the input dtype (the capture hooks classify it native-dtype)."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden, dtype=torch.float16))
+        self.eps = 1e-6
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        var = x.pow(2).mean(-1, keepdim=True)  # (rows, 1) in float16: overflows past |x| = 256
+        return self.weight * (x * torch.rsqrt(var + self.eps))
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = NativeRMSNorm(64)
+        self.proj = nn.Linear(64, 64).half()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.norm(x))  # (rows, 64)
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory) -> str:
+    return cached_db(str(tmp_path_factory.mktemp("fp") / "fp.duckdb"))
+
+
+def _x(g: torch.Generator, absmax: float) -> torch.Tensor:
+    x = torch.randn(4, 64, generator=g, dtype=torch.float64)  # (4, 64)
+    return (x / x.abs().max() * absmax).half()
+
+
+def _fake_clock(step: float = 0.5):
+    tick = itertools.count()
+    return lambda: step * next(tick)
+
+
+def _drift(mon_kwargs: dict, db: str, n: int = 140) -> tuple[list[bool], om.Monitor, int | None]:
+    torch.manual_seed(0)
+    model = Block()
+    g = torch.Generator().manual_seed(1)
+    finite = []
+    first_bad = None
+    normed: list[torch.Tensor] = []
+    with om.monitor(model, db=db, clock=_fake_clock(), **mon_kwargs) as mon:
+        # after the monitor's own hooks: sees the output the model goes on with
+        model.norm.register_forward_hook(lambda m, a, out: normed.append(out.detach()))
+        for i in range(n):
+            model(_x(g, 8.0 * 2 ** (i / 20)))  # |x| doubles every 20 calls: 256 at call 100
+            y = normed[-1].double()  # (4, 64): a normalized row has rms 1
+            ok = bool(torch.isfinite(y).all()) and float(y.square().mean(-1).sqrt().min()) > 0.5
+            finite.append(ok)
+            if not ok and first_bad is None:
+                first_bad = i
+    return finite, mon, first_bad
+
+
+def test_warn_policy_warns_before_the_first_bad_output(db, caplog):
+    with caplog.at_level(logging.WARNING, logger="optwin.monitor"):
+        seen = []
+        finite, mon, first_bad = _drift({"callbacks": [seen.append], "sampling": "default"}, db)
+    assert first_bad is not None  # the model really breaks (warn changes nothing)
+    norm = [w for w in mon.warnings if w["stream"] == "norm:rmsnorm"]
+    assert norm and norm[0]["variant"] == "native-dtype"
+    # the stream clock ticks once per catalog call (2 per forward): call index = t / 0.5 / 2
+    first_warn_call = norm[0]["t"] / 0.5 / 2
+    assert first_warn_call < first_bad
+    assert seen == mon.warnings and any("norm:rmsnorm" in r.message for r in caplog.records)
+    # the linear (matmul/torch) was never built into the fixture: unknown, but no warning storm
+    assert not [w for w in mon.warnings if w["op"] == "matmul"]
+
+
+def test_fallback_policy_keeps_outputs_finite(db):
+    finite, mon, first_bad = _drift({"policy": "fallback", "sampling": "always"}, db)
+    assert first_bad is None, "fallback should have run the overflowing norm in float32"
+    assert mon.stats.fallbacks > 0
+
+
+def test_raise_policy_raises_before_the_faulting_call(db):
+    model = Block()
+    g = torch.Generator().manual_seed(2)
+    with om.monitor(model, db=db, policy="raise", sampling="always", clock=_fake_clock()) as mon:
+        model(_x(g, 10.0))
+        with pytest.raises(om.FaultPredicted, match="norm:rmsnorm.*predicted to fault") as e:
+            model(_x(g, 600.0))
+        assert isinstance(e.value, OptwinError)
+        model(_x(g, 10.0))  # the monitor keeps working after a raise
+    assert mon.stats.raised == 1
+
+
+def test_sampling_skips_sketches_after_warmup(db):
+    model = Block()
+    g = torch.Generator().manual_seed(3)
+    with om.monitor(model, db=db, clock=_fake_clock()) as mon:
+        for _ in range(400):
+            model(_x(g, 4.0))
+    assert mon.stats.calls == 800
+    assert 200 <= mon.stats.checked <= 210  # 100 per stream, then 1%
+
+
+def test_async_readback_queue_drains(db):
+    """The CUDA path (event-gated queue) run on CPU: sketches queue, are read on later calls."""
+    model = Block()
+    g = torch.Generator().manual_seed(4)
+    with om.monitor(model, db=db, sampling="always", async_readback=True, clock=_fake_clock()) as mon:
+        for _ in range(3):
+            model(_x(g, 600.0))
+        assert mon.stats.checked == 6
+    assert mon.stats.queued == 0 and any(w["stream"] == "norm:rmsnorm" for w in mon.warnings)
+
+
+def test_monitor_with_a_sidecar(db):
+    with SidecarThread(db, config=SidecarConfig(max_lag_s=60.0)) as sc:  # shares the GIL: lag is not overload
+        model = Block()
+        g = torch.Generator().manual_seed(5)
+        with om.monitor(model, sidecar=sc.url, sampling="always", clock=_fake_clock()) as mon:
+            for _ in range(5):
+                model(_x(g, 600.0))
+        assert any(w["source"] == "sidecar" and w["stream"] == "norm:rmsnorm" for w in mon.warnings)
+        assert sc.state.metrics.records_ok == 10
+
+
+def test_bad_arguments_are_one_line_errors(db):
+    with pytest.raises(CatalogError, match="unknown monitor policy"):
+        om.monitor(Block(), db=db, policy="explode")
+    with pytest.raises(CatalogError, match="needs a local database"):
+        om.monitor(Block(), sidecar="tcp://127.0.0.1:9", policy="raise")
+    with pytest.raises(CatalogError, match="db=PATH"):
+        om.monitor(Block())
+
+
+def test_optwin_monitor_is_callable_and_ingest_capture_still_the_function():
+    import optwin
+    import optwin.ingest
+
+    assert callable(optwin.monitor) and callable(optwin.ingest.capture)
+    assert optwin.ingest.capture.__name__ == "capture"

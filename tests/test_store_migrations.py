@@ -1,0 +1,148 @@
+"""Schema versioning of the fingerprint database on real DuckDB files: create, refuse, migrate, snapshot reads.
+
+    python -m pytest -q tests/test_store_migrations.py
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import duckdb
+import pytest
+from typer.testing import CliRunner
+
+from optwin.errors import DatabaseError, SchemaVersionError
+from optwin.fingerprints.migrations import SCHEMA_VERSION, detect_version
+from optwin.fingerprints.migrations.v0001_initial import TABLES, V0_LAYOUT
+from optwin.fingerprints.stats import wilson
+from optwin.fingerprints.store import migrate_database, open_store
+
+
+def _columns(path: str, table: str) -> list[str]:
+    with duckdb.connect(path, read_only=True) as c:
+        return [r[0] for r in c.execute("SELECT column_name FROM information_schema.columns WHERE table_name = ? "
+                                         "ORDER BY ordinal_position", [table]).fetchall()]
+
+
+def _set_version(path: str, value: str) -> None:
+    with duckdb.connect(path) as c:
+        c.execute("UPDATE schema_meta SET value = ? WHERE key = 'schema_version'", [value])
+
+
+def _make_v0(path: str) -> None:
+    with duckdb.connect(path) as c:
+        for ddl in V0_LAYOUT:
+            c.execute(ddl)
+        c.execute("INSERT INTO builds VALUES ('old', TIMESTAMP '2024-01-02 03:04:05', 7, '{}', 4, 'stochastic', 2)")
+        c.execute("INSERT INTO cases VALUES ('old', 1, 'rmsnorm', 'native-dtype', 'float16', 'default', 7, 0, '1|1|5', "
+                  "'{\"absmax\": 2.0}', '{}'), ('old', 2, 'rmsnorm', 'native-dtype', 'float16', 'default', 7, 1, '1|1|5', "
+                  "'{\"absmax\": 3.0}', '{}')")
+        c.execute("INSERT INTO outcomes VALUES ('old', 1, 4, 'stochastic', false, true, NULL, 0, 3, NULL, 0.1, 0.1, 0.2, 0.3), "
+                  "('old', 2, 4, 'stochastic', false, false, NULL, 0, 0, NULL, 0.0, 0.0, 0.0, 0.0)")
+        c.execute("INSERT INTO fingerprints VALUES ('old', 'rmsnorm', 'native-dtype', 'float16', '1|1|5', 'precision_loss', "
+                  "2, 8, 3, 0.375)")
+
+
+def test_empty_file_is_created_at_current_version_with_contract_tables(tmp_path):
+    path = str(tmp_path / "new.duckdb")
+    with open_store(path, read_only=False, create=True) as s:
+        assert s.schema_version() == SCHEMA_VERSION == 1
+        assert s.builds() == [] and s.latest_build_id() is None and s.fingerprints() == []
+    with duckdb.connect(path, read_only=True) as c:
+        assert c.execute("SELECT value FROM schema_meta WHERE key = 'schema_version'").fetchall() == [("1",)]
+    for table, cols in TABLES.items():
+        assert _columns(path, table) == [c for c, _, _ in cols], table
+    with open_store(path) as s:  # and a read-only open now works
+        assert s.schema_version() == 1
+
+
+@pytest.mark.parametrize("version", ["0", "2"])
+def test_other_schema_versions_are_refused_with_migrate_hint(tmp_path, version):
+    path = str(tmp_path / "fp.duckdb")
+    open_store(path, read_only=False, create=True).close()
+    _set_version(path, version)
+    for read_only in (True, False):
+        with pytest.raises(SchemaVersionError, match=r"schema version %s, this optwin reads 1.*optwin migrate" % version):
+            open_store(path, read_only=read_only)
+    assert "\n" not in str(pytest.raises(SchemaVersionError, open_store, path).value)
+
+
+def test_newer_version_is_not_downgraded_by_migrate(tmp_path):
+    path = str(tmp_path / "fp.duckdb")
+    open_store(path, read_only=False, create=True).close()
+    _set_version(path, "2")
+    with pytest.raises(SchemaVersionError, match="optwin migrate"):
+        migrate_database(path)
+    with duckdb.connect(path, read_only=True) as c:  # untouched
+        assert detect_version(c) == 2
+
+
+def test_migrate_upgrades_a_v0_database_and_keeps_its_rows(tmp_path):
+    path = str(tmp_path / "v0.duckdb")
+    _make_v0(path)
+    with pytest.raises(SchemaVersionError, match="schema version 0.*optwin migrate"):
+        open_store(path)
+    result = CliRunner().invoke(_app(), ["migrate", path])
+    assert result.exit_code == 0, result.output
+    assert "0 -> 1" in result.output
+    with open_store(path) as s:
+        assert s.schema_version() == 1
+        assert [b["build_id"] for b in s.builds()] == ["old"]
+        assert s.builds()[0]["n_replays"] == 8  # filled from outcomes
+        (fp,) = s.fingerprints("old")
+        lo, hi = wilson(3, 8)
+        assert fp["ci_low"] == pytest.approx(lo, abs=1e-12) and fp["ci_high"] == pytest.approx(hi, abs=1e-12)
+        assert {c["held_out"] for c in s.cases("old")} == {False}
+        assert s.representatives("old") == []
+    for table, cols in TABLES.items():
+        assert set(_columns(path, table)) == {c for c, _, _ in cols}, table
+    assert migrate_database(path) == (1, 1)  # idempotent
+    assert not [p for p in os.listdir(tmp_path) if ".tmp-" in p]
+
+
+def test_missing_and_corrupt_files_are_one_line_database_errors(tmp_path):
+    with pytest.raises(DatabaseError, match="no fingerprint database at .*optwin build"):
+        open_store(str(tmp_path / "nope.duckdb"))
+    bad = tmp_path / "bad.duckdb"
+    bad.write_bytes(os.urandom(5000))
+    with pytest.raises(DatabaseError) as e:
+        open_store(str(bad))
+    assert "\n" not in str(e.value) and str(bad) in str(e.value)
+    with pytest.raises(DatabaseError, match="no fingerprint database"):
+        migrate_database(str(tmp_path / "nope.duckdb"))
+
+
+def _add(path: str, build_id: str) -> None:
+    with open_store(path, read_only=False, create=True) as s:
+        s.add_build({"build_id": build_id, "created_at": __import__("datetime").datetime(2025, 1, 1 + len(s.builds())),
+                      "seed": 0, "flags": "{}", "replays": 0, "noise": "none", "engine": "local", "duration_s": 0.0}, [])
+
+
+def test_read_only_store_is_a_snapshot_across_atomic_replace(tmp_path):
+    path, new = str(tmp_path / "fp.duckdb"), str(tmp_path / "next.duckdb")
+    _add(path, "first")
+    reader = open_store(path)
+    assert reader.latest_build_id() == "first"
+    shutil.copyfile(path, new)
+    _add(new, "second")
+    os.replace(new, path)  # what a build does
+    fresh = open_store(path)
+    assert fresh.latest_build_id() == "second" and len(fresh.builds()) == 2
+    assert reader.latest_build_id() == "first" and len(reader.builds()) == 1  # old file keeps working
+    reader.close()
+    fresh.close()
+    reader.close()  # idempotent
+    with pytest.raises(DatabaseError, match="closed"):
+        reader.builds()
+
+
+def _app():
+    import typer
+
+    from optwin.fingerprints.cli import build_command, migrate_command
+
+    app = typer.Typer()
+    app.command("build")(build_command)
+    app.command("migrate")(migrate_command)
+    return app
