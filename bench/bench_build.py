@@ -53,7 +53,7 @@ def synthetic_shards(d: str, rows: int, files: int = 20) -> list[str]:
     import polars as pl
 
     from optwin.catalog import CATALOG, all_triples
-    from optwin.fingerprints.regions import region_key, region_of
+    from optwin.fingerprints.regions import feature_bin
     from optwin.fingerprints.shards import SHARD_SCHEMA_SQL, _POLARS
 
     rng = np.random.default_rng(0)
@@ -63,20 +63,14 @@ def synthetic_shards(d: str, rows: int, files: int = 20) -> list[str]:
     for fi in range(files):
         op, variant, dtype = triples[fi % len(triples)]
         feats = CATALOG[op].region_features
-        vals = {f: 10 ** rng.uniform(-3, 5, per) for f in feats}
-        # bin through the real region function on a sample grid (vectorised: few distinct regions)
-        keys = np.array([region_key(region_of(op, {f: float(vals[f][i]) for f in feats})) for i in range(per)]) \
-            if per <= 2000 else None
-        if keys is None:
-            import math
-            cols = []
-            for f in feats:
-                from optwin.fingerprints.regions import _BINNING
-                scale, res = _BINNING.get(f, (1.0, 1))
-                cols.append(np.floor(res * np.log2(1 + vals[f] / scale)).astype(int).astype(str))
-            keys = cols[0]
-            for c in cols[1:]:
-                keys = np.char.add(np.char.add(keys, "|"), c)
+        # features on a coarse log grid (8 decades): a few hundred regions per triple, like a sweep
+        vals = {f: 1.1 * 10.0 ** rng.integers(-3, 5, per) for f in feats}
+        grid = {f: np.unique(vals[f]) for f in feats}
+        bins = {f: {v: feature_bin(f, float(v)) for v in grid[f]} for f in feats}  # the real binning, per distinct value
+        cols = [np.array([bins[f][v] for v in vals[f]]).astype(str) for f in feats]
+        keys = cols[0]
+        for c in cols[1:]:
+            keys = np.char.add(np.char.add(keys, "|"), c)
         n_rep = 16
         has_le = "low_entropy" in CATALOG[op].fault_types
         data = {

@@ -1,4 +1,4 @@
-"""python bench/bench_twin.py [--replays 32] [--noise stochastic] [--repeat 3]
+"""python bench/bench_twin.py [--replays 32] [--noise stochastic] [--repeat 5] [--threads 1]
 
 Cost of the twins on this machine, in one run:
 - `twin / f64`: the deterministic emulated twin (noise "none") against plain float64 torch of the
@@ -69,8 +69,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--replays", type=int, default=32)
     ap.add_argument("--noise", default="stochastic", choices=("stochastic", "mca", "order"))
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (1: stable ratios on a shared machine, where OpenMP spinning distorts)")
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, dtype {DTYPE}, "
           f"R = {args.replays} {args.noise} replays")
     print(f"torch.mm float64 [1024]^3: {mm_gflops(args.repeat):.1f} GFLOP/s")

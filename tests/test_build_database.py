@@ -152,3 +152,20 @@ def test_a_second_build_appends_and_becomes_current(built, tmp_path):
         assert s.latest_build_id() == second.build_id
         assert {f["op"] for f in s.fingerprints()} == {"geodesic"}
         assert len(s.fingerprints(first.build_id)) == len(s.fingerprints(first.build_id, as_arrow=True))
+
+
+def test_cli_build_prints_a_summary_table(tmp_path):
+    import typer
+    from typer.testing import CliRunner
+
+    from optwin.fingerprints.cli import build_command
+
+    app = typer.Typer()
+    app.command("build")(build_command)
+    app.command("other")(lambda: None)  # two commands: `build` stays a subcommand
+    out = tmp_path / "cli.duckdb"
+    r = CliRunner().invoke(app, ["build", "--ops", "geodesic", "--cases", "3", "--replays", "2", "--workers", "1",
+                                 "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "geodesic" in r.output and "haversine" in r.output and "fingerprint rows" in r.output
+    assert out.exists()

@@ -198,7 +198,8 @@ def load_or_write_manifest(cfg: BuildConfig, specs: list[ShardSpec]) -> dict[str
                     raise OptwinError(f"{cfg.work_dir} holds a different build (other ops/replays/seed/...): "
                                       "rerun with the same options, or without --resume to start over")
                 return manifest
-        shutil.rmtree(cfg.work_dir)  # not resuming (or unreadable manifest): start over
+    if os.path.exists(cfg.work_dir):  # not resuming, or nothing resumable: start over, no stale shards
+        shutil.rmtree(cfg.work_dir)
     os.makedirs(os.path.join(cfg.work_dir, "shards"), exist_ok=True)
     manifest = {"version": MANIFEST_VERSION, "build_id": f"b{dt.datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:8]}",
                 "created_at": dt.datetime.now(dt.timezone.utc).replace(tzinfo=None).isoformat(),

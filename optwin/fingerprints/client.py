@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from optwin.fingerprints.sidecar import Address, parse_listen
+from optwin.fingerprints.sidecar import Address, _dumps, _loads, parse_listen
 
 log = logging.getLogger("optwin.client")
 
@@ -201,7 +201,7 @@ class SidecarClient:
                 batch.append(nxt)
             try:
                 t0 = time.perf_counter()
-                code, body = self.http.request("POST", "/v1/observe", json.dumps(batch, separators=(",", ":")).encode())
+                code, body = self.http.request("POST", "/v1/observe", _dumps(batch))
                 if self.record_latency:
                     self.stats.latencies_s.append(time.perf_counter() - t0)
                 backoff = 0.05
@@ -230,7 +230,7 @@ class SidecarClient:
 
     def _answers(self, batch: list[dict[str, Any]], body: bytes) -> None:
         try:
-            answers = json.loads(body)
+            answers = _loads(body)
         except ValueError:
             self.stats.failed += len(batch)
             return

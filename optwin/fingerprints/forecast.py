@@ -6,7 +6,7 @@ A stream is one call site (a layer's norm, an attention block) observed over tim
 1. Each observation's fault-driving features (catalog `region_features`) are put on the region grid's
    own log scale (`matcher.continuous_bin`: bins are log2 steps, so a trend is "bins per second"
    and exponential growth of activations is a straight line).
-2. Trend over the last `window` observations, per feature: a Theil-Sen-style estimator on lagged
+2. Trend over the last `window` observations (kept at least `min_spacing_s` apart), per feature: a Theil-Sen-style estimator on lagged
    pairs (slopes between observation j and j + window/2, their median). It ignores outliers and
    costs window/2 slopes per feature. A trend counts only when at least `sign_agreement` of those
    slopes agree in sign (a sign test): a stationary noisy stream has no trend.
@@ -37,12 +37,15 @@ from optwin.fingerprints.sampling import Sampler, SamplingConfig
 
 @dataclass(frozen=True)
 class ForecastConfig:
-    window: int = 16  # observations the trend is fitted on
+    window: int = 16  # observations the trend is fitted on ...
+    min_spacing_s: float = 0.25  # ... at least this far apart (a 1 kHz stream still spans seconds)
     min_points: int = 10  # no trend before this many observations (fewer: start-up transients)
     sign_agreement: float = 0.8  # fraction of lagged-pair slopes that must share a sign
     horizon_s: float = 30.0  # warn when a fault region is forecast within this many seconds
     lookahead_s: float = 300.0  # how far along the drift line eta is searched (eta None beyond)
     max_steps: int = 512  # cap on quarter-bin steps per search
+    refresh_calls: int = 8  # refit the trend every this many calls ...
+    refresh_s: float = 1.0  # ... or this many stream seconds; in between eta counts down
     exit_ratio: float = 0.5  # leave the warning state below exit_ratio * threshold ...
     exit_calls: int = 5  # ... for this many consecutive calls ...
     exit_horizon_ratio: float = 1.5  # ... with no forecast within exit_horizon_ratio * horizon_s
@@ -103,6 +106,8 @@ class Stream:
         self.n_observed = 0
         self.n_episodes = 0
         self.last: StreamRisk | None = None
+        self._fc: tuple[float, float | None, float | None, float | None, tuple[float, ...]] | None = None
+        self._since_fc = 0
         self.rebind(matcher)
 
     def rebind(self, matcher: Matcher) -> None:
@@ -138,15 +143,26 @@ class Stream:
         if self._ts and t < self._ts[-1]:  # clock went backwards (restarted producer): start over
             self._ts.clear()
             self._cs.clear()
-        self._ts.append(t)
-        self._cs.append(coords)
+            self._fc = None
+        if not self._ts or t - self._ts[-1] >= self.cfg.min_spacing_s:
+            self._ts.append(t)
+            self._cs.append(coords)
         self.n_observed += 1
         eta = lo = hi = None
         vel: tuple[float, ...] = ()
         if p >= thr:
             eta = lo = hi = 0.0
+            self._fc = None
         elif len(self._ts) >= self.cfg.min_points:
-            eta, lo, hi, vel = self._forecast(thr)
+            self._since_fc += 1
+            fc = self._fc
+            if fc is None or self._since_fc >= self.cfg.refresh_calls or t - fc[0] >= self.cfg.refresh_s:
+                eta, lo, hi, vel = self._forecast(thr)
+                self._fc, self._since_fc = (t, eta, lo, hi, vel), 0
+            else:  # between refits the forecast counts down (the trend costs ~50 us; a call ~10 us)
+                dt = t - fc[0]
+                eta, lo, hi = (None if v is None else max(0.0, v - dt) for v in fc[1:4])
+                vel = fc[4]
         fwarn = eta is not None and eta <= self.cfg.horizon_s
         raised = False
         if not self.warning:

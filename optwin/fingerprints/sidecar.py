@@ -91,7 +91,7 @@ class SidecarConfig:
     max_body: int = 8 << 20  # bytes per request
     max_records: int = 10000  # records per request
     max_streams: int = 200_000
-    max_lag_s: float = 0.25  # event-loop lag beyond which /v1/observe answers 503
+    max_lag_s: float = 0.5  # smoothed event-loop lag beyond which /v1/observe answers 503
     max_records_per_s: float | None = None  # optional hard cap (token bucket)
     reload_poll_s: float = 0.5
     warnings_kept: int = 10000  # for /v1/warnings
@@ -419,7 +419,8 @@ class Sidecar:
             t0 = loop.time()
             await asyncio.sleep(period)
             lag = max(0.0, loop.time() - t0 - period)
-            self.lag_s = lag if lag > self.lag_s else 0.8 * self.lag_s + 0.2 * lag  # fast attack, slow decay
+            # smoothed both ways: one preemption of the process is not overload, a backlog is
+            self.lag_s += (0.3 if lag > self.lag_s else 0.1) * (lag - self.lag_s)
 
     async def _reloader(self) -> None:
         while True:

@@ -101,9 +101,7 @@ def _profile_samples(path: str, op: str, dtype: str, n_cases: int, seed: int) ->
     import optwin.ingest as ingest
 
     fitted = _fitted(path)
-    if isinstance(fitted, dict):
-        fitted = fitted.get(op)
-    if fitted is None:
+    if fitted is None or not fitted.for_op(op, dtype):  # the profile holds no calls of op
         return []
     return _wrap(op, dtype, ingest.sample_inputs(op, dtype, fitted, n_cases, seed))
 

@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 DISCRETE: frozenset[str] = frozenset({"numel", "rows", "nonfinite", "hidden", "n", "seq", "heads", "d", "batch", "seq_q",
                                       "seq_k", "causal", "m", "k", "masked_rows", "base"})
 TAIL_Q = 0.9  # the GPD tail starts at this quantile
-SMOOTH_H = 0.25  # bandwidth of the empirical copula, in normal-score units
+SMOOTH_H = 0.1  # bandwidth of the empirical copula, in normal-score units
 MIN_TAIL = 20  # exceedances needed to fit a tail
 CAP_ROWS = 64
 

@@ -221,7 +221,8 @@ class Numerics:
         add = self._adder(acc)
         if add is _add32:  # exact float32 arithmetic when every term is a float32 value
             x32 = x.to(torch.float32)
-            if bool(((x32.to(torch.float64) == x) | torch.isnan(x)).all()):
+            # One fused comparison; NaN terms fail it and take the (equally exact) rounding path.
+            if torch.equal(x32.to(torch.float64), x):
                 x = x32
             else:
                 add = lambda s, t: self.round(s + t, acc)  # noqa: E731
@@ -305,21 +306,29 @@ class Numerics:
         if self.noise == "order":
             chunk = int((16, 32, 64)[int(torch.randint(0, 3, (1,), generator=self.gen))])
         chunk = max(1, min(chunk, k))
-        n_chunks = -(-k // chunk)
-        pad = n_chunks * chunk - k
-        if pad:
-            a = torch.nn.functional.pad(a, (0, pad))
-            b = torch.nn.functional.pad(b, (0, 0, 0, pad))
-        a_c = a.reshape(*a.shape[:-1], n_chunks, chunk).movedim(-2, -3)  # (..., C, m, chunk)
-        b_c = b.reshape(*b.shape[:-2], n_chunks, chunk, b.shape[-1])  # (..., C, chunk, n)
-        if self.deterministic:
-            s = self._accumulate_rne(self.round(a_c @ b_c, acc), acc, shared)  # partials (..., C, m, n)
+        starts = range(0, k, chunk)  # the last chunk may be shorter (zero padding would be exact)
+
+        def partial(lo: int) -> torch.Tensor:  # (..., m, n) the chunk's exact sum of products
+            return a[..., lo:lo + chunk] @ b[..., lo:lo + chunk, :]
+
+        if self.noise == "order":
+            s = self._accumulate_rne(torch.stack([self.round(partial(lo), acc) for lo in starts], dim=-3), acc, shared)
         else:
+            # One chunk at a time: each product is a plain GEMM (much faster on the CPU than one
+            # batched small-k product) and the partials never all sit in memory at once.
+            add = self._adder(acc)
             s = None
-            for i in range(n_chunks):  # one chunk partial at a time, rounded under noise
-                p = a_c[..., i, :, :] @ b_c[..., i, :, :]  # (..., m, n) exact chunk sum
-                p = self.round(self.expand(p) if shared else p, acc)
-                s = p if s is None else self.round(s + p, acc)
+            for lo in starts:
+                p = partial(lo)
+                if shared and not self.deterministic:
+                    p = self.expand(p)  # (R, ..., m, n): each replay rounds on its own
+                if add is _add32:  # round to nearest fp32 is the hardware cast; fp32 adds are exact IEEE
+                    p = p.to(torch.float32)
+                    s = p if s is None else s.add_(p)
+                else:
+                    p = self.round(p, acc)
+                    s = p if s is None else add(s, p)
+            s = s.to(torch.float64)
         if shared and s.ndim == max(a.ndim, b.ndim):  # deterministic "none": replays are all alike
             s = self.expand(s)
         return self.round(s, out)

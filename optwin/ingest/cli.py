@@ -1,0 +1,69 @@
+"""`optwin capture`: run a PyTorch model under the capture hooks and write an input profile.
+
+    optwin capture --model minilm --out profiles/minilm [--texts FILE]
+
+Registered by optwin/cli.py. Heavy imports (transformers, polars, safetensors) happen inside the
+command, not at import time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+
+def capture_command(
+    model: Annotated[str, typer.Option(help="minilm | llama-tiny | llama-tiny-eager | PACKAGE.MODULE:FACTORY")],
+    out: Annotated[Path, typer.Option(help="profile directory to write")],
+    texts: Annotated[Optional[Path], typer.Option(help="text file, one input per line (default: Python's own docstrings)")] = None,
+    max_texts: Annotated[int, typer.Option(min=1, help="use at most this many texts")] = 64,
+    batch_size: Annotated[int, typer.Option(min=1, help="texts per forward")] = 8,
+    sample_rate: Annotated[float, typer.Option(min=0.0, max=1.0, help="probability a call's tensors are offered to the reservoir")] = 0.05,
+    capacity: Annotated[int, typer.Option(min=0, help="raw calls kept per (op, variant, dtype, shape class)")] = 4,
+    seed: Annotated[int, typer.Option(help="reservoir seed")] = 0,
+) -> None:
+    """Run a PyTorch model under the capture hooks and write an input profile."""
+    import torch
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from optwin.ingest.capture import capture
+    from optwin.ingest.models import ModelError, default_texts, load_model, read_texts
+
+    console = Console(stderr=True)
+    if out.exists() and not out.is_dir():
+        raise ModelError(f"--out {out} exists and is not a directory")
+    if texts is not None:
+        if not texts.is_file():
+            raise ModelError(f"--texts {texts}: no such file")
+        items = read_texts(texts)[:max_texts]
+        if not items:
+            raise ModelError(f"--texts {texts}: no non-empty lines")
+    else:
+        items = default_texts(max_texts)
+    with console.status(f"loading {model}"):
+        lm = load_model(model)
+    batches = list(lm.batches(items, batch_size))
+    with torch.no_grad(), capture(lm.module, sample_rate=sample_rate, capacity=capacity, seed=seed) as rec:
+        with Progress(TextColumn("capture {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console) as bar:
+            task = bar.add_task(lm.name, total=len(batches))
+            for batch in batches:
+                lm.module(**batch)
+                bar.advance(task)
+    path = rec.write_profile(out, model=lm.name, extra={"texts": str(texts) if texts else "python docstrings",
+                                                        "n_texts": len(items), "batch_size": batch_size})
+    table = Table(title=f"profile {path}")
+    for col in ("op", "variant", "dtype", "calls", "streams"):
+        table.add_column(col)
+    recs = rec.records()
+    keys = sorted({(r["op"], r["variant"], r["dtype"]) for r in recs})
+    for k in keys:
+        mine = [r for r in recs if (r["op"], r["variant"], r["dtype"]) == k]
+        table.add_row(*k, str(len(mine)), str(len({r["stream"] for r in mine})))
+    Console().print(table)
+    kept = sum(len(b) for b in rec.samples.values())
+    typer.echo(f"wrote {path}: {len(recs)} calls, {kept} sampled calls, {sum(rec.skipped.values())} skipped")
