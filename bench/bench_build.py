@@ -115,12 +115,45 @@ def bench_gather(rows: int) -> dict:
     return counts
 
 
+def estimate_presets(sample: int = 24) -> list[dict]:
+    """CPU seconds per case per op (process time: independent of machine load) on a sample of each
+    op's default and boundary sweeps, scaled to each preset's plan: the build time on N idle cores."""
+    import torch
+
+    from optwin.catalog import all_triples
+    from optwin.fingerprints.build import PRESETS
+    from optwin.fingerprints.shards import ShardSpec, _case_row
+    from optwin.fingerprints.sources import generate
+
+    torch.set_num_threads(1)
+    triples = all_triples()
+    out = []
+    for preset in PRESETS.values():
+        total = 0.0
+        for op in sorted({t[0] for t in triples}):
+            mine = [t for t in triples if t[0] == op]
+            cpu, n = 0.0, 0
+            for i, (_, variant, dtype) in enumerate(mine[:: max(1, len(mine) // 3)][:3]):  # 3 variants/dtypes per op
+                for source in ("default", "sweep"):
+                    cases = generate(source, op, dtype, sample, 100 + i)
+                    spec = ShardSpec(op, variant, dtype, source, 0, 1, sample, 100 + i, preset.replays, "stochastic", 0)
+                    c0 = time.process_time()
+                    for c in cases:
+                        _case_row(spec, c, None)
+                    cpu += time.process_time() - c0
+                    n += len(cases)
+            total += cpu / n * preset.cases * 2 * len(mine)  # 2 sources x cases, every variant/dtype
+        out.append({"preset": preset.name, "cases": preset.cases, "replays": preset.replays, "cpu_s": total})
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", type=int, default=12)
     ap.add_argument("--replays", type=int, default=16)
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--skip-ray", action="store_true")
+    ap.add_argument("--skip-estimate", action="store_true")
     args = ap.parse_args()
     console = Console(width=160)
     console.print(f"cores: {os.cpu_count()}  load average at start: {os.getloadavg()[0]:.1f}")
@@ -139,6 +172,14 @@ def main() -> None:
         t.add_row(r["engine"], str(r["workers"]), *[f"{r['per_op'].get(op, 0):,.0f}" for op in ops], f"{r['replays']:,}",
                   f"{r['run_s']:.1f}", f"{wall_rate:,.0f}", f"{eff:.2f}", f"{r['gather_s']:.2f}", f"{r['load']:.1f}")
     console.print(t)
+
+    if not args.skip_estimate:
+        t3 = Table(title="preset build time from CPU seconds per case (load-independent), shard phase only")
+        for c in ("preset", "cases/call", "replays", "CPU s", "est. wall s on 2 idle cores"):
+            t3.add_column(c, justify="right")
+        for e in estimate_presets():
+            t3.add_row(e["preset"], str(e["cases"]), str(e["replays"]), f"{e['cpu_s']:.0f}", f"{e['cpu_s'] / 2:.0f}")
+        console.print(t3)
 
     g = bench_gather(args.rows)
     t2 = Table(title=f"gather + aggregate of {g['cases']:,} synthetic outcome rows (20 shard files)")

@@ -33,7 +33,7 @@ import torch  # noqa: E402
 
 from optwin.kernels import production as P  # noqa: E402
 from optwin.kernels.compare import mismatch_report  # noqa: E402
-from optwin.kernels.sketch_buffer import new_buffer, read_sketch, reduce_sketch  # noqa: E402
+from optwin.kernels.sketch_buffer import new_buffer, read_sketch  # noqa: E402
 
 Tensor = torch.Tensor
 DT = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -130,7 +130,7 @@ def _rope_launch(inp, params, y, buf):
 
     x = inp["x"]
     _rope_launch(x.unsqueeze(0), y.unsqueeze(0), buf, positions=inp["positions"].unsqueeze(0),
-                 inv=_inv_freq(x.shape[-1], float(params["base"]), x.device))
+                 inv=_inv_freq(x.shape[-1], float(params["base"]), x.device), base=float(params["base"]))
 
 
 def _rope_ref(inp, params):
@@ -183,8 +183,15 @@ def check(op: str, shape: tuple[int, ...], dtype: str, device: str, seed: int = 
     inp, params = b.make(shape, DT[dtype], device, g)
     x = inp["x"]
     y = torch.full(x.shape, float("nan"), dtype=x.dtype, device=device)
-    buf = new_buffer(op, b.rows(tuple(x.shape)), device).fill_(float("nan"))
+    buf = new_buffer(op, device).fill_(float("nan"))
     b.launch(inp, params, y, buf)
+    y0 = torch.full(x.shape, float("nan"), dtype=x.dtype, device=device)
+    b.launch(inp, params, y0, None)  # sketch off: y must be bit-identical
+    same_y = bool(torch.equal(y0.view(torch.uint8) if y0.dtype != torch.float32 else y0.view(torch.int32),
+                              y.view(torch.uint8) if y.dtype != torch.float32 else y.view(torch.int32)))
+    buf2 = new_buffer(op, device).fill_(float("nan"))
+    b.launch(inp, params, torch.empty_like(y), buf2)  # the workspace must be reset by the first launch
+    rerun = float(((buf2 - buf).abs() / buf.abs().clamp(min=1e-30)).nan_to_num(1.0).max())
     ref = b.ref64(inp, params)
     unwritten = int((torch.isnan(y) & ~torch.isnan(ref)).sum())
     atol, rtol = TOL[dtype]
@@ -200,6 +207,7 @@ def check(op: str, shape: tuple[int, ...], dtype: str, device: str, seed: int = 
         "op": op, "dtype": dtype, "shape": "x".join(map(str, x.shape)), "unwritten": unwritten,
         "vs_float64": rep64 or "ok", "max_abs_vs_production": diff_prod,
         "sketch_unwritten": int(torch.isnan(buf).sum()), "sketch_vs_ingest": _sketch_diff(op, inp, params, buf),
+        "same_y": "yes" if same_y else "NO", "rerun": rerun,
     }
 
 
@@ -240,13 +248,11 @@ def time_op(op: str, shape: tuple[int, ...], dtype: str, device: str, copy_ms: f
     inp, params = b.make(shape, DT[dtype], device, g)
     x = inp["x"]
     y = torch.empty_like(x)
-    rows = b.rows(tuple(x.shape))
-    buf = new_buffer(op, rows, device)
+    buf = new_buffer(op, device)
     nbytes = 2 * x.numel() * x.element_size()  # read x, write y (weights/positions are negligible)
     r: dict[str, Any] = {"op": op, "dtype": dtype, "shape": "x".join(map(str, x.shape))}
     r["kernel_ms"] = t(lambda: b.launch(inp, params, y, None))
     r["kernel_sketch_ms"] = t(lambda: b.launch(inp, params, y, buf))
-    r["reduce_ms"] = t(lambda: reduce_sketch(op, buf, x.shape, params))
     r["eager_ms"] = t(lambda: b.eager(inp, params))
     r["minimal_sketch_ms"] = t(lambda: minimal_sketch(x))
     try:
@@ -290,30 +296,61 @@ def report(checks: list[dict[str, Any]], copies: dict[str, tuple[float, float]],
            device_name: str, notes: list[str]) -> str:
     lines = [f"# optwin.kernels on {device_name}", ""]
     lines += ["## Correctness (NaN-poisoned outputs, float64 math, production variant, ingest sketch)", "",
-              "| op | dtype | shape | unwritten | vs float64 | max abs vs production | sketch unwritten | sketch rel. diff vs ingest |",
-              "|---|---|---|---|---|---|---|---|"]
+              "| op | dtype | shape | unwritten | vs float64 | max abs vs production | sketch unwritten | sketch rel. diff vs ingest | y same w/o sketch | 2nd launch rel. diff |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for c in checks:
         lines.append(f"| {c['op']} | {c['dtype']} | {c['shape']} | {c['unwritten']} | {c['vs_float64']} | "
-                     f"{_fmt(c['max_abs_vs_production'])} | {c['sketch_unwritten']} | {c['sketch_vs_ingest']} |")
+                     f"{_fmt(c['max_abs_vs_production'])} | {c['sketch_unwritten']} | {c['sketch_vs_ingest']} | {c['same_y']} | {c['rerun']:.1e} |")
     lines += ["", "## Copy bandwidth (y.copy_(x), same run)", "", "| dtype | ms | GB/s |", "|---|---|---|"]
     for dt, (ms, gbps) in copies.items():
         lines.append(f"| {dt} | {ms * 1e3:.1f} µs | {gbps:.0f} |")
     lines += ["", "## Timing (median µs; bandwidth = read + write bytes / time)", "",
               "| op | dtype | shape | kernel | GB/s | % of copy | eager | compiled | kernel+sketch | sketch cost "
-              "| reduce step | unfused minimal sketch | ingest sketch (fp64) |",
+              "| extra launches | unfused minimal sketch | ingest sketch (fp64) |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     us = lambda v: _fmt(v * 1e3, 4)  # noqa: E731
     for r in times:
         lines.append(
             f"| {r['op']} | {r['dtype']} | {r['shape']} | {us(r['kernel_ms'])} | {r['gbps']:.0f} | "
             f"{100 * r['copy_frac']:.0f}% | {us(r['eager_ms'])} | {us(r['compiled_ms'])} | {us(r['kernel_sketch_ms'])} | "
-            f"{100 * r['sketch_overhead']:+.1f}% | {us(r['reduce_ms'])} | {us(r['minimal_sketch_ms'])} | "
+            f"{100 * r['sketch_overhead']:+.1f}% | 0 | {us(r['minimal_sketch_ms'])} | "
             f"{us(r['ingest_sketch_ms'])} |")
         if "compiled_error" in r:
             notes.append(f"{r['op']}/{r['dtype']} torch.compile failed: {r['compiled_error']}")
     if notes:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
     return "\n".join(lines) + "\n"
+
+
+def warps_sweep(shape, device: str, t0: float, budget_s: float) -> list[str]:
+    """rmsnorm/layernorm/softmax at other num_warps (changes the tl.sum trees): for the next tuning."""
+    from optwin.kernels.layernorm import EPS as LN_EPS, _layernorm_launch
+    from optwin.kernels.rmsnorm import EPS as RMS_EPS, _rmsnorm_launch
+    from optwin.kernels.softmax import _softmax_launch
+
+    out = []
+    t = _timer(device)
+    g = torch.Generator().manual_seed(2)
+    for op in ("rmsnorm", "layernorm", "softmax"):
+        inp, _ = OPS[op].make(shape, torch.bfloat16, device, g)
+        x = inp["x"]
+        y = torch.empty_like(x)
+        buf = new_buffer(op, device)
+        for w in (8, 32):
+            if time.monotonic() - t0 > budget_s - 15:
+                return out
+            if op == "rmsnorm":
+                f = lambda bb, w=w: _rmsnorm_launch(x, inp["weight"], y, bb, RMS_EPS, num_warps=w)  # noqa: E731
+            elif op == "layernorm":
+                f = lambda bb, w=w: _layernorm_launch(x, inp["weight"], inp["bias"], y, bb, LN_EPS, num_warps=w)  # noqa: E731
+            else:
+                f = lambda bb, w=w: _softmax_launch(x, y, bb, num_warps=w)  # noqa: E731
+            try:
+                a, b2 = t(lambda: f(None)), t(lambda: f(buf))
+                out.append(f"{op} w{w}: {a * 1e3:.1f} / {b2 * 1e3:.1f}")
+            except Exception as e:  # noqa: BLE001
+                out.append(f"{op} w{w}: {type(e).__name__}")
+    return out
 
 
 CHECK_SHAPES = [(4096, 16384), (1823, 781), (3, 65536), (7, 1025)]
@@ -354,6 +391,16 @@ def run(device: str = "cuda", check_shapes=CHECK_SHAPES, time_shape=TIME_SHAPE, 
             except Exception as e:  # noqa: BLE001
                 notes.append(f"timing {op}/{dt} raised {type(e).__name__}: {str(e)[:120]}")
     run_checks(check_shapes[1:])
+    sweep = warps_sweep(time_shape, device, t0, budget_s) if device == "cuda" else []
+    try:
+        from optwin.kernels._common import occupancy_table
+
+        for k, v in sorted(occupancy_table().items(), key=str):
+            notes.append(f"programs per SM {k}: {v}")
+    except Exception as e:  # noqa: BLE001
+        notes.append(f"occupancy table unavailable: {e}")
+    if sweep:
+        notes.append("num_warps sweep (bfloat16, µs kernel / kernel+sketch): " + "; ".join(sweep))
     name = torch.cuda.get_device_name() if device == "cuda" else device
     notes.append(f"torch {torch.__version__}; wall {time.monotonic() - t0:.0f} s")
     return report(checks, copies, times, name, notes)

@@ -8,7 +8,8 @@
    in float16 whose norms are T5LayerNorm-style RMSNorm *without* upcast: every intermediate in
    float16, the catalog's `rmsnorm/native-dtype` variant. Its weights are seeded random.
 3. The model serves batches while its activations drift: the embedding table is scaled up by a small
-   factor every step, as a model whose residual stream slowly diverges. The model runs under
+   factor every step, as a model whose residual stream slowly diverges; an identical copy that does
+   not drift serves the same batches as a control (its warnings are false alarms). Both run under
    `optwin.monitor(model, db=..., policy="warn")` (every call checked, clock = simulated time
    t = step / rate), and each norm call's inputs are labelled by the twin (optwin.twin.run on the
    captured x and weight: the spec's fault definitions against the float64 reference).
@@ -58,6 +59,7 @@ class DemoConfig:
 @dataclass
 class StreamReport:
     name: str
+    control: bool = False  # a call site of the non-drifting control copy: its warnings are false alarms
     calls: int = 0
     first_warn_t: float | None = None
     first_warn_step: int | None = None
@@ -79,7 +81,12 @@ class DemoResult:
 
     @property
     def early_warnings(self) -> int:
-        return sum(1 for s in self.streams if s.lead_s is not None and s.lead_s > 0)
+        return sum(1 for s in self.streams if not s.control and s.lead_s is not None and s.lead_s > 0)
+
+    @property
+    def false_alarms(self) -> int:
+        """Warning episodes on control streams that never faulted."""
+        return sum(s.warned_calls for s in self.streams if s.control and s.first_fault_t is None)
 
 
 # ----------------------------------------------------------------------------- the model
@@ -183,9 +190,10 @@ def _fault_names(faults: dict[str, bool]) -> str:
     return ", ".join(k for k, v in faults.items() if v)
 
 
-def run_watched(model, db: str, cfg: DemoConfig, echo: Callable[[str], None]) -> list[StreamReport]:
-    """Serve `cfg.steps` batches while the embeddings drift, under optwin.monitor (warn policy,
-    every call checked, simulated clock); each norm call is also labelled by the twin."""
+def run_watched(served, db: str, cfg: DemoConfig, echo: Callable[[str], None]) -> list[StreamReport]:
+    """Serve `cfg.steps` batches to both models of `served` (nn.ModuleDict: "drift", whose embeddings
+    grow every step, and "control", an identical copy that does not drift) under one optwin.monitor
+    (warn policy, every call checked, simulated clock); each norm call is also labelled by the twin."""
     import torch
 
     import optwin
@@ -211,7 +219,8 @@ def run_watched(model, db: str, cfg: DemoConfig, echo: Callable[[str], None]) ->
         eta = w.get("eta_s")
         why = (f"p({ft}) = {p:.2f} on this call" if w.get("reason") == "risk" else
                "forecast: drifting into a fault region" + ("" if eta is None else f" in ~{eta:.1f}s"))
-        echo(f"t={t:6.2f}s step {step:4d}  WARNING {name}: {why} (input |x| max {clock['absmax'].get(name, 0):.1f})")
+        kind = " (control: false alarm)" if rep.control else ""
+        echo(f"t={t:6.2f}s step {step:4d}  WARNING{kind} {name}: {why} (input |x| max {clock['absmax'].get(name, 0):.1f})")
 
     def label_hook(name: str):
         def pre(mod, args):
@@ -236,11 +245,11 @@ def run_watched(model, db: str, cfg: DemoConfig, echo: Callable[[str], None]) ->
 
     clock["absmax"] = {}
     handles = []
-    for name, mod in norm_modules(model):
-        reports[name] = StreamReport(name)
+    for name, mod in norm_modules(served):
+        reports[name] = StreamReport(name, control=name.startswith("control."))
         handles.append(mod.register_forward_pre_hook(label_hook(name)))
     g = torch.Generator().manual_seed(cfg.seed)
-    mon = optwin.monitor(model, db=db, policy="warn", ops=(OP,), sampling="always", callbacks=[on_warning],
+    mon = optwin.monitor(served, db=db, policy="warn", ops=(OP,), sampling="always", callbacks=[on_warning],
                          forecast=ForecastConfig.preset(cfg.forecast), clock=lambda: clock["t"])
     # The callback prints each warning once; keep logging's last-resort handler from repeating it.
     mon_log = logging.getLogger("optwin.monitor")
@@ -251,8 +260,9 @@ def run_watched(model, db: str, cfg: DemoConfig, echo: Callable[[str], None]) ->
             for step in range(cfg.steps):
                 clock["t"], clock["step"] = step / cfg.rate_hz, step
                 ids = torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq), generator=g)  # (B, S)
-                model(ids)
-                model.embed.weight.mul_(cfg.growth)  # the drift: activations grow a few % per step
+                served["drift"](ids)
+                served["control"](ids)
+                served["drift"].embed.weight.mul_(cfg.growth)  # the drift: activations grow a few % per step
     finally:
         mon_log.removeHandler(quiet)
         for h in handles:
@@ -267,15 +277,19 @@ def run_demo(workdir: str | os.PathLike[str], cfg: DemoConfig | None = None, reb
     Path(workdir).mkdir(parents=True, exist_ok=True)
     db = os.path.join(os.fspath(workdir), "fingerprints.duckdb")
     build_id, build_s = quick_build(db, cfg, rebuild, echo)
-    model = make_model(cfg)
-    names = [n for n, _ in norm_modules(model)]
+    from torch import nn
+
+    served = nn.ModuleDict({"drift": make_model(cfg), "control": make_model(cfg)})
+    names = [n for n, _ in norm_modules(served["drift"])]
     echo(f"serving a {cfg.layers}-layer float16 model (hidden {cfg.hidden}, {OP}/{VARIANT} norms: {', '.join(names)}) "
-         f"for {cfg.steps} steps at {cfg.rate_hz:g} steps/s; embeddings grow x{cfg.growth} per step")
+         f"for {cfg.steps} steps at {cfg.rate_hz:g} steps/s; its embeddings grow x{cfg.growth} per step, "
+         f"an identical control copy does not drift")
     t0 = time.perf_counter()
-    streams = run_watched(model, db, cfg, echo)
+    streams = run_watched(served, db, cfg, echo)
     result = DemoResult(db, build_id, build_s, time.perf_counter() - t0, cfg.steps, streams)
     with open(os.path.join(os.fspath(workdir), "demo_report.json"), "w") as f:
-        json.dump({**asdict(result), "config": asdict(cfg)}, f, indent=1)
+        json.dump({**asdict(result), "early_warnings": result.early_warnings, "false_alarms": result.false_alarms,
+                   "config": asdict(cfg)}, f, indent=1)
     return result
 
 
@@ -286,13 +300,15 @@ def print_summary(result: DemoResult) -> None:
     console = Console()
     t = Table(title="optwin demo: norm call sites under drift (simulated seconds)")
     for col in ("stream", "calls", "first warning", "first real fault", "lead", "warning episodes", "faulting calls"):
-        t.add_column(col, justify="left" if col == "stream" else "right")
+        t.add_column(col, justify="left" if col == "stream" else "right", no_wrap=col == "stream")
     f = lambda x: "-" if x is None else f"{x:.2f}s"  # noqa: E731
     for s in result.streams:
         t.add_row(s.name, str(s.calls), f(s.first_warn_t), f(s.first_fault_t), f(s.lead_s), str(s.warned_calls),
                   str(s.faulting_calls))
     console.print(t)
-    console.print(f"{result.early_warnings} of {len(result.streams)} streams warned before their first fault "
+    drift = [s for s in result.streams if not s.control]
+    console.print(f"{result.early_warnings} of {len(drift)} drifting streams warned before their first fault; "
+                  f"{result.false_alarms} false alarms on {len(result.streams) - len(drift)} control streams "
                   f"(build {result.build_s:.0f}s, run {result.run_s:.1f}s)")
     typer.echo(f"explore the fingerprints: optwin dashboard --db {result.db}")  # one unwrapped line to copy
 

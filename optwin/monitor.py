@@ -16,8 +16,9 @@ sampling (optwin.fingerprints.sampling): unsampled calls cost a counter incremen
 Policies:
 - "warn": never changes the model. Warnings go to logging ('optwin.monitor'), to callbacks and, with
   a sidecar, to the sidecar (which forecasts server-side). On CUDA the sketch is computed on the
-  device and queued with a CUDA event; it is read on a later call once the event has completed
-  (`event.query()`), so the hot path never synchronizes. `flush()` drains the queue.
+  device, copied asynchronously into pinned host memory and queued with a CUDA event; it is read on
+  a later call once the event has completed (`event.query()`), so the hot path never
+  synchronizes. `flush()` drains the queue (waiting on the events).
 - "fallback": when the call itself is predicted to fault (probability >= threshold), it runs in
   float32 and the result is cast back to the call's dtype. Applies to torch-function calls and to
   RMSNorm modules; wrapped HF functions (eager attention, rotary) only warn. Needs the verdict
@@ -253,8 +254,14 @@ class Monitor:
         if self.policy == "warn" and asyncr:
             event = None
             if values.is_cuda:
+                # Copy into pinned host memory behind the sketch kernels; the event marks the copy
+                # done. Reading `host` later is a CPU read: `.tolist()` on the device tensor would
+                # instead wait for everything queued on the stream since (a hidden sync).
+                host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+                host.copy_(values, non_blocking=True)
                 event = torch.cuda.Event()
                 event.record()
+                values = host
             self._pending.append((s, names, values, event, t, params))
             self.stats.queued = len(self._pending)
             return
@@ -290,8 +297,11 @@ class Monitor:
         """Assess queued device sketches whose events completed (all of them when block)."""
         while self._pending:
             s, names, values, event, t, params = self._pending[0]
-            if event is not None and not block and not event.query():
-                break
+            if event is not None:
+                if not block and not event.query():
+                    break
+                if block:
+                    event.synchronize()
             self._pending.popleft()
             self._assess(s, dict(zip(names, values.tolist())), t, params)
         self.stats.queued = len(self._pending)

@@ -82,10 +82,13 @@ def test_regions_sketches_and_feature_ranges(built):
     for op, region, sketch in _q(out, "SELECT op, region, sketch FROM cases"):
         assert region_key(region_of(op, json.loads(sketch))) == region
     # feature_lo/hi bound the region features of the region's non-held-out cases
+    by_cell: dict[tuple, list[dict]] = {}
+    for op, variant, dtype, region, sketch in _q(out, "SELECT op, variant, dtype, region, sketch FROM cases WHERE NOT held_out"):
+        by_cell.setdefault((op, variant, dtype, region), []).append(json.loads(sketch))
     fps = _q(out, "SELECT op, variant, dtype, region, feature_lo, feature_hi FROM fingerprints WHERE fault_type = 'nonfinite'")
+    assert {fp[:4] for fp in fps} == set(by_cell)
     for op, variant, dtype, region, lo, hi in fps:
-        sk = [json.loads(s) for (s,) in _q(out, "SELECT sketch FROM cases WHERE op=? AND variant=? AND dtype=? AND region=? "
-                                                 "AND NOT held_out", (op, variant, dtype, region))]
+        sk = by_cell[(op, variant, dtype, region)]
         lo, hi = json.loads(lo), json.loads(hi)
         assert list(lo) == list(operator(op).region_features)
         for f in lo:

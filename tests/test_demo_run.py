@@ -44,11 +44,17 @@ def test_demo_fast_warns_before_the_first_real_fault(tmp_path):
     assert "WARNING" in out and "FAULT" in out
     assert f"optwin dashboard --db {tmp_path}" in out.replace("\n", "")
     report = json.loads((tmp_path / "demo_report.json").read_text())
-    streams = report["streams"]
-    assert streams and all(s["calls"] == report["steps"] for s in streams)
+    streams = [s for s in report["streams"] if not s["control"]]
+    control = [s for s in report["streams"] if s["control"]]
+    assert [s["name"] for s in streams] == ["drift.layers.0.norm", "drift.norm"]
+    assert [s["name"] for s in control] == ["control.layers.0.norm", "control.norm"]
+    assert all(s["calls"] == report["steps"] for s in streams + control)
     assert any(s["first_fault_t"] is not None for s in streams)  # the drift really reaches faults
+    assert all(s["first_fault_t"] is None for s in control)  # the same model without drift never faults
+    assert report["false_alarms"] == sum(s["warned_calls"] for s in control)
     early = [s for s in streams if s["lead_s"] is not None and s["lead_s"] > 0]
     assert early, streams
+    assert report["early_warnings"] == len(early)
     for s in early:
         assert s["first_warn_t"] < s["first_fault_t"]
         assert s["lead_s"] == pytest.approx(s["first_fault_t"] - s["first_warn_t"])

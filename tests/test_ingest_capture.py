@@ -150,7 +150,7 @@ def test_torch_functions_and_module_variants() -> None:
     assert recs[2]["sketch"]["n"] == 5 and recs[2]["sketch"]["rows"] == 16  # dim=1 moved last: (2, 8) rows of 5
     assert recs[5]["sketch"]["m"] == 10 and recs[5]["sketch"]["k"] == 8 and recs[5]["sketch"]["n"] == 4
     assert recs[1]["sketch"]["out_bound"] == pytest.approx(
-        (m.norm(x).reshape(-1, 16).double().norm(dim=1).max() * m.proj.weight.double().norm(dim=1).max()).item(), rel=1e-9)
+        (m.norm(x).reshape(-1, 16).double().norm(dim=1).max() * m.proj.weight.double().norm(dim=1).max()).item(), rel=1e-6)
     assert classify_module(NativeRMSNorm(4)) == ("rmsnorm", "native-dtype")
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 

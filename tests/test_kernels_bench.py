@@ -30,12 +30,13 @@ def test_bench_checks_and_times_every_kernel_on_cpu():
     md = gk.run("cpu", check_shapes=[(3, 781), (2, 256)], time_shape=(4, 256), dtypes=("bfloat16",),
                 check_dtypes=("float16", "float32"), compile_ok=False)
     rows = [line for line in md.splitlines() if line.startswith("| ") and not line.startswith("| op") and not line.startswith("| dtype")]
-    checks = [r for r in rows if r.count("|") == 9]
+    checks = [r for r in rows if r.count("|") == 11]
     assert len(checks) == 4 * 2 * 2, md
     for r in checks:
         cells = [c.strip() for c in r.strip("|").split("|")]
         assert cells[3] == "0" and cells[4] == "ok" and cells[6] == "0", r  # all written, within tolerance
         assert float(cells[7].split()[0]) < 1e-4, r  # sketch agrees with optwin.ingest
+        assert cells[8] == "yes" and float(cells[9]) < 1e-6, r  # y unchanged by the sketch; workspace reset
     timing = [r for r in rows if r.count("|") == 14]
     assert {r.split("|")[1].strip() for r in timing} == {"rmsnorm", "softmax", "layernorm", "rope"}
     assert "raised" not in md, md

@@ -60,7 +60,7 @@ def test_observe_one_record_and_a_list_with_errors_in_place(server):
     code, out = post(http, rec("one"))
     assert code == 200 and out == [{"stream": "one", "warn": False, "probability": {"nonfinite": 0.0, "precision_loss": 0.0},
                                     "known": True, "eta_s": None}]
-    code, out = post(http, [rec("a"), {"stream": "b"}, rec("c", sketch=dict(SK, absmax=float("nan")) if False else {**SK, "absmax": -1}),
+    code, out = post(http, [rec("a"), {"stream": "b"}, rec("c", sketch={**SK, "absmax": -1}),
                             rec("d", sketch=HOT), "garbage", rec("e", op="gelu")])
     assert code == 200 and len(out) == 6
     assert out[0]["stream"] == "a" and "error" in out[1] and ">= 0" in out[2]["error"]
@@ -181,7 +181,6 @@ def test_database_swapped_under_load_no_failed_request(db, tmp_path):
     live = str(tmp_path / "live.duckdb")
     shutil.copyfile(db, live)
     with SidecarThread(live, config=RELAXED) as sc:
-        sc.state.cfg.__class__  # noqa: B018
         codes: list[int] = []
         stop = threading.Event()
 
@@ -236,3 +235,24 @@ def test_overload_answers_503_and_is_counted(db):
         assert 503 in codes and 200 in codes
         text = http.request("GET", "/metrics")[1].decode()
         assert f"optwin_sidecar_overloaded_total {codes.count(503)}" in text
+
+
+def test_drifting_stream_over_http_warns_with_lead_time(server):
+    """|x| doubles every 10 s: the sidecar's forecast warns well before the float16 overflow at 256."""
+    http = HTTP(server.url)
+    first_warn = first_hot = None
+    for i in range(120):
+        t = 0.5 * i
+        am = 8.0 * 2 ** (t / 10)
+        sk = dict(SK, absmax=am, rms=am / 3, max_row_rms=am / 2.5)
+        code, out = post(http, rec("drift-http", sketch=sk, t=t))
+        assert code == 200
+        if out[0]["warn"] and first_warn is None:
+            first_warn = (t, out[0]["eta_s"])
+        if out[0]["probability"]["precision_loss"] >= 0.5 and first_hot is None:
+            first_hot = t
+    assert first_warn is not None and first_hot is not None
+    assert first_hot - first_warn[0] >= 10.0 and first_warn[1] > 0
+    code, data = http.request("GET", "/v1/warnings?since=0")
+    ws = [w for w in json.loads(data) if w["stream"] == "drift-http"]
+    assert len(ws) == 1 and ws[0]["reason"] == "forecast" and ws[0]["eta_s"] > 0

@@ -88,6 +88,22 @@ def test_broken_variant_is_recorded_and_abandoned():
     assert all("labels" in c["outcomes"]["native-dtype"] for c in data["cases"])
 
 
+def test_time_budget_skips_groups_and_checkpoints_keep_partial_results(tmp_path):
+    ckpt = tmp_path / "partial.json"
+    data = collect("cpu", 3, seed=0, ops=["geodesic", "matmul"], trace_calls=3, progress=lambda m: None,
+                   max_seconds=1e-3, checkpoint=ckpt)
+    assert data["cases"] == [] and not data["partial"]
+    skipped = [f for f in data["failures"] if f["error"] == "skipped: time budget spent"]
+    assert [(f["op"], f["dtype"]) for f in skipped] == [("geodesic", "float32"), ("matmul", "float16"),
+                                                         ("matmul", "bfloat16"), ("matmul", "float32")]
+    assert len(data["traces"]) == 2  # the traces run first, inside any budget
+    saved = json.loads(ckpt.read_text())
+    assert saved["partial"] is True and len(saved["traces"]) == 2
+    # without a budget every group is checkpointed as it finishes
+    data = collect("cpu", 2, seed=0, ops=["matmul"], traces=False, progress=lambda m: None, checkpoint=ckpt)
+    assert len(json.loads(ckpt.read_text())["cases"]) == len(data["cases"]) == 2 * 3
+
+
 def test_drift_traces_reach_faults_and_flat_controls_do_not():
     traces, failures = collect_traces("cpu", 0, include_triton=False, progress=lambda m: None)
     assert not failures
@@ -121,7 +137,8 @@ _IMPORT_CHECK = r"""
 import json, sys
 from optwin.validate.cli import validate_command
 validate_command(db=None, device="cpu", cases=2, json_out=None, collect_only=sys.argv[1], labels=None, seed=0,
-                 ops=["rmsnorm", "geodesic"], no_triton=True, trace_calls=4, threshold=None, forecast="default")
+                 ops=["rmsnorm", "geodesic"], no_triton=True, trace_calls=4, threshold=None, forecast="default",
+                 max_seconds=None)
 heavy = sorted(m for m in ("duckdb", "polars", "scipy", "pyarrow", "streamlit", "ray") if m in sys.modules)
 print(json.dumps(heavy))
 """

@@ -45,9 +45,10 @@ class Preset:
 
 
 PRESETS: dict[str, Preset] = {
-    # Sized on 2 cores (bench/bench_build.py): quick ~1 min for every variant, full ~6 min.
+    # Sized with bench/bench_build.py (CPU seconds per case, all 47 triples): quick ~67 CPU s
+    # (~45 s on 2 idle cores with startup and gather), full ~510 CPU s (~5 min): 3x under budget.
     "quick": Preset("quick", cases=32, replays=16, slices=1),
-    "full": Preset("full", cases=96, replays=32, slices=2),
+    "full": Preset("full", cases=128, replays=32, slices=2),
 }
 
 # Relative cost of one case per op (measured replay time): the pool starts the dearest shards first.

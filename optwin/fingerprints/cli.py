@@ -25,7 +25,7 @@ def build_command(
     seed: int = typer.Option(0, "--seed", help="Seed of every case generator and replay."),
     workers: Optional[int] = typer.Option(None, "--workers", help="Parallel workers (default: CPU cores)."),
     noise: str = typer.Option("stochastic", "--noise", help="Replay noise: stochastic, mca, order or none."),
-    cases: Optional[int] = typer.Option(None, "--cases", help="Cases per (op, dtype, source) (default: preset: quick 32, full 96)."),
+    cases: Optional[int] = typer.Option(None, "--cases", help="Cases per (op, dtype, source) (default: preset: quick 32, full 128)."),
 ) -> None:
     """Replay the twins over a profile or the default sweep and write the fault-fingerprint database."""
     from rich.console import Console

@@ -83,9 +83,10 @@ class DuckDBStore(FingerprintStore):
 
     def _query(self, sql: str, params: Sequence[Any] = (), as_arrow: bool = False) -> Rows | Any:
         try:
-            cur = self.conn.execute(sql, list(params))
             if as_arrow:
-                return cur.to_arrow_table() if hasattr(cur, "to_arrow_table") else cur.fetch_arrow_table()
+                rel = self.conn.sql(sql, params=list(params))
+                return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+            cur = self.conn.execute(sql, list(params))
             cols = [d[0] for d in cur.description]
             return [dict(zip(cols, row)) for row in cur.fetchall()]
         except duckdb.Error as e:

@@ -163,7 +163,7 @@ def run_shard(spec_dict: dict[str, Any], work_dir: str) -> dict[str, Any]:
     from optwin.errors import OptwinError
     from optwin.fingerprints.sources import generate
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     spec = ShardSpec(**spec_dict)
     tol = Tolerances(**spec.tolerances) if spec.tolerances else None
     cases = generate(spec.source, spec.op, spec.dtype, spec.n_cases, spec.gen_seed, spec.profile)
@@ -178,7 +178,8 @@ def run_shard(spec_dict: dict[str, Any], work_dir: str) -> dict[str, Any]:
     faults = {f: int(df[f"n_{f}"].sum() or 0) for f in ("nonfinite", "precision_loss", "low_entropy")}
     summary = {"shard": spec.shard_id, "op": spec.op, "variant": spec.variant, "dtype": spec.dtype,
                "cases": len(rows), "replays": len(rows) * spec.replays, "rejected": dict(rejected),
-               "faults": faults, "seconds": time.perf_counter() - t0}
+               "faults": faults, "seconds": time.perf_counter() - t0,
+               "cpu_s": time.process_time() - c0}
     os.makedirs(os.path.join(work_dir, "shards"), exist_ok=True)
     _write_atomic(summary_path(work_dir, spec.shard_id), lambda p: _write_text(p, json.dumps(summary)))
     # The Parquet file is the shard's commit marker: written last, complete or absent.

@@ -41,7 +41,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs
 
 from optwin.catalog import CATALOG
 from optwin.errors import OptwinError

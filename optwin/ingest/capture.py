@@ -155,12 +155,23 @@ class Recorder:
         if ops is not None and op not in ops:
             return
         params = params or {}
+        on_cpu = all(t.device.type == "cpu" for t in inputs.values())
+        threads = torch.get_num_threads() if on_cpu else 1
         try:
-            with torch._C.DisableTorchFunction():  # our own reductions must not re-enter the mode
+            # Our own reductions must not re-enter the mode. On CPU they run on one thread: they are
+            # small memory-bound passes, and an OpenMP barrier per tiny reduction costs more than it
+            # saves (badly so on a loaded machine, where a sibling thread may be descheduled). The
+            # setting is process-wide, so it is restored at once.
+            if threads > 1:
+                torch.set_num_threads(1)
+            with torch._C.DisableTorchFunction():
                 _, values = sketch_tensor(op, inputs, params, cache=self._weights)
         except Exception as e:  # noqa: BLE001  a capture must never break the model it watches
             self.skipped[f"{op}: {type(e).__name__}: {str(e)[:120]}"] += 1
             return
+        finally:
+            if threads > 1:
+                torch.set_num_threads(threads)
         main = next(iter(inputs.values()))
         p = _Pending(op, variant, dtype or _dtype_name(main), self.stream if stream is None else stream,
                      len(self._pending), time.perf_counter() - self._t0, dict(params), values)

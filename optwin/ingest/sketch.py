@@ -7,11 +7,21 @@ and online (inside inference processes, on CUDA tensors), so the matcher compare
 
 How it is computed
 ------------------
-Every input is read once, converted to float64 (so squares of float32 values near 3e38 do not
-overflow and row statistics do not lose digits), and reduced a handful of times. All reductions stay
-on the inputs' device; the results are stacked into one float64 tensor (`sketch_tensor`, no host
-sync) and `sketch` reads it with one `.tolist()`. Shapes come from tensor metadata (host side).
-Magnitude features are taken over FINITE elements only; an empty or fully non-finite input gives 0.
+Reference path (every device; the only path on CUDA): every input is read once, converted to
+float64 (so squares of float32 values near 3e38 do not overflow and row statistics do not lose
+digits), masked to its finite elements and reduced a handful of times. All reductions stay on the
+inputs' device; the results are stacked into one float64 tensor (`sketch_tensor`, no host sync) and
+`sketch` reads it with one `.tolist()`. Shapes come from tensor metadata (host side).
+
+CPU fast path (rmsnorm, matmul, attention, layernorm): a host sync is free on CPU, so the common
+case (all elements finite, 1e-18 < max|x| < 1e18, layernorm |mean|/std <= 100) takes one aminmax and
+one row-norm pass per input in float32, without the float64 copy and the masks; anything else falls
+back to the reference path. The two agree to float32 rounding (tests/test_ingest_sketch.py). A
+`WeightCache` passed by the capture memoizes statistics of tensors seen again unchanged (weights;
+one activation fed to query/key/value), keyed by identity and `_version`.
+
+Magnitude features are taken over FINITE elements only; an all-masked input gives 0 (empty inputs
+are refused by optwin.validation).
 
 Features every op has
 ---------------------
@@ -304,21 +314,26 @@ _FAST_LO, _FAST_HI = 1e-18, 1e18
 
 
 class WeightCache:
-    """Memo of per-tensor statistics for weights (nn.Parameter or views of one), keyed by identity
-    and `_version`, so a capture does not re-reduce a static [k, n] weight on every call."""
+    """Memo of per-tensor statistics keyed by the tensor's identity (its view base), layout and
+    `_version`: a capture reduces a static weight once, and an activation fed to several
+    projections (BERT's x -> query, key, value) once per forward. Entries hold weak references
+    only, so a freed tensor is never matched, and dead entries are pruned as the memo grows."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_entries: int = 4096) -> None:
         self._d: dict[tuple, tuple[weakref.ref, int, Any]] = {}
+        self.max_entries = max_entries
 
     def get(self, t: torch.Tensor, kind: str, fn: Callable[[], Any]) -> Any:
         base = t if t._base is None else t._base
-        if not isinstance(base, torch.nn.Parameter):
-            return fn()
         key = (id(base), kind, tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype)
         hit = self._d.get(key)
         if hit is not None and hit[0]() is base and hit[1] == base._version:
             return hit[2]
         val = fn()
+        if len(self._d) >= self.max_entries:
+            self._d = {k: v for k, v in self._d.items() if v[0]() is not None}
+            if len(self._d) >= self.max_entries:
+                self._d.clear()
         self._d[key] = (weakref.ref(base), base._version, val)
         return val
 
@@ -368,7 +383,7 @@ def _fast_rmsnorm(t: dict[str, torch.Tensor], params: dict[str, Any], cache: Wei
 
 def _fast_matmul(t: dict[str, torch.Tensor], params: dict[str, Any], cache: WeightCache | None) -> dict[str, Any] | None:
     a, b = t["a"], t["b"]
-    ra = _fast_rows(a)
+    ra = cache.get(a, "matmul.a", lambda: _fast_rows(a)) if cache is not None else _fast_rows(a)
 
     def bstats() -> tuple[float, float] | None:
         ba = _fast_amax(b)

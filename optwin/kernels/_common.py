@@ -1,4 +1,5 @@
-"""Triton helpers shared by the kernels: launch settings and the finite-only sketch partials.
+"""Triton helpers shared by the kernels: launch settings, the persistent grid, the finite-only sketch
+partials and the in-kernel sketch reduction (atomics into a workspace, finalized by the last program).
 
     python -c "import optwin.kernels._common as c; print(c.launch_settings(16384))"
 
@@ -8,6 +9,7 @@ Imports triton: only the kernel modules import this one.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 import triton
@@ -25,17 +27,57 @@ INTERPRET: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1"
 # Largest finite float32; |h| <= FMAX is false for NaN and ±inf, so it is the finiteness test.
 FMAX: tl.constexpr = tl.constexpr(3.4028234663852886e38)
 
+# Resident programs per SM of each compiled kernel (from its register count), filled after the
+# first launch; a kernel not seen yet gets DEFAULT_OCCUPANCY.
+DEFAULT_OCCUPANCY = 2
+_OCCUPANCY: dict[tuple[Any, ...], int] = {}
+_SMS: dict[int, int] = {}
 
-def programs_for(n_rows: int, device: torch.device) -> int:
-    """Grid of a persistent kernel: at most 4 programs per SM (one row each in flight), >= 1."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-    return max(1, min(n_rows, 4 * sms))
+
+def _sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 2  # interpreter: a couple of programs, so the cross-program merge is exercised
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SMS:
+        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SMS[idx]
+
+
+def persistent_grid(key: tuple[Any, ...], n_rows: int, device: torch.device) -> int:
+    """Programs of a persistent kernel: as many as fit on the GPU at once (each walks rows
+    pid, pid + grid, ...), so every program starts immediately and merges its sketch once; >= 1."""
+    occ = _OCCUPANCY.get(key, DEFAULT_OCCUPANCY)
+    return max(1, min(n_rows, occ * _sms(device)))
+
+
+def note_occupancy(key: tuple[Any, ...], compiled: Any, num_warps: int) -> None:
+    """Record how many programs of `compiled` fit on one SM: registers (rounded to 8 per thread),
+    warps (64 per SM) and shared memory (228 KiB on Hopper). Silent where Triton gives no counts."""
+    if key in _OCCUPANCY:
+        return
+    try:
+        regs = int(compiled.n_regs)
+        shared = int(getattr(compiled, "metadata", None).shared or 0) if hasattr(compiled, "metadata") else 0
+    except Exception:  # noqa: BLE001 - interpreter / other backends: keep the default
+        return
+    if regs <= 0:
+        return
+    by_regs = 65536 // (((regs + 7) // 8) * 8 * 32 * num_warps)
+    by_warps = 64 // num_warps
+    by_smem = (228 * 1024) // shared if shared else 32
+    _OCCUPANCY[key] = max(1, min(by_regs, by_warps, by_smem, 32))
+
+
+def occupancy_table() -> dict[tuple[Any, ...], int]:
+    """Programs per SM recorded so far (the bench reports them)."""
+    return dict(_OCCUPANCY)
 
 
 def launch_settings(n: int) -> tuple[int, int]:
     """(BLOCK, num_warps) for a row of n elements: one row per program, BLOCK = next_pow2(n).
 
     Warps grow with the block so each thread holds at most ~16-64 elements (Liger-Kernel's table).
+    num_warps fixes the per-thread chunk of each tl.sum tree, so it is part of the numerics.
     """
     block = triton.next_power_of_2(max(int(n), 1))
     if block > MAX_BLOCK:
@@ -57,9 +99,28 @@ def rows_view(x: torch.Tensor) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
+# ------------------------------------------------------------------ reductions
+
+
 @triton.jit
 def _max_sum_sum(a0, a1, a2, b0, b1, b2):
     return tl.maximum(a0, b0), a1 + b1, a2 + b2
+
+
+@triton.jit
+def _sum_max(a0, a1, b0, b1):
+    return a0 + b0, tl.maximum(a1, b1)
+
+
+@triton.jit
+def sum_and_max(s, m):
+    """(tl.sum(s), tl.max(m)) over axis 0 in ONE reduction tree (one cross-warp exchange). The sum
+    operand goes through exactly the tree tl.sum builds (same per-thread order, same shuffles), so
+    its bits equal tl.sum(s): the op's own sum is unchanged by riding the sketch's max along."""
+    if INTERPRET:
+        return tl.sum(s, axis=0), tl.max(m, axis=0)
+    else:
+        return tl.reduce((s, m), 0, _sum_max)
 
 
 @triton.jit
@@ -73,8 +134,7 @@ def finite_lanes(h, mask):
 
 @triton.jit
 def reduce_partials(a, q, nf):
-    """(max a, sum q, sum nf) over every axis in ONE reduction tree: one cross-warp exchange for
-    the three values instead of three (separate tl.max/tl.sum calls each pay a barrier)."""
+    """(max a, sum q, sum nf) over every axis in ONE reduction tree."""
     if INTERPRET:  # the interpreter's multi-operand reduce is per-element Python (and rejects axis=None)
         return tl.max(a), tl.sum(q), tl.sum(nf)
     else:
@@ -86,7 +146,34 @@ def finite_partials(h, mask):
     """(largest finite |h|, sum of finite h*h, count of NaN/±inf) over the lanes in `mask`.
 
     h is a float32 block of any rank; fp32, one combined tree reduction. Non-finite lanes are
-    zeroed before squaring, so one NaN does not erase the row's magnitude.
+    zeroed before squaring, so one NaN does not erase the row's magnitude. The kernels call it only
+    on the rare slow path (a row whose op sums came out non-finite) and for parameter vectors.
     """
     a, q, nf = finite_lanes(h, mask)
     return reduce_partials(a, q, nf)
+
+
+# ------------------------------------------------------------------ cross-program sketch merge
+
+
+@triton.jit
+def last_program(T_ptr):
+    """True in exactly one program: the last to take a ticket. The ticket is acq_rel (the relaxed
+    merges before it are released; the last program acquires all of them) and the merges, the
+    ticket and the finalizing reads are scalar atomics, issued by one thread of the program."""
+    t = tl.atomic_add(T_ptr, 1, sem="acq_rel")
+    return t == tl.num_programs(0) - 1
+
+
+# float64 bit patterns of the workspace identities (the slots are exchanged as int64: one atomic
+# reads a slot and restores its identity for the next launch)
+ZERO_BITS: tl.constexpr = tl.constexpr(0)
+NEG_INF_BITS: tl.constexpr = tl.constexpr(-4503599627370496)  # 0xFFF0000000000000
+POS_INF_BITS: tl.constexpr = tl.constexpr(9218868437227405312)  # 0x7FF0000000000000
+
+
+@triton.jit
+def take(ptr, IDENT_BITS: tl.constexpr):
+    """Value of the float64 slot at `ptr`, leaving IDENT_BITS (its identity) there."""
+    bits = tl.atomic_xchg(ptr.to(tl.pointer_type(tl.int64), bitcast=True), IDENT_BITS, sem="relaxed")
+    return tl.cast(bits, tl.float64, bitcast=True)

@@ -10,8 +10,12 @@ Numerics (what optwin.twin's layernorm/triton models), per row of n = hidden ele
     var = tl.sum(d * d) / n                    # two-pass: fp32 tree, fp32 divide (no E[x^2]-m^2 cancellation)
     r = rsqrt(var + eps)                       # eps as fp32 scalar; approximate rsqrt (rsqrt.approx.f32)
     y = (d * r * w.float() + b.float()).to(dtype)   # fp32, left to right (Triton contracts the last mul+add into an FMA on NVIDIA), one rounding
-Memory: read rows*n (x) + 2n per persistent program (weight, bias), write rows*n (y); with the
-sketch also write (rows + 1) * 5 floats.
+With the sketch on, max |h| rides in the mean's tree (tl.reduce of (h, |h|); the sum keeps
+tl.sum's tree, y is bit-identical); sumsq = n*(var + m*m) (positive terms, no cancellation, agrees
+with the tree sum of h*h to float32 rounding), row mean/std = m, sqrt(var); only rows with NaN/±inf
+recompute exact finite-only partials.
+Memory: read rows*n (x, evict-first) + 2n per row (weight, bias: L1/L2 hits), write rows*n (y);
+persistent programs; with the sketch a few scalar atomics per program and the feature vector.
 """
 
 from __future__ import annotations
@@ -21,15 +25,18 @@ import triton
 import triton.language as tl
 
 from optwin.catalog import CATALOG
-from optwin.kernels._common import FMAX, check_device, finite_partials, launch_settings, programs_for, rows_view
-from optwin.kernels.sketch_buffer import LAYOUTS, n_cols, new_buffer
+from optwin.kernels._common import (
+    FMAX, POS_INF_BITS, ZERO_BITS, check_device, finite_partials, last_program, launch_settings, note_occupancy,
+    persistent_grid, rows_view, sum_and_max, take,
+)
+from optwin.kernels.sketch_buffer import RATIO_CAP, WORKSPACE, feature_names, new_buffer, workspace
 
 EPS = CATALOG["layernorm"].constants["eps"]
-S_COLS = n_cols("layernorm")
-assert LAYOUTS["layernorm"] == (
-    ("absmax", "sumsq", "nonfinite", "mean", "std"),
-    ("weight_absmax", "bias_absmax", "param_nonfinite"),
-)
+assert feature_names("layernorm") == (
+    "numel", "rows", "absmax", "rms", "nonfinite", "hidden", "max_mean_over_std", "min_row_std", "weight_absmax",
+    "bias_absmax")
+assert [n for n, _ in WORKSPACE["layernorm"][0]] == ["absmax", "sumsq", "max_ratio", "min_std"]
+assert WORKSPACE["layernorm"][1] == ("ticket", "nonfinite", "param_nonfinite")
 
 
 @triton.jit
@@ -40,86 +47,130 @@ def _layernorm_kernel(
     B_ptr,  # bias (n_cols,) in dtype
     Y_ptr,  # y as (n_rows, n_cols) in dtype, contiguous
     Y_row_stride,
-    S_ptr,  # sketch partials, float32 (n_rows + 1, S_COLS); unused unless SKETCH
+    S_ptr,  # sketch features, float64 (10,); unused unless SKETCH
+    F_ptr,  # workspace float64 slots (absmax, sumsq, max |mean|/std, min std)
+    I_ptr,  # workspace int64 slots (ticket, nonfinite x, nonfinite weight + bias)
     n_rows,
     n_cols,
     eps,  # fp32 scalar
+    CAP: tl.constexpr,
     BLOCK: tl.constexpr,
     SKETCH: tl.constexpr,
-    S_COLS: tl.constexpr,
 ):
-    # Persistent: weight and bias are loaded once per program, which then walks rows pid, pid + grid,
-    # ...; each row is still reduced by one program in one tree (numerics independent of the grid).
+    # Persistent: programs walk rows pid, pid + grid, ...; each row is still reduced by one program
+    # in one tree (numerics independent of the grid).
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
-    w = tl.load(W_ptr + cols, mask=mask, other=0.0).to(tl.float32)  # read n (dtype) per program
-    b = tl.load(B_ptr + cols, mask=mask, other=0.0).to(tl.float32)  # read n (dtype) per program
     if SKETCH:
-        if pid == 0:  # weight and bias partials into the last row
-            wmax, _, wnonfin = finite_partials(w, mask)
-            bmax, _, bnonfin = finite_partials(b, mask)
-            sw = S_ptr + n_rows * S_COLS
-            tl.store(sw + 0, wmax)
-            tl.store(sw + 1, bmax)
-            tl.store(sw + 2, wnonfin + bnonfin)
-            tl.store(sw + 3, 0.0)
-            tl.store(sw + 4, 0.0)
+        p_amax = tl.zeros((), dtype=tl.float32)
+        p_ratio = tl.zeros((), dtype=tl.float32)
+        p_minstd = tl.full((), float("inf"), tl.float32)
+        p_sq = tl.zeros((), dtype=tl.float64)
+        p_nf = tl.zeros((), dtype=tl.int64)
     for r in tl.range(pid, n_rows, tl.num_programs(0)):
         row = tl.cast(r, tl.int64)  # 64-bit offsets for tensors past 2^31 elements
-        x = tl.load(X_ptr + row * X_row_stride + cols, mask=mask, other=0.0)  # read n (dtype)
+        x = tl.load(X_ptr + row * X_row_stride + cols, mask=mask, other=0.0, eviction_policy="evict_first")
         h = x.to(tl.float32)
-        m = tl.sum(h, axis=0) / n_cols  # first pass (registers)
+        if SKETCH:
+            sh, amax = sum_and_max(h, tl.abs(h))  # sh: the same tree as tl.sum(h)
+        else:
+            sh = tl.sum(h, axis=0)
+        m = sh / n_cols  # first pass (registers)
         d = tl.where(mask, h - m, 0.0)
         var = tl.sum(d * d, axis=0) / n_cols  # second pass over registers, not memory
         rs = tl.math.rsqrt(var + eps)  # approximate rsqrt
+        w = tl.load(W_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        b = tl.load(B_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
         y = d * rs * w + b
-        tl.store(Y_ptr + row * Y_row_stride + cols, y.to(Y_ptr.dtype.element_ty), mask=mask)  # write n
+        tl.store(Y_ptr + row * Y_row_stride + cols, y.to(Y_ptr.dtype.element_ty), mask=mask,
+                 eviction_policy="evict_first")  # write n
         if SKETCH:
-            absmax, sumsq, nonfin = finite_partials(h, mask)
-            # mean and population std over the finite entries; equal to (m, var) when all are finite
-            mf = m
-            vf = var
-            if nonfin > 0:  # rare: recompute without the NaN/±inf lanes
+            sq = (var + m * m) * n_cols  # = sum h*h over the row, from the two sums already done
+            if sq <= FMAX:  # every entry finite (NaN/±inf make m, var NaN): the op's values are the sketch's
+                mf = m
+                sf = tl.sqrt(var)
+                nf = tl.zeros((), dtype=tl.float32)
+            else:  # rare: exact finite-only partials, mean and population std
+                amax, sq, nf = finite_partials(h, mask)
                 fin = mask & (tl.abs(h) <= FMAX)
-                cnt = tl.maximum(n_cols - nonfin, 1.0)
+                cnt = tl.maximum(n_cols - nf, 1.0)
                 mf = tl.sum(tl.where(fin, h, 0.0), axis=0) / cnt
                 df = tl.where(fin, h - mf, 0.0)
-                vf = tl.sum(df * df, axis=0) / cnt
-            s = S_ptr + row * S_COLS
-            tl.store(s + 0, absmax)
-            tl.store(s + 1, sumsq)
-            tl.store(s + 2, nonfin)
-            tl.store(s + 3, mf)
-            tl.store(s + 4, tl.sqrt(vf))
+                sf = tl.sqrt(tl.sum(df * df, axis=0) / cnt)
+            am = tl.abs(mf)
+            ratio = tl.where(sf > 0, am / sf, tl.where(am > 0, CAP, 0.0))
+            p_amax = tl.maximum(p_amax, amax)
+            p_ratio = tl.maximum(p_ratio, tl.minimum(ratio, CAP))
+            p_minstd = tl.minimum(p_minstd, sf)
+            p_sq += sq.to(tl.float64)
+            p_nf += nf.to(tl.int64)
+    if SKETCH:
+        if pid == 0:  # weight and bias partials
+            wv = tl.load(W_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+            bv = tl.load(B_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+            wmax, _, wnf = finite_partials(wv, mask)
+            bmax, _, bnf = finite_partials(bv, mask)
+            tl.store(S_ptr + 8, wmax.to(tl.float64))
+            tl.store(S_ptr + 9, bmax.to(tl.float64))
+            tl.atomic_add(I_ptr + 2, (wnf + bnf).to(tl.int64), sem="relaxed")
+        tl.atomic_max(F_ptr + 0, p_amax.to(tl.float64), sem="relaxed")
+        tl.atomic_add(F_ptr + 1, p_sq, sem="relaxed")
+        tl.atomic_max(F_ptr + 2, p_ratio.to(tl.float64), sem="relaxed")
+        tl.atomic_min(F_ptr + 3, p_minstd.to(tl.float64), sem="relaxed")
+        tl.atomic_add(I_ptr + 1, p_nf, sem="relaxed")
+        if last_program(I_ptr):
+            g_amax = take(F_ptr + 0, ZERO_BITS)
+            g_sq = take(F_ptr + 1, ZERO_BITS)
+            g_ratio = take(F_ptr + 2, ZERO_BITS)
+            g_minstd = take(F_ptr + 3, POS_INF_BITS)
+            g_nf = tl.atomic_xchg(I_ptr + 1, 0, sem="relaxed")
+            g_pnf = tl.atomic_xchg(I_ptr + 2, 0, sem="relaxed")
+            tl.atomic_xchg(I_ptr + 0, 0, sem="relaxed")
+            numel = tl.cast(n_rows, tl.int64) * n_cols
+            cnt = tl.maximum(numel - g_nf, 1).to(tl.float64)
+            tl.store(S_ptr + 0, numel.to(tl.float64))
+            tl.store(S_ptr + 1, tl.cast(n_rows, tl.float64))
+            tl.store(S_ptr + 2, g_amax)
+            tl.store(S_ptr + 3, tl.sqrt(g_sq / cnt))
+            tl.store(S_ptr + 4, (g_nf + g_pnf).to(tl.float64))
+            tl.store(S_ptr + 5, tl.cast(n_cols, tl.float64))
+            cap64 = tl.full((), CAP, tl.float64)  # the fp32 cap rounds up; the feature is exactly CAP
+            tl.store(S_ptr + 6, tl.where(g_ratio >= cap64, cap64, g_ratio))
+            tl.store(S_ptr + 7, tl.where(n_rows > 0, g_minstd, 0.0))
 
 
 def _layernorm_launch(
     x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2: torch.Tensor,
-    buf: torch.Tensor | None, eps: float,
+    buf: torch.Tensor | None, eps: float, num_warps: int | None = None,
 ) -> None:
-    """Grid: a persistent program per SM slot (programs_for), each over its share of the rows."""
+    """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows.
+    `num_warps` overrides the default (the bench's sweep; it changes the tl.sum trees)."""
     n_rows, n = x2.shape
     block, warps = launch_settings(n)
+    warps = num_warps or warps
     sketch = buf is not None
     if n_rows == 0 and not sketch:
         return
-    _layernorm_kernel[(programs_for(n_rows, x2.device),)](
-        x2, x2.stride(0), weight, bias, y2, y2.stride(0), buf if sketch else y2,
-        n_rows, n, eps, BLOCK=block, SKETCH=sketch, S_COLS=S_COLS, num_warps=warps,
+    f, i = workspace("layernorm", x2.device) if sketch else (y2, y2)
+    key = ("layernorm", x2.dtype, block, warps, sketch)
+    k = _layernorm_kernel[(persistent_grid(key, n_rows, x2.device),)](
+        x2, x2.stride(0), weight, bias, y2, y2.stride(0), buf if sketch else y2, f, i,
+        n_rows, n, eps, CAP=RATIO_CAP, BLOCK=block, SKETCH=sketch, num_warps=warps,
     )
+    note_occupancy(key, k, warps)
 
 
 def layernorm(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = EPS, sketch: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(layer norm of x over the last dim with weight and bias, sketch buffer or None), x's dtype.
+    """(layer norm of x over the last dim with weight and bias, sketch features or None), x's dtype.
 
-    Read the buffer with optwin.kernels.read_sketch("layernorm", buf, x.shape).
+    Read the features with optwin.kernels.read_sketch("layernorm", buf).
     """
     check_device(x, weight, bias)
     x2 = rows_view(x)  # (rows, hidden)
     y2 = torch.empty(x2.shape, dtype=x.dtype, device=x.device)  # (rows, hidden)
-    buf = new_buffer("layernorm", x2.shape[0], x.device) if sketch else None
+    buf = new_buffer("layernorm", x.device) if sketch else None
     _layernorm_launch(x2, weight.contiguous(), bias.contiguous(), y2, buf, float(eps))
     return y2.reshape(x.shape), buf

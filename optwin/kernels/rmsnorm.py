@@ -1,4 +1,4 @@
-"""RMSNorm in Triton, with the input sketch written in the same pass (catalog variant rmsnorm/triton).
+"""RMSNorm in Triton, with the input sketch in the same launch (catalog variant rmsnorm/triton).
 
     TRITON_INTERPRET=1 python -c "import torch; from optwin.kernels.rmsnorm import rmsnorm; \
 print(rmsnorm(torch.randn(3, 8), torch.ones(8))[1])"
@@ -9,8 +9,12 @@ Numerics (what optwin.twin's rmsnorm/triton models), per row of n = hidden eleme
     r = rsqrt(v + eps)                 # eps as an fp32 scalar; rsqrt is approximate (rsqrt.approx.f32
                                        # on NVIDIA, ~2 ulp), the interpreter uses 1/sqrt in numpy
     y = (h * r * w.float()).to(dtype)  # fp32 products left to right, one rounding to dtype
-Memory: read rows*n (x) + n per program (weight, once per persistent program), write rows*n (y);
-with the sketch also write (rows + 1) * 3 floats.
+With the sketch on, the max |h| rides in the same reduction tree as the sum (tl.reduce of (h*h,
+|h|)); the sum's tree is tl.sum's, so y is bit-identical with and without the sketch.
+Sketch per row from the op's own sums: sumsq = tl.sum(h*h), row mean square = v; only a row whose
+sum is not finite (NaN/±inf, or h*h overflow) recomputes exact finite-only partials.
+Memory: read rows*n (x, evict-first) + n per row (weight, an L1/L2 hit), write rows*n (y); with
+the sketch a few scalar atomics per program and the feature vector.
 """
 
 from __future__ import annotations
@@ -20,12 +24,17 @@ import triton
 import triton.language as tl
 
 from optwin.catalog import CATALOG
-from optwin.kernels._common import check_device, finite_partials, launch_settings, programs_for, rows_view
-from optwin.kernels.sketch_buffer import LAYOUTS, n_cols, new_buffer
+from optwin.kernels._common import (
+    FMAX, ZERO_BITS, check_device, finite_partials, last_program, launch_settings, note_occupancy, persistent_grid, rows_view,
+    sum_and_max, take,
+)
+from optwin.kernels.sketch_buffer import WORKSPACE, feature_names, new_buffer, workspace
 
 EPS = CATALOG["rmsnorm"].constants["eps"]
-S_COLS = n_cols("rmsnorm")
-assert LAYOUTS["rmsnorm"] == (("absmax", "sumsq", "nonfinite"), ("weight_absmax", "weight_nonfinite"))
+assert feature_names("rmsnorm") == (
+    "numel", "rows", "absmax", "rms", "nonfinite", "hidden", "max_row_rms", "weight_absmax")
+assert [n for n, _ in WORKSPACE["rmsnorm"][0]] == ["absmax", "sumsq", "max_row_ms"]
+assert WORKSPACE["rmsnorm"][1] == ("ticket", "nonfinite", "weight_nonfinite")
 
 
 @triton.jit
@@ -35,69 +44,110 @@ def _rmsnorm_kernel(
     W_ptr,  # weight (n_cols,) in dtype
     Y_ptr,  # y as (n_rows, n_cols) in dtype, contiguous
     Y_row_stride,
-    S_ptr,  # sketch partials, float32 (n_rows + 1, S_COLS); unused unless SKETCH
+    S_ptr,  # sketch features, float64 (8,); unused unless SKETCH
+    F_ptr,  # workspace float64 slots (absmax, sumsq, max row mean square)
+    I_ptr,  # workspace int64 slots (ticket, nonfinite x, nonfinite weight)
     n_rows,
     n_cols,
     eps,  # fp32 scalar
     BLOCK: tl.constexpr,
     SKETCH: tl.constexpr,
-    S_COLS: tl.constexpr,
 ):
-    # Persistent: each program loads the weight once and walks rows pid, pid + grid, ...; re-reading
-    # the weight per row costs as much L2 traffic as x itself. Each row is still reduced by one
-    # program in one tree, so the numerics do not depend on the grid.
+    # Persistent: one program per resident slot walks rows pid, pid + grid, ...; each row is still
+    # reduced by one program in one tree, so the numerics do not depend on the grid.
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
-    w = tl.load(W_ptr + cols, mask=mask, other=0.0).to(tl.float32)  # read n (dtype) per program
     if SKETCH:
-        if pid == 0:  # weight partials into the last row
-            wmax, _, wnonfin = finite_partials(w, mask)
-            sw = S_ptr + n_rows * S_COLS
-            tl.store(sw + 0, wmax)
-            tl.store(sw + 1, wnonfin)
-            tl.store(sw + 2, 0.0)
+        p_amax = tl.zeros((), dtype=tl.float32)  # largest finite |x| of this program's rows
+        p_ms = tl.zeros((), dtype=tl.float32)  # largest row mean square (finite entries)
+        p_sq = tl.zeros((), dtype=tl.float64)  # sum of finite x^2
+        p_nf = tl.zeros((), dtype=tl.int64)  # NaN/±inf count
     for r in tl.range(pid, n_rows, tl.num_programs(0)):
         row = tl.cast(r, tl.int64)  # 64-bit offsets for tensors past 2^31 elements
-        x = tl.load(X_ptr + row * X_row_stride + cols, mask=mask, other=0.0)  # read n (dtype)
+        x = tl.load(X_ptr + row * X_row_stride + cols, mask=mask, other=0.0, eviction_policy="evict_first")
         h = x.to(tl.float32)
-        v = tl.sum(h * h, axis=0) / n_cols  # fp32 tree sum, fp32 divide
-        rs = tl.math.rsqrt(v + eps)  # approximate rsqrt
-        y = h * rs * w  # (h*r)*w in fp32
-        tl.store(Y_ptr + row * Y_row_stride + cols, y.to(Y_ptr.dtype.element_ty), mask=mask)  # write n
         if SKETCH:
-            absmax, sumsq, nonfin = finite_partials(h, mask)  # registers only: x is already loaded
-            s = S_ptr + row * S_COLS
-            tl.store(s + 0, absmax)
-            tl.store(s + 1, sumsq)
-            tl.store(s + 2, nonfin)
+            ss, amax = sum_and_max(h * h, tl.abs(h))  # ss: the same tree as tl.sum(h * h)
+        else:
+            ss = tl.sum(h * h, axis=0)  # fp32 tree sum
+        v = ss / n_cols  # fp32 divide
+        rs = tl.math.rsqrt(v + eps)  # approximate rsqrt
+        # the weight per row (L1/L2 hit): holding it in registers across rows halves occupancy
+        w = tl.load(W_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        y = h * rs * w  # (h*r)*w in fp32
+        tl.store(Y_ptr + row * Y_row_stride + cols, y.to(Y_ptr.dtype.element_ty), mask=mask,
+                 eviction_policy="evict_first")  # write n
+        if SKETCH:
+            if ss <= FMAX:  # every entry finite: the op's sums are the sketch's
+                p_amax = tl.maximum(p_amax, amax)
+                p_ms = tl.maximum(p_ms, v)
+                p_sq += ss.to(tl.float64)
+            else:  # rare: NaN/±inf in the row, or h*h overflowed: exact finite-only partials
+                a, q, nf = finite_partials(h, mask)
+                p_amax = tl.maximum(p_amax, a)
+                p_ms = tl.maximum(p_ms, q / tl.maximum(n_cols - nf, 1.0))
+                p_sq += q.to(tl.float64)
+                p_nf += nf.to(tl.int64)
+    if SKETCH:
+        if pid == 0:  # the weight's partials
+            wv = tl.load(W_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+            wmax, _, wnf = finite_partials(wv, mask)
+            tl.store(S_ptr + 7, wmax.to(tl.float64))
+            tl.atomic_add(I_ptr + 2, wnf.to(tl.int64), sem="relaxed")
+        tl.atomic_max(F_ptr + 0, p_amax.to(tl.float64), sem="relaxed")
+        tl.atomic_add(F_ptr + 1, p_sq, sem="relaxed")
+        tl.atomic_max(F_ptr + 2, p_ms.to(tl.float64), sem="relaxed")
+        tl.atomic_add(I_ptr + 1, p_nf, sem="relaxed")
+        if last_program(I_ptr):  # read back and reset the workspace, write the features
+            g_amax = take(F_ptr + 0, ZERO_BITS)
+            g_sq = take(F_ptr + 1, ZERO_BITS)
+            g_ms = take(F_ptr + 2, ZERO_BITS)
+            g_nf = tl.atomic_xchg(I_ptr + 1, 0, sem="relaxed")
+            g_wnf = tl.atomic_xchg(I_ptr + 2, 0, sem="relaxed")
+            tl.atomic_xchg(I_ptr + 0, 0, sem="relaxed")  # the ticket
+            numel = tl.cast(n_rows, tl.int64) * n_cols
+            cnt = tl.maximum(numel - g_nf, 1).to(tl.float64)
+            tl.store(S_ptr + 0, numel.to(tl.float64))
+            tl.store(S_ptr + 1, tl.cast(n_rows, tl.float64))
+            tl.store(S_ptr + 2, g_amax)
+            tl.store(S_ptr + 3, tl.sqrt(g_sq / cnt))
+            tl.store(S_ptr + 4, (g_nf + g_wnf).to(tl.float64))
+            tl.store(S_ptr + 5, tl.cast(n_cols, tl.float64))
+            tl.store(S_ptr + 6, tl.sqrt(g_ms))
 
 
 def _rmsnorm_launch(
-    x2: torch.Tensor, weight: torch.Tensor, y2: torch.Tensor, buf: torch.Tensor | None, eps: float
+    x2: torch.Tensor, weight: torch.Tensor, y2: torch.Tensor, buf: torch.Tensor | None, eps: float,
+    num_warps: int | None = None,
 ) -> None:
-    """Grid: a persistent program per SM slot (programs_for), each over its share of the rows."""
+    """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows.
+    `num_warps` overrides the default (the bench's sweep; it changes the tl.sum tree)."""
     n_rows, n = x2.shape
     block, warps = launch_settings(n)
+    warps = num_warps or warps
     sketch = buf is not None
     if n_rows == 0 and not sketch:
         return
-    _rmsnorm_kernel[(programs_for(n_rows, x2.device),)](
-        x2, x2.stride(0), weight, y2, y2.stride(0), buf if sketch else y2,
-        n_rows, n, eps, BLOCK=block, SKETCH=sketch, S_COLS=S_COLS, num_warps=warps,
+    f, i = workspace("rmsnorm", x2.device) if sketch else (y2, y2)
+    key = ("rmsnorm", x2.dtype, block, warps, sketch)
+    k = _rmsnorm_kernel[(persistent_grid(key, n_rows, x2.device),)](
+        x2, x2.stride(0), weight, y2, y2.stride(0), buf if sketch else y2, f, i,
+        n_rows, n, eps, BLOCK=block, SKETCH=sketch, num_warps=warps,
     )
+    note_occupancy(key, k, warps)
 
 
 def rmsnorm(
     x: torch.Tensor, weight: torch.Tensor, eps: float = EPS, sketch: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(y, sketch buffer or None): y = x * rsqrt(mean(x^2) + eps) * weight, in x's dtype.
+    """(y, sketch features or None): y = x * rsqrt(mean(x^2) + eps) * weight, in x's dtype.
 
-    Read the buffer with optwin.kernels.read_sketch("rmsnorm", buf, x.shape).
+    Read the features with optwin.kernels.read_sketch("rmsnorm", buf).
     """
     check_device(x, weight)
     x2 = rows_view(x)  # (rows, hidden)
     y2 = torch.empty(x2.shape, dtype=x.dtype, device=x.device)  # (rows, hidden)
-    buf = new_buffer("rmsnorm", x2.shape[0], x.device) if sketch else None
+    buf = new_buffer("rmsnorm", x.device) if sketch else None
     _rmsnorm_launch(x2, weight.contiguous(), y2, buf, float(eps))
     return y2.reshape(x.shape), buf

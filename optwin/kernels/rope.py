@@ -15,11 +15,17 @@ Numerics (what optwin.twin's rope/triton models), at position p, frequency j < d
     y2 = x2 * c + x1 * s                # second half, fp32; Triton may contract one product into an FMA
     y = cat(y1, y2).to(dtype)           # one rounding
 Table mode (HF models: cos/sin given in dtype, [batch, seq, d]) loads both halves of cos/sin instead
-of computing them, same combine. Memory: read seq*heads*d (x) + seq positions, write seq*heads*d;
-with the sketch also write seq * 4 floats.
+of computing them, same combine. Persistent programs walk positions pid, pid + grid, ...
+Sketch: no per-position reduction at all; each program keeps elementwise running max |x| and
+sum x^2 in registers and reduces them once at its end; only a program whose sum came out
+non-finite (NaN/±inf in x, or overflow) re-reads its positions for exact finite-only partials.
+Memory: read seq*heads*d (x) + seq positions, write seq*heads*d; with the sketch a few scalar
+atomics per program and the feature vector.
 """
 
 from __future__ import annotations
+
+import struct
 
 import torch
 import triton
@@ -27,13 +33,17 @@ import triton.language as tl
 
 from optwin.catalog import CATALOG
 from optwin.errors import InputError
-from optwin.kernels._common import MAX_BLOCK, check_device, finite_lanes, reduce_partials
+from optwin.kernels._common import (
+    FMAX, MAX_BLOCK, ZERO_BITS, check_device, finite_lanes, last_program, note_occupancy, persistent_grid,
+    reduce_partials, take,
+)
 from optwin.kernels.production import rope_inv_freq
-from optwin.kernels.sketch_buffer import LAYOUTS, n_cols, new_buffer
+from optwin.kernels.sketch_buffer import WORKSPACE, feature_names, new_buffer, workspace
 
 BASE = float(CATALOG["rope"].params["base"])
-S_COLS = n_cols("rope")
-assert LAYOUTS["rope"][0] == ("absmax", "sumsq", "nonfinite", "abspos")
+assert feature_names("rope") == ("numel", "rows", "absmax", "rms", "nonfinite", "seq", "heads", "d", "max_pos", "base")
+assert [n for n, _ in WORKSPACE["rope"][0]] == ["absmax", "sumsq", "max_pos"]
+assert WORKSPACE["rope"][1] == ("ticket", "nonfinite")
 
 _INV_CACHE: dict[tuple[int, float, str], torch.Tensor] = {}
 
@@ -55,56 +65,102 @@ def _rope_kernel(
     SN_ptr,  # sin table, same layout as cos (table mode)
     C_batch_stride,
     C_seq_stride,
-    S_ptr,  # sketch partials, float32 (batch * seq, S_COLS); unused unless SKETCH
+    S_ptr,  # sketch features, float64 (10,); unused unless SKETCH
+    F_ptr,  # workspace float64 slots (absmax, sumsq, max |position|)
+    I_ptr,  # workspace int64 slots (ticket, nonfinite)
+    n_rows,  # batch * seq
     n_seq,
     n_heads,
     half,  # d / 2
+    base_bits,  # the rope base as float64 bits (int64), for the sketch
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,  # >= half
     FROM_TABLES: tl.constexpr,
     SKETCH: tl.constexpr,
-    S_COLS: tl.constexpr,
 ):
-    pid = tl.program_id(0).to(tl.int64)
-    b = pid // n_seq
-    s = pid % n_seq
+    pid = tl.program_id(0)
     hs = tl.arange(0, BLOCK_H)[:, None]  # (BLOCK_H, 1)
     js = tl.arange(0, BLOCK_D)[None, :]  # (1, BLOCK_D)
     mask = (hs < n_heads) & (js < half)  # (BLOCK_H, BLOCK_D)
-    xp = X_ptr + b * X_batch_stride + s * X_seq_stride + hs * X_head_stride + js
-    x1 = tl.load(xp, mask=mask, other=0.0).to(tl.float32)  # read heads*d/2 (dtype)
-    x2 = tl.load(xp + half, mask=mask, other=0.0).to(tl.float32)  # read heads*d/2 (dtype)
-    if FROM_TABLES:
-        cp = b * C_batch_stride + s * C_seq_stride + js  # (1, BLOCK_D)
-        jm = js < half
-        c1 = tl.load(C_ptr + cp, mask=jm, other=0.0).to(tl.float32)  # read d (dtype), per position
-        c2 = tl.load(C_ptr + cp + half, mask=jm, other=0.0).to(tl.float32)
-        s1 = tl.load(SN_ptr + cp, mask=jm, other=0.0).to(tl.float32)
-        s2 = tl.load(SN_ptr + cp + half, mask=jm, other=0.0).to(tl.float32)
-        pos = 0.0
-    else:
-        pos_i = tl.load(P_ptr + b * P_batch_stride + s)  # read 1 int64
-        pos = pos_i.to(tl.float32)
-        inv = tl.load(INV_ptr + js, mask=js < half, other=0.0)  # read d/2 fp32 (L1/L2 hits)
-        ang = pos * inv  # (1, BLOCK_D) fp32
-        c1 = tl.cos(ang)
-        s1 = tl.sin(ang)
-        c2 = c1
-        s2 = s1
-    y1 = x1 * c1 - x2 * s1
-    y2 = x2 * c2 + x1 * s2
-    yp = Y_ptr + b * Y_batch_stride + s * Y_seq_stride + hs * Y_head_stride + js
-    tl.store(yp, y1.to(Y_ptr.dtype.element_ty), mask=mask)  # write heads*d/2
-    tl.store(yp + half, y2.to(Y_ptr.dtype.element_ty), mask=mask)  # write heads*d/2
     if SKETCH:
-        a1, q1, n1 = finite_lanes(x1, mask)
-        a2, q2, n2 = finite_lanes(x2, mask)
-        amax, sumsq, nonfin = reduce_partials(tl.maximum(a1, a2), q1 + q2, n1 + n2)  # one tree
-        st = S_ptr + pid * S_COLS
-        tl.store(st + 0, amax)
-        tl.store(st + 1, sumsq)
-        tl.store(st + 2, nonfin)
-        tl.store(st + 3, tl.abs(pos))  # 0 in table mode: positions unknown
+        v_amax = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)  # running max |x| per lane
+        v_sq = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)  # running sum x^2 per lane
+        p_pos = tl.zeros((), dtype=tl.int64)  # largest |position|
+    for r in tl.range(pid, n_rows, tl.num_programs(0)):
+        row = tl.cast(r, tl.int64)
+        b = row // n_seq
+        s = row % n_seq
+        xp = X_ptr + b * X_batch_stride + s * X_seq_stride + hs * X_head_stride + js
+        x1 = tl.load(xp, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)  # heads*d/2
+        x2 = tl.load(xp + half, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        if FROM_TABLES:
+            cp = b * C_batch_stride + s * C_seq_stride + js  # (1, BLOCK_D)
+            jm = js < half
+            c1 = tl.load(C_ptr + cp, mask=jm, other=0.0).to(tl.float32)  # read d (dtype), per position
+            c2 = tl.load(C_ptr + cp + half, mask=jm, other=0.0).to(tl.float32)
+            s1 = tl.load(SN_ptr + cp, mask=jm, other=0.0).to(tl.float32)
+            s2 = tl.load(SN_ptr + cp + half, mask=jm, other=0.0).to(tl.float32)
+        else:
+            pos_i = tl.load(P_ptr + b * P_batch_stride + s)  # read 1 int64
+            pos = pos_i.to(tl.float32)
+            inv = tl.load(INV_ptr + js, mask=js < half, other=0.0, eviction_policy="evict_last")  # d/2 fp32
+            ang = pos * inv  # (1, BLOCK_D) fp32
+            c1 = tl.cos(ang)
+            s1 = tl.sin(ang)
+            c2 = c1
+            s2 = s1
+            if SKETCH:
+                p_pos = tl.maximum(p_pos, tl.abs(pos_i.to(tl.int64)))
+        y1 = x1 * c1 - x2 * s1
+        y2 = x2 * c2 + x1 * s2
+        yp = Y_ptr + b * Y_batch_stride + s * Y_seq_stride + hs * Y_head_stride + js
+        tl.store(yp, y1.to(Y_ptr.dtype.element_ty), mask=mask, eviction_policy="evict_first")  # heads*d/2
+        tl.store(yp + half, y2.to(Y_ptr.dtype.element_ty), mask=mask, eviction_policy="evict_first")
+        if SKETCH:  # elementwise only; NaN/±inf poison v_sq, which sends this program to the exact path
+            v_amax = tl.maximum(v_amax, tl.maximum(tl.abs(x1), tl.abs(x2)))
+            v_sq += x1 * x1 + x2 * x2
+    if SKETCH:
+        p_sq = tl.sum(v_sq).to(tl.float64)
+        p_amax = tl.max(v_amax)
+        p_nf = tl.zeros((), dtype=tl.int64)
+        if not (p_sq <= FMAX):  # rare: re-read this program's positions, exact finite-only partials
+            p_sq = tl.zeros((), dtype=tl.float64)
+            p_amax = tl.zeros((), dtype=tl.float32)
+            for r2 in tl.range(pid, n_rows, tl.num_programs(0)):
+                row2 = tl.cast(r2, tl.int64)
+                xq = X_ptr + (row2 // n_seq) * X_batch_stride + (row2 % n_seq) * X_seq_stride + hs * X_head_stride + js
+                z1 = tl.load(xq, mask=mask, other=0.0).to(tl.float32)
+                z2 = tl.load(xq + half, mask=mask, other=0.0).to(tl.float32)
+                a1, q1, n1 = finite_lanes(z1, mask)
+                a2, q2, n2 = finite_lanes(z2, mask)
+                ra, rq, rn = reduce_partials(tl.maximum(a1, a2), q1 + q2, n1 + n2)
+                p_amax = tl.maximum(p_amax, ra)
+                p_sq += rq.to(tl.float64)
+                p_nf += rn.to(tl.int64)
+        tl.atomic_max(F_ptr + 0, p_amax.to(tl.float64), sem="relaxed")
+        tl.atomic_add(F_ptr + 1, p_sq, sem="relaxed")
+        tl.atomic_max(F_ptr + 2, p_pos.to(tl.float64), sem="relaxed")
+        tl.atomic_add(I_ptr + 1, p_nf, sem="relaxed")
+        if last_program(I_ptr):
+            g_amax = take(F_ptr + 0, ZERO_BITS)
+            g_sq = take(F_ptr + 1, ZERO_BITS)
+            g_pos = take(F_ptr + 2, ZERO_BITS)
+            g_nf = tl.atomic_xchg(I_ptr + 1, 0, sem="relaxed")
+            tl.atomic_xchg(I_ptr + 0, 0, sem="relaxed")
+            d = 2 * tl.cast(half, tl.int64)
+            numel = tl.cast(n_rows, tl.int64) * n_heads * d
+            cnt = tl.maximum(numel - g_nf, 1).to(tl.float64)
+            tl.store(S_ptr + 0, numel.to(tl.float64))
+            tl.store(S_ptr + 1, (tl.cast(n_rows, tl.int64) * n_heads).to(tl.float64))
+            tl.store(S_ptr + 2, g_amax)
+            tl.store(S_ptr + 3, tl.sqrt(g_sq / cnt))
+            tl.store(S_ptr + 4, g_nf.to(tl.float64))
+            tl.store(S_ptr + 5, tl.cast(n_seq, tl.float64))
+            tl.store(S_ptr + 6, tl.cast(n_heads, tl.float64))
+            tl.store(S_ptr + 7, d.to(tl.float64))
+            tl.store(S_ptr + 8, g_pos)
+            tl.store(S_ptr + 9, tl.cast(tl.cast(base_bits, tl.int64), tl.float64, bitcast=True))
+
 
 
 def _inv_freq(d: int, base: float, device: torch.device) -> torch.Tensor:
@@ -130,11 +186,12 @@ def _rope_launch(
     inv: torch.Tensor | None = None,  # (d/2,) fp32, angle mode
     cos: torch.Tensor | None = None,  # (batch, seq, d), table mode
     sin: torch.Tensor | None = None,
+    base: float = 0.0,  # reported in the sketch only
 ) -> None:
-    """Grid: one program per (batch, seq) position."""
+    """Grid: one persistent program per resident slot (persistent_grid), each over its positions."""
     _check_4d(x4)
     batch, seq, heads, d = x4.shape
-    if batch * seq == 0:
+    if batch * seq == 0 and buf is None:
         return
     tables = cos is not None
     block_h, block_d = triton.next_power_of_2(heads), triton.next_power_of_2(d // 2)
@@ -142,17 +199,21 @@ def _rope_launch(
     warps = 16 if tile >= 8192 else 8 if tile >= 2048 else 4
     sketch = buf is not None
     dummy = y4
-    _rope_kernel[(batch * seq,)](
+    f, i = workspace("rope", x4.device) if sketch else (dummy, dummy)
+    key = ("rope", x4.dtype, block_h, block_d, warps, tables, sketch)
+    base_bits = struct.unpack("<q", struct.pack("<d", float(base)))[0]
+    k = _rope_kernel[(persistent_grid(key, batch * seq, x4.device),)](
         x4, x4.stride(0), x4.stride(1), x4.stride(2),
         y4, y4.stride(0), y4.stride(1), y4.stride(2),
         dummy if tables else positions, 0 if tables else positions.stride(0),
         dummy if tables else inv,
         cos if tables else dummy, sin if tables else dummy,
         cos.stride(0) if tables else 0, cos.stride(1) if tables else 0,
-        buf if sketch else dummy,
-        seq, heads, d // 2,
-        BLOCK_H=block_h, BLOCK_D=block_d, FROM_TABLES=tables, SKETCH=sketch, S_COLS=S_COLS, num_warps=warps,
+        buf if sketch else dummy, f, i,
+        batch * seq, seq, heads, d // 2, base_bits,
+        BLOCK_H=block_h, BLOCK_D=block_d, FROM_TABLES=tables, SKETCH=sketch, num_warps=warps,
     )
+    note_occupancy(key, k, warps)
 
 
 def rope(
@@ -169,9 +230,10 @@ def rope(
     if x4.stride(-1) != 1:
         x4 = x4.contiguous()
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # (seq, heads, d)
-    buf = new_buffer("rope", x.shape[0], x.device) if sketch else None
+    buf = new_buffer("rope", x.device) if sketch else None
     pos = positions.to(torch.int64).contiguous().unsqueeze(0)  # (1, seq)
-    _rope_launch(x4, y.unsqueeze(0), buf, positions=pos, inv=_inv_freq(x.shape[-1], float(base), x.device))
+    _rope_launch(x4, y.unsqueeze(0), buf, positions=pos, inv=_inv_freq(x.shape[-1], float(base), x.device),
+                 base=float(base))
     return y, buf
 
 

@@ -1,158 +1,101 @@
-"""The sketch buffer our Triton kernels write, and its reduction to the sketch contract's features.
+"""The sketch buffer our Triton kernels write (the finished sketch features), and the workspace
+they merge into.
 
-    python -c "from optwin.kernels.sketch_buffer import LAYOUTS; print(LAYOUTS['softmax'])"
+    python -c "from optwin.kernels.sketch_buffer import WORKSPACE; print(WORKSPACE['softmax'])"
 
-Each kernel program handles one row and writes that row's partials (float32) into row `r` of a small
-buffer of shape (rows [+ 1], C); programs never meet, so there is no atomic and no zero-fill launch.
-Ops with parameter vectors (weight, bias) get one extra last row that program 0 fills with the
-parameters' partials. The second, tiny step (`reduce_sketch`, a handful of torch reductions over
-rows x C floats, in float64) turns partials into the contract's features without a host sync;
-`read_sketch` does that and one `.tolist()`.
+One launch does everything: each persistent kernel program accumulates its rows' partials in
+registers, merges them once into a small per-(op, device, stream) workspace with scalar atomics
+(max / min / add), and the last program to finish (an acq_rel ticket) reads the workspace back,
+resets it for the next launch, and writes the contract's features, in optwin.ingest's order, as
+float64 into the call's buffer. The buffer is final when the kernel completes: no second launch,
+no zero-fill, no host sync. `read_sketch` is one `.tolist()`.
 
 Definitions follow optwin.ingest.sketch exactly (magnitudes over finite elements, counts of
-non-finite values; softmax's -inf is a mask, not a non-finite), except that the per-row partials are
-accumulated in float32 by the kernel where ingest uses float64: features agree to float32 rounding
-(relative ~1e-6 for sums of squares, more for |mean|/std near cancellation). Pure torch, no triton.
+non-finite values; softmax's -inf is a mask, not a non-finite). Per-row values are float32 (the
+kernel's own reductions where the row is all finite, an exact finite-only recomputation where it
+is not); cross-row sums are float64 in an order set by the atomics, so features agree with ingest
+to float32 rounding and may differ run to run in the last float32 bits. Counts are exact (int64).
+Two launches of the same op must not overlap on one stream's workspace: streams get their own.
+Pure torch, no triton.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from optwin.catalog import operator, resolve_params
+from optwin.catalog import operator
 from optwin.errors import InputError
 
 # Stand-in for +inf in max_mean_over_std (std == 0, mean != 0); the same cap as optwin.ingest.
 RATIO_CAP = 1e30
 
-# Column layout per op: names of the per-row partials, and of the parameter row (if any).
-# Kernels index columns by position in these tuples (C_* constants below), so the layout lives here once.
-LAYOUTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    # row: largest finite |x|, sum of finite x^2, count of NaN/±inf
-    "rmsnorm": (("absmax", "sumsq", "nonfinite"), ("weight_absmax", "weight_nonfinite")),
-    # row: + largest and smallest finite x (signed; -inf/+inf when the row has none), count of -inf
-    "softmax": (("absmax", "sumsq", "nonfinite", "max", "min", "neginf"), ()),
-    # row: + mean and population std over the row's finite entries (two-pass, float32)
-    "layernorm": (
-        ("absmax", "sumsq", "nonfinite", "mean", "std"),
-        ("weight_absmax", "bias_absmax", "param_nonfinite"),
+# Workspace per op: float64 slots (name, identity) merged with atomic max/min/add, and int64 slots
+# (slot 0 is the ticket). Kernels index the slots by position; the identities are what the last
+# program writes back, so a workspace is always ready for the next launch.
+INF = float("inf")
+WORKSPACE: dict[str, tuple[tuple[tuple[str, float], ...], tuple[str, ...]]] = {
+    "rmsnorm": ((("absmax", 0.0), ("sumsq", 0.0), ("max_row_ms", 0.0)), ("ticket", "nonfinite", "weight_nonfinite")),
+    "softmax": (
+        (("absmax", 0.0), ("sumsq", 0.0), ("max", -INF), ("min", INF), ("max_row_range", 0.0)),
+        ("ticket", "nonfinite", "neginf", "masked_rows"),
     ),
-    # row = one sequence position (all heads): + |position|
-    "rope": (("absmax", "sumsq", "nonfinite", "abspos"), ()),
+    "layernorm": (
+        (("absmax", 0.0), ("sumsq", 0.0), ("max_ratio", 0.0), ("min_std", INF)),
+        ("ticket", "nonfinite", "param_nonfinite"),
+    ),
+    "rope": ((("absmax", 0.0), ("sumsq", 0.0), ("max_pos", 0.0)), ("ticket", "nonfinite")),
 }
 
-
-def n_cols(op: str) -> int:
-    """Columns of `op`'s buffer: enough for the row partials and the parameter row."""
-    row, par = LAYOUTS[op]
-    return max(len(row), len(par))
+_WS: dict[tuple[str, str, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def n_rows(op: str, rows: int) -> int:
-    """Rows of `op`'s buffer for `rows` kernel rows (one extra for the parameter row)."""
-    return rows + (1 if LAYOUTS[op][1] else 0)
-
-
-def new_buffer(op: str, rows: int, device: torch.device | str) -> torch.Tensor:
-    """Uninitialised float32 (rows [+1], C): every entry is written by the kernel."""
-    return torch.empty(n_rows(op, rows), n_cols(op), dtype=torch.float32, device=device)
-
-
-def _col(buf: torch.Tensor, op: str, name: str) -> torch.Tensor:
-    """Column `name` of the row partials as float64, shape (rows,)."""
-    row, par = LAYOUTS[op]
-    body = buf[:-1] if par else buf
-    return body[:, row.index(name)].to(torch.float64)
-
-
-def _par(buf: torch.Tensor, op: str, name: str) -> torch.Tensor:
-    return buf[-1, LAYOUTS[op][1].index(name)].to(torch.float64)
-
-
-def _amax0(t: torch.Tensor) -> torch.Tensor:
-    """amax with 0 for an empty tensor (the contract: empty input -> 0 magnitudes)."""
-    return t.amax() if t.numel() else t.new_zeros(())
-
-
-def _features(op: str, buf: torch.Tensor, shape: Sequence[int], params: dict[str, Any]) -> dict[str, Any]:
-    """Contract features from the buffer; values are float64 0-dim tensors or Python floats."""
-    n = int(shape[-1]) if len(shape) else 1
-    numel = math.prod(shape)
-    absmax, sumsq, nonfin = _col(buf, op, "absmax"), _col(buf, op, "sumsq"), _col(buf, op, "nonfinite")
-    out: dict[str, Any] = {"numel": float(numel), "rows": float(math.prod(shape[:-1]))}
-    out["absmax"] = _amax0(absmax)
-    finite_count = numel - nonfin.sum()
-    if op == "softmax":
-        neginf = _col(buf, op, "neginf")
-        finite_count = finite_count - neginf.sum()
-    out["rms"] = torch.sqrt(sumsq.sum() / finite_count.clamp(min=1))
-    out["nonfinite"] = nonfin.sum()
-
-    if op == "rmsnorm":
-        row_cnt = (n - nonfin).clamp(min=1)  # (rows,) finite entries per row
-        out["hidden"] = float(n)
-        out["max_row_rms"] = torch.sqrt(_amax0(sumsq / row_cnt))
-        out["weight_absmax"] = _par(buf, op, "weight_absmax")
-        out["nonfinite"] = out["nonfinite"] + _par(buf, op, "weight_nonfinite")
-    elif op == "softmax":
-        rmax, rmin = _col(buf, op, "max"), _col(buf, op, "min")  # (rows,) ±inf where no finite entry
-        has = rmax >= rmin  # (rows,) the row has a finite entry
-        any_fin = has.any() if has.numel() else torch.zeros((), dtype=torch.bool, device=buf.device)
-        out["n"] = float(n)
-        out["max"] = torch.where(any_fin, _amax0(rmax), 0.0)
-        out["min"] = torch.where(any_fin, -_amax0(-rmin), 0.0)
-        out["max_row_range"] = _amax0(torch.where(has, rmax - rmin, 0.0))
-        out["masked_rows"] = (neginf == n).sum().to(torch.float64)
-        out["masked_frac"] = neginf.sum() / max(numel, 1)
-    elif op == "layernorm":
-        mean, std = _col(buf, op, "mean").abs(), _col(buf, op, "std")  # (rows,)
-        ratio = torch.where(std > 0, mean / std, torch.where(mean > 0, RATIO_CAP, 0.0)).clamp(max=RATIO_CAP)
-        out["hidden"] = float(n)
-        out["max_mean_over_std"] = _amax0(ratio)
-        out["min_row_std"] = -_amax0(-std)
-        out["weight_absmax"] = _par(buf, op, "weight_absmax")
-        out["bias_absmax"] = _par(buf, op, "bias_absmax")
-        out["nonfinite"] = out["nonfinite"] + _par(buf, op, "param_nonfinite")
-    elif op == "rope":
-        seq, heads, d = (int(s) for s in shape)
-        out.update(seq=float(seq), heads=float(heads), d=float(d), base=float(params["base"]))
-        out["max_pos"] = _amax0(_col(buf, op, "abspos"))
-    return out
-
-
-def reduce_sketch(
-    op: str, buffer: torch.Tensor, shape: Sequence[int], params: dict[str, Any] | None = None
-) -> tuple[tuple[str, ...], torch.Tensor]:
-    """(feature names in optwin.ingest's order, float64 tensor on the buffer's device); no host sync.
-
-    `shape` is the main input's shape (x), `params` the op's params (rope: base).
-    """
+def feature_names(op: str) -> tuple[str, ...]:
+    """The sketch contract's feature names of `op`, in order (= the buffer's layout)."""
     from optwin.ingest.sketch import SKETCH_FEATURES  # torch + catalog only
 
     operator(op)
-    if op not in LAYOUTS:
-        raise InputError(f"{op}: no Triton sketch kernel; expected one of {', '.join(LAYOUTS)}")
-    rows = math.prod(shape[:-1]) if op != "rope" else int(shape[0])
-    want = (n_rows(op, rows), n_cols(op))
-    if tuple(buffer.shape) != want:
-        raise InputError(f"{op}: sketch buffer has shape {tuple(buffer.shape)}, expected {want} for input {tuple(shape)}")
-    vals = _features(op, buffer, shape, resolve_params(op, params))
-    names = SKETCH_FEATURES[op]
-    host = [i for i, k in enumerate(names) if not isinstance(vals[k], torch.Tensor)]
-    dev = [i for i, k in enumerate(names) if isinstance(vals[k], torch.Tensor)]
-    out = torch.empty(len(names), dtype=torch.float64, device=buffer.device)
-    # one host->device copy for the shape features, one stack for the reductions (no sync)
-    out[host] = torch.tensor([float(vals[names[i]]) for i in host], dtype=torch.float64).to(buffer.device, non_blocking=True)
-    out[dev] = torch.stack([vals[names[i]].to(torch.float64).reshape(()) for i in dev])
-    return names, out
+    if op not in WORKSPACE:
+        raise InputError(f"{op}: no Triton sketch kernel; expected one of {', '.join(WORKSPACE)}")
+    return SKETCH_FEATURES[op]
+
+
+def new_buffer(op: str, device: torch.device | str) -> torch.Tensor:
+    """Uninitialised float64 (features,): the kernel writes every entry."""
+    return torch.empty(len(feature_names(op)), dtype=torch.float64, device=device)
+
+
+def workspace(op: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float64 slots, int64 slots) of `op` on `device` for the current stream, created once at
+    their identities; every sketch launch leaves them at their identities again."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (op, str(device), int(stream))
+    if key not in _WS:
+        fslots, islots = WORKSPACE[op]
+        f = torch.tensor([v for _, v in fslots], dtype=torch.float64, device=device)
+        i = torch.zeros(len(islots), dtype=torch.int64, device=device)
+        _WS[key] = (f, i)
+    return _WS[key]
+
+
+def reduce_sketch(
+    op: str, buffer: torch.Tensor, shape: Sequence[int] | None = None, params: dict[str, Any] | None = None
+) -> tuple[tuple[str, ...], torch.Tensor]:
+    """(feature names in optwin.ingest's order, the float64 feature tensor on the device).
+
+    The kernel already reduced everything: this checks the buffer and returns it (no launch, no sync).
+    `shape` and `params` are accepted for callers of the older two-step API and not needed.
+    """
+    names = feature_names(op)
+    if tuple(buffer.shape) != (len(names),) or buffer.dtype != torch.float64:
+        raise InputError(f"{op}: sketch buffer has shape {tuple(buffer.shape)} {buffer.dtype}, expected ({len(names)},) float64")
+    return names, buffer
 
 
 def read_sketch(
-    op: str, buffer: torch.Tensor, shape: Sequence[int], params: dict[str, Any] | None = None
+    op: str, buffer: torch.Tensor, shape: Sequence[int] | None = None, params: dict[str, Any] | None = None
 ) -> dict[str, float]:
     """The sketch as {feature: float} (same keys as optwin.ingest.sketch); one host sync."""
     names, values = reduce_sketch(op, buffer, shape, params)

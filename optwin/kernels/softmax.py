@@ -11,8 +11,10 @@ Numerics (what optwin.twin's softmax/triton models), per row of n elements:
     s = tl.sum(e)               # fp32 reduction tree
     y = (e / s).to(out dtype)   # fp32 division (div.full.f32 on NVIDIA, ~2 ulp), one rounding
 A fully masked row gives m = -inf, h - m = NaN: y is NaN, as torch.softmax gives.
-Memory: read rows*n (x), write rows*n (y, in x's dtype or the requested out dtype); with the sketch
-also write rows * 6 floats.
+The sketch rides in the max tree (one tl.reduce of (h, h*h, min, -inf count); max is exact in any
+tree, so y is bit-identical with and without it); only rows with NaN/+inf recompute exact partials.
+Memory: read rows*n (x), write rows*n (y, in x's dtype or the requested out dtype); persistent
+programs; with the sketch a few scalar atomics per program and the feature vector.
 """
 
 from __future__ import annotations
@@ -21,11 +23,21 @@ import torch
 import triton
 import triton.language as tl
 
-from optwin.kernels._common import FMAX, INTERPRET, check_device, launch_settings, rows_view
-from optwin.kernels.sketch_buffer import LAYOUTS, n_cols, new_buffer
+from optwin.kernels._common import (
+    FMAX, INTERPRET, NEG_INF_BITS, POS_INF_BITS, ZERO_BITS, check_device, last_program, launch_settings,
+    note_occupancy, persistent_grid, rows_view, take,
+)
+from optwin.kernels.sketch_buffer import WORKSPACE, feature_names, new_buffer, workspace
 
-S_COLS = n_cols("softmax")
-assert LAYOUTS["softmax"][0] == ("absmax", "sumsq", "nonfinite", "max", "min", "neginf")
+assert feature_names("softmax") == (
+    "numel", "rows", "absmax", "rms", "nonfinite", "n", "max", "min", "max_row_range", "masked_rows", "masked_frac")
+assert [n for n, _ in WORKSPACE["softmax"][0]] == ["absmax", "sumsq", "max", "min", "max_row_range"]
+assert WORKSPACE["softmax"][1] == ("ticket", "nonfinite", "neginf", "masked_rows")
+
+
+@triton.jit
+def _combine4(a0, a1, a2, a3, b0, b1, b2, b3):
+    return tl.maximum(a0, b0), a1 + b1, tl.minimum(a2, b2), a3 + b3
 
 
 @triton.jit
@@ -34,74 +46,148 @@ def _combine6(a0, a1, a2, a3, a4, a5, b0, b1, b2, b3, b4, b5):
 
 
 @triton.jit
+def _exact_row(h, mask):
+    """Slow path (a row with NaN/+inf): (absmax, sumsq, nonfinite, max, min) over finite entries."""
+    ah = tl.abs(h)
+    fin = mask & (ah <= FMAX)
+    a = tl.where(fin, ah, 0.0)
+    nf = tl.where(fin | (h < -FMAX), 0.0, tl.where(mask, 1.0, 0.0))  # NaN, +inf
+    hi = tl.where(fin, h, -float("inf"))
+    lo = tl.where(fin, h, float("inf"))
+    if INTERPRET:
+        return tl.max(a, 0), tl.sum(a * a, 0), tl.sum(nf, 0), tl.max(hi, 0), tl.min(lo, 0)
+    else:
+        amax, sq, nonfin, rmax, rmin, _ = tl.reduce((a, a * a, nf, hi, lo, nf), 0, _combine6)
+        return amax, sq, nonfin, rmax, rmin
+
+
+@triton.jit
 def _softmax_kernel(
     X_ptr,  # x as (n_rows, n_cols) in dtype, last dim contiguous
     X_row_stride,
     Y_ptr,  # y as (n_rows, n_cols) in the output dtype, contiguous
     Y_row_stride,
-    S_ptr,  # sketch partials, float32 (n_rows, S_COLS); unused unless SKETCH
+    S_ptr,  # sketch features, float64 (11,); unused unless SKETCH
+    F_ptr,  # workspace float64 slots (absmax, sumsq, max, min, max row range)
+    I_ptr,  # workspace int64 slots (ticket, nonfinite, -inf count, masked rows)
+    n_rows,
     n_cols,
     BLOCK: tl.constexpr,
     SKETCH: tl.constexpr,
-    S_COLS: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
+    pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
-    x = tl.load(X_ptr + row * X_row_stride + cols, mask=mask, other=-float("inf"))  # read n (dtype)
-    h = x.to(tl.float32)
-    m = tl.max(h, axis=0)
-    e = tl.exp(h - m)  # approximate exp; padding lanes give exp(-inf) = 0
-    s = tl.sum(e, axis=0)  # fp32 tree sum
-    y = e / s
-    tl.store(Y_ptr + row * Y_row_stride + cols, y.to(Y_ptr.dtype.element_ty), mask=mask)  # write n
     if SKETCH:
-        # Registers only, one combined reduction tree for the six partials. -inf is a mask (counted
-        # apart); NaN and +inf are non-finite.
-        ah = tl.abs(h)
-        fin = mask & (ah <= FMAX)
-        a = tl.where(fin, ah, 0.0)
-        nf = tl.where(fin | (h < -FMAX), 0.0, tl.where(mask, 1.0, 0.0))  # NaN, +inf
-        neg = tl.where(mask & (h < -FMAX), 1.0, 0.0)  # exactly the -inf lanes (NaN compares false)
-        hi = tl.where(fin, h, -float("inf"))
-        lo = tl.where(fin, h, float("inf"))
-        if INTERPRET:
-            amax, sumsq, nonfin = tl.max(a, 0), tl.sum(a * a, 0), tl.sum(nf, 0)
-            rmax, rmin, nneg = tl.max(hi, 0), tl.min(lo, 0), tl.sum(neg, 0)
+        p_amax = tl.zeros((), dtype=tl.float32)
+        p_max = tl.full((), -float("inf"), tl.float32)
+        p_min = tl.full((), float("inf"), tl.float32)
+        p_rng = tl.zeros((), dtype=tl.float32)
+        p_sq = tl.zeros((), dtype=tl.float64)
+        p_nf = tl.zeros((), dtype=tl.int64)
+        p_neg = tl.zeros((), dtype=tl.int64)
+        p_masked = tl.zeros((), dtype=tl.int64)
+    for r in tl.range(pid, n_rows, tl.num_programs(0)):
+        row = tl.cast(r, tl.int64)
+        x = tl.load(X_ptr + row * X_row_stride + cols, mask=mask, other=-float("inf"),
+                    eviction_policy="evict_first")  # read n (dtype)
+        h = x.to(tl.float32)
+        if SKETCH:
+            # one tree: the op's max and the sketch's sum of squares (-inf lanes, incl. padding, add
+            # 0; NaN/+inf make it non-finite), smallest non-masked entry and the -inf count
+            ninf = h == -float("inf")
+            q = tl.where(ninf, 0.0, h * h)
+            lo = tl.where(ninf, float("inf"), h)
+            neg = tl.where(ninf & mask, 1.0, 0.0)
+            if INTERPRET:
+                m, sq, rmin, nneg = tl.max(h, 0), tl.sum(q, 0), tl.min(lo, 0), tl.sum(neg, 0)
+            else:
+                m, sq, rmin, nneg = tl.reduce((h, q, lo, neg), 0, _combine4)
         else:
-            amax, sumsq, nonfin, rmax, rmin, nneg = tl.reduce((a, a * a, nf, hi, lo, neg), 0, _combine6)
-        st = S_ptr + row * S_COLS
-        tl.store(st + 0, amax)
-        tl.store(st + 1, sumsq)
-        tl.store(st + 2, nonfin)
-        tl.store(st + 3, rmax)  # -inf: no finite entry
-        tl.store(st + 4, rmin)  # +inf: no finite entry
-        tl.store(st + 5, nneg)
+            m = tl.max(h, axis=0)
+        e = tl.exp(h - m)  # approximate exp; padding lanes give exp(-inf) = 0
+        s = tl.sum(e, axis=0)  # fp32 tree sum
+        y = e / s
+        tl.store(Y_ptr + row * Y_row_stride + cols, y.to(Y_ptr.dtype.element_ty), mask=mask,
+                 eviction_policy="evict_first")  # write n
+        if SKETCH:
+            if sq <= FMAX:  # no NaN/+inf: the max tree's values are the sketch's
+                rmax = m
+                nf = tl.zeros((), dtype=tl.float32)
+                amax = tl.where(rmax >= rmin, tl.maximum(rmax, -rmin), 0.0)  # 0 for a row without finite
+            else:  # rare: NaN/+inf in the row (or h*h overflow): exact finite-only partials
+                amax, sq, nf, rmax, rmin = _exact_row(h, mask)
+            has = rmax >= rmin  # the row has a finite entry
+            p_amax = tl.maximum(p_amax, amax)
+            p_max = tl.maximum(p_max, rmax)
+            p_min = tl.minimum(p_min, rmin)
+            p_rng = tl.maximum(p_rng, tl.where(has, rmax - rmin, 0.0))
+            p_sq += sq.to(tl.float64)
+            p_nf += tl.cast(nf, tl.int64)
+            p_neg += nneg.to(tl.int64)
+            p_masked += (nneg == n_cols).to(tl.int64)
+    if SKETCH:
+        tl.atomic_max(F_ptr + 0, p_amax.to(tl.float64), sem="relaxed")
+        tl.atomic_add(F_ptr + 1, p_sq, sem="relaxed")
+        tl.atomic_max(F_ptr + 2, p_max.to(tl.float64), sem="relaxed")
+        tl.atomic_min(F_ptr + 3, p_min.to(tl.float64), sem="relaxed")
+        tl.atomic_max(F_ptr + 4, p_rng.to(tl.float64), sem="relaxed")
+        tl.atomic_add(I_ptr + 1, p_nf, sem="relaxed")
+        tl.atomic_add(I_ptr + 2, p_neg, sem="relaxed")
+        tl.atomic_add(I_ptr + 3, p_masked, sem="relaxed")
+        if last_program(I_ptr):
+            g_amax = take(F_ptr + 0, ZERO_BITS)
+            g_sq = take(F_ptr + 1, ZERO_BITS)
+            g_max = take(F_ptr + 2, NEG_INF_BITS)
+            g_min = take(F_ptr + 3, POS_INF_BITS)
+            g_rng = take(F_ptr + 4, ZERO_BITS)
+            g_nf = tl.atomic_xchg(I_ptr + 1, 0, sem="relaxed")
+            g_neg = tl.atomic_xchg(I_ptr + 2, 0, sem="relaxed")
+            g_masked = tl.atomic_xchg(I_ptr + 3, 0, sem="relaxed")
+            tl.atomic_xchg(I_ptr + 0, 0, sem="relaxed")
+            numel = tl.cast(n_rows, tl.int64) * n_cols
+            cnt = tl.maximum(numel - g_nf - g_neg, 1).to(tl.float64)
+            any_fin = g_max >= g_min
+            tl.store(S_ptr + 0, numel.to(tl.float64))
+            tl.store(S_ptr + 1, tl.cast(n_rows, tl.float64))
+            tl.store(S_ptr + 2, g_amax)
+            tl.store(S_ptr + 3, tl.sqrt(g_sq / cnt))
+            tl.store(S_ptr + 4, g_nf.to(tl.float64))
+            tl.store(S_ptr + 5, tl.cast(n_cols, tl.float64))
+            tl.store(S_ptr + 6, tl.where(any_fin, g_max, 0.0))
+            tl.store(S_ptr + 7, tl.where(any_fin, g_min, 0.0))
+            tl.store(S_ptr + 8, g_rng)
+            tl.store(S_ptr + 9, g_masked.to(tl.float64))
+            tl.store(S_ptr + 10, g_neg.to(tl.float64) / tl.maximum(numel, 1).to(tl.float64))
 
 
-def _softmax_launch(x2: torch.Tensor, y2: torch.Tensor, buf: torch.Tensor | None) -> None:
-    """Grid: one program per row."""
+def _softmax_launch(x2: torch.Tensor, y2: torch.Tensor, buf: torch.Tensor | None, num_warps: int | None = None) -> None:
+    """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows."""
     n_rows, n = x2.shape
-    if n_rows == 0:
+    sketch = buf is not None
+    if n_rows == 0 and not sketch:
         return
     block, warps = launch_settings(n)
-    sketch = buf is not None
-    _softmax_kernel[(n_rows,)](
-        x2, x2.stride(0), y2, y2.stride(0), buf if sketch else y2, n,
-        BLOCK=block, SKETCH=sketch, S_COLS=S_COLS, num_warps=warps,
+    warps = num_warps or warps
+    f, i = workspace("softmax", x2.device) if sketch else (y2, y2)
+    key = ("softmax", x2.dtype, y2.dtype, block, warps, sketch)
+    k = _softmax_kernel[(persistent_grid(key, n_rows, x2.device),)](
+        x2, x2.stride(0), y2, y2.stride(0), buf if sketch else y2, f, i, n_rows, n,
+        BLOCK=block, SKETCH=sketch, num_warps=warps,
     )
+    note_occupancy(key, k, warps)
 
 
 def softmax(
     x: torch.Tensor, sketch: bool = True, out_dtype: torch.dtype | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(softmax of x over the last dim, sketch buffer or None); y in out_dtype (default x's dtype).
+    """(softmax of x over the last dim, sketch features or None); y in out_dtype (default x's dtype).
 
-    Read the buffer with optwin.kernels.read_sketch("softmax", buf, x.shape).
+    Read the features with optwin.kernels.read_sketch("softmax", buf).
     """
     check_device(x)
     x2 = rows_view(x)  # (rows, n)
     y2 = torch.empty(x2.shape, dtype=out_dtype or x.dtype, device=x.device)  # (rows, n)
-    buf = new_buffer("softmax", x2.shape[0], x.device) if sketch else None
+    buf = new_buffer("softmax", x.device) if sketch else None
     _softmax_launch(x2, y2, buf)
     return y2.reshape(x.shape), buf

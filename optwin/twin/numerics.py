@@ -127,6 +127,27 @@ def round_stochastic(x: torch.Tensor, f: Format | str, gen: torch.Generator, ftz
     """Stochastic rounding: the upper neighbour with probability (|x| - lo) / ulp, else the lower."""
     f = fmt(f)
     x = x.to(torch.float64)
+    if ftz or f.overflow != "inf":
+        return _round_stochastic_scaled(x, f, gen, ftz)
+    # Bit arithmetic on the float64 pattern (sign-magnitude): adding r ~ U{0 .. 2^D - 1} to the
+    # D = 53 - p dropped bits carries into the kept ones with probability (dropped bits) / 2^D,
+    # exactly the distance to the lower neighbour in ulps; the carry crosses binades (and into
+    # the exponent up to inf) by itself. Below the smallest normal the ulp is fixed: a plain grid.
+    u = torch.rand(x.shape, generator=gen, dtype=torch.float64, device=x.device)
+    d = 53 - f.p
+    r = (u * float(1 << d)).to(torch.int64)
+    up = ((x.view(torch.int64) + r) & ~((1 << d) - 1)).view(torch.float64)
+    a = x.abs()
+    sub = a < f.tiny
+    if bool(sub.any()):
+        step = 2.0 ** (f.emin - f.p + 1)  # the subnormal spacing
+        up = torch.where(sub, torch.copysign(torch.floor(a / step + u) * step, x), up)
+    up = torch.where(up.abs() > f.max, torch.copysign(torch.full_like(up, math.inf), x), up)
+    return torch.where(torch.isfinite(x), up, x)
+
+
+def _round_stochastic_scaled(x: torch.Tensor, f: Format, gen: torch.Generator, ftz: bool) -> torch.Tensor:
+    """The general path (any overflow rule, flush-to-zero): scale by the ulp, floor, draw."""
     a = x.abs()
     s = _scale_exponent(a, f)
     scaled = torch.ldexp(a, -s)

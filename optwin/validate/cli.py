@@ -27,7 +27,8 @@ def _write_json(obj: Any, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def _collect(device: str, cases: int, seed: int, ops: list[str] | None, no_triton: bool, trace_calls: int) -> dict[str, Any]:
+def _collect(device: str, cases: int, seed: int, ops: list[str] | None, no_triton: bool, trace_calls: int,
+             max_seconds: float | None = None, checkpoint: Path | None = None) -> dict[str, Any]:
     import torch
 
     from optwin.catalog import operator
@@ -43,7 +44,8 @@ def _collect(device: str, cases: int, seed: int, ops: list[str] | None, no_trito
     except (RuntimeError, ValueError) as e:
         raise OptwinError(f"unusable device {device!r}: {str(e).splitlines()[0]}") from None
     return collect(device, cases, seed, ops, False if no_triton else None, traces=trace_calls > 0,
-                   trace_calls=max(trace_calls, 1), progress=lambda m: typer.echo(m, err=True))
+                   trace_calls=max(trace_calls, 1), progress=lambda m: typer.echo(m, err=True),
+                   max_seconds=max_seconds, checkpoint=checkpoint)
 
 
 def _score(data: dict[str, Any], db: Path, threshold: float | None, forecast: str) -> dict[str, Any]:
@@ -69,6 +71,7 @@ def validate_command(
     trace_calls: int = typer.Option(200, "--trace-calls", min=0, help="calls per drift trace (0: no traces)"),
     threshold: Optional[float] = typer.Option(None, "--threshold", min=0.0, max=1.0, help="matcher warn threshold (default: the matcher's)"),
     forecast: str = typer.Option("default", "--forecast", help="stream forecast preset: default, eager, steady"),
+    max_seconds: Optional[float] = typer.Option(None, "--max-seconds", min=1.0, help="time budget of the device side: (op, dtype) groups not started by then are skipped"),
 ) -> None:
     """Score the fingerprint database against real device runs: AUROC, warn recall/precision, Brier, drift lead times."""
     if collect_only is not None and labels is not None:
@@ -87,7 +90,7 @@ def validate_command(
 
         data = read_collected(labels)
     else:
-        data = _collect(device, cases, seed, list(ops) if ops else None, no_triton, trace_calls)
+        data = _collect(device, cases, seed, list(ops) if ops else None, no_triton, trace_calls, max_seconds, collect_only)
         if collect_only is not None:
             from optwin.validate.collect import write_collected
 

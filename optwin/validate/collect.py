@@ -2,7 +2,9 @@
 
     python -m optwin.validate.collect --device cuda --cases 200 --out validate_gpu.json
 
-(also `optwin validate --collect-only FILE --device cuda`). For each (op, dtype), held-out cases
+(also `optwin validate --collect-only FILE --device cuda`). FILE is rewritten after every step with
+what is done so far ("partial": true until the end), so a killed run still leaves results; the drift
+traces run first (seconds), then the held-out cases. For each (op, dtype), held-out cases
 (optwin.validate.families) are drawn on the CPU, moved to the device, sketched there with
 optwin.ingest.sketch *before* the op runs (what the matcher would see online), and run through every
 catalog variant with optwin.kernels.production.run_variant (the Triton kernels too when triton is
@@ -112,13 +114,23 @@ def run_call(op: str, dtype: str, variants: list[str], inputs_cpu: dict[str, tor
 
 
 def collect_cases(device: str, n_cases: int, seed: int, ops: list[str], include_triton: bool,
-                  progress: Progress = _print) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Held-out cases of every (op, dtype) run on the device: (case records, failure records)."""
+                  progress: Progress = _print, deadline: float | None = None,
+                  on_group: Callable[[list[dict[str, Any]], list[dict[str, Any]]], None] | None = None
+                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Held-out cases of every (op, dtype) run on the device: (case records, failure records).
+
+    `deadline` (time.perf_counter() value): groups not started by then are skipped and recorded as
+    failures, so a time-limited run still ends with a file. `on_group` sees the records so far after
+    each group (checkpoints)."""
     records: list[dict[str, Any]] = []
     failures: list[dict[str, Any]] = []
     groups = [(op, dt) for op in ops for dt in CATALOG[op].dtypes]
     for gi, (op, dtype) in enumerate(groups, 1):
         t0 = time.perf_counter()
+        if deadline is not None and t0 > deadline:
+            failures.append({"op": op, "variant": None, "dtype": dtype, "case": None, "error": "skipped: time budget spent"})
+            progress(f"[{gi}/{len(groups)}] {op}/{dtype}: skipped (time budget spent)")
+            continue
         variants = variants_for(op, include_triton)
         streak = {v: 0 for v in variants}
         ok = {v: 0 for v in variants}
@@ -147,6 +159,8 @@ def collect_cases(device: str, n_cases: int, seed: int, ops: list[str], include_
         summary = ", ".join(f"{v} {faults[v]}/{ok[v]}" for v in variants)
         progress(f"[{gi}/{len(groups)}] {op}/{dtype}: {n_cases} cases, faulting: {summary} "
                  f"({time.perf_counter() - t0:.1f}s)")
+        if on_group is not None:
+            on_group(records, failures)
     return records, failures
 
 
@@ -192,8 +206,13 @@ def collect_traces(device: str, seed: int, include_triton: bool, calls: int = CA
 
 def collect(device: str = "cuda", n_cases: int = 200, seed: int = 0, ops: list[str] | None = None,
             include_triton: bool | None = None, traces: bool = True, trace_calls: int = CALLS,
-            progress: Progress = _print) -> dict[str, Any]:
-    """The whole GPU side: held-out cases and drift traces, as one JSON-ready dict."""
+            progress: Progress = _print, max_seconds: float | None = None,
+            checkpoint: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """The whole GPU side: drift traces (cheap, first) and held-out cases, as one JSON-ready dict.
+
+    max_seconds: (op, dtype) groups not started within this budget are skipped (recorded).
+    checkpoint: a path rewritten after the traces and after every group with what is done so far
+    (`"partial": true`), so a run killed by a time limit still leaves its results."""
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise RuntimeError(f"device {device!r} requested but torch.cuda.is_available() is False")
     ops = list(ops or CATALOG)
@@ -205,21 +224,31 @@ def collect(device: str = "cuda", n_cases: int = 200, seed: int = 0, ops: list[s
     dev_name = torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else platform.processor() or "cpu"
     progress(f"collect on {device} ({dev_name}): {n_cases} held-out cases per (op, dtype), ops {', '.join(ops)}, "
              f"triton {'on' if include_triton else 'off'}, torch threads {torch.get_num_threads()}")
-    cases, failures = collect_cases(device, n_cases, seed, ops, include_triton, progress)
-    trace_records: list[dict[str, Any]] = []
-    if traces:
-        trace_records, trace_failures = collect_traces(device, seed, include_triton, trace_calls, ops, progress)
-        failures += trace_failures
-    duration = time.perf_counter() - t0
-    progress(f"collected {len(cases)} cases, {len(trace_records)} traces, {len(failures)} failures in {duration:.1f}s")
-    return {
+    meta = {
         "format": "optwin-validate-collect", "version": FORMAT_VERSION,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "device": device, "device_name": dev_name, "torch": torch.__version__,
         "triton": _triton_version() if include_triton else None, "seed": seed, "seed_offset": SEED_OFFSET,
-        "cases_per_group": n_cases, "ops": ops, "duration_s": duration,
-        "cases": cases, "traces": trace_records, "failures": failures,
+        "cases_per_group": n_cases, "ops": ops,
     }
+
+    def snapshot(cases: list[dict[str, Any]], failures: list[dict[str, Any]], partial: bool) -> dict[str, Any]:
+        return {**meta, "partial": partial, "duration_s": time.perf_counter() - t0, "cases": cases,
+                "traces": trace_records, "failures": trace_failures + failures}
+
+    trace_records: list[dict[str, Any]] = []
+    trace_failures: list[dict[str, Any]] = []
+    if traces:
+        trace_records, trace_failures = collect_traces(device, seed, include_triton, trace_calls, ops, progress)
+    save = (lambda c, f: write_collected(snapshot(c, f, True), checkpoint)) if checkpoint is not None else None
+    if save is not None:
+        save([], [])
+    deadline = None if max_seconds is None else t0 + max_seconds
+    cases, failures = collect_cases(device, n_cases, seed, ops, include_triton, progress, deadline, save)
+    data = snapshot(cases, failures, False)
+    progress(f"collected {len(cases)} cases, {len(trace_records)} traces, {len(data['failures'])} failures "
+             f"in {data['duration_s']:.1f}s")
+    return data
 
 
 def _triton_version() -> str | None:
@@ -248,11 +277,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ops", default="", help="comma-separated ops (default: all)")
     ap.add_argument("--no-triton", action="store_true")
     ap.add_argument("--no-traces", action="store_true")
+    ap.add_argument("--max-seconds", type=float, default=None, help="skip (op, dtype) groups not started by then")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     try:
         data = collect(a.device, a.cases, a.seed, [o for o in a.ops.split(",") if o] or None,
-                       False if a.no_triton else None, traces=not a.no_traces)
+                       False if a.no_triton else None, traces=not a.no_traces, max_seconds=a.max_seconds,
+                       checkpoint=a.out)
     except Exception as e:
         traceback.print_exc()
         print(f"error: {e}", file=sys.stderr)
