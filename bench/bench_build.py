@@ -6,7 +6,8 @@ Part 1 runs the same small build (every catalog op) four times: engine local and
 Per op it reports replays per second of shard time (one worker's rate), and per run the wall time of
 the shard phase, so scaling efficiency = rate(2 workers) / (2 * rate(1 worker)) over the whole phase.
 Part 2 writes 1 M synthetic per-case rows as 20 shard files and times DuckDB gather + aggregation.
-Numbers depend on machine load: the load average is printed with them.
+Numbers depend on machine load: the load average is printed with them, and "CPU got/asked" (shard CPU
+seconds / (shard phase wall x workers)) shows how much of the asked-for cores the workers really got.
 """
 
 from __future__ import annotations
@@ -33,16 +34,19 @@ def run_builds(cases: int, replays: int, engines: list[str]) -> list[dict]:
         for workers in (1, 2):
             with tempfile.TemporaryDirectory() as d:
                 per_op: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])  # op -> [replays, shard seconds]
+                cpu = [0.0]
                 load0 = os.getloadavg()[0]
 
                 def on_shard(s: dict) -> None:
                     per_op[s["op"]][0] += s["replays"]
                     per_op[s["op"]][1] += s["seconds"]
+                    cpu[0] += s.get("cpu_s", 0.0)
 
                 res = build(BuildConfig(out=os.path.join(d, "fp.duckdb"), cases=cases, replays=replays, seed=0,
                                         engine=engine, workers=workers), on_shard=on_shard)
                 runs.append({"engine": engine, "workers": workers, "run_s": res.run_s, "gather_s": res.gather_s,
                              "replays": res.replays, "cases": res.cases, "load": (load0 + os.getloadavg()[0]) / 2,
+                             "cpu_util": cpu[0] / (res.run_s * workers),
                              "per_op": {op: r / s for op, (r, s) in per_op.items()}})
     return runs
 
@@ -161,7 +165,7 @@ def main() -> None:
     runs = run_builds(args.cases, args.replays, ["local"] + ([] if args.skip_ray else ["ray"]))
     ops = sorted({op for r in runs for op in r["per_op"]})
     t = Table(title=f"replays/s per op (one worker's rate over shard time; {args.cases} cases x {args.replays} replays per generator call)")
-    for c in ("engine", "workers", *ops, "total replays", "shard phase s", "replays/s (wall)", "scaling eff.", "gather s", "load"):
+    for c in ("engine", "workers", *ops, "total replays", "shard phase s", "replays/s (wall)", "scaling eff.", "CPU got/asked", "gather s", "load"):
         t.add_column(c, justify="right")
     base = {}
     for r in runs:
@@ -170,7 +174,7 @@ def main() -> None:
             base[r["engine"]] = wall_rate
         eff = wall_rate / (r["workers"] * base[r["engine"]]) if r["engine"] in base else float("nan")
         t.add_row(r["engine"], str(r["workers"]), *[f"{r['per_op'].get(op, 0):,.0f}" for op in ops], f"{r['replays']:,}",
-                  f"{r['run_s']:.1f}", f"{wall_rate:,.0f}", f"{eff:.2f}", f"{r['gather_s']:.2f}", f"{r['load']:.1f}")
+                  f"{r['run_s']:.1f}", f"{wall_rate:,.0f}", f"{eff:.2f}", f"{r['cpu_util']:.2f}", f"{r['gather_s']:.2f}", f"{r['load']:.1f}")
     console.print(t)
 
     if not args.skip_estimate:

@@ -11,7 +11,8 @@ times, in the same process and interleaved round by round (so machine load hits 
 * sampling: the same with the tensor reservoir on (sample_rate 0.05 and 1.0, capacity 4: cloning
   inputs to CPU for the kept calls).
 
-Reports median milliseconds per forward and the ratio to plain. Goal: sketch-only <= 1.20.
+Reports median and min milliseconds per forward and their ratios to plain (min is the least
+disturbed by other load on a shared machine). Goal: sketch-only <= 1.20.
 """
 
 from __future__ import annotations
@@ -63,12 +64,15 @@ def main() -> None:
                 assert torch.equal(out, ref), "capture changed the output"
                 times[mode].append(dt)
     med = {m: statistics.median(v[1:]) for m, v in times.items()}  # round 0 warms every path
+    best = {m: min(v[1:]) for m, v in times.items()}  # least disturbed by other load on the machine
     print(f"MiniLM-L6 forward, batch {shape[0]} x {shape[1]} tokens, {torch.get_num_threads()} threads, "
           f"{calls} catalog calls per forward, median of {args.repeat} interleaved rounds")
     for m in modes:
-        print(f"  {m:12s} {med[m] * 1e3:9.2f} ms   ratio {med[m] / med['plain']:.3f}")
+        print(f"  {m:12s} median {med[m] * 1e3:9.2f} ms  ratio {med[m] / med['plain']:.3f}   "
+              f"min {best[m] * 1e3:9.2f} ms  ratio {best[m] / best['plain']:.3f}")
     ok = med["sketch"] / med["plain"] <= 1.20
-    print(f"sketch-only overhead {100 * (med['sketch'] / med['plain'] - 1):.1f}% (goal <= 20%): {'OK' if ok else 'OVER'}")
+    print(f"sketch-only overhead {100 * (med['sketch'] / med['plain'] - 1):.1f}% median, "
+          f"{100 * (best['sketch'] / best['plain'] - 1):.1f}% min (goal <= 20%): {'OK' if ok else 'OVER'}")
 
 
 if __name__ == "__main__":

@@ -129,3 +129,29 @@ def test_replay_broadcast_inputs_match_materialised_inputs() -> None:
             assert torch.equal(y1, y2)
         det = matmul.twin(Numerics(), "torch", "float16", {"a": a, "b": b}, {})
         assert float((y1 - det).abs().max()) <= float(det.abs().max()) * 2.0**-9
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16", "float32"])
+def test_fast_stochastic_rounding_agrees_with_the_scaled_path(name: str) -> None:
+    # The replays' bit-arithmetic stochastic rounding (numerics.round_stochastic) against the
+    # general ulp-scaling path: same two neighbours, same up-probability, for normals, subnormals,
+    # the overflow edge, zeros, infinities and NaN, mixed in one tensor.
+    from optwin.twin.numerics import FORMATS, _round_stochastic_scaled, round_stochastic
+
+    f = FORMATS[name]
+    vals = [f.max * (1 + 2.0 ** -(f.p + 1)), -1.3 * f.tiny * 2.0**-3, 1 + 0.3 * 2.0 ** (1 - f.p), 0.0, -0.0,
+            float("inf"), float("nan"), -f.tiny * (1 - 2.0**-12)]
+    n = 20000
+    x = torch.tensor(vals, dtype=torch.float64).repeat(n, 1)  # (n, 8)
+    fast = round_stochastic(x, f, torch.Generator().manual_seed(1))
+    ref = _round_stochastic_scaled(x, f, torch.Generator().manual_seed(2), False)
+    for j in range(len(vals)):
+        a, b = fast[:, j], ref[:, j]
+        assert set(a[~torch.isnan(a)].tolist()) == set(b[~torch.isnan(b)].tolist()), vals[j]
+        assert torch.isnan(a).all() == torch.isnan(b).all()
+        assert torch.equal(torch.signbit(a), torch.signbit(b))
+        fa, fb = torch.isfinite(a), torch.isfinite(b)
+        assert abs(float(fa.double().mean()) - float(fb.double().mean())) < 0.03
+        if fa.any() and fb.any():
+            spread = float((b[fb].max() - b[fb].min()).abs())
+            assert abs(float(a[fa].mean()) - float(b[fb].mean())) <= 0.03 * spread + 1e-300

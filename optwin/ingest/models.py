@@ -133,7 +133,7 @@ def default_texts(n: int = 64, min_words: int = 6) -> list[str]:
     names = ["argparse", "collections", "json", "csv", "pathlib", "subprocess", "threading", "logging",
              "unittest", "asyncio", "email", "http.client", "sqlite3", "tarfile", "zipfile", "random",
              "statistics", "decimal", "fractions", "datetime", "heapq", "bisect", "shutil", "tempfile",
-             "textwrap", "difflib", "pickletools", "inspect", "dataclasses", "functools", "itertools", "string"]
+             "textwrap", "difflib", "gettext", "inspect", "dataclasses", "functools", "itertools", "string"]
     out: list[str] = []
     for name in names:
         try:

@@ -114,13 +114,11 @@ def _sum_max(a0, a1, b0, b1):
 
 @triton.jit
 def sum_and_max(s, m):
-    """(tl.sum(s), tl.max(m)) over axis 0 in ONE reduction tree (one cross-warp exchange). The sum
-    operand goes through exactly the tree tl.sum builds (same per-thread order, same shuffles), so
-    its bits equal tl.sum(s): the op's own sum is unchanged by riding the sketch's max along."""
-    if INTERPRET:
-        return tl.sum(s, axis=0), tl.max(m, axis=0)
-    else:
-        return tl.reduce((s, m), 0, _sum_max)
+    """(tl.sum(s), tl.max(m)) over axis 0 as two separate trees. A combined tl.reduce((s, m)) saves
+    a cross-warp exchange but its sum is NOT always bit-identical to tl.sum's: the H200 run of
+    2026-11 showed different y bits at BLOCK 1024 (4 warps) and 2048 (8 warps, fp32), identical at
+    16384. The op's sum must be tl.sum's, so the max gets its own tree."""
+    return tl.sum(s, axis=0), tl.max(m, axis=0)
 
 
 @triton.jit

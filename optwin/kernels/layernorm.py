@@ -10,8 +10,8 @@ Numerics (what optwin.twin's layernorm/triton models), per row of n = hidden ele
     var = tl.sum(d * d) / n                    # two-pass: fp32 tree, fp32 divide (no E[x^2]-m^2 cancellation)
     r = rsqrt(var + eps)                       # eps as fp32 scalar; approximate rsqrt (rsqrt.approx.f32)
     y = (d * r * w.float() + b.float()).to(dtype)   # fp32, left to right (Triton contracts the last mul+add into an FMA on NVIDIA), one rounding
-With the sketch on, max |h| rides in the mean's tree (tl.reduce of (h, |h|); the sum keeps
-tl.sum's tree, y is bit-identical); sumsq = n*(var + m*m) (positive terms, no cancellation, agrees
+With the sketch on, max |h| is one extra tl.max per row (a separate tree, so the op's sums stay
+tl.sum's and y is bit-identical); sumsq = n*(var + m*m) (positive terms, no cancellation, agrees
 with the tree sum of h*h to float32 rounding), row mean/std = m, sqrt(var); only rows with NaN/±inf
 recompute exact finite-only partials.
 Memory: read rows*n (x, evict-first) + 2n per row (weight, bias: L1/L2 hits), write rows*n (y);
@@ -73,7 +73,7 @@ def _layernorm_kernel(
         x = tl.load(X_ptr + row * X_row_stride + cols, mask=mask, other=0.0, eviction_policy="evict_first")
         h = x.to(tl.float32)
         if SKETCH:
-            sh, amax = sum_and_max(h, tl.abs(h))  # sh: the same tree as tl.sum(h)
+            sh, amax = sum_and_max(h, tl.abs(h))  # sh is tl.sum(h)
         else:
             sh = tl.sum(h, axis=0)
         m = sh / n_cols  # first pass (registers)

@@ -9,8 +9,8 @@ Numerics (what optwin.twin's rmsnorm/triton models), per row of n = hidden eleme
     r = rsqrt(v + eps)                 # eps as an fp32 scalar; rsqrt is approximate (rsqrt.approx.f32
                                        # on NVIDIA, ~2 ulp), the interpreter uses 1/sqrt in numpy
     y = (h * r * w.float()).to(dtype)  # fp32 products left to right, one rounding to dtype
-With the sketch on, the max |h| rides in the same reduction tree as the sum (tl.reduce of (h*h,
-|h|)); the sum's tree is tl.sum's, so y is bit-identical with and without the sketch.
+With the sketch on, max |h| is one extra tl.max per row (a separate tree: the op's sum stays
+tl.sum's, so y is bit-identical with and without the sketch).
 Sketch per row from the op's own sums: sumsq = tl.sum(h*h), row mean square = v; only a row whose
 sum is not finite (NaN/±inf, or h*h overflow) recomputes exact finite-only partials.
 Memory: read rows*n (x, evict-first) + n per row (weight, an L1/L2 hit), write rows*n (y); with
@@ -68,7 +68,7 @@ def _rmsnorm_kernel(
         x = tl.load(X_ptr + row * X_row_stride + cols, mask=mask, other=0.0, eviction_policy="evict_first")
         h = x.to(tl.float32)
         if SKETCH:
-            ss, amax = sum_and_max(h * h, tl.abs(h))  # ss: the same tree as tl.sum(h * h)
+            ss, amax = sum_and_max(h * h, tl.abs(h))  # ss is tl.sum(h * h)
         else:
             ss = tl.sum(h * h, axis=0)  # fp32 tree sum
         v = ss / n_cols  # fp32 divide

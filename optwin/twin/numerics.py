@@ -133,17 +133,19 @@ def round_stochastic(x: torch.Tensor, f: Format | str, gen: torch.Generator, ftz
     # D = 53 - p dropped bits carries into the kept ones with probability (dropped bits) / 2^D,
     # exactly the distance to the lower neighbour in ulps; the carry crosses binades (and into
     # the exponent up to inf) by itself. Below the smallest normal the ulp is fixed: a plain grid.
-    u = torch.rand(x.shape, generator=gen, dtype=torch.float64, device=x.device)
     d = 53 - f.p
-    r = (u * float(1 << d)).to(torch.int64)
+    r = torch.randint(0, 1 << d, x.shape, generator=gen, dtype=torch.int64, device=x.device)
     up = ((x.view(torch.int64) + r) & ~((1 << d) - 1)).view(torch.float64)
     a = x.abs()
-    sub = a < f.tiny
-    if bool(sub.any()):
+    if not float(a.amin()) >= f.tiny:  # zeros (and NaN) land here too; both paths keep them
         step = 2.0 ** (f.emin - f.p + 1)  # the subnormal spacing
-        up = torch.where(sub, torch.copysign(torch.floor(a / step + u) * step, x), up)
-    up = torch.where(up.abs() > f.max, torch.copysign(torch.full_like(up, math.inf), x), up)
-    return torch.where(torch.isfinite(x), up, x)
+        u = r.to(torch.float64) * 2.0**-d  # the same draw as a uniform in [0, 1)
+        sub = torch.copysign(torch.floor(a / step + u) * step, x)
+        up = torch.where(a < f.tiny, sub, up)
+    if not float(a.amax()) <= f.max:  # overflow possible, or inf / NaN inputs (NaN fails <=)
+        up = torch.where(up.abs() > f.max, torch.copysign(torch.full_like(up, math.inf), x), up)
+        up = torch.where(torch.isfinite(x), up, x)
+    return up
 
 
 def _round_stochastic_scaled(x: torch.Tensor, f: Format, gen: torch.Generator, ftz: bool) -> torch.Tensor:
@@ -273,9 +275,8 @@ class Numerics:
         return self.round(s / n, acc)
 
     def max(self, x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
-        """Max is exact in every order (NaN propagates, as on the GPU)."""
-        return torch.amax(x, dim=dim, keepdim=keepdim).where(
-            ~torch.isnan(x).any(dim=dim, keepdim=keepdim), torch.tensor(math.nan, dtype=x.dtype))
+        """Max is exact in every order; NaN propagates, as on the GPU (torch.amax propagates NaN)."""
+        return torch.amax(x, dim=dim, keepdim=keepdim)
 
     def _sequential(self, x: torch.Tensor, add) -> torch.Tensor:
         s = x[..., 0]
@@ -352,7 +353,8 @@ class Numerics:
             s = s.to(torch.float64)
         if shared and s.ndim == max(a.ndim, b.ndim):  # deterministic "none": replays are all alike
             s = self.expand(s)
-        return self.round(s, out)
+        # Storing the accumulator in its own format is no operation: nothing to round (or perturb).
+        return s if out == acc else self.round(s, out)
 
     def _unreplay(self, x: torch.Tensor) -> tuple[torch.Tensor, bool]:
         """Drop a leading replay dim that is a broadcast view (stride 0), so it is computed once."""
