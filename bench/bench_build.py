@@ -58,7 +58,7 @@ def synthetic_shards(d: str, rows: int, files: int = 20) -> list[str]:
 
     from optwin.catalog import CATALOG, all_triples
     from optwin.fingerprints.regions import feature_bin
-    from optwin.fingerprints.shards import SHARD_SCHEMA_SQL, _POLARS
+    from optwin.fingerprints.shards import polars_schema
 
     rng = np.random.default_rng(0)
     triples = all_triples()
@@ -95,7 +95,7 @@ def synthetic_shards(d: str, rows: int, files: int = 20) -> list[str]:
         data.update(det_rel_error=err, err_q50=err, err_q90=err * 2, err_max=err * 3)
         for i in range(4):
             data[f"f{i}"] = vals[feats[i]] if i < len(feats) else [None] * per
-        df = pl.DataFrame(data, schema={c: _POLARS[t] for c, t in SHARD_SCHEMA_SQL})
+        df = pl.DataFrame(data, schema=polars_schema())
         path = os.path.join(d, f"s{fi:03d}.parquet")
         df.write_parquet(path)
         paths.append(path)

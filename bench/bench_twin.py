@@ -21,9 +21,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from optwin.catalog import resolve_params  # noqa: E402
-from optwin.twin import to_float64, twin_module  # noqa: E402
-from optwin.twin.numerics import Numerics  # noqa: E402
+from optwin.catalog import resolve_params
+from optwin.twin import to_float64, twin_module
+from optwin.twin.numerics import Numerics
 
 DTYPE = "float16"
 
@@ -31,7 +31,7 @@ DTYPE = "float16"
 def cases() -> list[tuple[str, str, dict[str, torch.Tensor], float]]:
     """(op, variant, inputs in DTYPE, float64 flops of the math or 0)."""
     g = torch.Generator().manual_seed(0)
-    r = lambda *s: torch.randn(*s, generator=g).half()  # noqa: E731
+    r = lambda *s: torch.randn(*s, generator=g).half()
     b, h, s, d = 1, 4, 512, 128
     m, k, n = 256, 4096, 256
     att = {"q": r(b, h, s, d), "k": r(b, h, s, d), "v": r(b, h, s, d)}
@@ -81,21 +81,26 @@ def main() -> None:
     print(head)
     print("-" * len(head))
     for op, variant, inputs, flops in cases():
-        mod = twin_module(op)
-        p = resolve_params(op, {})
-        x = to_float64(inputs)
-        t_ref = best_of(lambda: mod.reference(x, p), args.repeat)
-        t_twin = best_of(lambda: mod.twin(Numerics("none"), variant, DTYPE, x, p), args.repeat)
+        print(row(op, variant, inputs, flops, args))
 
-        def noisy() -> torch.Tensor:
-            num = Numerics(args.noise, args.replays, seed=1)
-            return mod.twin(num, variant, DTYPE, {k: num.expand(v) for k, v in x.items()}, p)
 
-        t_noisy = best_of(noisy, 1)
-        shape = " x ".join(str(list(v.shape)) for v in inputs.values() if v.ndim > 1)[:25]
-        gf = f"{flops / t_twin / 1e9:10.1f}" if flops else f"{'':>10}"
-        print(f"{op + '/' + variant:<22}{shape:<26}{t_ref * 1e3:9.2f}{t_twin * 1e3:9.2f}{t_twin / t_ref:9.2f}"
-              f"{args.replays / t_noisy:11.1f}{gf}")
+def row(op: str, variant: str, inputs: dict[str, torch.Tensor], flops: float, args: argparse.Namespace) -> str:
+    """One table row: reference and twin times, their ratio, noisy replays/s, twin GFLOP/s."""
+    mod = twin_module(op)
+    p = resolve_params(op, {})
+    x = to_float64(inputs)
+    t_ref = best_of(lambda: mod.reference(x, p), args.repeat)
+    t_twin = best_of(lambda: mod.twin(Numerics("none"), variant, DTYPE, x, p), args.repeat)
+
+    def noisy() -> torch.Tensor:
+        num = Numerics(args.noise, args.replays, seed=1)
+        return mod.twin(num, variant, DTYPE, {k: num.expand(v) for k, v in x.items()}, p)
+
+    t_noisy = best_of(noisy, 1)
+    shape = " x ".join(str(list(v.shape)) for v in inputs.values() if v.ndim > 1)[:25]
+    gf = f"{flops / t_twin / 1e9:10.1f}" if flops else f"{'':>10}"
+    return (f"{op + '/' + variant:<22}{shape:<26}{t_ref * 1e3:9.2f}{t_twin * 1e3:9.2f}{t_twin / t_ref:9.2f}"
+            f"{args.replays / t_noisy:11.1f}{gf}")
 
 
 if __name__ == "__main__":

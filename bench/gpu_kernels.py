@@ -29,11 +29,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for `optwin`
 
-import torch  # noqa: E402
+import torch
 
-from optwin.kernels import production as P  # noqa: E402
-from optwin.kernels.compare import mismatch_report  # noqa: E402
-from optwin.kernels.sketch_buffer import new_buffer, read_sketch  # noqa: E402
+from optwin.kernels import production as P
+from optwin.kernels.compare import mismatch_report
+from optwin.kernels.sketch_buffer import new_buffer, read_sketch
 
 Tensor = torch.Tensor
 DT = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -308,7 +308,7 @@ def report(checks: list[dict[str, Any]], copies: dict[str, tuple[float, float]],
               "| op | dtype | shape | kernel | GB/s | % of copy | eager | compiled | kernel+sketch | sketch cost "
               "| extra launches | unfused minimal sketch | ingest sketch (fp64) |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    us = lambda v: _fmt(v * 1e3, 4)  # noqa: E731
+    us = lambda v: _fmt(v * 1e3, 4)
     for r in times:
         lines.append(
             f"| {r['op']} | {r['dtype']} | {r['shape']} | {us(r['kernel_ms'])} | {r['gbps']:.0f} | "
@@ -324,8 +324,10 @@ def report(checks: list[dict[str, Any]], copies: dict[str, tuple[float, float]],
 
 def warps_sweep(shape, device: str, t0: float, budget_s: float) -> list[str]:
     """rmsnorm/layernorm/softmax at other num_warps (changes the tl.sum trees): for the next tuning."""
-    from optwin.kernels.layernorm import EPS as LN_EPS, _layernorm_launch
-    from optwin.kernels.rmsnorm import EPS as RMS_EPS, _rmsnorm_launch
+    from optwin.kernels.layernorm import EPS as LN_EPS
+    from optwin.kernels.layernorm import _layernorm_launch
+    from optwin.kernels.rmsnorm import EPS as RMS_EPS
+    from optwin.kernels.rmsnorm import _rmsnorm_launch
     from optwin.kernels.softmax import _softmax_launch
 
     out = []
@@ -340,13 +342,13 @@ def warps_sweep(shape, device: str, t0: float, budget_s: float) -> list[str]:
             if time.monotonic() - t0 > budget_s - 15:
                 return out
             if op == "rmsnorm":
-                f = lambda bb, w=w: _rmsnorm_launch(x, inp["weight"], y, bb, RMS_EPS, num_warps=w)  # noqa: E731
+                f = lambda bb, w=w: _rmsnorm_launch(x, inp["weight"], y, bb, RMS_EPS, num_warps=w)
             elif op == "layernorm":
-                f = lambda bb, w=w: _layernorm_launch(x, inp["weight"], inp["bias"], y, bb, LN_EPS, num_warps=w)  # noqa: E731
+                f = lambda bb, w=w: _layernorm_launch(x, inp["weight"], inp["bias"], y, bb, LN_EPS, num_warps=w)
             else:
-                f = lambda bb, w=w: _softmax_launch(x, y, bb, num_warps=w)  # noqa: E731
+                f = lambda bb, w=w: _softmax_launch(x, y, bb, num_warps=w)
             try:
-                a, b2 = t(lambda: f(None)), t(lambda: f(buf))
+                a, b2 = t(lambda: f(None)), t(lambda: f(buf))  # noqa: B023 - called at once
                 out.append(f"{op} w{w}: {a * 1e3:.1f} / {b2 * 1e3:.1f}")
             except Exception as e:  # noqa: BLE001
                 out.append(f"{op} w{w}: {type(e).__name__}")

@@ -161,7 +161,13 @@ def cached_db(dst: str | None = None, seed: int = 0) -> str:
     import tempfile
 
     with open(__file__, "rb") as f:
-        key = hashlib.sha256(f.read() + str(seed).encode()).hexdigest()[:16]
+        # The regions depend on the catalog's region features and the bin grid: key on them too, or
+        # a cache written under an older grid would load with every region skipped.
+        from optwin.catalog import CATALOG
+        from optwin.fingerprints.regions import _BINNING
+
+        grid = repr(([(o.name, o.region_features) for o in CATALOG.values()], sorted(_BINNING.items())))
+        key = hashlib.sha256(f.read() + str(seed).encode() + grid.encode()).hexdigest()[:16]
     cache = os.path.join(tempfile.gettempdir(), f"optwin-matcher-fixture-{key}.duckdb")
     if not os.path.exists(cache):
         write_db(cache, seed=seed)  # atomic (temp file + os.replace): concurrent sessions are safe

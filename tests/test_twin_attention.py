@@ -119,7 +119,7 @@ def test_low_entropy_peaked_vs_flat_scores() -> None:
 @pytest.mark.parametrize("variant", ["sdpa", "math"])
 def test_replays_shape_seed_and_spread(variant: str, noise: str) -> None:
     inputs = qkv(6, "float32", sq=8, sk=96, d=16, positive_v=False)
-    run = lambda seed: twin.run("attention", variant, "float32", inputs, {"causal": True}, noise=noise,  # noqa: E731
+    run = lambda seed: twin.run("attention", variant, "float32", inputs, {"causal": True}, noise=noise,
                                 replays=5, seed=seed, keep_replays=True)
     a, b, c = run(1), run(1), run(2)
     assert a.replays.shape == (5, 1, 2, 8, 16)

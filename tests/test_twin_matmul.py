@@ -104,7 +104,7 @@ def test_stochastic_output_rounding_overflow_probability() -> None:
 def test_replays_shape_seed_and_spread(noise: str) -> None:
     g = torch.Generator().manual_seed(4)
     inputs = {"a": torch.randn(16, 512, generator=g), "b": torch.randn(512, 8, generator=g)}
-    run = lambda seed: twin.run("matmul", "torch", "float32", inputs, noise=noise, replays=6, seed=seed,  # noqa: E731
+    run = lambda seed: twin.run("matmul", "torch", "float32", inputs, noise=noise, replays=6, seed=seed,
                                 keep_replays=True)
     a, b, c = run(5), run(5), run(6)
     assert a.replays.shape == (6, 16, 8)

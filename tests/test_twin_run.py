@@ -21,7 +21,7 @@ DT = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.flo
 
 def sample(op: str, dtype: str, seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    r = lambda *s: torch.randn(*s, generator=g).to(DT[dtype])  # noqa: E731
+    r = lambda *s: torch.randn(*s, generator=g).to(DT[dtype])
     if op == "softmax":
         x = r(3, 5, 40)
         x[0, 1, 30:] = -math.inf  # a partial mask

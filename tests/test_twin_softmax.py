@@ -137,7 +137,7 @@ def test_emulation_error_is_format_sized() -> None:
 def test_replays_shape_seed_and_spread(noise: str) -> None:
     g = torch.Generator().manual_seed(6)
     x = (torch.randn(4, 2048, generator=g) * 3).float()
-    run = lambda seed: twin.run("softmax", "triton", "float32", {"x": x}, noise=noise, replays=8, seed=seed,  # noqa: E731
+    run = lambda seed: twin.run("softmax", "triton", "float32", {"x": x}, noise=noise, replays=8, seed=seed,
                                 keep_replays=True)
     a, b, c = run(0), run(0), run(1)
     assert a.replays.shape == (8, 4, 2048)

@@ -1,6 +1,6 @@
 """Feature-space regions: how a sketch maps to the fingerprint cell it belongs to.
 
-    python -c "from optwin.fingerprints.regions import region_of; print(region_of('rmsnorm', {'absmax': 300, 'max_row_rms': 20, 'hidden': 64}))"
+    python -c "from optwin.fingerprints.regions import region_of; print(region_of('rmsnorm', {'absmax': 300, 'max_row_rms': 20}))"
 
 Faults are driven by magnitudes and sizes spanning many decades (|x| from 1e-3 to 1e5, positions to
 2^21, separations to 1e-9 degrees), so each region feature is binned on a signed log2 grid:
@@ -17,18 +17,27 @@ from typing import Mapping
 from optwin.catalog import operator
 
 # feature -> (scale, bins per octave). Unlisted features: (1.0, 1).
+# Magnitudes use a tiny SCALE (_TINY, below float32's smallest subnormal): with SCALE 1 every value
+# below 1 fell into bin 0, and the faults of tiny inputs (fp16 squares and products going subnormal:
+# rmsnorm near rms 1e-4, matmul precision loss) were invisible. Softmax `max` gets 4 bins per
+# octave: the naive variant's exp boundaries (11.09 fp16, 88.7 wider) are sharp. `masked_rows` has
+# SCALE 1e-6 so that 0 and 1 masked row lie ~20 bins apart: a single fully masked row is a NaN,
+# and no neighbour interpolation may blur clean rows into masked ones.
+_TINY = 1e-45
 _BINNING: dict[str, tuple[float, int]] = {
-    "absmax": (1.0, 2),
-    "max_row_rms": (1.0, 2),
-    "max": (1.0, 2),
-    "max_row_range": (1.0, 2),
-    "masked_rows": (1.0, 1),
-    "max_pos": (1.0, 1),
-    "score_bound": (1.0, 2),
-    "max_mean_over_std": (1.0, 2),
+    "absmax": (_TINY, 2),
+    "rms": (_TINY, 2),
+    "max_row_rms": (_TINY, 2),
+    "max": (1e-3, 4),
+    "max_row_range": (1e-3, 2),
+    "masked_rows": (1e-6, 1),
+    "max_pos": (1.0, 4),
+    "score_bound": (_TINY, 2),
+    "max_mean_over_std": (1e-3, 2),
     "min_sep_deg": (1e-12, 1),
     "median_sep_deg": (1e-12, 1),
-    "out_bound": (1.0, 2),
+    "max_sep_deg": (1e-12, 1),
+    "out_bound": (_TINY, 2),
 }
 
 Region = tuple[int, ...]

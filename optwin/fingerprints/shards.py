@@ -173,7 +173,7 @@ def run_shard(spec_dict: dict[str, Any], work_dir: str) -> dict[str, Any]:
             rows.append(_case_row(spec, case, tol))
         except OptwinError as e:
             rejected[type(e).__name__] += 1
-    schema = {c: _POLARS[t] for c, t in SHARD_SCHEMA_SQL}
+    schema = polars_schema()
     df = pl.DataFrame(rows, schema=schema, orient="row") if rows else pl.DataFrame(schema=schema)
     faults = {f: int(df[f"n_{f}"].sum() or 0) for f in ("nonfinite", "precision_loss", "low_entropy")}
     summary = {"shard": spec.shard_id, "op": spec.op, "variant": spec.variant, "dtype": spec.dtype,
@@ -187,16 +187,9 @@ def run_shard(spec_dict: dict[str, Any], work_dir: str) -> dict[str, Any]:
     return summary
 
 
-def _polars_types() -> dict[str, Any]:
+def polars_schema() -> dict[str, Any]:
+    """SHARD_SCHEMA_SQL as a polars schema (polars loads lazily: workers only)."""
     import polars as pl
 
-    return {"BIGINT": pl.Int64, "INTEGER": pl.Int32, "VARCHAR": pl.Utf8, "BOOLEAN": pl.Boolean, "DOUBLE": pl.Float64}
-
-
-class _LazyTypes(dict):
-    def __missing__(self, key: str) -> Any:
-        self.update(_polars_types())
-        return dict.__getitem__(self, key)
-
-
-_POLARS = _LazyTypes()
+    types = {"BIGINT": pl.Int64, "INTEGER": pl.Int32, "VARCHAR": pl.Utf8, "BOOLEAN": pl.Boolean, "DOUBLE": pl.Float64}
+    return {c: types[t] for c, t in SHARD_SCHEMA_SQL}

@@ -26,10 +26,26 @@ import triton.language as tl
 
 from optwin.catalog import CATALOG
 from optwin.kernels._common import (
-    FMAX, POS_INF_BITS, ZERO_BITS, check_device, finite_partials, last_program, launch_settings, note_occupancy,
-    persistent_grid, rows_view, sum_and_max, take,
+    FMAX,
+    POS_INF_BITS,
+    ZERO_BITS,
+    check_device,
+    finite_partials,
+    last_program,
+    launch_settings,
+    note_occupancy,
+    persistent_grid,
+    rows_view,
+    sum_and_max,
+    take,
 )
-from optwin.kernels.sketch_buffer import RATIO_CAP, WORKSPACE, feature_names, new_buffer, workspace
+from optwin.kernels.sketch_buffer import (
+    RATIO_CAP,
+    WORKSPACE,
+    feature_names,
+    new_buffer,
+    workspace,
+)
 
 EPS = CATALOG["layernorm"].constants["eps"]
 assert feature_names("layernorm") == (

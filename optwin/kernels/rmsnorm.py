@@ -25,8 +25,17 @@ import triton.language as tl
 
 from optwin.catalog import CATALOG
 from optwin.kernels._common import (
-    FMAX, ZERO_BITS, check_device, finite_partials, last_program, launch_settings, note_occupancy, persistent_grid, rows_view,
-    sum_and_max, take,
+    FMAX,
+    ZERO_BITS,
+    check_device,
+    finite_partials,
+    last_program,
+    launch_settings,
+    note_occupancy,
+    persistent_grid,
+    rows_view,
+    sum_and_max,
+    take,
 )
 from optwin.kernels.sketch_buffer import WORKSPACE, feature_names, new_buffer, workspace
 

@@ -34,8 +34,16 @@ import triton.language as tl
 from optwin.catalog import CATALOG
 from optwin.errors import InputError
 from optwin.kernels._common import (
-    FMAX, MAX_BLOCK, ZERO_BITS, check_device, finite_lanes, last_program, note_occupancy, persistent_grid,
-    reduce_partials, take,
+    FMAX,
+    MAX_BLOCK,
+    ZERO_BITS,
+    check_device,
+    finite_lanes,
+    last_program,
+    note_occupancy,
+    persistent_grid,
+    reduce_partials,
+    take,
 )
 from optwin.kernels.production import rope_inv_freq
 from optwin.kernels.sketch_buffer import WORKSPACE, feature_names, new_buffer, workspace

@@ -24,8 +24,18 @@ import triton
 import triton.language as tl
 
 from optwin.kernels._common import (
-    FMAX, INTERPRET, NEG_INF_BITS, POS_INF_BITS, ZERO_BITS, check_device, last_program, launch_settings,
-    note_occupancy, persistent_grid, rows_view, take,
+    FMAX,
+    INTERPRET,
+    NEG_INF_BITS,
+    POS_INF_BITS,
+    ZERO_BITS,
+    check_device,
+    last_program,
+    launch_settings,
+    note_occupancy,
+    persistent_grid,
+    rows_view,
+    take,
 )
 from optwin.kernels.sketch_buffer import WORKSPACE, feature_names, new_buffer, workspace
 

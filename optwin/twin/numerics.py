@@ -248,7 +248,7 @@ class Numerics:
             if torch.equal(x32.to(torch.float64), x):
                 x = x32
             else:
-                add = lambda s, t: self.round(s + t, acc)  # noqa: E731
+                add = lambda s, t: self.round(s + t, acc)
         if order == "sequential":
             out = self._sequential(x, add)
         elif order == "pairwise":
@@ -312,7 +312,7 @@ class Numerics:
                chunk: int = 32) -> torch.Tensor:
         """a @ b with exact products, chunks of `chunk` along k summed exactly (a tensor-core MMA
         accumulates a k-tile internally), the chunk partials accumulated in sequence in `acc`, then
-        the output rounded to `out`. Batched over leading dims; a leading replay dim on either side
+        the output rounded to `out` (kept as is when `out` is `acc`). Batched over leading dims; a leading replay dim on either side
         broadcasts. Under noise "order" the chunk width is drawn from {16, 32, 64} (one per call) and
         every replay accumulates the partials in its own random order.
 
