@@ -135,3 +135,26 @@ def test_matcher_import_stays_light():
             "bad = [m for m in ('duckdb', 'triton', 'ray', 'streamlit', 'polars') if m in sys.modules]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_unreplayed_cell_takes_the_distance_weighted_mean_of_its_neighbours():
+    # rmsnorm native-dtype float16 regions are (absmax bin, max_row_rms bin); two replayed cells four
+    # bins apart, a safe one and a faulting one: a cell between them leans toward the nearer side.
+    rows = [{"op": "rmsnorm", "variant": "native-dtype", "dtype": "float16", "region": key, "fault_type": "precision_loss",
+             "probability": p, "n_cases": 8} for key, p in (("300|290", 0.0), ("300|294", 1.0))]
+    ti = Matcher.from_rows(rows).index[TRIPLE]
+    near_safe, _ = ti.lookup((300, 291), MatcherConfig())
+    near_fault, rule = ti.lookup((300, 293), MatcherConfig())
+    assert rule == "near" and 0.0 < near_safe[1] < 0.5 < near_fault[1] < 1.0
+    # equal weights at equal distance: the midpoint is the plain mean
+    mid, _ = ti.lookup((300, 292), MatcherConfig())
+    assert mid[1] == pytest.approx(0.5)
+
+
+def test_the_grid_separates_tiny_magnitudes_and_masked_rows():
+    # below 1 the bins keep going: fp16 squares go subnormal near |x| = 1e-4, and matmul loses
+    # precision on subnormal products, so 1e-5, 1e-4 and 1e-3 must be different cells
+    bins = [feature_bin("absmax", v) for v in (1e-5, 1e-4, 1e-3, 1.0)]
+    assert bins == sorted(set(bins)) and bins[1] - bins[0] >= 6
+    # one fully masked softmax row (a NaN) is far from none: neighbours never blur the two
+    assert feature_bin("masked_rows", 1.0) - feature_bin("masked_rows", 0.0) >= 16

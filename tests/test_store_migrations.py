@@ -146,3 +146,13 @@ def _app():
     app.command("build")(build_command)
     app.command("migrate")(migrate_command)
     return app
+
+
+def test_arrow_reads_work_as_the_first_query_of_a_fresh_store(tmp_path):
+    path = str(tmp_path / "fp.duckdb")
+    _add(path, "only")
+    for method in ("builds", "fingerprints", "cases", "outcomes", "representatives", "held_out_cases"):
+        with open_store(path) as s:  # fresh: nothing may be left unfinished on the connection by open
+            table = getattr(s, method)(as_arrow=True)
+            assert table.num_rows == len(getattr(s, method)()), method
+            assert s.latest_build_id() == "only"

@@ -173,7 +173,7 @@ class DuckDBStore(FingerprintStore):
         t0 = time.perf_counter()
         try:
             c.execute("BEGIN")
-            if c.execute("SELECT count(*) FROM builds WHERE build_id = ?", [bid]).fetchone()[0]:
+            if c.execute("SELECT count(*) FROM builds WHERE build_id = ?", [bid]).fetchall()[0][0]:
                 raise DatabaseError(f"{self.path}: build {bid} is already in the database")
             # Dedup by shard, then by case_id: a shard file is read once even if listed twice, and a
             # case can only belong to one shard (case ids hash the shard's op/variant/dtype/source).
@@ -189,13 +189,13 @@ class DuckDBStore(FingerprintStore):
             t1 = time.perf_counter()
             c.execute("INSERT INTO fingerprints " + aggregate.fingerprints_sql("staging"), [bid])
             c.execute("INSERT INTO representatives " + aggregate.representatives_sql("staging"), [bid])
-            n_cases, n_replays = c.execute("SELECT count(*), coalesce(sum(replays), 0) FROM staging").fetchone()
+            n_cases, n_replays = c.execute("SELECT count(*), coalesce(sum(replays), 0) FROM staging").fetchall()[0]
             row = dict(build, n_cases=int(n_cases), n_replays=int(n_replays))
             cols = [col for col, _, _ in TABLES["builds"]]
             c.execute(f"INSERT INTO builds ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})",
                       [row.get(col) for col in cols])
-            n_fp = c.execute("SELECT count(*) FROM fingerprints WHERE build_id = ?", [bid]).fetchone()[0]
-            n_rep = c.execute("SELECT count(*) FROM representatives WHERE build_id = ?", [bid]).fetchone()[0]
+            n_fp = c.execute("SELECT count(*) FROM fingerprints WHERE build_id = ?", [bid]).fetchall()[0][0]
+            n_rep = c.execute("SELECT count(*) FROM representatives WHERE build_id = ?", [bid]).fetchall()[0][0]
             c.execute("DROP TABLE staging")
             t2 = time.perf_counter()
             c.execute("COMMIT")

@@ -33,7 +33,9 @@ def detect_version(conn: Any) -> int | None:
     """The schema version of the open database: None when empty, 0 for the pre-versioned layout."""
     tables = _tables(conn)
     if "schema_meta" in tables:
-        row = conn.execute("SELECT value FROM schema_meta WHERE key = 'schema_version'").fetchone()
+        # fetchall, not fetchone: an unfinished result blocks the connection's next query (duckdb 2)
+        rows = conn.execute("SELECT value FROM schema_meta WHERE key = 'schema_version'").fetchall()
+        row = rows[0] if rows else None
         if row is None:
             return 0
         try:
