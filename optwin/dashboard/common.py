@@ -122,3 +122,27 @@ def pick(label: str, options: list[Any], key: str, default: Any = None, **kw: An
     if st.session_state.get(key) not in options:
         st.session_state[key] = default if default in options else options[0]
     return st.selectbox(label, options, key=key, **kw)
+
+
+def pick_triple(ctx: Context, prefix: str) -> tuple[str, str, str, Any]:
+    """Operator, variant and dtype pickers over the triples this build covers, in the first three
+    of four columns; returns (op, variant, dtype, fourth column). Stops the page when the build has
+    no fingerprints or nothing is picked."""
+    from optwin.catalog import operator
+
+    triples = ctx.q("triples", ctx.build)
+    if triples.empty:
+        st.info(f"build {ctx.build} has no fingerprints")
+        st.stop()
+    c1, c2, c3, c4 = st.columns(4)
+    with c1:
+        op = pick("Operator", sorted(triples["op"].unique()), f"{prefix}_op")
+    spec = operator(op)
+    of_op = triples[triples.op == op]
+    with c2:
+        variant = pick("Variant", [v for v in spec.variant_names if v in set(of_op["variant"])], f"{prefix}_variant")
+    with c3:
+        dtype = pick("Dtype", [d for d in spec.dtypes if d in set(of_op[of_op.variant == variant]["dtype"])], f"{prefix}_dtype")
+    if not (variant and dtype):
+        st.stop()
+    return op, variant, dtype, c4

@@ -12,28 +12,15 @@ import streamlit as st
 
 from optwin.catalog import operator
 from optwin.dashboard import charts
-from optwin.dashboard.common import page_context, pick
+from optwin.dashboard.common import page_context, pick, pick_triple
 from optwin.dashboard.data import boundary, pool
 
 st.title("Operator explorer")
 ctx = page_context()
 assert ctx is not None
 
-triples = ctx.q("triples", ctx.build)
-if triples.empty:
-    st.info(f"build {ctx.build} has no fingerprints")
-    st.stop()
-
-c1, c2, c3, c4 = st.columns(4)
-with c1:
-    op = pick("Operator", sorted(triples["op"].unique()), "ex_op")
+op, variant, dtype, c4 = pick_triple(ctx, "ex")
 spec = operator(op)
-with c2:
-    variant = pick("Variant", [v for v in spec.variant_names if v in set(triples[triples.op == op]["variant"])], "ex_variant")
-with c3:
-    dtype = pick("Dtype", [d for d in spec.dtypes if d in set(triples[(triples.op == op) & (triples.variant == variant)]["dtype"])], "ex_dtype")
-if not (variant and dtype):
-    st.stop()
 fp_all = ctx.q("fingerprints", ctx.build, op, None, None, None)  # every variant/dtype/fault of the op
 sel = fp_all[(fp_all.variant == variant) & (fp_all.dtype == dtype)]
 with c4:

@@ -10,7 +10,7 @@ import streamlit as st
 
 from optwin.catalog import DEFAULT_TOLERANCES, operator
 from optwin.dashboard import charts
-from optwin.dashboard.common import page_context, pick
+from optwin.dashboard.common import page_context, pick, pick_triple
 from optwin.dashboard.snippet import reproduce_snippet
 
 ALL = "all fault types"
@@ -19,18 +19,8 @@ st.title("Cases")
 ctx = page_context()
 assert ctx is not None
 
-triples = ctx.q("triples", ctx.build)
-if triples.empty:
-    st.info(f"build {ctx.build} has no fingerprints")
-    st.stop()
-c1, c2, c3, c4 = st.columns(4)
-with c1:
-    op = pick("Operator", sorted(triples["op"].unique()), "cs_op")
+op, variant, dtype, c4 = pick_triple(ctx, "cs")
 spec = operator(op)
-with c2:
-    variant = pick("Variant", [v for v in spec.variant_names if v in set(triples[triples.op == op]["variant"])], "cs_variant")
-with c3:
-    dtype = pick("Dtype", [d for d in spec.dtypes if d in set(triples[(triples.op == op) & (triples.variant == variant)]["dtype"])], "cs_dtype")
 with c4:
     fault = pick("Fault type", [ALL, *spec.fault_types], "cs_fault")
 if not (variant and dtype and fault):
