@@ -338,7 +338,7 @@ def warps_sweep(shape, device: str, t0: float, budget_s: float) -> list[str]:
         x = inp["x"]
         y = torch.empty_like(x)
         buf = new_buffer(op, device)
-        for w in (8, 32):
+        for w in (8, 16):
             if time.monotonic() - t0 > budget_s - 15:
                 return out
             if op == "rmsnorm":

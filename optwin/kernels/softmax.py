@@ -97,6 +97,7 @@ def _softmax_kernel(
         p_nf = tl.zeros((), dtype=tl.int64)
         p_neg = tl.zeros((), dtype=tl.int64)
         p_masked = tl.zeros((), dtype=tl.int64)
+        p_bad = tl.zeros((), dtype=tl.int32)  # rows left to the exact pass after the loop
     for r in tl.range(pid, n_rows, tl.num_programs(0)):
         row = tl.cast(r, tl.int64)
         x = tl.load(X_ptr + row * X_row_stride + cols, mask=mask, other=-float("inf"),
@@ -120,22 +121,35 @@ def _softmax_kernel(
         y = e / s
         tl.store(Y_ptr + row * Y_row_stride + cols, y.to(Y_ptr.dtype.element_ty), mask=mask,
                  eviction_policy="evict_first")  # write n
-        if SKETCH:
-            if sq <= FMAX:  # no NaN/+inf: the max tree's values are the sketch's
-                rmax = m
-                nf = tl.zeros((), dtype=tl.float32)
-                amax = tl.where(rmax >= rmin, tl.maximum(rmax, -rmin), 0.0)  # 0 for a row without finite
-            else:  # rare: NaN/+inf in the row (or h*h overflow): exact finite-only partials
-                amax, sq, nf, rmax, rmin = _exact_row(h, mask)
-            has = rmax >= rmin  # the row has a finite entry
-            p_amax = tl.maximum(p_amax, amax)
-            p_max = tl.maximum(p_max, rmax)
-            p_min = tl.minimum(p_min, rmin)
-            p_rng = tl.maximum(p_rng, tl.where(has, rmax - rmin, 0.0))
-            p_sq += sq.to(tl.float64)
-            p_nf += tl.cast(nf, tl.int64)
-            p_neg += nneg.to(tl.int64)
-            p_masked += (nneg == n_cols).to(tl.int64)
+        if SKETCH:  # scalars only, so h dies at the store; rows with NaN/+inf wait for the exact pass
+            ok = sq <= FMAX  # no NaN/+inf: the max tree's values are the sketch's
+            has = ok & (m >= rmin)  # the row has a finite entry
+            p_amax = tl.maximum(p_amax, tl.where(has, tl.maximum(m, -rmin), 0.0))
+            p_max = tl.maximum(p_max, tl.where(has, m, -float("inf")))
+            p_min = tl.minimum(p_min, tl.where(has, rmin, float("inf")))
+            p_rng = tl.maximum(p_rng, tl.where(has, m - rmin, 0.0))
+            p_sq += tl.where(ok, sq, 0.0).to(tl.float64)
+            p_neg += tl.where(ok, nneg, 0.0).to(tl.int64)
+            p_masked += (ok & (nneg == n_cols)).to(tl.int64)
+            p_bad += tl.where(ok, 0, 1)
+    if SKETCH:
+        if p_bad > 0:  # rare: re-read this program's rows that had NaN/+inf (or h*h overflow)
+            for r2 in tl.range(pid, n_rows, tl.num_programs(0)):
+                h2 = tl.load(X_ptr + tl.cast(r2, tl.int64) * X_row_stride + cols, mask=mask,
+                             other=-float("inf")).to(tl.float32)
+                ninf2 = h2 == -float("inf")
+                if not (tl.sum(tl.where(ninf2, 0.0, h2 * h2), axis=0) <= FMAX):  # the loop's test
+                    amax, sq2, nf, rmax, rmin2 = _exact_row(h2, mask)
+                    nneg2 = tl.sum(tl.where(ninf2 & mask, 1.0, 0.0), axis=0)
+                    has2 = rmax >= rmin2
+                    p_amax = tl.maximum(p_amax, amax)
+                    p_max = tl.maximum(p_max, rmax)
+                    p_min = tl.minimum(p_min, rmin2)
+                    p_rng = tl.maximum(p_rng, tl.where(has2, rmax - rmin2, 0.0))
+                    p_sq += sq2.to(tl.float64)
+                    p_nf += tl.cast(nf, tl.int64)
+                    p_neg += nneg2.to(tl.int64)
+                    p_masked += (nneg2 == n_cols).to(tl.int64)
     if SKETCH:
         tl.atomic_max(F_ptr + 0, p_amax.to(tl.float64), sem="relaxed")
         tl.atomic_add(F_ptr + 1, p_sq, sem="relaxed")
