@@ -82,11 +82,11 @@ def test_operator_explorer_pooled_probability_and_boundary(db: Path) -> None:
     at.slider(key="ex_threshold").set_value(0.9).run()
     assert float(metrics(at)["Boundary"].split("≥")[1]) >= edge
     # other axes and another op render too
-    at.selectbox(key="ex_fx").set_value("hidden").run()
+    at.selectbox(key="ex_fx").set_value("max_row_rms").run()
     at.selectbox(key="ex_op").set_value("softmax").run()
     assert not at.exception
     assert at.selectbox(key="ex_variant").value == "torch"
-    assert at.selectbox(key="ex_fx").options == ["max", "max_row_range", "masked_rows", "n"]
+    assert at.selectbox(key="ex_fx").options == ["max", "max_row_range", "masked_rows"]
 
 
 def test_cases_drill_down_and_snippet(db: Path) -> None:

@@ -23,9 +23,11 @@ Sketches outside what was replayed (`known=False`): the conservative rule
   2. otherwise each region feature's bin is first clamped into the triple's replayed bin range.
      If clamping moved a magnitude feature (not a shape: `SHAPE_FEATURES` are only clamped) in its
      fault direction (`FAULT_DIRECTION`: larger |x|, positions, scores, ratios; smaller separations
-     for geodesic) the sketch lies beyond everything replayed, where faults get more likely: every
-     fault type the build saw at all for this triple gets `MatcherConfig.beyond_prior` (1.0), the
-     others 0: we do not extrapolate safety;
+     for geodesic) the sketch lies beyond everything replayed, rule "beyond": when the edge of the
+     range (the clamped cell, by rule 3 if unreplayed) already warns, its probabilities answer (they
+     say WHICH fault: past fp16's 65504 rope positions give NaNs, no longer precision loss);
+     otherwise every fault type the build saw at all for this triple gets at least
+     `MatcherConfig.beyond_prior` (1.0), the others keep the edge's: we do not extrapolate safety;
   3. otherwise the (clamped) region's `MatcherConfig.neighbours` nearest replayed regions
      (Euclidean distance in bins) answer with their inverse-distance weighted mean probability
      (weights also grow with each region's case count), rule "near". A mean rather than a max:
@@ -72,7 +74,7 @@ class MatcherConfig:
     near_bins: int = 1  # rule 3: how far (in bins) a replayed neighbour may stand in for a sketch
     beyond_prior: float = 1.0  # rule 2: probability beyond the replayed range in the fault direction
     unbuilt_prior: float = 0.0  # rule 0: a triple the build never replayed (known=False either way)
-    neighbours: int = 6  # rule 3: replayed regions averaged for a cell the build lacks
+    neighbours: int = 10  # rule 3: replayed regions averaged for a cell the build lacks
 
     @staticmethod
     def preset(name: str) -> "MatcherConfig":
@@ -157,12 +159,12 @@ class TripleIndex:
             beyond |= c != b and f not in SHAPE_FEATURES and (b - c) * FAULT_DIRECTION.get(f, 1) > 0
             clamped.append(c)
         reg = tuple(clamped)
-        if beyond:
+        edge = self.probs[reg] if reg in self.probs else self._neighbours(reg, cfg.neighbours)
+        if beyond and max(edge, default=0.0) < cfg.threshold:
+            # The edge of the replayed range looks safe, but that is no evidence beyond it.
             seen = self._max_over(list(self.probs))
-            return tuple(cfg.beyond_prior if s > 0 else 0.0 for s in seen), "beyond"
-        if reg in self.probs:
-            return self.probs[reg], "near"
-        return self._neighbours(reg, cfg.neighbours), "near"
+            return tuple(max(e, cfg.beyond_prior) if s > 0 else e for e, s in zip(edge, seen)), "beyond"
+        return edge, ("beyond" if beyond else "near")
 
     def _neighbours(self, reg: Region, k: int) -> tuple[float, ...]:
         """Inverse-distance weighted mean over the k nearest replayed regions (Euclidean, in bins).

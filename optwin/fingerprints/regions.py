@@ -24,7 +24,7 @@ from optwin.catalog import operator
 # SCALE 1e-6 so that 0 and 1 masked row lie ~20 bins apart: a single fully masked row is a NaN,
 # and no neighbour interpolation may blur clean rows into masked ones.
 _TINY = 1e-45
-_BINNING: dict[str, tuple[float, int]] = {
+_BINNING: dict[str, tuple[float, float]] = {
     "absmax": (_TINY, 2),
     "rms": (_TINY, 2),
     "max_row_rms": (_TINY, 2),
@@ -35,9 +35,10 @@ _BINNING: dict[str, tuple[float, int]] = {
     "score_bound": (_TINY, 2),
     "max_mean_over_std": (1e-3, 2),
     "min_sep_deg": (1e-12, 1),
-    "median_sep_deg": (1e-12, 1),
+    "median_sep_deg": (1e-12, 0.5),  # coarse: the typical pair only moves precision loss
     "max_sep_deg": (1e-12, 1),
     "out_bound": (_TINY, 2),
+    "seq_k": (1.0, 0.5),  # keys per query: half a bin per octave (1, 3, 15, 63, 255 start the bins)
 }
 
 Region = tuple[int, ...]
