@@ -28,6 +28,13 @@ from optwin.validation import validate
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(autouse=True)
+def _cpu_without_triton_interpreter(monkeypatch):
+    """The kernel tests set TRITON_INTERPRET=1 for the whole process; here the CPU stands in for a
+    device without Triton, as on a CPU machine, so the variant set is the production one."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+
+
 @pytest.mark.parametrize("op", list(CATALOG))
 def test_held_out_cases_are_valid_seeded_and_cycle_families(op):
     for dtype in CATALOG[op].dtypes:
@@ -158,6 +165,8 @@ def test_collect_only_imports_no_heavy_modules(tmp_path):
 _TORCH_ONLY = r"""
 import json, runpy, sys
 import torch
+
+
 def third_party():
     return {m.split(".")[0] for m in sys.modules} - set(sys.stdlib_module_names) - {"__main__", "__mp_main__"}
 before = third_party()

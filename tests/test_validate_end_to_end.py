@@ -15,6 +15,14 @@ from optwin.fingerprints.build import BuildConfig, build
 from optwin.validate.cli import validate_command
 
 
+@pytest.fixture(autouse=True)
+def _cpu_without_triton_interpreter(monkeypatch):
+    """The kernel tests set TRITON_INTERPRET=1 for the whole process; here the CPU stands in for a
+    device without Triton, as on a CPU machine, so the variant set is the production one."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+
+
+
 @pytest.fixture(scope="module")
 def rmsnorm_db(tmp_path_factory):
     out = tmp_path_factory.mktemp("db") / "fp.duckdb"
