@@ -474,11 +474,31 @@ def sketch_tensor(op: str, inputs: Mapping[str, torch.Tensor], params: dict[str,
     dev = [i for i, nm in enumerate(names) if isinstance(vals[nm], torch.Tensor)]
     if not dev:  # CPU fast path: every value is already a host float
         return names, torch.tensor([float(vals[nm]) for nm in names], dtype=_F64)
-    out = torch.empty(len(names), dtype=_F64, device=device)
-    # One host->device copy for the shape features, one stack for the reductions.
-    out[host] = torch.tensor([float(vals[names[i]]) for i in host], dtype=_F64).to(device, non_blocking=True)
-    out[dev] = torch.stack([vals[names[i]].to(_F64).reshape(()) for i in dev])
-    return names, out
+    # Shape features arrive as host floats. A pageable host->device copy, or indexing a device tensor
+    # with a Python list (its index tensor is copied too), would synchronise the stream: the shape
+    # values come from a per-device cache filled once through pinned memory, and the features are
+    # assembled by one stack of 0-d views.
+    consts = _device_constants(tuple(float(vals[names[i]]) for i in host), device)
+    at = {i: j for j, i in enumerate(host)}
+    pieces = [consts[at[i]] if i in at else vals[nm].to(_F64).reshape(()) for i, nm in enumerate(names)]
+    return names, torch.stack(pieces)
+
+
+_CONSTANTS: dict[tuple[Any, tuple[float, ...]], torch.Tensor] = {}
+
+
+def _device_constants(values: tuple[float, ...], device: torch.device) -> torch.Tensor:
+    """`values` as a float64 tensor on `device`, copied once from pinned memory (asynchronously)."""
+    key = (device, values)
+    t = _CONSTANTS.get(key)
+    if t is None:
+        if len(_CONSTANTS) > 4096:  # shapes of one model are few; bound the cache all the same
+            _CONSTANTS.clear()
+        host = torch.tensor(values, dtype=_F64)
+        if device.type == "cuda":
+            host = host.pin_memory()
+        t = _CONSTANTS[key] = host.to(device, non_blocking=True)
+    return t
 
 
 def sketch(op: str, inputs: Mapping[str, torch.Tensor], params: dict[str, Any] | None = None) -> dict[str, float]:
