@@ -3,8 +3,8 @@
     python -m pytest -x -q tests/test_dashboard_pages.py
 
 Checks: no exception, widgets found by key, and the numbers a page shows equal a direct DuckDB
-query on the same file. The Live page polls a real loopback HTTP server that speaks the sidecar's
-`GET /v1/warnings?since=SEQ`.
+query on the same file. The Live page polls the real sidecar fed a drifting stream, and a small
+loopback server speaking `GET /v1/warnings?since=SEQ` for the incremental-polling checks.
 """
 
 from __future__ import annotations
@@ -233,3 +233,33 @@ def test_live_without_or_with_unreachable_sidecar() -> None:
     assert not at.exception
     assert any("unreachable" in i.value for i in at.info)
     assert metrics(at)["Warnings"] == "0"
+
+
+def test_live_shows_the_warnings_of_a_real_sidecar(tmp_path: Path) -> None:
+    """The real sidecar (optwin.fingerprints.sidecar on loopback, the matcher's fixture database):
+    a drifting rmsnorm stream posted over HTTP raises a forecast warning; the Live page shows exactly
+    what GET /v1/warnings serves."""
+    from _matcher_fixture import cached_db
+    from optwin.fingerprints.client import HTTP
+    from optwin.fingerprints.sidecar import SidecarConfig, SidecarThread
+
+    base = {"numel": 256.0, "rows": 4.0, "absmax": 3.0, "rms": 1.0, "nonfinite": 0.0, "hidden": 64.0,
+            "max_row_rms": 1.2, "weight_absmax": 1.0}
+    db = cached_db(str(tmp_path / "fp.duckdb"))
+    with SidecarThread(db, config=SidecarConfig(max_lag_s=60.0)) as sc:
+        http = HTTP(sc.url)
+        for i in range(80):  # |x| doubles every 10 s toward float16's x*x overflow at 256
+            t = 0.5 * i
+            am = 8.0 * 2 ** (t / 10)
+            record = {"stream": "drift-live", "op": "rmsnorm", "variant": "native-dtype", "dtype": "float16",
+                      "sketch": dict(base, absmax=am, rms=am / 3, max_row_rms=am / 2.5), "params": {}, "t": t}
+            assert http.request("POST", "/v1/observe", json.dumps(record).encode())[0] == 200
+        code, data = http.request("GET", "/v1/warnings?since=0")
+        served = json.loads(data)
+        assert code == 200 and served, "the drifting stream raised no warning"
+        url = sc.url if sc.url.startswith("http") else "http://" + sc.url.split("://", 1)[1]
+        at = app(None, "pages/4_Live.py", sidecar=url)
+        shown = metrics(at)
+        assert shown["Warnings"] == str(len(served))
+        assert shown["Streams"] == str(len({w["stream"] for w in served}))
+        assert shown["Last seq"] == str(max(w["seq"] for w in served))
