@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from optwin.catalog import CATALOG, all_triples, resolve_params  # noqa: E402
 from optwin.kernels.production import run_variant  # noqa: E402
-from optwin.twin import to_float64, twin_module  # noqa: E402
+from optwin.twin import references, to_float64, twin_module  # noqa: E402
 from optwin.twin.faults import fault_flags, relative_error  # noqa: E402
 from optwin.twin.numerics import FORMATS, Numerics, ulps_between  # noqa: E402
 from optwin.validation import validate  # noqa: E402
@@ -236,8 +236,7 @@ def evaluate(job: Job) -> list[tuple[int, CaseResult]]:
             continue
         p = resolve_params(job.op, params)
         x = to_float64(inputs)
-        exact = mod.reference(x, p)
-        r_prob = mod.reference_probabilities(x, p) if hasattr(mod, "reference_probabilities") else None
+        exact, r_prob = references(job.op, x, p)
         emulated = mod.twin(Numerics("none"), job.variant, job.dtype, x, p)
         gpu = y_dev.double()
         gpu_f = _flags(job.op, job.dtype, gpu, exact, r_prob)

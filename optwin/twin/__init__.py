@@ -28,7 +28,7 @@ from optwin.validation import validate
 
 TWIN_VERSION = "1"
 
-__all__ = ["run", "TwinResult", "TWIN_VERSION", "NOISE_MODES", "twin_module", "to_float64"]
+__all__ = ["run", "TwinResult", "TWIN_VERSION", "NOISE_MODES", "twin_module", "to_float64", "references"]
 
 
 @dataclass
@@ -64,6 +64,15 @@ def to_float64(inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu", torch.float64) for k, v in inputs.items()}
 
 
+def references(op: str, inputs64: Mapping[str, torch.Tensor], params: Mapping[str, Any]
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The float64 reference of `op` and, for softmax/attention, the row probabilities that
+    `low_entropy` judges (None for the other ops). Inputs are float64; params resolved."""
+    mod = twin_module(op)
+    prob = mod.reference_probabilities(inputs64, params) if hasattr(mod, "reference_probabilities") else None
+    return mod.reference(inputs64, params), prob
+
+
 def run(op: str, variant: str, dtype: str, inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any] | None = None,
         noise: str = "none", replays: int = 0, seed: int = 0, tolerances: Tolerances | None = None,
         keep_replays: bool = False) -> TwinResult:
@@ -76,8 +85,7 @@ def run(op: str, variant: str, dtype: str, inputs: Mapping[str, torch.Tensor], p
     p = resolve_params(op, dict(params or {}))
     x = to_float64(inputs)
     mod = twin_module(op)
-    exact = mod.reference(x, p)
-    r_prob = mod.reference_probabilities(x, p) if hasattr(mod, "reference_probabilities") else None
+    exact, r_prob = references(op, x, p)
     emulated = mod.twin(Numerics("none"), variant, dtype, x, p)
     flags = fault_flags(op, dtype, emulated, exact, r_prob, tolerances)
     result = TwinResult(op, variant, dtype, exact, emulated, {k: bool(v) for k, v in flags.items()}, noise=noise,

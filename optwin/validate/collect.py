@@ -37,7 +37,7 @@ import torch
 from optwin.catalog import CATALOG, operator, resolve_params
 from optwin.ingest.sketch import sketch
 from optwin.kernels.production import run_variant
-from optwin.twin import to_float64, twin_module
+from optwin.twin import references, to_float64
 from optwin.twin.faults import fault_flags, relative_error
 from optwin.validate.drift import CALLS, KINDS, RATE_HZ, TRACES, call_times, trace_inputs
 from optwin.validate.families import SEED_OFFSET, held_out_case
@@ -82,11 +82,7 @@ class Labeller:
 
     def __init__(self, op: str, dtype: str, inputs_cpu: dict[str, torch.Tensor], params: dict[str, Any]):
         self.op, self.dtype = op, dtype
-        mod = twin_module(op)
-        p = resolve_params(op, params)
-        x64 = to_float64(inputs_cpu)
-        self.ref = mod.reference(x64, p)
-        self.ref_prob = mod.reference_probabilities(x64, p) if hasattr(mod, "reference_probabilities") else None
+        self.ref, self.ref_prob = references(op, to_float64(inputs_cpu), resolve_params(op, params))
 
     def label(self, y: torch.Tensor) -> dict[str, Any]:
         y64 = y.detach().to("cpu", torch.float64)
