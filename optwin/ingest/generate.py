@@ -245,7 +245,7 @@ def make_softmax(rng: np.random.Generator, dtype: torch.dtype, *, rows: int, n: 
 
 
 def make_rope(rng: np.random.Generator, dtype: torch.dtype, *, seq: int, heads: int, d: int, family: str,
-              max_pos: int, absmax: float, base: float = 10000.0) -> Case:
+              max_pos: int, absmax: float, base: float = CATALOG["rope"].params["base"]) -> Case:
     """x [seq, heads, d] with max|x| = absmax and max position exactly max_pos."""
     z = _nonzero(values(rng, family, (seq, heads, d)))
     x = z * (absmax / np.abs(z).max())
