@@ -2,6 +2,7 @@
 torch.compile and the copy bandwidth measured in the same run.
 
     python bench/gpu_kernels.py            # on a CUDA machine; writes $OUT/kernels.md when OUT is set
+    BENCH_SWEEP_S=150 BENCH_DTYPES=bfloat16 python bench/gpu_kernels.py   # plus the launch sweep
 
 Needs torch, triton and numpy only (the optwin modules it imports are pure Python + torch).
 
@@ -77,7 +78,9 @@ def _rms_ref(inp, params):
 
 
 def _softmax_make(shape, dtype, device, g):
-    x = _randn(shape, dtype, device, g, 3.0)
+    # rows from flat to peaked (temperatures 1..100), so peaked_frac is neither 0 nor 1
+    temp = torch.logspace(0, 2, math.prod(shape[:-1]) or 1).reshape(*shape[:-1], 1)
+    x = (temp * torch.randn(*shape, generator=g)).to(dtype).to(device)
     x[..., 1] = -math.inf  # a masked column
     return {"x": x}, {}
 
@@ -322,36 +325,70 @@ def report(checks: list[dict[str, Any]], copies: dict[str, tuple[float, float]],
     return "\n".join(lines) + "\n"
 
 
-def warps_sweep(shape, device: str, t0: float, budget_s: float) -> list[str]:
-    """rmsnorm/layernorm/softmax at other num_warps (changes the tl.sum trees): for the next tuning."""
-    from optwin.kernels.layernorm import EPS as LN_EPS
-    from optwin.kernels.layernorm import _layernorm_launch
-    from optwin.kernels.rmsnorm import EPS as RMS_EPS
-    from optwin.kernels.rmsnorm import _rmsnorm_launch
-    from optwin.kernels.softmax import _softmax_launch
+# Launch configurations the sweep times (bf16, the timing shape), as keyword overrides of each
+# op's launch function; the first of each op is the current default.
+SWEEP: dict[str, list[dict[str, Any]]] = {
+    "rmsnorm": [{}, {"num_warps": 16}, {"num_warps": 4}, {"stages": 2}, {"num_warps": 16, "stages": 2},
+                {"stages": 3}, {"per_sm": 32}, {"num_warps": 4, "stages": 2}],
+    "layernorm": [{}, {"exact_after": True}, {"num_warps": 8}, {"num_warps": 8, "exact_after": True},
+                  {"num_warps": 8, "stages": 2}, {"num_warps": 8, "stages": 2, "exact_after": True},
+                  {"num_warps": 16, "stages": 2, "exact_after": True}, {"num_warps": 4, "exact_after": True}],
+    "softmax": [{}, {"num_warps": 8}, {"stages": 2}, {"num_warps": 32}, {"split": True},
+                {"split": True, "num_warps": 32}, {"num_warps": 4}, {"per_sm": 32}],
+    "rope": [{}, {"num_warps": 8}, {"block_h": 64, "num_warps": 8}, {"block_h": 32, "num_warps": 8},
+             {"block_h": 32, "num_warps": 4}, {"block_h": 16, "num_warps": 4}, {"block_h": 8, "num_warps": 4},
+             {"block_h": 32, "num_warps": 4, "stages": 2}, {"block_h": 16, "num_warps": 4, "stages": 2},
+             {"per_sm": 64}, {"block_h": 32, "num_warps": 4, "per_sm": 64}, {"block_h": 16, "num_warps": 4, "per_sm": 64}],
+}
 
-    out = []
+
+def _sweep_launcher(op: str, inp: dict[str, Tensor], params: dict[str, Any], y: Tensor, cfg: dict[str, Any]):
+    """fn(buf) launching op with the overrides in cfg."""
+    if op == "rmsnorm":
+        from optwin.kernels.rmsnorm import EPS, _rmsnorm_launch
+
+        return lambda bb: _rmsnorm_launch(inp["x"], inp["weight"], y, bb, EPS, **cfg)
+    if op == "layernorm":
+        from optwin.kernels.layernorm import EPS, _layernorm_launch
+
+        return lambda bb: _layernorm_launch(inp["x"], inp["weight"], inp["bias"], y, bb, EPS, **cfg)
+    if op == "softmax":
+        from optwin.kernels.softmax import _softmax_launch
+
+        return lambda bb: _softmax_launch(inp["x"], y, bb, **cfg)
+    from optwin.kernels.rope import _inv_freq, _rope_launch
+
+    x = inp["x"]
+    inv = _inv_freq(x.shape[-1], float(params["base"]), x.device)
+    return lambda bb: _rope_launch(x.unsqueeze(0), y.unsqueeze(0), bb, positions=inp["positions"].unsqueeze(0),
+                                   inv=inv, base=float(params["base"]), **cfg)
+
+
+def sweep(shape, device: str, t0: float, budget_s: float, copy_ms: float) -> list[str]:
+    """Markdown rows: each SWEEP config of each op (bf16) timed with and without the sketch, and
+    whether y is bit-identical between the two (the timing shape)."""
+    out = ["| op | config | kernel µs | % of copy | kernel+sketch µs | sketch cost | y same |", "|---|---|---:|---:|---:|---:|---|"]
     t = _timer(device)
-    g = torch.Generator().manual_seed(2)
-    for op in ("rmsnorm", "layernorm", "softmax"):
-        inp, _ = OPS[op].make(shape, torch.bfloat16, device, g)
-        x = inp["x"]
-        y = torch.empty_like(x)
+    for op, cfgs in SWEEP.items():
+        g = torch.Generator().manual_seed(2)
+        inp, params = OPS[op].make(shape, torch.bfloat16, device, g)
+        y = torch.empty_like(inp["x"])
+        y0 = torch.empty_like(y)
         buf = new_buffer(op, device)
-        for w in (8, 16):
-            if time.monotonic() - t0 > budget_s - 15:
-                return out
-            if op == "rmsnorm":
-                f = lambda bb, w=w: _rmsnorm_launch(x, inp["weight"], y, bb, RMS_EPS, num_warps=w)
-            elif op == "layernorm":
-                f = lambda bb, w=w: _layernorm_launch(x, inp["weight"], inp["bias"], y, bb, LN_EPS, num_warps=w)
-            else:
-                f = lambda bb, w=w: _softmax_launch(x, y, bb, num_warps=w)
+        for cfg in cfgs:
+            name = ",".join(f"{k}={v}" for k, v in cfg.items()) or "default"
+            if time.monotonic() - t0 > budget_s:
+                out.append(f"| {op} | {name} | skipped: time budget spent | | | | |")
+                continue
             try:
-                a, b2 = t(lambda: f(None)), t(lambda: f(buf))  # noqa: B023 - called at once
-                out.append(f"{op} w{w}: {a * 1e3:.1f} / {b2 * 1e3:.1f}")
+                f = _sweep_launcher(op, inp, params, y, cfg)
+                f0 = _sweep_launcher(op, inp, params, y0, cfg)
+                a, b2 = t(lambda: f0(None)), t(lambda: f(buf))  # noqa: B023 - called at once
+                same = torch.equal(y.view(torch.int16), y0.view(torch.int16))
+                out.append(f"| {op} | {name} | {a * 1e3:.1f} | {100 * copy_ms / a:.0f}% | {b2 * 1e3:.1f} | "
+                           f"{100 * (b2 / a - 1):+.1f}% | {'yes' if same else 'NO'} |")
             except Exception as e:  # noqa: BLE001
-                out.append(f"{op} w{w}: {type(e).__name__}")
+                out.append(f"| {op} | {name} | {type(e).__name__}: {str(e)[:60]} | | | | |")
     return out
 
 
@@ -361,8 +398,9 @@ TIME_SHAPE = (4096, 16384)
 
 def run(device: str = "cuda", check_shapes=CHECK_SHAPES, time_shape=TIME_SHAPE, dtypes=("bfloat16", "float16"),
         check_dtypes=("bfloat16", "float16", "float32"), compile_ok: bool = True, budget_s: float = 300.0,
-        ops=tuple(OPS)) -> str:
-    """Check, time, and return the markdown report; sections past the time budget are skipped."""
+        ops=tuple(OPS), sweep_s: float = 0.0) -> str:
+    """Check, time, and return the markdown report; sections past the time budget are skipped.
+    sweep_s > 0 first spends up to that many seconds on the SWEEP table (its own section)."""
     t0 = time.monotonic()
     notes: list[str] = []
     checks: list[dict[str, Any]] = []
@@ -380,7 +418,8 @@ def run(device: str = "cuda", check_shapes=CHECK_SHAPES, time_shape=TIME_SHAPE, 
                         notes.append(f"check {op}/{dt}/{shape} raised {type(e).__name__}: {str(e)[:120]}")
 
     run_checks(check_shapes[:1])  # the large shape first; odd shapes after the timings
-    copies = {dt: copy_bandwidth(time_shape, dt, device) for dt in dtypes}
+    copies = {dt: copy_bandwidth(time_shape, dt, device) for dt in dict.fromkeys(("bfloat16",) + tuple(dtypes))}
+    sweep_rows = sweep(time_shape, device, time.monotonic(), sweep_s, copies["bfloat16"][0]) if sweep_s > 0 else []
     times = []
     for dt in dtypes:
         for op in ops:
@@ -393,7 +432,6 @@ def run(device: str = "cuda", check_shapes=CHECK_SHAPES, time_shape=TIME_SHAPE, 
             except Exception as e:  # noqa: BLE001
                 notes.append(f"timing {op}/{dt} raised {type(e).__name__}: {str(e)[:120]}")
     run_checks(check_shapes[1:])
-    sweep = warps_sweep(time_shape, device, t0, budget_s) if device == "cuda" else []
     try:
         from optwin.kernels._common import occupancy_table
 
@@ -401,15 +439,18 @@ def run(device: str = "cuda", check_shapes=CHECK_SHAPES, time_shape=TIME_SHAPE, 
             notes.append(f"programs per SM {k}: {v}")
     except Exception as e:  # noqa: BLE001
         notes.append(f"occupancy table unavailable: {e}")
-    if sweep:
-        notes.append("num_warps sweep (bfloat16, µs kernel / kernel+sketch): " + "; ".join(sweep))
     name = torch.cuda.get_device_name() if device == "cuda" else device
     notes.append(f"torch {torch.__version__}; wall {time.monotonic() - t0:.0f} s")
-    return report(checks, copies, times, name, notes)
+    md = report(checks, copies, times, name, notes)
+    if sweep_rows:
+        md += "\n## Launch sweep (bfloat16, timing shape; µs median)\n\n" + "\n".join(sweep_rows) + "\n"
+    return md
 
 
 def main() -> int:
-    md = run("cuda", budget_s=float(os.environ.get("BENCH_BUDGET_S", "300")))
+    dtypes = tuple(os.environ.get("BENCH_DTYPES", "bfloat16,float16").split(","))
+    md = run("cuda", budget_s=float(os.environ.get("BENCH_BUDGET_S", "300")), dtypes=dtypes,
+             sweep_s=float(os.environ.get("BENCH_SWEEP_S", "0")))
     print(md)
     out = os.environ.get("OUT")
     if out:

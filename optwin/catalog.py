@@ -76,6 +76,16 @@ class Operator:
     # ingest generators can target (profile-sample builds must land in the cells they mean to):
     # shapes (hidden, n, d, k) separated faults worse than the magnitudes they were paired with.
     region_features: tuple[str, ...] = ()
+    # Fault types driven by a subset of the region features: (fault type, its features). The
+    # matcher judges such a fault on the fingerprints pooled over the other features, so a sketch
+    # whose full cell was never replayed is still answered by the cells that share its relevant
+    # bins (low_entropy depends on peaked_frac alone; without this, a held-out softmax sketch in an
+    # empty 4-D cell borrowed its low_entropy from neighbours chosen by max and max_row_range).
+    fault_features: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def features_for(self, fault_type: str) -> tuple[str, ...]:
+        """The region features that decide `fault_type` (all of them unless fault_features says)."""
+        return dict(self.fault_features).get(fault_type, self.region_features)
 
     @property
     def variant_names(self) -> tuple[str, ...]:
@@ -125,7 +135,10 @@ CATALOG: dict[str, Operator] = {
         ),
         dtypes=_FLOATS,
         fault_types=_WITH_ENTROPY,
-        region_features=("max", "max_row_range", "masked_rows"),
+        region_features=("max", "max_row_range", "masked_rows", "peaked_frac"),
+        fault_features=(("nonfinite", ("max", "max_row_range", "masked_rows")),
+                        ("precision_loss", ("max", "max_row_range", "masked_rows")),
+                        ("low_entropy", ("peaked_frac",))),
     ),
     "rope": Operator(
         name="rope",
@@ -151,11 +164,15 @@ CATALOG: dict[str, Operator] = {
         variants=(
             Variant("sdpa", "flash/efficient kernel: fp32 scores and online softmax, output rounded to dtype"),
             Variant("math", "s = q@k^T in dtype (fp32 acc); s*scale in dtype; causal -inf; softmax in dtype (torch); y = p@v in dtype"),
+            Variant("triton", "flash: x = fp32 dot(q,k^T)*fp32(log2e/sqrt(d)); online softmax per BLOCK_N keys with exp2, "
+                    "l = l*a + tree-sum(p); acc = acc*a + dot(p.to(dtype), v) fp32; y = (acc/l).to(dtype)", production=False),
         ),
         dtypes=_FLOATS,
         fault_types=_WITH_ENTROPY,
         params={"causal": False},
-        region_features=("score_bound", "seq_k"),
+        region_features=("score_bound", "seq_k", "peaked_frac"),
+        fault_features=(("nonfinite", ("score_bound", "seq_k")), ("precision_loss", ("score_bound", "seq_k")),
+                        ("low_entropy", ("peaked_frac",))),
     ),
     "layernorm": Operator(
         name="layernorm",

@@ -110,7 +110,8 @@ def write_db(path: str, seed: int = 0, build_id: str | None = None, cases: list[
         os.remove(tmp)
     store = open_store(tmp, read_only=False, create=True)
     c = store.conn
-    agg: dict[tuple, dict] = defaultdict(lambda: {"n_cases": 0, "n_replays": 0, "n_faults": 0, "lo": {}, "hi": {}})
+    agg: dict[tuple, dict] = defaultdict(lambda: {"n_cases": 0, "n_replays": 0, "n_faults": 0, "det_faults": 0,
+                                                  "lo": {}, "hi": {}})
     for cid, case in enumerate(cases):
         op = case["op"]
         region = region_key(region_of(op, case["sketch"]))
@@ -133,15 +134,16 @@ def write_db(path: str, seed: int = 0, build_id: str | None = None, cases: list[
             a["n_cases"] += 1
             a["n_replays"] += REPLAYS
             a["n_faults"] += cnt[ft]
+            a["det_faults"] += bool(det[ft])
             for f in region_features(op):
                 v = case["sketch"][f]
                 a["lo"][f] = min(a["lo"].get(f, v), v)
                 a["hi"][f] = max(a["hi"].get(f, v), v)
     for (op, variant, dtype, region, ft), a in sorted(agg.items()):
         lo, hi = wilson(a["n_faults"], a["n_replays"])
-        c.execute("INSERT INTO fingerprints VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?)",
+        c.execute("INSERT INTO fingerprints VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?)",
                   [bid, op, variant, dtype, region, ft, a["n_cases"], a["n_replays"], a["n_faults"],
-                   a["n_faults"] / a["n_replays"], lo, hi, json.dumps(a["lo"]), json.dumps(a["hi"])])
+                   a["n_faults"] / a["n_replays"], lo, hi, json.dumps(a["lo"]), json.dumps(a["hi"]), a["det_faults"]])
     created = created_at or dt.datetime.now()
     c.execute("INSERT INTO builds VALUES (?, ?, 'test', '1', ?, ?, NULL, ?, 'stochastic', 'local', ?, ?, 0.0)",
               [bid, created, seed, json.dumps({"fixture": True}), REPLAYS, len(cases), len(cases) * REPLAYS])
@@ -166,7 +168,9 @@ def cached_db(dst: str | None = None, seed: int = 0) -> str:
         from optwin.catalog import CATALOG
         from optwin.fingerprints.regions import _BINNING
 
-        grid = repr(([(o.name, o.region_features) for o in CATALOG.values()], sorted(_BINNING.items())))
+        from optwin.fingerprints.migrations import SCHEMA_VERSION
+
+        grid = repr(([(o.name, o.region_features) for o in CATALOG.values()], sorted(_BINNING.items()), SCHEMA_VERSION))
         key = hashlib.sha256(f.read() + str(seed).encode() + grid.encode()).hexdigest()[:16]
     cache = os.path.join(tempfile.gettempdir(), f"optwin-matcher-fixture-{key}.duckdb")
     if not os.path.exists(cache):

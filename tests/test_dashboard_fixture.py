@@ -27,6 +27,7 @@ from optwin.dashboard.data import boundary, file_identity, open_data, pool
 from optwin.errors import DatabaseError, SchemaVersionError
 from optwin.fingerprints.regions import region_key, region_of
 from optwin.fingerprints.shards import SHARD_SCHEMA_SQL, is_held_out, stable_hash
+from optwin.fingerprints.migrations import SCHEMA_VERSION
 from optwin.fingerprints.stats import wilson
 from optwin.fingerprints.store import open_store
 
@@ -52,7 +53,7 @@ def _sketch(op: str, rng: np.random.Generator) -> dict[str, float]:
     top = float(2.0 ** rng.uniform(-1, 12))
     return {"max": top, "max_row_range": top * float(rng.uniform(0.5, 2)), "masked_rows": float(rng.integers(0, 2)),
             "n": n, "min": -top, "masked_frac": 0.0, "numel": 4 * n, "rows": 4.0, "absmax": top, "rms": top / 4,
-            "nonfinite": 0.0}
+            "nonfinite": 0.0, "peaked_frac": float(rng.integers(0, 5)) / 4}
 
 
 def _rows(build_seed: int, n_cases: int, shift: float) -> list[dict]:
@@ -132,7 +133,7 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_fixture_is_a_real_v1_database(db: Path) -> None:
-    assert direct(db, "SELECT value FROM schema_meta WHERE key = 'schema_version'") == [("1",)]
+    assert direct(db, "SELECT value FROM schema_meta WHERE key = 'schema_version'") == [(str(SCHEMA_VERSION),)]
     n_fp = direct(db, "SELECT count(*) FROM fingerprints WHERE build_id = 'build-2'")[0][0]
     n_rep = direct(db, "SELECT count(*) FROM representatives WHERE build_id = 'build-2'")[0][0]
     assert n_fp > 20 and n_rep > 5

@@ -60,3 +60,13 @@ def test_bench_entry_without_gpu_says_so():
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_kernels.py")], capture_output=True, text=True,
                          env=env, check=True)
     assert "needs a CUDA GPU" in out.stdout
+
+
+def test_sweep_times_every_config_and_keeps_y_identical():
+    gk = _load_bench()
+    rows = gk.sweep((4, 256), "cpu", __import__("time").monotonic(), 600.0, 1.0)
+    body = rows[2:]
+    assert len(body) == sum(len(c) for c in gk.SWEEP.values()), rows
+    for r in body:
+        cells = [c.strip() for c in r.strip("|").split("|")]
+        assert cells[6] == "yes" and float(cells[2]) > 0, r  # timed, and the sketch leaves y unchanged

@@ -283,3 +283,83 @@ def test_rope_from_tables_matches_hf_rotary():
     qt = torch.randn(2, 5, 3, 8, generator=g).to(torch.bfloat16).transpose(1, 2)
     want = qt.double() * cos[:, None].double() + rotate_half(qt).double() * sin[:, None].double()
     _check(rope_from_tables(qt, cos, sin), want, 1.6e-2, 1.6e-2)
+
+
+def test_softmax_peaked_frac_counts_low_entropy_rows():
+    from optwin.catalog import DEFAULT_TOLERANCES
+    from optwin.kernels.softmax import softmax
+
+    n = 64
+    x = torch.randn(9, n, generator=_seed("peaked")) * 0.1  # near-uniform rows: H ~ log 64 = 4.2
+    x[0, 5] = 30.0  # one dominant entry: H ~ 0
+    x[1, :] = -math.inf
+    x[1, 7] = 2.0  # one finite entry among masks: H = 0 exactly
+    x[2] = -math.inf  # fully masked: not eligible
+    x[3, 4] = float("nan")  # NaN: not eligible
+    x[4, 9] = float("inf")  # +inf: not eligible
+    x[5, :32] = -math.inf  # masks in a flat row: H ~ log 32
+    x[6, 3] = 1e20  # finite, but h*h overflows fp32: the exact path, still eligible and peaked
+    x[7, :2] = torch.tensor([8.0, 8.0])  # two equal peaks: H ~ log 2 = 0.69 > 0.3, not peaked
+    _, buf = softmax(x)
+    s = read_sketch("softmax", buf, x.shape)
+    # eligible rows 0, 1, 5, 6, 7, 8; peaked rows 0, 1, 6
+    assert DEFAULT_TOLERANCES.low_entropy_nats == 0.3 and s["peaked_frac"] == pytest.approx(3 / 6)
+    want = ingest_sketch("softmax", {"x": x})
+    assert s["rms"] == math.inf  # known limit: per-row sums of squares are fp32, 1e20^2 overflows
+    _sketch_close({k: v for k, v in s.items() if k != "rms"}, {k: v for k, v in want.items() if k != "rms"})
+    _, buf = softmax(torch.full((2, 3), -math.inf))
+    assert read_sketch("softmax", buf, (2, 3))["peaked_frac"] == 0.0  # no eligible row
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_softmax_peaked_frac_matches_ingest_on_a_spread_of_entropies(dtype):
+    from optwin.kernels.softmax import softmax
+
+    g = _seed("peaked-spread", dtype)
+    scale = torch.logspace(-1, 1.5, 40)[:, None]  # temperatures from flat to peaked rows
+    x = (torch.randn(40, 200, generator=g) * scale).to(DT[dtype])
+    x[::5, 10:20] = -math.inf
+    _, buf = softmax(x)
+    got = read_sketch("softmax", buf, x.shape)
+    want = ingest_sketch("softmax", {"x": x})
+    assert 0.1 < want["peaked_frac"] < 0.9  # both kinds of rows present
+    _sketch_close(got, want)
+
+
+def test_layernorm_exact_pass_after_the_loop_matches_inline():
+    from optwin.kernels.layernorm import EPS, _layernorm_launch
+    from optwin.kernels.sketch_buffer import new_buffer
+
+    inp, _ = ln_inputs((6, 45), "float32", _seed("ln-after"))
+    x = inp["x"]
+    x[1, 3], x[4, 0], x[4, 7] = float("nan"), float("inf"), 3e20  # NaN, inf, a finite square overflow
+    out = {}
+    for after in (False, True):
+        y, buf = torch.empty_like(x), new_buffer("layernorm", x.device)
+        _layernorm_launch(x, inp["weight"], inp["bias"], y, buf, EPS, exact_after=after)
+        out[after] = (y, read_sketch("layernorm", buf, x.shape))
+    torch.testing.assert_close(out[True][0], out[False][0], rtol=0, atol=0, equal_nan=True)
+    _sketch_close(out[True][1], out[False][1], rtol=1e-6)
+    want = ingest_sketch("layernorm", inp)
+    assert out[True][1]["rms"] == math.inf  # known limit: per-row sums of squares are fp32
+    _sketch_close({k: v for k, v in out[True][1].items() if k != "rms"}, {k: v for k, v in want.items() if k != "rms"})
+
+
+def test_rope_head_blocks_match_one_tile_per_position():
+    from optwin.kernels.rope import _inv_freq, _rope_launch
+    from optwin.kernels.sketch_buffer import new_buffer
+
+    g = _seed("rope-blocks")
+    x = torch.randn(5, 6, 16, generator=g)  # heads 6: blocks of 4 leave a partial block
+    x[2, 5, 3] = float("nan")
+    pos = torch.tensor([3, 0, 17, 9, 250])
+    out = []
+    for bh in (8, 4, 2):
+        y, buf = torch.empty_like(x), new_buffer("rope", x.device)
+        _rope_launch(x.unsqueeze(0), y.unsqueeze(0), buf, positions=pos.unsqueeze(0), inv=_inv_freq(16, 1e4, x.device),
+                     base=1e4, block_h=bh)
+        out.append((y, read_sketch("rope", buf, x.shape, {"base": 1e4})))
+    for y, s in out[1:]:
+        torch.testing.assert_close(y, out[0][0], rtol=0, atol=0, equal_nan=True)
+        _sketch_close(s, out[0][1], rtol=1e-6)
+    _sketch_close(out[0][1], ingest_sketch("rope", {"x": x, "positions": pos}, {"base": 1e4}))

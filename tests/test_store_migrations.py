@@ -19,6 +19,10 @@ from optwin.fingerprints.stats import wilson
 from optwin.fingerprints.store import migrate_database, open_store
 
 
+# v0001 created these columns; v0002 appended det_faults to fingerprints.
+EXPECTED = {t: [c for c, _, _ in cols] + (["det_faults"] if t == "fingerprints" else []) for t, cols in TABLES.items()}
+
+
 def _columns(path: str, table: str) -> list[str]:
     with duckdb.connect(path, read_only=True) as c:
         return [r[0] for r in c.execute("SELECT column_name FROM information_schema.columns WHERE table_name = ? "
@@ -47,23 +51,23 @@ def _make_v0(path: str) -> None:
 def test_empty_file_is_created_at_current_version_with_contract_tables(tmp_path):
     path = str(tmp_path / "new.duckdb")
     with open_store(path, read_only=False, create=True) as s:
-        assert s.schema_version() == SCHEMA_VERSION == 1
+        assert s.schema_version() == SCHEMA_VERSION == 2
         assert s.builds() == [] and s.latest_build_id() is None and s.fingerprints() == []
     with duckdb.connect(path, read_only=True) as c:
-        assert c.execute("SELECT value FROM schema_meta WHERE key = 'schema_version'").fetchall() == [("1",)]
-    for table, cols in TABLES.items():
-        assert _columns(path, table) == [c for c, _, _ in cols], table
+        assert c.execute("SELECT value FROM schema_meta WHERE key = 'schema_version'").fetchall() == [("2",)]
+    for table, cols in EXPECTED.items():
+        assert _columns(path, table) == cols, table
     with open_store(path) as s:  # and a read-only open now works
-        assert s.schema_version() == 1
+        assert s.schema_version() == 2
 
 
-@pytest.mark.parametrize("version", ["0", "2"])
+@pytest.mark.parametrize("version", ["0", "1", "3"])
 def test_other_schema_versions_are_refused_with_migrate_hint(tmp_path, version):
     path = str(tmp_path / "fp.duckdb")
     open_store(path, read_only=False, create=True).close()
     _set_version(path, version)
     for read_only in (True, False):
-        with pytest.raises(SchemaVersionError, match=r"schema version %s, this optwin reads 1.*optwin migrate" % version):
+        with pytest.raises(SchemaVersionError, match=r"schema version %s, this optwin reads 2.*optwin migrate" % version):
             open_store(path, read_only=read_only)
     assert "\n" not in str(pytest.raises(SchemaVersionError, open_store, path).value)
 
@@ -71,11 +75,11 @@ def test_other_schema_versions_are_refused_with_migrate_hint(tmp_path, version):
 def test_newer_version_is_not_downgraded_by_migrate(tmp_path):
     path = str(tmp_path / "fp.duckdb")
     open_store(path, read_only=False, create=True).close()
-    _set_version(path, "2")
+    _set_version(path, "3")
     with pytest.raises(SchemaVersionError, match="optwin migrate"):
         migrate_database(path)
     with duckdb.connect(path, read_only=True) as c:  # untouched
-        assert detect_version(c) == 2
+        assert detect_version(c) == 3
 
 
 def test_migrate_upgrades_a_v0_database_and_keeps_its_rows(tmp_path):
@@ -85,19 +89,20 @@ def test_migrate_upgrades_a_v0_database_and_keeps_its_rows(tmp_path):
         open_store(path)
     result = CliRunner().invoke(_app(), ["migrate", path])
     assert result.exit_code == 0, result.output
-    assert "0 -> 1" in result.output
+    assert "0 -> 2" in result.output
     with open_store(path) as s:
-        assert s.schema_version() == 1
+        assert s.schema_version() == 2
         assert [b["build_id"] for b in s.builds()] == ["old"]
         assert s.builds()[0]["n_replays"] == 8  # filled from outcomes
         (fp,) = s.fingerprints("old")
         lo, hi = wilson(3, 8)
         assert fp["ci_low"] == pytest.approx(lo, abs=1e-12) and fp["ci_high"] == pytest.approx(hi, abs=1e-12)
+        assert fp["det_faults"] == 1  # v0002: case 1's deterministic emulation lost precision, case 2's did not
         assert {c["held_out"] for c in s.cases("old")} == {False}
         assert s.representatives("old") == []
-    for table, cols in TABLES.items():
-        assert set(_columns(path, table)) == {c for c, _, _ in cols}, table
-    assert migrate_database(path) == (1, 1)  # idempotent
+    for table, cols in EXPECTED.items():
+        assert set(_columns(path, table)) == set(cols), table
+    assert migrate_database(path) == (2, 2)  # idempotent
     assert not [p for p in os.listdir(tmp_path) if ".tmp-" in p]
 
 

@@ -5,6 +5,7 @@
 Text only (no driver import): duckdb_store runs it over a staging table of shard rows, which carry
 the case and outcome columns plus `f0..f3`, the values of the op's region features in catalog order.
 One fault "trial" is a replay; a case with 0 replays counts its deterministic flag once (contract).
+`det_faults` (schema v2) counts the cases whose deterministic emulation faults.
 Only non-held-out cases count; regions holding held-out cases only get no fingerprint.
 """
 
@@ -32,7 +33,8 @@ def trials_sql(staging: str) -> str:
         parts.append(
             f"SELECT op, variant, dtype, region, {_quote(fault)} AS fault_type, case_id, "
             f"CASE WHEN replays > 0 THEN n_{fault} ELSE det_{fault}::INTEGER END AS k, "
-            f"CASE WHEN replays > 0 THEN replays ELSE 1 END AS n, err_q50, {', '.join(FEATURE_COLUMNS)} "
+            f"CASE WHEN replays > 0 THEN replays ELSE 1 END AS n, det_{fault}::INTEGER AS det, err_q50, "
+            f"{', '.join(FEATURE_COLUMNS)} "
             f"FROM {staging} WHERE NOT held_out AND op IN ({', '.join(map(_quote, ops))})")
     return "\nUNION ALL\n".join(parts)
 
@@ -55,7 +57,8 @@ SELECT {build_id_param}::VARCHAR AS build_id, op, variant, dtype, region, fault_
        count(*)::INTEGER AS n_cases, sum(n)::BIGINT AS n_replays, sum(k)::BIGINT AS n_faults,
        sum(k)::DOUBLE / sum(n) AS probability, {lo} AS ci_low, {hi} AS ci_high,
        median(err_q50) FILTER (WHERE k > 0 AND NOT isnan(err_q50)) AS severity,
-       {_features_json('min')} AS feature_lo, {_features_json('max')} AS feature_hi
+       {_features_json('min')} AS feature_lo, {_features_json('max')} AS feature_hi,
+       sum(det)::BIGINT AS det_faults
 FROM t GROUP BY op, variant, dtype, region, fault_type
 """
 

@@ -22,7 +22,8 @@ from optwin.catalog import operator
 # rmsnorm near rms 1e-4, matmul precision loss) were invisible. Softmax `max` gets 4 bins per
 # octave: the naive variant's exp boundaries (11.09 fp16, 88.7 wider) are sharp. `masked_rows` has
 # SCALE 1e-6 so that 0 and 1 masked row lie ~20 bins apart: a single fully masked row is a NaN,
-# and no neighbour interpolation may blur clean rows into masked ones.
+# and no neighbour interpolation may blur clean rows into masked ones. `peaked_frac` (softmax,
+# attention) is a fraction in [0, 1]; its grid is placed on the low_entropy predicate's edge.
 _TINY = 1e-45
 _BINNING: dict[str, tuple[float, float]] = {
     "absmax": (_TINY, 2),
@@ -38,7 +39,11 @@ _BINNING: dict[str, tuple[float, float]] = {
     "median_sep_deg": (1e-12, 0.5),  # coarse: the typical pair only moves precision loss
     "max_sep_deg": (1e-12, 1),
     "out_bound": (_TINY, 2),
-    "seq_k": (1.0, 0.5),  # keys per query: half a bin per octave (1, 3, 15, 63, 255 start the bins)
+    "seq_k": (1.0, 0.5),
+    # low_entropy holds when MORE than half the rows are peaked: 8 bins per octave with SCALE
+    # (0.5 + 1e-9) / 7 put a bin edge just above 0.5 (bin 24 starts there), so a sketch with exactly
+    # half its rows peaked shares no cell with the faulting ones; near 0.5 a bin is ~0.05 wide.
+    "peaked_frac": ((0.5 + 1e-9) / 7.0, 8),  # keys per query: half a bin per octave (1, 3, 15, 63, 255 start the bins)
 }
 
 Region = tuple[int, ...]

@@ -50,7 +50,12 @@ softmax (x [..., n], -inf marks masked positions)
   x > 11.09 (bf16/fp32: > 88.7); ``max_row_range``: max over rows of rowmax - rowmin (finite entries;
   0 for fully masked rows): a wide range means peaked rows (low entropy) and exp underflow to 0;
   ``masked_rows``: rows that are entirely -inf, whose softmax is 0/0 = NaN; ``masked_frac``: fraction
-  of -inf entries.
+  of -inf entries; ``peaked_frac``: among rows with a finite softmax (finite or -inf entries, at
+  least one finite), the fraction whose probability row has Shannon entropy below
+  DEFAULT_TOLERANCES.low_entropy_nats (0.3): low_entropy is "more than half the rows peaked", a
+  statement about rows that no max over rows can see. Computed from the row max m, s = sum e and
+  t = sum e*(x - m) with e = exp(x - m): H = log s - t/s, the same quantities a softmax kernel
+  already holds (our Triton softmax emits it fused).
 rope (x [seq, heads, d], positions [seq]; param base)
   ``seq``, ``heads``, ``d``; ``max_pos``: max |position|: angles pos * inv_freq lose absolute
   precision as positions grow (fp32 at 2^24, fp16/bf16 much earlier: low-precision-angles);
@@ -59,7 +64,11 @@ attention (q, k, v [batch, heads, seq, d]; param causal)
   ``batch``, ``heads``, ``seq_q``, ``seq_k``, ``d``, ``causal`` (0/1);
   ``score_bound``: max_i ||q_i||_2 * max_j ||k_j||_2 / sqrt(d), max over all batches and heads, a
   bound on |scaled score| (fp16 scores overflow at 65504 in the math variant; large scores also make
-  rows peaked: low entropy); ``v_absmax``: the output is a convex combination of v rows.
+  rows peaked: low entropy); ``v_absmax``: the output is a convex combination of v rows;
+  ``peaked_frac``: as for softmax, over the attention probability rows (scaled scores, causal
+  mask applied) whose scores are finite. Exact when batch*heads*seq_q*seq_k <= 2^22; above that
+  every s-th query row of each head is used (s chosen to fit that budget, at least one row per
+  head), so the sketch costs a small fraction of the attention itself.
 layernorm (x [..., hidden], weight [hidden], bias [hidden])
   ``hidden``; ``max_mean_over_std``: max over rows of |mean|/std (population std, exact two-pass in
   float64; 1e30 when std == 0 and mean != 0, 0 when both are 0): the one-pass variance
@@ -85,7 +94,7 @@ from typing import Any, Callable
 
 import torch
 
-from optwin.catalog import operator, resolve_params
+from optwin.catalog import DEFAULT_TOLERANCES, operator, resolve_params
 from optwin.errors import SketchError
 from optwin.validation import check_names, check_shapes
 
@@ -93,9 +102,9 @@ COMMON_FEATURES: tuple[str, ...] = ("numel", "rows", "absmax", "rms", "nonfinite
 
 SKETCH_FEATURES: dict[str, tuple[str, ...]] = {
     "rmsnorm": COMMON_FEATURES + ("hidden", "max_row_rms", "weight_absmax"),
-    "softmax": COMMON_FEATURES + ("n", "max", "min", "max_row_range", "masked_rows", "masked_frac"),
+    "softmax": COMMON_FEATURES + ("n", "max", "min", "max_row_range", "masked_rows", "masked_frac", "peaked_frac"),
     "rope": COMMON_FEATURES + ("seq", "heads", "d", "max_pos", "base"),
-    "attention": COMMON_FEATURES + ("batch", "heads", "seq_q", "seq_k", "d", "causal", "score_bound", "v_absmax"),
+    "attention": COMMON_FEATURES + ("batch", "heads", "seq_q", "seq_k", "d", "causal", "score_bound", "v_absmax", "peaked_frac"),
     "layernorm": COMMON_FEATURES + ("hidden", "max_mean_over_std", "min_row_std", "weight_absmax", "bias_absmax"),
     "geodesic": COMMON_FEATURES + ("n", "min_sep_deg", "median_sep_deg", "max_sep_deg"),
     "matmul": COMMON_FEATURES + ("m", "k", "n", "out_bound", "b_absmax"),
@@ -174,7 +183,7 @@ def _softmax(t: dict[str, torch.Tensor], params: dict[str, Any]) -> dict[str, An
     }
     if h.numel() == 0:
         zero = hf.new_zeros(())
-        out.update(max=zero, min=zero, max_row_range=zero, masked_rows=zero, masked_frac=zero)
+        out.update(max=zero, min=zero, max_row_range=zero, masked_rows=zero, masked_frac=zero, peaked_frac=zero)
         return out
     row_max = torch.where(fin, h, -math.inf).amax(-1)  # (rows,)
     row_min = torch.where(fin, h, math.inf).amin(-1)  # (rows,)
@@ -185,7 +194,23 @@ def _softmax(t: dict[str, torch.Tensor], params: dict[str, Any]) -> dict[str, An
     out["max_row_range"] = torch.where(row_any, row_max - row_min, 0.0).amax()
     out["masked_rows"] = neg_inf.all(-1).sum().to(_F64)
     out["masked_frac"] = neg_inf.sum().to(_F64) / h.numel()
+    out["peaked_frac"] = _peaked_frac(h)
     return out
+
+
+def _peaked_frac(h: torch.Tensor) -> torch.Tensor:
+    """Fraction of rows of h (rows, n), float64 logits with -inf as a mask, whose softmax has
+    entropy < low_entropy_nats, over the rows with a finite softmax; 0 when there are none."""
+    fin = torch.isfinite(h)
+    eligible = fin.any(-1) & (fin | (h == -math.inf)).all(-1)  # (rows,)
+    m = torch.where(fin, h, -math.inf).amax(-1, keepdim=True)  # (rows, 1)
+    z = torch.where(fin, h - torch.where(eligible[:, None], m, 0.0), -math.inf)  # (rows, n), <= 0
+    e = torch.exp(z)  # (rows, n), 0 at masked entries
+    s = e.sum(-1)  # (rows,) >= 1 on eligible rows
+    t = torch.where(fin, e * torch.where(fin, z, 0.0), 0.0).sum(-1)  # (rows,)
+    entropy = torch.log(s.clamp(min=1.0)) - t / s.clamp(min=1.0)  # (rows,)
+    peaked = eligible & (entropy < DEFAULT_TOLERANCES.low_entropy_nats)
+    return peaked.sum().to(_F64) / eligible.sum().clamp(min=1).to(_F64)
 
 
 def _rope(t: dict[str, torch.Tensor], params: dict[str, Any]) -> dict[str, Any]:
@@ -206,6 +231,26 @@ def _max_vec_norm(hf: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(hf, dim=-1).amax()
 
 
+# Score elements the attention sketch may form for peaked_frac (float64): beyond it, query rows are
+# sampled at a stride. 2^22 keeps the sketch at a few percent of even a small attention call.
+ATTENTION_SCORE_BUDGET = 1 << 22
+
+
+def _attention_peaked_frac(q: torch.Tensor, k: torch.Tensor, causal: bool) -> torch.Tensor:
+    """peaked_frac over the scaled float64 scores of (a strided sample of) the query rows."""
+    batch, heads, seq_q, d = q.shape
+    seq_k = k.shape[2]
+    rows_fit = max(1, ATTENTION_SCORE_BUDGET // max(1, batch * heads * seq_k))
+    stride = max(1, math.ceil(seq_q / rows_fit))
+    idx = torch.arange(0, seq_q, stride, device=q.device)  # (r,) sampled query positions
+    qs = q[:, :, ::stride].to(_F64)  # (batch, heads, r, d)
+    scores = qs @ k.to(_F64).transpose(-1, -2) / math.sqrt(max(d, 1))  # (batch, heads, r, seq_k)
+    if causal:  # sdpa's is_causal, top-left aligned: query i sees keys j <= i
+        hidden = torch.arange(seq_k, device=q.device)[None, :] > idx[:, None]  # (r, seq_k)
+        scores = scores.masked_fill(hidden, -math.inf)
+    return _peaked_frac(scores.reshape(-1, seq_k))
+
+
 def _attention(t: dict[str, torch.Tensor], params: dict[str, Any]) -> dict[str, Any]:
     q, k, v = t["q"], t["k"], t["v"]
     batch, heads, seq_q, d = q.shape
@@ -222,6 +267,7 @@ def _attention(t: dict[str, torch.Tensor], params: dict[str, Any]) -> dict[str, 
         "nonfinite": _count_nonfinite(qfin) + _count_nonfinite(kfin) + _count_nonfinite(vfin),
         "batch": float(batch), "heads": float(heads), "seq_q": float(seq_q), "seq_k": float(seq_k), "d": float(d),
         "causal": float(bool(params["causal"])), "score_bound": score_bound, "v_absmax": _amax(vf),
+        "peaked_frac": _attention_peaked_frac(q, k, bool(params["causal"])),
     }
 
 
@@ -412,7 +458,8 @@ def _fast_attention(t: dict[str, torch.Tensor], params: dict[str, Any], cache: W
     return {"absmax": max(rq[0], rk[0]), "rms": math.sqrt(sq / (q.numel() + k.numel())), "nonfinite": 0.0,
             "batch": float(batch), "heads": float(heads), "seq_q": float(seq_q), "seq_k": float(k.shape[2]), "d": float(d),
             "causal": float(bool(params["causal"])),
-            "score_bound": float(rq[1].amax()) * float(rk[1].amax()) / math.sqrt(max(d, 1)), "v_absmax": va}
+            "score_bound": float(rq[1].amax()) * float(rk[1].amax()) / math.sqrt(max(d, 1)), "v_absmax": va,
+            "peaked_frac": float(_attention_peaked_frac(q, k, bool(params["causal"])))}
 
 
 def _fast_layernorm(t: dict[str, torch.Tensor], params: dict[str, Any], cache: WeightCache | None) -> dict[str, Any] | None:

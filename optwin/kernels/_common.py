@@ -43,10 +43,12 @@ def _sms(device: torch.device) -> int:
     return _SMS[idx]
 
 
-def persistent_grid(key: tuple[Any, ...], n_rows: int, device: torch.device) -> int:
+def persistent_grid(key: tuple[Any, ...], n_rows: int, device: torch.device, per_sm: int | None = None) -> int:
     """Programs of a persistent kernel: as many as fit on the GPU at once (each walks rows
-    pid, pid + grid, ...), so every program starts immediately and merges its sketch once; >= 1."""
-    occ = _OCCUPANCY.get(key, DEFAULT_OCCUPANCY)
+    pid, pid + grid, ...), so every program starts immediately and merges its sketch once; >= 1.
+    `per_sm` overrides the recorded occupancy (the bench's sweep; a large value gives one program
+    per row)."""
+    occ = per_sm or _OCCUPANCY.get(key, DEFAULT_OCCUPANCY)
     return max(1, min(n_rows, occ * _sms(device)))
 
 
@@ -84,6 +86,31 @@ def launch_settings(n: int) -> tuple[int, int]:
         raise InputError(f"row length {n} exceeds the single-program limit {MAX_BLOCK}")
     warps = 32 if block >= 32768 else 16 if block >= 8192 else 8 if block >= 2048 else 4
     return block, warps
+
+
+# Measured overrides of launch_settings per (op, BLOCK): (num_warps, loop stages), chosen from the
+# H200 sweep in bench/gpu_kernels.py (bench/results/kernels_h200.md). num_warps changes the tl.sum
+# tree (the twins model a tree, not its exact shape); stages only changes how far loads run ahead.
+TUNED: dict[tuple[str, int], tuple[int, int]] = {
+    # rmsnorm: with the sketch's max tree, 16 warps need > 64 registers a thread (1 program per SM,
+    # +25% on the H200); 8 warps fit both variants in 128 (2 per SM)
+    ("rmsnorm", 8192): (8, 1),
+    # sweep of 2026-11-29 at 4096x16384 bf16 (µs without / with the sketch): rmsnorm 8 warps
+    # 81.2/84.2 -> 2 stages 75.7/79.9; layernorm 16 warps 84.0/127.8 -> 8 warps 2 stages
+    # 79.0/123.2; softmax 16 warps 81.4/182.7 -> 32 warps 81.7/144.2. The second run's sweep:
+    # layernorm 4 warps, 2 stages, exact pass after the loop 80.6/90.2 (8 warps 80.0/123.8)
+    ("rmsnorm", 16384): (8, 2),
+    ("layernorm", 16384): (4, 2),
+    ("softmax", 16384): (32, 1),
+}
+
+
+def launch_config(op: str, n: int, num_warps: int | None = None, stages: int | None = None) -> tuple[int, int, int]:
+    """(BLOCK, num_warps, stages) for `op` over rows of n: launch_settings, then TUNED, then the
+    caller's overrides (the bench's sweep)."""
+    block, warps = launch_settings(n)
+    warps, st = TUNED.get((op, block), (warps, 1))
+    return block, num_warps or warps, stages or st
 
 
 def check_device(*tensors: torch.Tensor) -> None:

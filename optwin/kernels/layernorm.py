@@ -9,11 +9,15 @@ Numerics (what optwin.twin's layernorm/triton models), per row of n = hidden ele
     d = h - m                                  # fp32
     var = tl.sum(d * d) / n                    # two-pass: fp32 tree, fp32 divide (no E[x^2]-m^2 cancellation)
     r = rsqrt(var + eps)                       # eps as fp32 scalar; approximate rsqrt (rsqrt.approx.f32)
-    y = (d * r * w.float() + b.float()).to(dtype)   # fp32, left to right (Triton contracts the last mul+add into an FMA on NVIDIA), one rounding
+    y = (d * r * w.float() + b.float()).to(dtype)   # fp32, left to right, every product rounded, one rounding to dtype
+Compiled without FMA contraction (enable_fp_fusion=False): with it, LLVM fused a different set of
+the d*d products into FMAs once the sketch added uses of h (H200, 2026-11: y changed at 1823x781
+and at 7x1025 float32), so the sketch changed y; now every product rounds, as the twin models.
 With the sketch on, max |h| is one extra tl.max per row (a separate tree, so the op's sums stay
 tl.sum's and y is bit-identical); sumsq = n*(var + m*m) (positive terms, no cancellation, agrees
 with the tree sum of h*h to float32 rounding), row mean/std = m, sqrt(var); only rows with NaN/±inf
-recompute exact finite-only partials.
+recompute exact finite-only partials (in the loop, or after it when EXACT_AFTER: a second read of
+that program's rows, keeping h out of the loop's live registers).
 Memory: read rows*n (x, evict-first) + 2n per row (weight, bias: L1/L2 hits), write rows*n (y);
 persistent programs; with the sketch a few scalar atomics per program and the feature vector.
 """
@@ -32,7 +36,7 @@ from optwin.kernels._common import (
     check_device,
     finite_partials,
     last_program,
-    launch_settings,
+    launch_config,
     note_occupancy,
     persistent_grid,
     rows_view,
@@ -48,11 +52,28 @@ from optwin.kernels.sketch_buffer import (
 )
 
 EPS = CATALOG["layernorm"].constants["eps"]
+# Rows with NaN/±inf get their exact sketch partials after the loop (a re-read of that program's
+# rows): the H200 sweep of 2026-11-29 measured it with 4 warps (90.2 µs with the sketch at 4096x16384
+# bf16); keeping the exact path inline holds h live across it.
+EXACT_AFTER = True
 assert feature_names("layernorm") == (
     "numel", "rows", "absmax", "rms", "nonfinite", "hidden", "max_mean_over_std", "min_row_std", "weight_absmax",
     "bias_absmax")
 assert [n for n, _ in WORKSPACE["layernorm"][0]] == ["absmax", "sumsq", "max_ratio", "min_std"]
 assert WORKSPACE["layernorm"][1] == ("ticket", "nonfinite", "param_nonfinite")
+
+
+@triton.jit
+def _exact_row(h, mask, n_cols):
+    """Slow path (a row with NaN/±inf or overflowing squares): (absmax, sumsq, nonfinite count,
+    mean, population std) over the finite entries, fp32."""
+    amax, sq, nf = finite_partials(h, mask)
+    fin = mask & (tl.abs(h) <= FMAX)
+    cnt = tl.maximum(n_cols - nf, 1.0)
+    mf = tl.sum(tl.where(fin, h, 0.0), axis=0) / cnt
+    df = tl.where(fin, h - mf, 0.0)
+    sf = tl.sqrt(tl.sum(df * df, axis=0) / cnt)
+    return amax, sq, nf, mf, sf
 
 
 @triton.jit
@@ -72,6 +93,8 @@ def _layernorm_kernel(
     CAP: tl.constexpr,
     BLOCK: tl.constexpr,
     SKETCH: tl.constexpr,
+    STAGES: tl.constexpr,  # loads in flight in the row loop (1: none ahead; >1: async copies)
+    EXACT_AFTER: tl.constexpr,  # rows with NaN/±inf: exact partials after the loop (re-read) instead of inline
 ):
     # Persistent: programs walk rows pid, pid + grid, ...; each row is still reduced by one program
     # in one tree (numerics independent of the grid).
@@ -84,7 +107,8 @@ def _layernorm_kernel(
         p_minstd = tl.full((), float("inf"), tl.float32)
         p_sq = tl.zeros((), dtype=tl.float64)
         p_nf = tl.zeros((), dtype=tl.int64)
-    for r in tl.range(pid, n_rows, tl.num_programs(0)):
+        p_bad = tl.zeros((), dtype=tl.int32)  # rows left to the exact pass after the loop (EXACT_AFTER)
+    for r in tl.range(pid, n_rows, tl.num_programs(0), num_stages=STAGES):
         row = tl.cast(r, tl.int64)  # 64-bit offsets for tensors past 2^31 elements
         x = tl.load(X_ptr + row * X_row_stride + cols, mask=mask, other=0.0, eviction_policy="evict_first")
         h = x.to(tl.float32)
@@ -103,24 +127,46 @@ def _layernorm_kernel(
                  eviction_policy="evict_first")  # write n
         if SKETCH:
             sq = (var + m * m) * n_cols  # = sum h*h over the row, from the two sums already done
-            if sq <= FMAX:  # every entry finite (NaN/±inf make m, var NaN): the op's values are the sketch's
-                mf = m
+            if EXACT_AFTER:
+                ok = sq <= FMAX  # every entry finite (NaN/±inf make m, var NaN)
                 sf = tl.sqrt(var)
-                nf = tl.zeros((), dtype=tl.float32)
-            else:  # rare: exact finite-only partials, mean and population std
-                amax, sq, nf = finite_partials(h, mask)
-                fin = mask & (tl.abs(h) <= FMAX)
-                cnt = tl.maximum(n_cols - nf, 1.0)
-                mf = tl.sum(tl.where(fin, h, 0.0), axis=0) / cnt
-                df = tl.where(fin, h - mf, 0.0)
-                sf = tl.sqrt(tl.sum(df * df, axis=0) / cnt)
-            am = tl.abs(mf)
-            ratio = tl.where(sf > 0, am / sf, tl.where(am > 0, CAP, 0.0))
-            p_amax = tl.maximum(p_amax, amax)
-            p_ratio = tl.maximum(p_ratio, tl.minimum(ratio, CAP))
-            p_minstd = tl.minimum(p_minstd, sf)
-            p_sq += sq.to(tl.float64)
-            p_nf += nf.to(tl.int64)
+                am = tl.abs(m)
+                ratio = tl.where(sf > 0, am / sf, tl.where(am > 0, CAP, 0.0))
+                p_amax = tl.maximum(p_amax, tl.where(ok, amax, 0.0))
+                p_ratio = tl.maximum(p_ratio, tl.where(ok, tl.minimum(ratio, CAP), 0.0))
+                p_minstd = tl.minimum(p_minstd, tl.where(ok, sf, float("inf")))
+                p_sq += tl.where(ok, sq, 0.0).to(tl.float64)
+                p_bad += tl.where(ok, 0, 1)
+            else:
+                if sq <= FMAX:  # every entry finite (NaN/±inf make m, var NaN): the op's values are the sketch's
+                    mf = m
+                    sf = tl.sqrt(var)
+                    nf = tl.zeros((), dtype=tl.float32)
+                else:  # rare: exact finite-only partials, mean and population std
+                    amax, sq, nf, mf, sf = _exact_row(h, mask, n_cols)
+                am = tl.abs(mf)
+                ratio = tl.where(sf > 0, am / sf, tl.where(am > 0, CAP, 0.0))
+                p_amax = tl.maximum(p_amax, amax)
+                p_ratio = tl.maximum(p_ratio, tl.minimum(ratio, CAP))
+                p_minstd = tl.minimum(p_minstd, sf)
+                p_sq += sq.to(tl.float64)
+                p_nf += nf.to(tl.int64)
+    if SKETCH:
+        if p_bad > 0:  # EXACT_AFTER only: re-read this program's rows with NaN/±inf (or overflow)
+            for r2 in tl.range(pid, n_rows, tl.num_programs(0)):
+                h2 = tl.load(X_ptr + tl.cast(r2, tl.int64) * X_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+                m2 = tl.sum(h2, axis=0) / n_cols  # the loop's own values and test: same rows
+                d2 = tl.where(mask, h2 - m2, 0.0)
+                var2 = tl.sum(d2 * d2, axis=0) / n_cols
+                if not ((var2 + m2 * m2) * n_cols <= FMAX):
+                    amax2, sq2, nf2, mf2, sf2 = _exact_row(h2, mask, n_cols)
+                    am2 = tl.abs(mf2)
+                    ratio2 = tl.where(sf2 > 0, am2 / sf2, tl.where(am2 > 0, CAP, 0.0))
+                    p_amax = tl.maximum(p_amax, amax2)
+                    p_ratio = tl.maximum(p_ratio, tl.minimum(ratio2, CAP))
+                    p_minstd = tl.minimum(p_minstd, sf2)
+                    p_sq += sq2.to(tl.float64)
+                    p_nf += nf2.to(tl.int64)
     if SKETCH:
         if pid == 0:  # weight and bias partials
             wv = tl.load(W_ptr + cols, mask=mask, other=0.0).to(tl.float32)
@@ -158,21 +204,24 @@ def _layernorm_kernel(
 
 def _layernorm_launch(
     x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2: torch.Tensor,
-    buf: torch.Tensor | None, eps: float, num_warps: int | None = None,
+    buf: torch.Tensor | None, eps: float, num_warps: int | None = None, stages: int | None = None,
+    per_sm: int | None = None, exact_after: bool | None = None,
 ) -> None:
     """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows.
-    `num_warps` overrides the default (the bench's sweep; it changes the tl.sum trees)."""
+    num_warps / stages / per_sm / exact_after override the tuned launch (the bench's sweep;
+    num_warps changes the tl.sum trees)."""
     n_rows, n = x2.shape
-    block, warps = launch_settings(n)
-    warps = num_warps or warps
+    block, warps, st = launch_config("layernorm", n, num_warps, stages)
+    after = EXACT_AFTER if exact_after is None else exact_after
     sketch = buf is not None
     if n_rows == 0 and not sketch:
         return
     f, i = workspace("layernorm", x2.device) if sketch else (y2, y2)
-    key = ("layernorm", x2.dtype, block, warps, sketch)
-    k = _layernorm_kernel[(persistent_grid(key, n_rows, x2.device),)](
+    key = ("layernorm", x2.dtype, block, warps, st, after, sketch)
+    k = _layernorm_kernel[(persistent_grid(key, n_rows, x2.device, per_sm),)](
         x2, x2.stride(0), weight, bias, y2, y2.stride(0), buf if sketch else y2, f, i,
-        n_rows, n, eps, CAP=RATIO_CAP, BLOCK=block, SKETCH=sketch, num_warps=warps,
+        n_rows, n, eps, CAP=RATIO_CAP, BLOCK=block, SKETCH=sketch, STAGES=st, EXACT_AFTER=after,
+        num_warps=warps, enable_fp_fusion=False,
     )
     note_occupancy(key, k, warps)
 

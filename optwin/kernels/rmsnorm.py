@@ -9,6 +9,10 @@ Numerics (what optwin.twin's rmsnorm/triton models), per row of n = hidden eleme
     r = rsqrt(v + eps)                 # eps as an fp32 scalar; rsqrt is approximate (rsqrt.approx.f32
                                        # on NVIDIA, ~2 ulp), the interpreter uses 1/sqrt in numpy
     y = (h * r * w.float()).to(dtype)  # fp32 products left to right, one rounding to dtype
+Compiled without FMA contraction (enable_fp_fusion=False): every h*h is rounded before the tree
+adds it, as the twin models. With contraction on, LLVM fused a different half of the tree's
+products into FMAs once the sketch added uses of h (H200, 2026-11: y changed at 1823x781), so the
+sketch changed y; without it the sum's instructions are the same in both variants.
 With the sketch on, max |h| is one extra tl.max per row (a separate tree: the op's sum stays
 tl.sum's, so y is bit-identical with and without the sketch).
 Sketch per row from the op's own sums: sumsq = tl.sum(h*h), row mean square = v; only a row whose
@@ -30,7 +34,7 @@ from optwin.kernels._common import (
     check_device,
     finite_partials,
     last_program,
-    launch_settings,
+    launch_config,
     note_occupancy,
     persistent_grid,
     rows_view,
@@ -61,6 +65,7 @@ def _rmsnorm_kernel(
     eps,  # fp32 scalar
     BLOCK: tl.constexpr,
     SKETCH: tl.constexpr,
+    STAGES: tl.constexpr,  # loads in flight in the row loop (1: none ahead; >1: async copies)
 ):
     # Persistent: one program per resident slot walks rows pid, pid + grid, ...; each row is still
     # reduced by one program in one tree, so the numerics do not depend on the grid.
@@ -73,7 +78,7 @@ def _rmsnorm_kernel(
         p_sq = tl.zeros((), dtype=tl.float64)  # sum of finite x^2
         p_nf = tl.zeros((), dtype=tl.int64)  # NaN/±inf count
         p_bad = tl.zeros((), dtype=tl.int32)  # rows left to the exact pass after the loop
-    for r in tl.range(pid, n_rows, tl.num_programs(0)):
+    for r in tl.range(pid, n_rows, tl.num_programs(0), num_stages=STAGES):
         row = tl.cast(r, tl.int64)  # 64-bit offsets for tensors past 2^31 elements
         x = tl.load(X_ptr + row * X_row_stride + cols, mask=mask, other=0.0, eviction_policy="evict_first")
         h = x.to(tl.float32)
@@ -134,25 +139,21 @@ def _rmsnorm_kernel(
 
 def _rmsnorm_launch(
     x2: torch.Tensor, weight: torch.Tensor, y2: torch.Tensor, buf: torch.Tensor | None, eps: float,
-    num_warps: int | None = None,
+    num_warps: int | None = None, stages: int | None = None, per_sm: int | None = None,
 ) -> None:
     """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows.
-    `num_warps` overrides the default (the bench's sweep; it changes the tl.sum tree)."""
+    num_warps / stages / per_sm override the tuned launch (the bench's sweep; num_warps changes the
+    tl.sum tree)."""
     n_rows, n = x2.shape
-    block, warps = launch_settings(n)
-    if block in (8192, 16384):
-        # 8 warps: with the sketch's max tree, 16 warps need > 64 registers a thread (1 program per SM,
-        # +25% on the H200); 8 warps fit both variants in 128 (2 per SM), without spills (ptxas 12.8)
-        warps = 8
-    warps = num_warps or warps
+    block, warps, st = launch_config("rmsnorm", n, num_warps, stages)
     sketch = buf is not None
     if n_rows == 0 and not sketch:
         return
     f, i = workspace("rmsnorm", x2.device) if sketch else (y2, y2)
-    key = ("rmsnorm", x2.dtype, block, warps, sketch)
-    k = _rmsnorm_kernel[(persistent_grid(key, n_rows, x2.device),)](
+    key = ("rmsnorm", x2.dtype, block, warps, st, sketch)
+    k = _rmsnorm_kernel[(persistent_grid(key, n_rows, x2.device, per_sm),)](
         x2, x2.stride(0), weight, y2, y2.stride(0), buf if sketch else y2, f, i,
-        n_rows, n, eps, BLOCK=block, SKETCH=sketch, num_warps=warps,
+        n_rows, n, eps, BLOCK=block, SKETCH=sketch, STAGES=st, num_warps=warps, enable_fp_fusion=False,
     )
     note_occupancy(key, k, warps)
 

@@ -3,8 +3,10 @@
     TRITON_INTERPRET=1 python -c "import torch; from optwin.kernels.rope import rope; \
 print(rope(torch.randn(3, 2, 8), torch.arange(3))[0].shape)"
 
-One program per sequence position (all heads at once, so cos/sin are computed once per position
-and reused over heads); a tile is (heads, d/2) for each half of the head dim.
+A tile is (BLOCK_H heads, d/2) of one sequence position for each half of the head dim; cos/sin are
+computed once per tile and reused over its heads. Persistent programs walk the tiles
+(position, head block) pid, pid + grid, ...; BLOCK_H and the warps come from a small table keyed
+by the tile (ROPE_TUNED), so wide positions split into several tiles.
 
 Numerics (what optwin.twin's rope/triton models), at position p, frequency j < d/2:
     inv[j] = 1 / base ** (2j / d)       # host, float32, exactly the spec's table (optwin.kernels.production)
@@ -15,7 +17,7 @@ Numerics (what optwin.twin's rope/triton models), at position p, frequency j < d
     y2 = x2 * c + x1 * s                # second half, fp32; Triton may contract one product into an FMA
     y = cat(y1, y2).to(dtype)           # one rounding
 Table mode (HF models: cos/sin given in dtype, [batch, seq, d]) loads both halves of cos/sin instead
-of computing them, same combine. Persistent programs walk positions pid, pid + grid, ...
+of computing them, same combine. Tiling does not change the numerics (all elementwise).
 Sketch: no per-position reduction at all; each program keeps elementwise running max |x| and
 sum x^2 in registers and reduces them once at its end; only a program whose sum came out
 non-finite (NaN/±inf in x, or overflow) re-reads its positions for exact finite-only partials.
@@ -79,23 +81,27 @@ def _rope_kernel(
     n_rows,  # batch * seq
     n_seq,
     n_heads,
+    n_hb,  # head blocks per position: cdiv(n_heads, BLOCK_H)
     half,  # d / 2
     base_bits,  # the rope base as float64 bits (int64), for the sketch
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,  # >= half
     FROM_TABLES: tl.constexpr,
     SKETCH: tl.constexpr,
+    STAGES: tl.constexpr,  # loads in flight in the tile loop (1: none ahead; >1: async copies)
 ):
     pid = tl.program_id(0)
-    hs = tl.arange(0, BLOCK_H)[:, None]  # (BLOCK_H, 1)
+    hl = tl.arange(0, BLOCK_H)[:, None]  # (BLOCK_H, 1) head within the block
     js = tl.arange(0, BLOCK_D)[None, :]  # (1, BLOCK_D)
-    mask = (hs < n_heads) & (js < half)  # (BLOCK_H, BLOCK_D)
+    n_tiles = n_rows * n_hb
     if SKETCH:
         v_amax = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)  # running max |x| per lane
         v_sq = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)  # running sum x^2 per lane
         p_pos = tl.zeros((), dtype=tl.int64)  # largest |position|
-    for r in tl.range(pid, n_rows, tl.num_programs(0)):
-        row = tl.cast(r, tl.int64)
+    for tile in tl.range(pid, n_tiles, tl.num_programs(0), num_stages=STAGES):
+        row = tl.cast(tile // n_hb, tl.int64)
+        hs = (tile % n_hb) * BLOCK_H + hl  # (BLOCK_H, 1) heads of this tile
+        mask = (hs < n_heads) & (js < half)  # (BLOCK_H, BLOCK_D)
         b = row // n_seq
         s = row % n_seq
         xp = X_ptr + b * X_batch_stride + s * X_seq_stride + hs * X_head_stride + js
@@ -134,13 +140,15 @@ def _rope_kernel(
         if not (p_sq <= FMAX):  # rare: re-read this program's positions, exact finite-only partials
             p_sq = tl.zeros((), dtype=tl.float64)
             p_amax = tl.zeros((), dtype=tl.float32)
-            for r2 in tl.range(pid, n_rows, tl.num_programs(0)):
-                row2 = tl.cast(r2, tl.int64)
-                xq = X_ptr + (row2 // n_seq) * X_batch_stride + (row2 % n_seq) * X_seq_stride + hs * X_head_stride + js
-                z1 = tl.load(xq, mask=mask, other=0.0).to(tl.float32)
-                z2 = tl.load(xq + half, mask=mask, other=0.0).to(tl.float32)
-                a1, q1, n1 = finite_lanes(z1, mask)
-                a2, q2, n2 = finite_lanes(z2, mask)
+            for t2 in tl.range(pid, n_tiles, tl.num_programs(0)):
+                row2 = tl.cast(t2 // n_hb, tl.int64)
+                hs2 = (t2 % n_hb) * BLOCK_H + hl
+                mask2 = (hs2 < n_heads) & (js < half)
+                xq = X_ptr + (row2 // n_seq) * X_batch_stride + (row2 % n_seq) * X_seq_stride + hs2 * X_head_stride + js
+                z1 = tl.load(xq, mask=mask2, other=0.0).to(tl.float32)
+                z2 = tl.load(xq + half, mask=mask2, other=0.0).to(tl.float32)
+                a1, q1, n1 = finite_lanes(z1, mask2)
+                a2, q2, n2 = finite_lanes(z2, mask2)
                 ra, rq, rn = reduce_partials(tl.maximum(a1, a2), q1 + q2, n1 + n2)
                 p_amax = tl.maximum(p_amax, ra)
                 p_sq += rq.to(tl.float64)
@@ -186,6 +194,24 @@ def _check_4d(x: torch.Tensor) -> None:
         raise InputError(f"rope: heads*d = {x.shape[2] * x.shape[3]} exceeds the single-program limit {MAX_BLOCK}")
 
 
+# (BLOCK_H, num_warps, stages) per (next_pow2(heads), next_pow2(d/2), sketch), measured on the H200
+# (bench/results/kernels_h200.md); others get rope_config's rule. y is elementwise, so the two
+# sketch modes may use different launches. 2026-11-29 at 4096x128x128 bf16: without the sketch
+# 16 warps 84.3 µs -> 8 warps 78.1; with it 16 warps stays best (90.9; 8 warps 91.2).
+ROPE_TUNED: dict[tuple[int, int, bool], tuple[int, int, int]] = {(128, 64, False): (128, 8, 1)}
+
+
+def rope_config(heads: int, d: int, sketch: bool, block_h: int | None = None, num_warps: int | None = None,
+                stages: int | None = None) -> tuple[int, int, int, int]:
+    """(BLOCK_H, BLOCK_D, num_warps, stages): ROPE_TUNED, else all heads in one tile with warps by
+    tile size; the arguments override (the bench's sweep)."""
+    full_h, block_d = triton.next_power_of_2(heads), triton.next_power_of_2(d // 2)
+    tile = full_h * block_d * 2
+    bh, w, st = ROPE_TUNED.get((full_h, block_d, sketch), (full_h, 16 if tile >= 8192 else 8 if tile >= 2048 else 4, 1))
+    bh = min(block_h or bh, full_h)
+    return bh, block_d, num_warps or w, stages or st
+
+
 def _rope_launch(
     x4: torch.Tensor,  # (batch, seq, heads, d) view
     y4: torch.Tensor,  # (batch, seq, heads, d) view
@@ -195,22 +221,26 @@ def _rope_launch(
     cos: torch.Tensor | None = None,  # (batch, seq, d), table mode
     sin: torch.Tensor | None = None,
     base: float = 0.0,  # reported in the sketch only
+    block_h: int | None = None,
+    num_warps: int | None = None,
+    stages: int | None = None,
+    per_sm: int | None = None,
 ) -> None:
-    """Grid: one persistent program per resident slot (persistent_grid), each over its positions."""
+    """Grid: one persistent program per resident slot (persistent_grid), each over its tiles.
+    block_h / num_warps / stages / per_sm override the tuned launch (the bench's sweep)."""
     _check_4d(x4)
     batch, seq, heads, d = x4.shape
     if batch * seq == 0 and buf is None:
         return
     tables = cos is not None
-    block_h, block_d = triton.next_power_of_2(heads), triton.next_power_of_2(d // 2)
-    tile = block_h * block_d * 2
-    warps = 16 if tile >= 8192 else 8 if tile >= 2048 else 4
     sketch = buf is not None
+    block_h, block_d, warps, st = rope_config(heads, d, sketch, block_h, num_warps, stages)
+    n_hb = triton.cdiv(heads, block_h)
     dummy = y4
     f, i = workspace("rope", x4.device) if sketch else (dummy, dummy)
-    key = ("rope", x4.dtype, block_h, block_d, warps, tables, sketch)
+    key = ("rope", x4.dtype, block_h, block_d, warps, st, tables, sketch)
     base_bits = struct.unpack("<q", struct.pack("<d", float(base)))[0]
-    k = _rope_kernel[(persistent_grid(key, batch * seq, x4.device),)](
+    k = _rope_kernel[(persistent_grid(key, batch * seq * n_hb, x4.device, per_sm),)](
         x4, x4.stride(0), x4.stride(1), x4.stride(2),
         y4, y4.stride(0), y4.stride(1), y4.stride(2),
         dummy if tables else positions, 0 if tables else positions.stride(0),
@@ -218,8 +248,8 @@ def _rope_launch(
         cos if tables else dummy, sin if tables else dummy,
         cos.stride(0) if tables else 0, cos.stride(1) if tables else 0,
         buf if sketch else dummy, f, i,
-        batch * seq, seq, heads, d // 2, base_bits,
-        BLOCK_H=block_h, BLOCK_D=block_d, FROM_TABLES=tables, SKETCH=sketch, num_warps=warps,
+        batch * seq, seq, heads, n_hb, d // 2, base_bits,
+        BLOCK_H=block_h, BLOCK_D=block_d, FROM_TABLES=tables, SKETCH=sketch, STAGES=st, num_warps=warps,
     )
     note_occupancy(key, k, warps)
 

@@ -40,13 +40,17 @@ WORKSPACE: dict[str, tuple[tuple[tuple[str, float], ...], tuple[str, ...]]] = {
     "rmsnorm": ((("absmax", 0.0), ("sumsq", 0.0), ("max_row_ms", 0.0)), ("ticket", "nonfinite", "weight_nonfinite")),
     "softmax": (
         (("absmax", 0.0), ("sumsq", 0.0), ("max", -INF), ("min", INF), ("max_row_range", 0.0)),
-        ("ticket", "nonfinite", "neginf", "masked_rows"),
+        ("ticket", "nonfinite", "neginf", "masked_rows", "peaked_rows", "eligible_rows"),
     ),
     "layernorm": (
         (("absmax", 0.0), ("sumsq", 0.0), ("max_ratio", 0.0), ("min_std", INF)),
         ("ticket", "nonfinite", "param_nonfinite"),
     ),
     "rope": ((("absmax", 0.0), ("sumsq", 0.0), ("max_pos", 0.0)), ("ticket", "nonfinite")),
+    "attention": (
+        (("absmax", 0.0), ("sumsq", 0.0), ("v_absmax", 0.0), ("q_norm2", 0.0), ("k_norm2", 0.0)),
+        ("ticket", "nonfinite_qk", "nonfinite_v", "peaked_rows", "finite_rows"),
+    ),
 }
 
 _WS: dict[tuple[str, str, int], tuple[torch.Tensor, torch.Tensor]] = {}

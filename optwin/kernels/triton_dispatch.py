@@ -31,4 +31,8 @@ def run_triton(op: str, inputs: dict[str, torch.Tensor], params: dict[str, Any],
         from optwin.kernels.rope import rope
 
         return rope(inputs["x"], inputs["positions"], float(params["base"]), sketch=False)[0]
+    if op == "attention":
+        from optwin.kernels.attention import attention
+
+        return attention(inputs["q"], inputs["k"], inputs["v"], bool(params["causal"]), sketch=False)[0]
     raise CatalogError(f"{op}/triton: no Triton kernel")

@@ -254,7 +254,22 @@ def read_collected(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ProfileError(f"{os.fspath(path)} is not a validation collection (invalid JSON: {e})") from None
     if not isinstance(data, dict) or data.get("format") != "optwin-validate-collect":
         raise ProfileError(f"{os.fspath(path)} is not a validation collection (written by `optwin validate --collect-only`)")
+    _check_sketch_contract(data, os.fspath(path))
     return data
+
+
+def _check_sketch_contract(data: dict[str, Any], path: str) -> None:
+    """Refuse a collection whose sketches predate features of the current sketch contract."""
+    from optwin.errors import ProfileError
+    from optwin.ingest.sketch import SKETCH_FEATURES
+
+    sketches = [(c.get("op"), c.get("sketch")) for c in data.get("cases", [])]
+    sketches += [(t.get("op"), c.get("sketch")) for t in data.get("traces", []) for c in t.get("calls", [])]
+    missing = sorted({f for op, sk in sketches if op in SKETCH_FEATURES and isinstance(sk, dict)
+                      for f in SKETCH_FEATURES[op] if f not in sk})
+    if missing:
+        raise ProfileError(f"{path}: its sketches lack {', '.join(missing)} (collected before the feature existed): "
+                           f"run `python -m optwin.validate.resketch {path} --out NEW.json` and score NEW.json")
 
 
 # ----------------------------------------------------------------------------- rendering

@@ -13,10 +13,11 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from optwin.errors import SchemaVersionError
-from optwin.fingerprints.migrations import v0001_initial
+from optwin.fingerprints.migrations import v0001_initial, v0002_det_faults
 
 MIGRATIONS: list[tuple[int, Callable[[Any], None]]] = [
     (1, v0001_initial.migrate),
+    (2, v0002_det_faults.migrate),
 ]
 SCHEMA_VERSION: int = MIGRATIONS[-1][0]
 

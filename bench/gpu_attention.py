@@ -1,0 +1,230 @@
+"""GPU check and benchmark of our Triton flash attention (optwin.kernels.attention) against float64
+math, the twin's attention/triton and torch's scaled_dot_product_attention.
+
+    python bench/gpu_attention.py            # on a CUDA machine; writes $OUT/attention.md when OUT is set
+    python bench/gpu_attention.py --quick    # correctness only
+    python bench/gpu_attention.py --sweep-lite   # time only the leading configs of the full sweep
+    TRITON_INTERPRET=1 python bench/gpu_attention.py --smoke   # CPU dry run of the script, tiny shapes
+
+Needs torch, triton and numpy only. Correctness: large and odd shapes, every dtype, causal and not;
+the output buffer is poisoned with NaN first; ||y - ref|| / ||ref|| and max |y - ref| against float64
+sdpa; the sketch against optwin.ingest.sketch (peaked_frac against an exact float64 pass over every
+row: ingest samples rows above 2^22 scores); sketch on vs off must give bit-identical y.
+Timing (triton.testing.do_bench, median): [4, 32, 4096, 128] bf16, causal and not, a sweep of
+(BLOCK_M, BLOCK_N, num_warps, num_stages) without the sketch, then the best and the default
+config with it; TFLOP/s = 4*B*H*S*S*D (/2 causal) over time, against torch sdpa (flash backend).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for `optwin`
+
+import torch
+import torch.nn.functional as F
+
+from optwin.ingest.sketch import _peaked_frac, sketch as ingest_sketch
+from optwin.kernels.attention import LAST_COMPILED, attention, attention_flops, default_config
+from optwin.kernels.sketch_buffer import read_sketch
+
+DT = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+# ||y - ref|| / ||ref|| bounds: output rounding + p rounding (half types), fp32 arithmetic (float32)
+REL = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 2e-5}
+T0 = time.time()
+LINES: list[str] = []
+SMOKE = "--smoke" in sys.argv
+DEV = "cpu" if SMOKE else "cuda"
+
+
+def say(line: str = "") -> None:
+    print(line, flush=True)
+    LINES.append(line)
+
+
+def make(b: int, h: int, sq: int, sk: int, d: int, dtype: torch.dtype, seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    q = 2.0 * torch.randn(b, h, sq, d, device=DEV, generator=g)
+    k = torch.randn(b, h, sk, d, device=DEV, generator=g)
+    v = torch.randn(b, h, sk, d, device=DEV, generator=g)
+    return {"q": q.to(dtype), "k": k.to(dtype), "v": v.to(dtype)}
+
+
+def exact_peaked(inp: dict[str, torch.Tensor], causal: bool) -> float:
+    """peaked_frac over EVERY query row in float64 (one head at a time)."""
+    q, k = inp["q"], inp["k"]
+    b, h, sq, d = q.shape
+    sk = k.shape[2]
+    peaked = eligible = 0.0
+    hide = torch.ones(sq, sk, dtype=torch.bool, device=q.device).triu(1) if causal else None
+    for i in range(b):
+        for j in range(h):
+            s = q[i, j].double() @ k[i, j].double().T / math.sqrt(d)  # (sq, sk)
+            if hide is not None:
+                s = s.masked_fill(hide, -math.inf)
+            fin = torch.isfinite(s)
+            elig = (fin.any(-1) & (fin | (s == -math.inf)).all(-1)).sum().item()
+            peaked += _peaked_frac(s).item() * max(elig, 1)
+            eligible += elig
+    return peaked / max(eligible, 1)
+
+
+def ref64(inp: dict[str, torch.Tensor], causal: bool) -> torch.Tensor:
+    """float64 sdpa, one batch at a time (bounded memory)."""
+    outs = [F.scaled_dot_product_attention(*(inp[n][i:i + 1].double() for n in "qkv"), is_causal=causal)
+            for i in range(inp["q"].shape[0])]
+    return torch.cat(outs)
+
+
+def check(name: str, dtype: str, shape: tuple[int, ...], causal: bool, twin_check: bool = False) -> bool:
+    if SMOKE:  # tiny versions of the same cases
+        shape = (1, 2, min(shape[2], 70), min(shape[3], 50), shape[4])
+    b, h, sq, sk, d = shape
+    inp = make(b, h, sq, sk, d, DT[dtype], seed=sum(map(ord, repr((dtype, shape, causal)))))
+    out = torch.full_like(inp["q"], float("nan"))
+    y, buf = attention(inp["q"], inp["k"], inp["v"], causal, out=out)
+    y0, _ = attention(inp["q"], inp["k"], inp["v"], causal, sketch=False)
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+    ref = ref64(inp, causal)
+    unwritten = int(torch.isnan(out).sum())
+    rel = float((y.double() - ref).norm() / ref.norm())
+    mx = float((y.double() - ref).abs().max())
+    same = torch.equal(y.view(torch.int16) if y.element_size() == 2 else y.view(torch.int32),
+                       y0.view(torch.int16) if y0.element_size() == 2 else y0.view(torch.int32))
+    got = read_sketch("attention", buf)
+    want = ingest_sketch("attention", inp, {"causal": causal})
+    want["peaked_frac"] = exact_peaked(inp, causal)
+    worst = max((abs(got[n] - want[n]) / max(abs(want[n]), 1e-30), n) for n in want if n != "peaked_frac")
+    pf_ok = abs(got["peaked_frac"] - want["peaked_frac"]) <= 2.0 / (b * h * sq)  # threshold straddlers
+    twin_note = ""
+    if twin_check:
+        from optwin import twin
+        from optwin.twin.numerics import ulps_between
+
+        emu = twin.run("attention", "triton", dtype, {n: t.cpu() for n, t in inp.items()}, {"causal": causal}).emulated
+        u = ulps_between(y.cpu().double(), emu, dtype)
+        twin_note = f" | vs twin: max {float(u.max()):.0f} ulp, {float((u > 0).double().mean()):.3f} differ, " \
+                    f"rel {float((y.cpu().double() - emu).norm() / emu.norm()):.2e}"
+    ok = unwritten == 0 and rel < REL[dtype] and same and worst[0] < 1e-5 and pf_ok
+    say(f"| {name} | {dtype} | {shape} | {int(causal)} | {rel:.2e} | {mx:.2e} | {unwritten} | {same} | "
+        f"{worst[0]:.1e} ({worst[1]}) | {got['peaked_frac']:.4f} / {want['peaked_frac']:.4f} | "
+        f"{'ok' if ok else 'FAIL'}{twin_note} |")
+    return ok
+
+
+def bench_ms(fn) -> float:
+    if SMOKE:  # the interpreter: one timed call, the numbers mean nothing
+        t = time.perf_counter()
+        fn()
+        return 1e3 * (time.perf_counter() - t)
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+def timing(shape: tuple[int, int, int, int], quick_sweep: bool) -> None:
+    b, h, s, d = shape
+    inp = make(b, h, s, s, d, torch.bfloat16, seed=7)
+    q, k, v = inp["q"], inp["k"], inp["v"]
+    y = torch.empty_like(q)
+    default = default_config(torch.bfloat16, d)
+    sweep = [default, (128, 64, 8, 4), (128, 64, 8, 2), (64, 64, 4, 3), (128, 128, 8, 3), (128, 128, 8, 2)]
+    if quick_sweep:
+        sweep = sweep[:2]
+    elif "--sweep-lite" in sys.argv:  # the full sweep's leaders only (bench/results: the full table)
+        sweep = [default, (128, 64, 8, 4), (128, 128, 8, 3)]
+    say(f"\n## Timing [{b}, {h}, {s}, {d}] bf16 (median ms, TFLOP/s)\n")
+    base = {}
+    for causal in (False, True):
+        fl = attention_flops(b, h, s, s, d, causal)
+        t = bench_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+        base[causal] = t
+        say(f"torch sdpa causal={int(causal)}: {t:.3f} ms, {fl / t / 1e9:.1f} TFLOP/s")
+    say("\n| causal | BLOCK_M | BLOCK_N | warps | stages | sketch | ms | TFLOP/s | vs sdpa (time ratio) | note |")
+    say("|---|---|---|---|---|---|---|---|---|---|")
+    for causal in (False, True):
+        fl = attention_flops(b, h, s, s, d, causal)
+        best = None
+        for cfg in sweep:
+            if time.time() - T0 > 230:
+                say(f"| {int(causal)} | {cfg} | | | | | | | | skipped: time budget |")
+                continue
+            try:
+                t = bench_ms(lambda: attention(q, k, v, causal, sketch=False, out=y, config=cfg))
+            except Exception as e:  # noqa: BLE001 - a config that does not fit: report, go on
+                say(f"| {int(causal)} | {cfg[0]} | {cfg[1]} | {cfg[2]} | {cfg[3]} | off | | | | {type(e).__name__}: {str(e)[:80]} |")
+                continue
+            note = "default (catalog numerics)" if cfg == default else ("BLOCK_N differs from the twin" if cfg[1] != default[1] else "")
+            say(f"| {int(causal)} | {cfg[0]} | {cfg[1]} | {cfg[2]} | {cfg[3]} | off | {t:.3f} | {fl / t / 1e9:.1f} | "
+                f"{t / base[causal]:.2f} | {note} |")
+            if cfg[1] == default[1] and (best is None or t < best[1]):
+                best = (cfg, t)
+        for cfg in dict.fromkeys([default, best[0] if best else default]):
+            t_off = bench_ms(lambda: attention(q, k, v, causal, sketch=False, out=y, config=cfg))
+            t_on = bench_ms(lambda: attention(q, k, v, causal, sketch=True, out=y, config=cfg))
+            say(f"| {int(causal)} | {cfg[0]} | {cfg[1]} | {cfg[2]} | {cfg[3]} | on | {t_on:.3f} | {fl / t_on / 1e9:.1f} | "
+                f"{t_on / base[causal]:.2f} | sketch cost {100 * (t_on / t_off - 1):+.1f}% (off re-timed {t_off:.3f}) |")
+        # where the sketch's cost sits (default config): entropy in the loop, key/value pass after it
+        for parts, what in (((False, False), "q stats + atomics only"), ((True, False), "+ entropy"),
+                            ((False, True), "+ k/v pass"), ((True, True), "full sketch")):
+            t = bench_ms(lambda: attention(q, k, v, causal, sketch=True, out=y, _parts=parts))
+            say(f"| {int(causal)} | {default[0]} | {default[1]} | {default[2]} | {default[3]} | {what} | {t:.3f} | "
+                f"{fl / t / 1e9:.1f} | {t / base[causal]:.2f} | breakdown |")
+        for sk in (False, True):
+            attention(q, k, v, causal, sketch=sk, out=y)
+            kern = LAST_COMPILED[0]
+            say(f"registers/thread sketch={int(sk)} causal={int(causal)}: {getattr(kern, 'n_regs', '?')}, "
+                f"spills {getattr(kern, 'n_spills', '?')}, shared {getattr(getattr(kern, 'metadata', None), 'shared', '?')}")
+        # unfused alternative: the float64 ingest sketch of the same inputs
+        t_ing = bench_ms(lambda: ingest_sketch("attention", inp, {"causal": causal}))
+        say(f"| {int(causal)} | | | | | ingest (unfused, float64) | {t_ing:.3f} | | | separate sketch pass |")
+        ya, _ = attention(q, k, v, causal, sketch=False)
+        yb, _ = attention(q, k, v, causal, sketch=True)
+        say(f"bit-identical y with/without sketch at this shape (causal={int(causal)}): "
+            f"{torch.equal(ya.view(torch.int16), yb.view(torch.int16))}")
+
+
+def main() -> int:
+    quick = "--quick" in sys.argv
+    name = torch.cuda.get_device_name() if DEV == "cuda" else "CPU (TRITON_INTERPRET smoke run)"
+    say(f"# optwin attention/triton on {name} (torch {torch.__version__}, "
+        f"triton {__import__('triton').__version__})\n")
+    say("| case | dtype | (B, H, Sq, Sk, D) | causal | rel err vs f64 | max abs err | unwritten | y same w/o sketch | "
+        "worst sketch rel diff | peaked_frac kernel / exact | result |")
+    say("|---|---|---|---|---|---|---|---|---|---|---|")
+    cases = [
+        ("llm prefill", "bfloat16", (2, 8, 1000, 1000, 128), True, False),
+        ("llm prefill", "bfloat16", (2, 8, 1000, 1000, 128), False, False),
+        ("odd, sk > sq", "float16", (1, 16, 2047, 3001, 64), True, False),
+        ("odd, sq > sk", "float16", (1, 4, 1531, 77, 64), True, False),
+        ("d=16", "float16", (3, 5, 513, 513, 16), False, False),
+        ("d=256", "bfloat16", (1, 4, 700, 700, 256), True, False),
+        ("fp32 d=128", "float32", (1, 4, 600, 600, 128), True, False),
+        ("fp32 d=256", "float32", (1, 2, 257, 300, 256), False, False),
+        ("twin", "float16", (1, 2, 128, 200, 64), True, True),
+        ("twin", "bfloat16", (1, 2, 128, 200, 64), False, True),
+        ("twin", "float32", (1, 2, 128, 200, 64), True, True),
+    ]
+    ok = True
+    for c in cases:
+        try:
+            ok &= check(*c)
+        except Exception as e:  # noqa: BLE001 - report and go on
+            ok = False
+            say(f"| {c[0]} | {c[1]} | {c[2]} | {int(c[3])} | {type(e).__name__}: {str(e)[:150]} | | | | | | FAIL |")
+    if not quick:
+        timing((1, 2, 128, 64) if SMOKE else (4, 32, 4096, 128), quick_sweep=SMOKE)
+    say(f"\ncorrectness: {'all ok' if ok else 'FAILURES'}; total {time.time() - T0:.0f} s")
+    out = os.environ.get("OUT")
+    if out:
+        Path(out, "attention.md").write_text("\n".join(LINES) + "\n")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

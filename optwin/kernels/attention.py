@@ -1,0 +1,337 @@
+"""Flash-attention forward in Triton, with the input sketch in the same launch (attention/triton).
+
+    TRITON_INTERPRET=1 python -c "import torch; from optwin.kernels.attention import attention; \
+q = torch.randn(1, 2, 5, 16); print(attention(q, q, q, causal=True)[0].shape)"
+
+Numerics (what optwin.twin's attention/triton models), per query row, key blocks of BLOCK_N
+(optwin.twin.attention.triton_block_n: part of the numerics) from key 0:
+    x = tl.dot(q, k^T) * c        fp32 accumulation (fp16/bf16 tensor cores; fp32 inputs use
+                                  input_precision="ieee", no tf32); c = fp32(log2(e)/sqrt(d))
+    m' = max(m, rowmax(x))        exact; m starts at -inf
+    a = exp2(m - m'); p = exp2(x - m')      ex2.approx.f32 on NVIDIA (numpy in the interpreter);
+                                            masked keys are -inf, p = 0
+    l = l*a + tl.sum(p)           fp32 tree per block
+    acc = acc*a + tl.dot(p.to(dtype), v)    fp32 accumulator (fp32 inputs keep fp32 p)
+    y = (acc / l).to(dtype)       fp32 division, one rounding at the store
+The causal mask is top-left aligned as torch sdpa's is_causal (query i sees keys j <= i), so every
+row keeps key 0 and no row is fully masked, whatever seq_q and seq_k are.
+
+Sketch (SKETCH constexpr; off compiles no sketch code): optwin.ingest.sketch's attention features.
+Every program: its query tile's finite-only partials (|q| max, sum of q^2, max row ||q||^2, NaN/±inf
+count) and its rows' entropies from the online softmax, H = ln l - ln2 * t / l with
+t = sum p*(x - m) rescaled like l (t' = a*(t + l*(m - m')) + sum p*(x - m')), rows with
+H < low_entropy_nats counted as peaked among the rows whose l and t are finite (ingest's
+"rows with a finite softmax"; a score that overflows fp32 to -inf outside the mask makes t NaN and
+drops the row, where ingest's float64 scores would count it); and one share of the key/value
+tiles (tiles j = m-block, m-block + n_m, ...: every key row of a (batch, head) exactly once, the
+share of a program is ~BLOCK_M keys, L2 hits since the main loop just read them): |k| max, sum of
+k^2, max row ||k||^2, |v| max, counts. t rides in the key loop, the rest runs after the output
+store, and none of it touches m, l or acc: y is bit-identical with and without the sketch (checked
+on the H200 too). The kernel counts every query row (ingest samples rows above 2^22 scores). Partials merge with scalar atomics
+into the "attention" workspace; the last program (acq_rel ticket) writes the features. Per-row
+values are fp32, cross-program sums float64: features agree with optwin.ingest to float32 rounding;
+peaked_frac may differ where a row's fp32 entropy straddles the threshold.
+Grid: one program per (query block, batch*head); causal grids start with the longest query blocks.
+Memory: read q once, k and v once per query block (L2 reuse), write y once.
+H200, [4, 32, 4096, 128] bf16, default config (bench/gpu_attention.py, 2026-11-29): 365-380 TFLOP/s
+non-causal, 352-355 causal, 1.5-1.7x torch sdpa's time (flash, 592-614 / 515-522 TFLOP/s); the
+sketch adds 15-18% (the entropy sum in the loop ~3%, the key/value pass after it ~8-10%, which
+is the next thing to fold into the loop), against 8.5 ms for the unfused float64 ingest sketch.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from optwin.catalog import DEFAULT_TOLERANCES
+from optwin.errors import InputError
+from optwin.kernels._common import FMAX, INTERPRET, ZERO_BITS, check_device, finite_lanes, last_program, take
+from optwin.kernels.sketch_buffer import WORKSPACE, feature_names, new_buffer, workspace
+from optwin.twin.attention import triton_block_n, triton_qk_scale
+
+assert feature_names("attention") == (
+    "numel", "rows", "absmax", "rms", "nonfinite", "batch", "heads", "seq_q", "seq_k", "d", "causal",
+    "score_bound", "v_absmax", "peaked_frac")
+assert [n for n, _ in WORKSPACE["attention"][0]] == ["absmax", "sumsq", "v_absmax", "q_norm2", "k_norm2"]
+assert WORKSPACE["attention"][1] == ("ticket", "nonfinite_qk", "nonfinite_v", "peaked_rows", "finite_rows")
+
+LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+LAST_COMPILED: list = [None]  # the last launch's compiled kernel (the bench reads its registers)
+
+
+@triton.jit
+def _cast(x, dtype: tl.constexpr):
+    """x (fp32) to dtype, round to nearest even. The GPU's cvt does that; the interpreter truncates
+    fp32 -> bf16, so there the bits are rounded first (the truncation is then exact)."""
+    if INTERPRET and dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True).to(dtype)
+    else:
+        return x.to(dtype)
+
+
+@triton.jit
+def _key_block(acc, l_i, m_i, t_i, q, K_blk, V_blk, sks, svs, start_n, offs_m, offs_n, offs_d, seq_k, qk_scale,
+               MASKED: tl.constexpr, CAUSAL: tl.constexpr, SKETCH: tl.constexpr, IEEE: tl.constexpr):
+    """One key block [start_n, start_n + BLOCK_N): the online-softmax step. MASKED blocks (the causal
+    diagonal, the ragged tail) mask keys by -inf; the others load and compute without masks."""
+    cols = start_n + offs_n  # (BLOCK_N,)
+    k_ptrs = K_blk + cols[:, None].to(tl.int64) * sks + offs_d[None, :]  # (BLOCK_N, D)
+    v_ptrs = V_blk + cols[:, None].to(tl.int64) * svs + offs_d[None, :]  # (BLOCK_N, D)
+    if MASKED:
+        k = tl.load(k_ptrs, mask=(cols < seq_k)[:, None], other=0.0)
+    else:
+        k = tl.load(k_ptrs)
+    if INTERPRET and k.dtype == tl.bfloat16:  # the interpreter's dot reads bf16 as raw bits: upcast (exact)
+        s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)))
+    elif IEEE:
+        s = tl.dot(q, tl.trans(k), input_precision="ieee")  # (BLOCK_M, BLOCK_N) fp32
+    else:
+        s = tl.dot(q, tl.trans(k))  # (BLOCK_M, BLOCK_N) fp32 accumulation
+    x = s * qk_scale  # base-2 scores
+    if MASKED:
+        keep = cols[None, :] < seq_k
+        if CAUSAL:
+            keep = keep & (cols[None, :] <= offs_m[:, None])  # top-left aligned
+        x = tl.where(keep, x, -float("inf"))
+    m_new = tl.maximum(m_i, tl.max(x, 1))  # (BLOCK_M,)
+    dx = x - m_new[:, None]  # (BLOCK_M, BLOCK_N) <= 0; -inf where masked
+    p = tl.math.exp2(dx)
+    alpha = tl.math.exp2(m_i - m_new)  # 0 on the first block (m_i = -inf)
+    if SKETCH:  # t = sum p*(x - m), rescaled to the new max like l; l = 0 before the first block
+        pd = p * dx
+        if MASKED:
+            pd = tl.where(keep, pd, 0.0)  # 0 * -inf
+        t_i = alpha * (t_i + tl.where(l_i > 0, l_i * (m_i - m_new), 0.0)) + tl.sum(pd, 1)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    if MASKED:
+        v = tl.load(v_ptrs, mask=(cols < seq_k)[:, None], other=0.0)
+    else:
+        v = tl.load(v_ptrs)
+    if INTERPRET and v.dtype == tl.bfloat16:  # p still rounded to bf16 first
+        acc = tl.dot(_cast(p, v.dtype).to(tl.float32), v.to(tl.float32), acc)
+    elif IEEE:
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(p.to(v.dtype), v, acc)  # (BLOCK_M, D) fp32
+    return acc, l_i, m_new, t_i
+
+
+@triton.jit
+def _attention_kernel(
+    Q, K, V, Y,  # (B, H, S, D) each, last dim contiguous; Y contiguous in q's dtype
+    S_ptr,  # sketch features, float64; unused unless SKETCH
+    F_ptr,  # workspace float64 slots (absmax, sumsq, v_absmax, max row ||q||^2, max row ||k||^2)
+    I_ptr,  # workspace int64 slots (ticket, nonfinite q+k, nonfinite v, peaked rows, finite rows)
+    sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, syb, syh, sys,
+    n_batch, n_heads, seq_q, seq_k, n_m,  # n_m = cdiv(seq_q, BLOCK_M)
+    qk_scale,  # fp32 log2(e)/sqrt(d)
+    entropy_nats,  # fp32 low-entropy threshold
+    D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    SKETCH: tl.constexpr, IEEE: tl.constexpr, ENTROPY: tl.constexpr, KV_STATS: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    n_bh = n_batch * n_heads
+    bh = pid % n_bh
+    if CAUSAL:
+        mb = n_m - 1 - pid // n_bh  # longest rows first: the short ones fill the tail
+    else:
+        mb = pid // n_bh
+    b = (bh // n_heads).to(tl.int64)
+    h = (bh % n_heads).to(tl.int64)
+    Q_blk = Q + b * sqb + h * sqh
+    K_blk = K + b * skb + h * skh
+    V_blk = V + b * svb + h * svh
+    offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    row_ok = offs_m < seq_q
+    q = tl.load(Q_blk + offs_m[:, None].to(tl.int64) * sqs + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+
+    m_i = tl.full((BLOCK_M,), -float("inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    t_i = tl.zeros((BLOCK_M,), dtype=tl.float32)  # sketch only (dead code without it)
+    acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
+    # Unmasked blocks [0, lo), then masked ones [lo, hi); both start on multiples of BLOCK_N.
+    full_end = (seq_k // BLOCK_N) * BLOCK_N
+    if CAUSAL:
+        hi = tl.minimum((mb + 1) * BLOCK_M, seq_k)
+        lo = (tl.minimum(mb * BLOCK_M, full_end) // BLOCK_N) * BLOCK_N
+    else:
+        hi = seq_k
+        lo = full_end
+    for start_n in range(0, lo, BLOCK_N):
+        acc, l_i, m_i, t_i = _key_block(acc, l_i, m_i, t_i, q, K_blk, V_blk, sks, svs, start_n, offs_m, offs_n,
+                                        offs_d, seq_k, qk_scale, False, CAUSAL, ENTROPY, IEEE)
+    for start_n in range(lo, hi, BLOCK_N):
+        acc, l_i, m_i, t_i = _key_block(acc, l_i, m_i, t_i, q, K_blk, V_blk, sks, svs, start_n, offs_m, offs_n,
+                                        offs_d, seq_k, qk_scale, True, CAUSAL, ENTROPY, IEEE)
+    y = acc / l_i[:, None]
+    Y_blk = Y + b * syb + h * syh
+    tl.store(Y_blk + offs_m[:, None].to(tl.int64) * sys + offs_d[None, :], _cast(y, Y.dtype.element_ty),
+             mask=row_ok[:, None])
+
+    if SKETCH:
+        # rows: entropy in nats from the online sums (finite l and t only)
+        ent = tl.log(l_i) - LN2 * t_i / l_i
+        fin_row = row_ok & (l_i <= FMAX) & (tl.abs(t_i) <= FMAX)  # NaN fails
+        n_fin = tl.sum(fin_row.to(tl.int32), 0).to(tl.int64)
+        n_peak = tl.sum((fin_row & (ent < entropy_nats)).to(tl.int32), 0).to(tl.int64)
+        # this program's query tile (padding rows are 0 and outside the mask)
+        qmask = row_ok[:, None] & (offs_d[None, :] < D)
+        a, a2, nf = finite_lanes(q.to(tl.float32), qmask)
+        rn2 = tl.sum(a2, 1)  # (BLOCK_M,) fp32 row ||q||^2 over finite entries
+        p_amax = tl.max(tl.max(a, 1), 0)
+        p_sq = tl.sum(rn2.to(tl.float64), 0)
+        p_qn2 = tl.max(rn2, 0)
+        p_nf = tl.sum(tl.sum(nf, 1), 0).to(tl.int64)
+        # this program's share of key/value tiles: j = mb, mb + n_m, ...
+        p_kn2 = tl.zeros((), dtype=tl.float32)
+        p_vmax = tl.zeros((), dtype=tl.float32)
+        p_vnf = tl.zeros((), dtype=tl.int64)
+        if KV_STATS:
+            n_kt = tl.cdiv(seq_k, BLOCK_N)
+            for j in range(mb, n_kt, n_m):
+                cols = j * BLOCK_N + offs_n
+                kvmask = (cols < seq_k)[:, None] & (offs_d[None, :] < D)
+                kk = tl.load(K_blk + cols[:, None].to(tl.int64) * sks + offs_d[None, :], mask=kvmask, other=0.0)
+                ka, ka2, knf = finite_lanes(kk.to(tl.float32), kvmask)
+                krn2 = tl.sum(ka2, 1)  # (BLOCK_N,)
+                p_amax = tl.maximum(p_amax, tl.max(tl.max(ka, 1), 0))
+                p_sq += tl.sum(krn2.to(tl.float64), 0)
+                p_kn2 = tl.maximum(p_kn2, tl.max(krn2, 0))
+                p_nf += tl.sum(tl.sum(knf, 1), 0).to(tl.int64)
+                vv = tl.load(V_blk + cols[:, None].to(tl.int64) * svs + offs_d[None, :], mask=kvmask, other=0.0)
+                va, _, vnf = finite_lanes(vv.to(tl.float32), kvmask)
+                p_vmax = tl.maximum(p_vmax, tl.max(tl.max(va, 1), 0))
+                p_vnf += tl.sum(tl.sum(vnf, 1), 0).to(tl.int64)
+        tl.atomic_max(F_ptr + 0, p_amax.to(tl.float64), sem="relaxed")
+        tl.atomic_add(F_ptr + 1, p_sq, sem="relaxed")
+        tl.atomic_max(F_ptr + 2, p_vmax.to(tl.float64), sem="relaxed")
+        tl.atomic_max(F_ptr + 3, p_qn2.to(tl.float64), sem="relaxed")
+        tl.atomic_max(F_ptr + 4, p_kn2.to(tl.float64), sem="relaxed")
+        tl.atomic_add(I_ptr + 1, p_nf, sem="relaxed")
+        tl.atomic_add(I_ptr + 2, p_vnf, sem="relaxed")
+        tl.atomic_add(I_ptr + 3, n_peak, sem="relaxed")
+        tl.atomic_add(I_ptr + 4, n_fin, sem="relaxed")
+        if last_program(I_ptr):  # read back and reset the workspace, write the features
+            g_amax = take(F_ptr + 0, ZERO_BITS)
+            g_sq = take(F_ptr + 1, ZERO_BITS)
+            g_vmax = take(F_ptr + 2, ZERO_BITS)
+            g_qn2 = take(F_ptr + 3, ZERO_BITS)
+            g_kn2 = take(F_ptr + 4, ZERO_BITS)
+            g_nf = tl.atomic_xchg(I_ptr + 1, 0, sem="relaxed")
+            g_vnf = tl.atomic_xchg(I_ptr + 2, 0, sem="relaxed")
+            g_peak = tl.atomic_xchg(I_ptr + 3, 0, sem="relaxed")
+            g_fin = tl.atomic_xchg(I_ptr + 4, 0, sem="relaxed")
+            tl.atomic_xchg(I_ptr + 0, 0, sem="relaxed")  # the ticket
+            rows = tl.cast(n_bh, tl.int64) * seq_q
+            numel_q = rows * D
+            numel_k = tl.cast(n_bh, tl.int64) * seq_k * D
+            cnt = tl.maximum(numel_q + numel_k - g_nf, 1).to(tl.float64)
+            tl.store(S_ptr + 0, numel_q.to(tl.float64))
+            tl.store(S_ptr + 1, rows.to(tl.float64))
+            tl.store(S_ptr + 2, g_amax)
+            tl.store(S_ptr + 3, tl.sqrt(g_sq / cnt))
+            tl.store(S_ptr + 4, (g_nf + g_vnf).to(tl.float64))
+            tl.store(S_ptr + 5, tl.cast(n_batch, tl.float64))
+            tl.store(S_ptr + 6, tl.cast(n_heads, tl.float64))
+            tl.store(S_ptr + 7, tl.cast(seq_q, tl.float64))
+            tl.store(S_ptr + 8, tl.cast(seq_k, tl.float64))
+            tl.store(S_ptr + 9, tl.full((), D, tl.float64))
+            tl.store(S_ptr + 10, tl.full((), 1.0 if CAUSAL else 0.0, tl.float64))
+            tl.store(S_ptr + 11, tl.sqrt(g_qn2) * tl.sqrt(g_kn2) / tl.sqrt(tl.full((), D, tl.float64)))
+            tl.store(S_ptr + 12, g_vmax)
+            tl.store(S_ptr + 13, g_peak.to(tl.float64) / tl.maximum(g_fin, 1).to(tl.float64))
+
+
+def default_config(dtype: torch.dtype, d: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for a head dim d. BLOCK_N is the twin's (numerics);
+    the rest only sets speed. Interpreter: the same blocks (tests exercise the real tiling)."""
+    name = str(dtype).removeprefix("torch.")
+    bn = triton_block_n(name, d)
+    if dtype == torch.float32:
+        return 64, bn, 4, 1 if d >= 256 else 2
+    if d >= 256:
+        return 64, bn, 4, 2
+    return 128, bn, 8, 3
+
+
+def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """One-line InputError unless q, k, v are (B, H, S, D) of one float dtype, with matching B, H, D,
+    k and v of one length, D a power of two in 16..256."""
+    for n, t in (("q", q), ("k", k), ("v", v)):
+        if t.ndim != 4:
+            raise InputError(f"attention: {n} must be (batch, heads, seq, d), got shape {tuple(t.shape)}")
+        if t.dtype != q.dtype or t.dtype not in DTYPES:
+            raise InputError(f"attention: q, k, v must share one of float16/bfloat16/float32, got {n} {t.dtype} (q {q.dtype})")
+    b, h, _, d = q.shape
+    if k.shape[:2] != (b, h) or v.shape[:2] != (b, h) or k.shape[2] != v.shape[2]:
+        raise InputError(f"attention: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} disagree")
+    if k.shape[3] != d or v.shape[3] != d:
+        raise InputError(f"attention: q, k and v need one head dim, got {d}, {k.shape[3]}, {v.shape[3]}")
+    if d < 16 or d > 256 or d & (d - 1):
+        raise InputError(f"attention: head dim {d} not supported (a power of two in 16..256)")
+
+
+def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, sketch: bool = True, *,
+    out: torch.Tensor | None = None, low_entropy_nats: float = DEFAULT_TOLERANCES.low_entropy_nats,
+    config: tuple[int, int, int, int] | None = None, _parts: tuple[bool, bool] = (True, True),
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(softmax(q k^T / sqrt(d)) v in q's dtype, sketch features or None), one launch.
+
+    `out`: a contiguous (B, H, Sq, D) tensor of q's dtype to write y into (the bench poisons it).
+    `config`: (BLOCK_M, BLOCK_N, num_warps, num_stages) for the bench's sweep; a BLOCK_N other than
+    default_config's is not the catalog variant's numerics. Read the features with
+    optwin.kernels.read_sketch("attention", buf).
+    `_parts` (bench only: the sketch is then incomplete): (entropy on, key/value statistics on), to
+    time the sketch's pieces.
+    """
+    check_device(q, k, v)
+    check_inputs(q, k, v)
+    q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
+    bsz, heads, seq_q, d = q.shape
+    seq_k = k.shape[2]
+    if out is None:
+        y = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # (B, H, Sq, D)
+    else:
+        if tuple(out.shape) != tuple(q.shape) or out.dtype != q.dtype or out.stride(-1) != 1:
+            raise InputError(f"attention: out must be {tuple(q.shape)} {q.dtype} with a contiguous last dim")
+        y = out
+    bm, bn, warps, stages = config or default_config(q.dtype, d)
+    buf = new_buffer("attention", q.device) if sketch else None
+    if (seq_q == 0 or bsz * heads == 0) and not sketch:
+        return y, None
+    if seq_q == 0 or seq_k == 0 or bsz * heads == 0:
+        raise InputError(f"attention: empty inputs q {tuple(q.shape)}, k {tuple(k.shape)}")
+    f, i = workspace("attention", q.device) if sketch else (y, y)
+    n_m = triton.cdiv(seq_q, bm)
+    kwargs = {} if os.environ.get("TRITON_INTERPRET") == "1" else {"num_stages": stages}
+    k = _attention_kernel[(n_m * bsz * heads,)](
+        q, k, v, y, buf if sketch else y, f, i,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *y.stride()[:3],
+        bsz, heads, seq_q, seq_k, n_m, triton_qk_scale(d), float(low_entropy_nats),
+        D=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=bool(causal), SKETCH=sketch, IEEE=q.dtype == torch.float32,
+        ENTROPY=sketch and _parts[0], KV_STATS=_parts[1], num_warps=warps, **kwargs,
+    )
+    LAST_COMPILED[0] = k
+    return y, buf
+
+
+def attention_flops(bsz: int, heads: int, seq_q: int, seq_k: int, d: int, causal: bool) -> float:
+    """Matrix FLOPs of the forward (2 products of 2*Sq*Sk*D each; causal: the visible half)."""
+    f = 4.0 * bsz * heads * seq_q * seq_k * d
+    return f / 2 if causal else f
+
