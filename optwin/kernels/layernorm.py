@@ -5,9 +5,9 @@ print(layernorm(torch.randn(2, 5), torch.ones(5), torch.zeros(5))[0])"
 
 Numerics (what optwin.twin's layernorm/triton models), per row of n = hidden elements:
     h = x.float()                              # exact
-    m = tl.sum(h) / n                          # fp32 reduction tree, fp32 divide
+    m = tl.sum(h) / n                          # fp32 reduction tree, IEEE fp32 divide (div_rn)
     d = h - m                                  # fp32
-    var = tl.sum(d * d) / n                    # two-pass: fp32 tree, fp32 divide (no E[x^2]-m^2 cancellation)
+    var = tl.sum(d * d) / n                    # two-pass: fp32 tree, IEEE fp32 divide (no E[x^2]-m^2 cancellation)
     r = rsqrt(var + eps)                       # eps as fp32 scalar; approximate rsqrt (rsqrt.approx.f32)
     y = (d * r * w.float() + b.float()).to(dtype)   # fp32, left to right, every product rounded, one rounding to dtype
 Compiled without FMA contraction (enable_fp_fusion=False): with it, LLVM fused a different set of
@@ -116,9 +116,11 @@ def _layernorm_kernel(
             sh, amax = sum_and_max(h, tl.abs(h))  # sh is tl.sum(h)
         else:
             sh = tl.sum(h, axis=0)
-        m = sh / n_cols  # first pass (registers)
+        # IEEE division (div.rn), as the twin models it: Triton's `/` is div.full.f32 (~2 ulp), and a
+        # constant row's mean one ulp off made h - m nonzero: y = bias became (h-m)*rsqrt(eps) on the H200
+        m = tl.math.div_rn(sh, tl.cast(n_cols, tl.float32))  # first pass (registers)
         d = tl.where(mask, h - m, 0.0)
-        var = tl.sum(d * d, axis=0) / n_cols  # second pass over registers, not memory
+        var = tl.math.div_rn(tl.sum(d * d, axis=0), tl.cast(n_cols, tl.float32))  # second pass over registers, not memory
         rs = tl.math.rsqrt(var + eps)  # approximate rsqrt
         w = tl.load(W_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
         b = tl.load(B_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
@@ -155,9 +157,9 @@ def _layernorm_kernel(
         if p_bad > 0:  # EXACT_AFTER only: re-read this program's rows with NaN/±inf (or overflow)
             for r2 in tl.range(pid, n_rows, tl.num_programs(0)):
                 h2 = tl.load(X_ptr + tl.cast(r2, tl.int64) * X_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
-                m2 = tl.sum(h2, axis=0) / n_cols  # the loop's own values and test: same rows
+                m2 = tl.math.div_rn(tl.sum(h2, axis=0), tl.cast(n_cols, tl.float32))  # the loop's own values and test
                 d2 = tl.where(mask, h2 - m2, 0.0)
-                var2 = tl.sum(d2 * d2, axis=0) / n_cols
+                var2 = tl.math.div_rn(tl.sum(d2 * d2, axis=0), tl.cast(n_cols, tl.float32))
                 if not ((var2 + m2 * m2) * n_cols <= FMAX):
                     amax2, sq2, nf2, mf2, sf2 = _exact_row(h2, mask, n_cols)
                     am2 = tl.abs(mf2)

@@ -5,7 +5,7 @@ print(rmsnorm(torch.randn(3, 8), torch.ones(8))[1])"
 
 Numerics (what optwin.twin's rmsnorm/triton models), per row of n = hidden elements:
     h = x.float()                      # exact
-    v = tl.sum(h * h) / n              # fp32 products, fp32 reduction tree (tl.sum), fp32 division
+    v = tl.sum(h * h) / n              # fp32 products, fp32 reduction tree (tl.sum), IEEE fp32 division
     r = rsqrt(v + eps)                 # eps as an fp32 scalar; rsqrt is approximate (rsqrt.approx.f32
                                        # on NVIDIA, ~2 ulp), the interpreter uses 1/sqrt in numpy
     y = (h * r * w.float()).to(dtype)  # fp32 products left to right, one rounding to dtype
@@ -86,7 +86,7 @@ def _rmsnorm_kernel(
             ss, amax = sum_and_max(h * h, tl.abs(h))  # ss is tl.sum(h * h)
         else:
             ss = tl.sum(h * h, axis=0)  # fp32 tree sum
-        v = ss / n_cols  # fp32 divide
+        v = tl.math.div_rn(ss, tl.cast(n_cols, tl.float32))  # IEEE divide, as the twin models (`/` is div.full.f32)
         rs = tl.math.rsqrt(v + eps)  # approximate rsqrt
         # the weight per row (L1/L2 hit): holding it in registers across rows halves occupancy
         w = tl.load(W_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)

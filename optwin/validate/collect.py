@@ -110,7 +110,7 @@ def run_call(op: str, dtype: str, variants: list[str], inputs_cpu: dict[str, tor
 
 
 def collect_cases(device: str, n_cases: int, seed: int, ops: list[str], include_triton: bool,
-                  progress: Progress = _print, deadline: float | None = None,
+                  progress: Progress = _print, deadline: float | None = None, dtypes: list[str] | None = None,
                   on_group: Callable[[list[dict[str, Any]], list[dict[str, Any]]], None] | None = None
                   ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Held-out cases of every (op, dtype) run on the device: (case records, failure records).
@@ -120,7 +120,7 @@ def collect_cases(device: str, n_cases: int, seed: int, ops: list[str], include_
     each group (checkpoints)."""
     records: list[dict[str, Any]] = []
     failures: list[dict[str, Any]] = []
-    groups = [(op, dt) for op in ops for dt in CATALOG[op].dtypes]
+    groups = [(op, dt) for op in ops for dt in CATALOG[op].dtypes if dtypes is None or dt in dtypes]
     for gi, (op, dtype) in enumerate(groups, 1):
         t0 = time.perf_counter()
         if deadline is not None and t0 > deadline:
@@ -203,7 +203,7 @@ def collect_traces(device: str, seed: int, include_triton: bool, calls: int = CA
 def collect(device: str = "cuda", n_cases: int = 200, seed: int = 0, ops: list[str] | None = None,
             include_triton: bool | None = None, traces: bool = True, trace_calls: int = CALLS,
             progress: Progress = _print, max_seconds: float | None = None,
-            checkpoint: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+            checkpoint: str | os.PathLike[str] | None = None, dtypes: list[str] | None = None) -> dict[str, Any]:
     """The whole GPU side: drift traces (cheap, first) and held-out cases, as one JSON-ready dict.
 
     max_seconds: (op, dtype) groups not started within this budget are skipped (recorded).
@@ -240,7 +240,7 @@ def collect(device: str = "cuda", n_cases: int = 200, seed: int = 0, ops: list[s
     if save is not None:
         save([], [])
     deadline = None if max_seconds is None else t0 + max_seconds
-    cases, failures = collect_cases(device, n_cases, seed, ops, include_triton, progress, deadline, save)
+    cases, failures = collect_cases(device, n_cases, seed, ops, include_triton, progress, deadline, dtypes, save)
     data = snapshot(cases, failures, False)
     progress(f"collected {len(cases)} cases, {len(trace_records)} traces, {len(data['failures'])} failures "
              f"in {data['duration_s']:.1f}s")
@@ -271,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", type=int, default=200, help="held-out cases per (op, dtype)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ops", default="", help="comma-separated ops (default: all)")
+    ap.add_argument("--dtypes", default="", help="comma-separated dtypes (default: every dtype of each op)")
     ap.add_argument("--no-triton", action="store_true")
     ap.add_argument("--no-traces", action="store_true")
     ap.add_argument("--max-seconds", type=float, default=None, help="skip (op, dtype) groups not started by then")
@@ -279,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         data = collect(a.device, a.cases, a.seed, [o for o in a.ops.split(",") if o] or None,
                        False if a.no_triton else None, traces=not a.no_traces, max_seconds=a.max_seconds,
-                       checkpoint=a.out)
+                       checkpoint=a.out, dtypes=[d for d in a.dtypes.split(",") if d] or None)
     except Exception as e:
         traceback.print_exc()
         print(f"error: {e}", file=sys.stderr)
