@@ -304,11 +304,40 @@ def test_softmax_peaked_frac_counts_low_entropy_rows():
     s = read_sketch("softmax", buf, x.shape)
     # eligible rows 0, 1, 5, 6, 7, 8; peaked rows 0, 1, 6
     assert DEFAULT_TOLERANCES.low_entropy_nats == 0.3 and s["peaked_frac"] == pytest.approx(3 / 6)
-    want = ingest_sketch("softmax", {"x": x})
-    assert s["rms"] == math.inf  # known limit: per-row sums of squares are fp32, 1e20^2 overflows
-    _sketch_close({k: v for k, v in s.items() if k != "rms"}, {k: v for k, v in want.items() if k != "rms"})
+    # the default layout's slow path sums squares in float64: 1e20^2 no longer overflows rms
+    _sketch_close(s, ingest_sketch("softmax", {"x": x}))
     _, buf = softmax(torch.full((2, 3), -math.inf))
     assert read_sketch("softmax", buf, (2, 3))["peaked_frac"] == 0.0  # no eligible row
+
+
+@pytest.mark.parametrize("variant", [0, 1, 2, 3])
+def test_softmax_sketch_variants_agree_on_special_rows(variant):
+    """Every sketch layout (softmax.VARIANT) gives the same y as no sketch and ingest's features,
+    with NaN/+inf, huge, fully masked and partly masked rows spread over several programs."""
+    from optwin.kernels.sketch_buffer import new_buffer
+    from optwin.kernels.softmax import _softmax_launch
+
+    g = _seed("variants")
+    x = torch.randn(11, 300, generator=g) * torch.logspace(0, 2, 11)[:, None]
+    x[1, 17] = float("nan")
+    x[2, 3] = float("inf")
+    x[3] = -math.inf
+    x[4, :150] = -math.inf
+    x[5, 40] = 1e20  # squares overflow fp32
+    x[6, 41] = -3e17  # above BIG (2**55): the slow path, squares still fp32-finite per lane
+    x[7, :299] = -math.inf
+    x = x.to(torch.bfloat16)
+    y1, y0 = torch.empty_like(x), torch.empty_like(x)
+    buf = new_buffer("softmax", x.device)
+    _softmax_launch(x, y1, buf, variant=variant)
+    _softmax_launch(x, y0, None, variant=variant)
+    assert torch.equal(y1.view(torch.int16), y0.view(torch.int16))
+    got, want = read_sketch("softmax", buf, x.shape), ingest_sketch("softmax", {"x": x})
+    assert got["nonfinite"] == 2 and got["masked_rows"] == 1
+    if variant == 0:  # the old layout's slow path sums squares in fp32: 1e20^2 overflows
+        assert got["rms"] == math.inf
+        got, want = {k: v for k, v in got.items() if k != "rms"}, {k: v for k, v in want.items() if k != "rms"}
+    _sketch_close(got, want)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
