@@ -123,3 +123,18 @@ def test_bad_op_or_dtype() -> None:
         boundary_sweep("geodesic", "float16", 2, 0)
     with pytest.raises(CatalogError, match="unknown dtype"):
         boundary_sweep("softmax", "float8", 2, 0)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_aims_at_peaked_frac_and_keeps_its_bounds(causal: bool) -> None:
+    got = []
+    for target in (0.0, 0.25, 0.5):
+        case = make_attention(np.random.default_rng(3), torch.float32, batch=2, heads=2, seq_q=24, seq_k=24, d=16,
+                              family="normal", score_bound=40.0, absmax=6.0, causal=causal, peaked_frac=target)
+        s = sketch("attention", case.inputs, case.params)
+        assert s["score_bound"] == pytest.approx(40.0, rel=1e-4) and s["absmax"] == pytest.approx(6.0, rel=1e-4)
+        # off by at most the rows no rescaling moves: the two rows holding the maxima, and with causal
+        # masking each head's first row (one visible key: always peaked), 6 of 96 rows
+        assert abs(s["peaked_frac"] - target) <= 6 / 96 + 1e-9, (target, s["peaked_frac"])
+        got.append(s["peaked_frac"])
+    assert got == sorted(got) and got[-1] - got[0] > 0.4

@@ -20,9 +20,8 @@ Model, per (op, variant, dtype):
 generate.make_<op> constructors, which hit the fault-driving features exactly (before the cast to
 dtype). Shapes that are not region features are capped for the CPU twin (rows/m/n <= 64, batch <= 2,
 heads <= 4, seq_q <= 64, geodesic n <= 512); region-feature shapes (hidden, n, d, seq_k, k) are kept.
-Not targeted: `peaked_frac` (softmax, attention), the fraction of low-entropy rows. It follows from
-the magnitudes drawn, not from the captured fraction; the default sweep's families cover its range,
-and the matcher judges low_entropy on it alone (catalog `fault_features`).
+`peaked_frac` (the fraction of low-entropy rows): attention aims at it by rescaling query rows within
+the drawn norms (generate._aim_peaked_frac); softmax reproduces it through the drawn row ranges.
 """
 
 
@@ -66,8 +65,6 @@ SMOOTH_H = 0.1  # bandwidth of the empirical copula, in normal-score units
 MIN_TAIL = 20  # exceedances needed to fit a tail
 CAP_ROWS = 64
 
-# Region features the constructors cannot aim at (see the module docstring).
-UNTARGETED_FEATURES: frozenset[str] = frozenset({"peaked_frac"})
 
 
 @dataclass
@@ -323,11 +320,15 @@ def _build(op: str, t: torch.dtype, f: dict[str, float], rng: np.random.Generato
                          family=fam, max_pos=_i(f["max_pos"], lo=0), absmax=max(f["absmax"], 1e-30), base=max(f["base"], 2.0))
     if op == "attention":
         seq_k = _i(f["seq_k"])
-        seq_q = _i(f["seq_q"], hi=CAP_ROWS)
-        causal = f["causal"] >= 0.5 and seq_q == seq_k
+        # Captured causal attention is self-attention (seq_q == seq_k); the copula draws the two
+        # separately, and a mismatch silently turned causal calls into non-causal ones.
+        wants_causal = f["causal"] >= 0.5
+        seq_q = seq_k if wants_causal and seq_k <= CAP_ROWS else _i(f["seq_q"], hi=CAP_ROWS)
+        causal = wants_causal and seq_q == seq_k
         return make_attention(rng, t, batch=_i(f["batch"], hi=2), heads=_i(f["heads"], hi=4), seq_q=seq_q, seq_k=seq_k,
                               d=_i(f["d"]), family=fam, score_bound=max(f["score_bound"], 1e-30),
-                              absmax=max(f["absmax"], 1e-30), causal=causal, v_scale=max(f["v_absmax"], 1e-30) / 3.0)
+                              absmax=max(f["absmax"], 1e-30), causal=causal, v_scale=max(f["v_absmax"], 1e-30) / 3.0,
+                              peaked_frac=f["peaked_frac"])
     if op == "layernorm":
         return make_layernorm(rng, t, rows=_i(f["rows"], hi=CAP_ROWS), hidden=_i(f["hidden"], lo=2), family=fam,
                               max_mean_over_std=max(f["max_mean_over_std"], 0.0), absmax=max(f["absmax"], 1e-30))

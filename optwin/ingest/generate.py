@@ -256,12 +256,64 @@ def make_rope(rng: np.random.Generator, dtype: torch.dtype, *, seq: int, heads: 
     return Case({"x": to_tensor(x, dtype), "positions": pos}, {"base": float(base)}, family)
 
 
+def _row_entropy(scores: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """Softmax entropy (nats) of each row of scores (rows, keys; -inf hidden) scaled by scale (rows,)."""
+    z = scores * scale[:, None]
+    z = z - np.max(z, axis=1, keepdims=True)
+    e = np.exp(z)  # (rows, keys); 0 at hidden keys
+    s = e.sum(axis=1)
+    t = np.where(e > 0, e * np.where(np.isfinite(z), z, 0.0), 0.0).sum(axis=1)
+    return np.log(s) - t / s
+
+
+def _aim_peaked_frac(q: np.ndarray, k: np.ndarray, causal: bool, target: float) -> np.ndarray:
+    """q with its query rows rescaled so that about `target` of the attention rows have entropy below
+    the low_entropy threshold. A row's entropy falls as its norm grows, so rows are shrunk (flatter)
+    or grown up to the largest row norm and the largest |q| (sharper): score_bound and absmax stay.
+    The rows that carry those two maxima are left alone; targets no rescaling can reach are missed."""
+    from optwin.catalog import DEFAULT_TOLERANCES
+
+    thr = DEFAULT_TOLERANCES.low_entropy_nats
+    batch, heads, seq_q, d = q.shape
+    seq_k = k.shape[2]
+    scores = np.einsum("bhqd,bhkd->bhqk", q, k) / math.sqrt(d)  # (batch, heads, seq_q, seq_k)
+    if causal:
+        scores = np.where(np.arange(seq_k)[None, :] > np.arange(seq_q)[:, None], -np.inf, scores)
+    scores = scores.reshape(-1, seq_k)  # (rows, seq_k)
+    qr = q.reshape(-1, d)
+    norms, amax = np.linalg.norm(qr, axis=1), np.abs(qr).max(axis=1)
+    free = np.ones(len(qr), dtype=bool)
+    free[[int(np.argmax(norms)), int(np.argmax(amax))]] = False
+    grow = np.minimum(norms.max() / np.maximum(norms, 1e-300), amax.max() / np.maximum(amax, 1e-300))  # (rows,)
+    ones = np.ones(len(qr))
+    peaked = _row_entropy(scores, ones) < thr
+    want = int(round(target * len(qr))) - int(peaked[~free].sum())
+    free_peaked = np.flatnonzero(free & peaked)
+    scale = ones.copy()
+    if len(free_peaked) > want:  # flatten some: shrink until the entropy clears the threshold
+        flattenable = free_peaked[np.isfinite(scores[free_peaked]).sum(axis=1) >= 2]  # one key: always peaked
+        rows = flattenable[: len(free_peaked) - max(want, 0)]
+        lo, hi = np.zeros(len(rows)), np.ones(len(rows))
+        for _ in range(40):  # bisection on the scale; entropy is monotone in it
+            mid = (lo + hi) / 2
+            ok = _row_entropy(scores[rows], mid) >= thr + 0.1
+            lo, hi = np.where(ok, mid, lo), np.where(ok, hi, mid)
+        scale[rows] = lo
+    elif len(free_peaked) < want:  # sharpen some: grow rows that become peaked at their largest scale
+        candidates = np.flatnonzero(free & ~peaked)
+        can = candidates[_row_entropy(scores[candidates], grow[candidates]) < thr]
+        rows = can[: want - len(free_peaked)]
+        scale[rows] = grow[rows]
+    return (qr * scale[:, None]).reshape(q.shape)
+
+
 def make_attention(rng: np.random.Generator, dtype: torch.dtype, *, batch: int, heads: int, seq_q: int, seq_k: int,
                    d: int, family: str, score_bound: float, absmax: float | None = None, causal: bool = False,
-                   aligned: bool = False, v_scale: float = 1.0) -> Case:
+                   aligned: bool = False, v_scale: float = 1.0, peaked_frac: float | None = None) -> Case:
     """q, k, v [batch, heads, seq, d] with max||q|| max||k|| / sqrt(d) = score_bound (and max|q,k| = absmax).
 
     aligned: some keys point along some queries, so real scores approach the bound (peaked rows).
+    peaked_frac: aim the fraction of low-entropy rows at this (as far as row rescaling reaches).
     """
     if absmax is not None and not aligned:
         nq, nk, aq, ak = split_product(score_bound * math.sqrt(d), absmax, d)
@@ -280,6 +332,8 @@ def make_attention(rng: np.random.Generator, dtype: torch.dtype, *, batch: int, 
         alpha, beta = _solve_pair_scale(score_bound * math.sqrt(d), nq, nkk, absmax, np.abs(q).max(), np.abs(k).max())
     v = rng.standard_normal((batch, heads, seq_k, d)) * v_scale
     causal = bool(causal and seq_q == seq_k)
+    if peaked_frac is not None:
+        q = _aim_peaked_frac(q * alpha, k * beta, causal, peaked_frac) / alpha
     tag = family + ("+aligned" if aligned else "") + ("+causal" if causal else "")
     return Case({"q": to_tensor(q * alpha, dtype), "k": to_tensor(k * beta, dtype), "v": to_tensor(v, dtype)},
                 {"causal": causal}, tag)
