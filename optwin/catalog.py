@@ -170,8 +170,8 @@ CATALOG: dict[str, Operator] = {
         dtypes=_FLOATS,
         fault_types=_WITH_ENTROPY,
         params={"causal": False},
-        region_features=("score_bound", "seq_k", "peaked_frac"),
-        fault_features=(("nonfinite", ("score_bound", "seq_k")), ("precision_loss", ("score_bound", "seq_k")),
+        region_features=("score_bound", "seq_k", "peaked_frac", "max_score"),
+        fault_features=(("nonfinite", ("max_score",)), ("precision_loss", ("score_bound", "seq_k")),
                         ("low_entropy", ("peaked_frac",))),
     ),
     "layernorm": Operator(

@@ -64,3 +64,21 @@ def test_attention_sampling_tracks_exact_fraction(monkeypatch: pytest.MonkeyPatc
     sampled = sketch("attention", {"q": q, "k": k, "v": v})["peaked_frac"]
     assert 0.1 < exact < 0.9
     assert abs(sampled - exact) < 0.1
+
+
+def test_attention_max_score_decides_math_float16_overflow() -> None:
+    from optwin import twin
+
+    g = torch.Generator().manual_seed(11)
+    seen = set()
+    for scale in [20.0, 40.0, 55.0, 70.0, 90.0]:
+        q, k, v = (torch.randn(1, 2, 9, 16, generator=g) * scale for _ in range(3))
+        inputs = {"q": q.half(), "k": k.half(), "v": v.half()}
+        s = sketch("attention", inputs, {"causal": False})
+        if abs(s["max_score"] - 65504.0) < 0.02 * 65504.0:
+            continue  # the fp16 rounding of the score decides right at the edge
+        fault = twin.run("attention", "math", "float16", inputs, {"causal": False}).faults["nonfinite"]
+        assert fault == (s["max_score"] > 65504.0), (scale, s["max_score"])
+        assert s["max_score"] <= s["score_bound"] * 4.0 + 1e-6  # sqrt(d) = 4: the bound holds
+        seen.add(fault)
+    assert seen == {True, False}

@@ -34,6 +34,7 @@ _BINNING: dict[str, tuple[float, float]] = {
     "masked_rows": (1e-6, 1),
     "max_pos": (1.0, 4),
     "score_bound": (_TINY, 2),
+    "max_score": (1.0, 4),  # the float16 overflow of q@k^T (65504) sits on the edge of bin 64
     "max_mean_over_std": (1e-3, 2),
     "min_sep_deg": (1e-12, 1),
     "median_sep_deg": (1e-12, 0.5),  # coarse: the typical pair only moves precision loss

@@ -22,6 +22,9 @@ dtype). Shapes that are not region features are capped for the CPU twin (rows/m/
 heads <= 4, seq_q <= 64, geodesic n <= 512); region-feature shapes (hidden, n, d, seq_k, k) are kept.
 `peaked_frac` (the fraction of low-entropy rows): attention aims at it by rescaling query rows within
 the drawn norms (generate._aim_peaked_frac); softmax reproduces it through the drawn row ranges.
+Not aimed at: attention's `max_score` (the largest q.k): it follows from the drawn norms and
+directions, so a profile-sample build places attention's nonfinite cells where its samples land, not
+where the captured calls were (the default sweep's aligned and large-score families cover the range).
 """
 
 
@@ -64,6 +67,9 @@ TAIL_Q = 0.9  # the GPD tail starts at this quantile
 SMOOTH_H = 0.1  # bandwidth of the empirical copula, in normal-score units
 MIN_TAIL = 20  # exceedances needed to fit a tail
 CAP_ROWS = 64
+
+# Region features the constructors do not aim at (see the module docstring).
+UNTARGETED_FEATURES: frozenset[str] = frozenset({"max_score"})
 
 
 

@@ -68,7 +68,10 @@ attention (q, k, v [batch, heads, seq, d]; param causal)
   ``peaked_frac``: as for softmax, over the attention probability rows (scaled scores, causal
   mask applied) whose scores are finite. Exact when batch*heads*seq_q*seq_k <= 2^22; above that
   every s-th query row of each head is used (s chosen to fit that budget, at least one row per
-  head), so the sketch costs a small fraction of the attention itself.
+  head), so the sketch costs a small fraction of the attention itself; ``max_score``: the largest
+  unscaled score q_i.k_j over the visible keys (signed; same rows as peaked_frac, so a lower bound when
+  rows are sampled, exact otherwise): the math variant forms q@k^T in the input dtype and overflows
+  float16 past 65504 (score_bound only bounds it, by up to a factor of sqrt(d) and more).
 layernorm (x [..., hidden], weight [hidden], bias [hidden])
   ``hidden``; ``max_mean_over_std``: max over rows of |mean|/std (population std, exact two-pass in
   float64; 1e30 when std == 0 and mean != 0, 0 when both are 0): the one-pass variance
@@ -104,14 +107,15 @@ SKETCH_FEATURES: dict[str, tuple[str, ...]] = {
     "rmsnorm": COMMON_FEATURES + ("hidden", "max_row_rms", "weight_absmax"),
     "softmax": COMMON_FEATURES + ("n", "max", "min", "max_row_range", "masked_rows", "masked_frac", "peaked_frac"),
     "rope": COMMON_FEATURES + ("seq", "heads", "d", "max_pos", "base"),
-    "attention": COMMON_FEATURES + ("batch", "heads", "seq_q", "seq_k", "d", "causal", "score_bound", "v_absmax", "peaked_frac"),
+    "attention": COMMON_FEATURES + ("batch", "heads", "seq_q", "seq_k", "d", "causal", "score_bound", "v_absmax", "peaked_frac",
+                  "max_score"),
     "layernorm": COMMON_FEATURES + ("hidden", "max_mean_over_std", "min_row_std", "weight_absmax", "bias_absmax"),
     "geodesic": COMMON_FEATURES + ("n", "min_sep_deg", "median_sep_deg", "max_sep_deg"),
     "matmul": COMMON_FEATURES + ("m", "k", "n", "out_bound", "b_absmax"),
 }
 
 # Features that may be negative; every other feature is a count, a shape or a magnitude (>= 0).
-SIGNED_FEATURES: frozenset[str] = frozenset({"max", "min"})
+SIGNED_FEATURES: frozenset[str] = frozenset({"max", "min", "max_score"})
 
 # Stand-in for +inf in max_mean_over_std (var == 0, mean != 0): the sketch is never inf or NaN.
 RATIO_CAP = 1e30
@@ -236,8 +240,8 @@ def _max_vec_norm(hf: torch.Tensor) -> torch.Tensor:
 ATTENTION_SCORE_BUDGET = 1 << 22
 
 
-def _attention_peaked_frac(q: torch.Tensor, k: torch.Tensor, causal: bool) -> torch.Tensor:
-    """peaked_frac over the scaled float64 scores of (a strided sample of) the query rows."""
+def _attention_scores(q: torch.Tensor, k: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(peaked_frac, max_score) over the float64 scores of (a strided sample of) the query rows."""
     batch, heads, seq_q, d = q.shape
     seq_k = k.shape[2]
     rows_fit = max(1, ATTENTION_SCORE_BUDGET // max(1, batch * heads * seq_k))
@@ -248,7 +252,12 @@ def _attention_peaked_frac(q: torch.Tensor, k: torch.Tensor, causal: bool) -> to
     if causal:  # sdpa's is_causal, top-left aligned: query i sees keys j <= i
         hidden = torch.arange(seq_k, device=q.device)[None, :] > idx[:, None]  # (r, seq_k)
         scores = scores.masked_fill(hidden, -math.inf)
-    return _peaked_frac(scores.reshape(-1, seq_k))
+    # max_score over the rows without NaN or +inf scores (a -inf from an input -inf is only a zero
+    # weight): the rows whose score maximum is finite, which is what a flash kernel's running max holds
+    ok_row = ~(torch.isnan(scores) | (scores == math.inf)).any(-1, keepdim=True)  # (batch, heads, r, 1)
+    top = torch.where(ok_row & torch.isfinite(scores), scores, -math.inf).amax()
+    max_score = torch.where(top > -math.inf, top, 0.0) * math.sqrt(max(d, 1))  # unscaled q.k
+    return _peaked_frac(scores.reshape(-1, seq_k)), max_score
 
 
 def _attention(t: dict[str, torch.Tensor], params: dict[str, Any]) -> dict[str, Any]:
@@ -267,7 +276,7 @@ def _attention(t: dict[str, torch.Tensor], params: dict[str, Any]) -> dict[str, 
         "nonfinite": _count_nonfinite(qfin) + _count_nonfinite(kfin) + _count_nonfinite(vfin),
         "batch": float(batch), "heads": float(heads), "seq_q": float(seq_q), "seq_k": float(seq_k), "d": float(d),
         "causal": float(bool(params["causal"])), "score_bound": score_bound, "v_absmax": _amax(vf),
-        "peaked_frac": _attention_peaked_frac(q, k, bool(params["causal"])),
+        **dict(zip(("peaked_frac", "max_score"), _attention_scores(q, k, bool(params["causal"])))),
     }
 
 
@@ -459,7 +468,7 @@ def _fast_attention(t: dict[str, torch.Tensor], params: dict[str, Any], cache: W
             "batch": float(batch), "heads": float(heads), "seq_q": float(seq_q), "seq_k": float(k.shape[2]), "d": float(d),
             "causal": float(bool(params["causal"])),
             "score_bound": float(rq[1].amax()) * float(rk[1].amax()) / math.sqrt(max(d, 1)), "v_absmax": va,
-            "peaked_frac": float(_attention_peaked_frac(q, k, bool(params["causal"])))}
+            **{n: float(v) for n, v in zip(("peaked_frac", "max_score"), _attention_scores(q, k, bool(params["causal"])))}}
 
 
 def _fast_layernorm(t: dict[str, torch.Tensor], params: dict[str, Any], cache: WeightCache | None) -> dict[str, Any] | None:

@@ -18,7 +18,7 @@ row keeps key 0 and no row is fully masked, whatever seq_q and seq_k are.
 
 Sketch (SKETCH constexpr; off compiles no sketch code): optwin.ingest.sketch's attention features.
 Every program: its query tile's finite-only partials (|q| max, sum of q^2, max row ||q||^2, NaN/±inf
-count) and its rows' entropies from the online softmax, H = ln l - ln2 * t / l with
+count), its rows' largest score (max_score = max m / c: the online max is the row's score maximum) and its rows' entropies from the online softmax, H = ln l - ln2 * t / l with
 t = sum p*(x - m) rescaled like l (t' = a*(t + l*(m - m')) + sum p*(x - m')), rows with
 H < low_entropy_nats counted as peaked among the rows whose l and t are finite (ingest's
 "rows with a finite softmax"; a score that overflows fp32 to -inf outside the mask makes t NaN and
@@ -49,14 +49,23 @@ import triton.language as tl
 
 from optwin.catalog import DEFAULT_TOLERANCES
 from optwin.errors import InputError
-from optwin.kernels._common import FMAX, INTERPRET, ZERO_BITS, check_device, finite_lanes, last_program, take
+from optwin.kernels._common import (
+    FMAX,
+    INTERPRET,
+    NEG_INF_BITS,
+    ZERO_BITS,
+    check_device,
+    finite_lanes,
+    last_program,
+    take,
+)
 from optwin.kernels.sketch_buffer import WORKSPACE, feature_names, new_buffer, workspace
 from optwin.twin.attention import triton_block_n, triton_qk_scale
 
 assert feature_names("attention") == (
     "numel", "rows", "absmax", "rms", "nonfinite", "batch", "heads", "seq_q", "seq_k", "d", "causal",
-    "score_bound", "v_absmax", "peaked_frac")
-assert [n for n, _ in WORKSPACE["attention"][0]] == ["absmax", "sumsq", "v_absmax", "q_norm2", "k_norm2"]
+    "score_bound", "v_absmax", "peaked_frac", "max_score")
+assert [n for n, _ in WORKSPACE["attention"][0]] == ["absmax", "sumsq", "v_absmax", "q_norm2", "k_norm2", "max_score"]
 assert WORKSPACE["attention"][1] == ("ticket", "nonfinite_qk", "nonfinite_v", "peaked_rows", "finite_rows")
 
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
@@ -128,7 +137,7 @@ def _key_block(acc, l_i, m_i, t_i, q, K_blk, V_blk, sks, svs, start_n, offs_m, o
 def _attention_kernel(
     Q, K, V, Y,  # (B, H, S, D) each, last dim contiguous; Y contiguous in q's dtype
     S_ptr,  # sketch features, float64; unused unless SKETCH
-    F_ptr,  # workspace float64 slots (absmax, sumsq, v_absmax, max row ||q||^2, max row ||k||^2)
+    F_ptr,  # workspace float64 slots (absmax, sumsq, v_absmax, max row ||q||^2, max row ||k||^2, max score)
     I_ptr,  # workspace int64 slots (ticket, nonfinite q+k, nonfinite v, peaked rows, finite rows)
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, syb, syh, sys,
     n_batch, n_heads, seq_q, seq_k, n_m,  # n_m = cdiv(seq_q, BLOCK_M)
@@ -184,6 +193,8 @@ def _attention_kernel(
         fin_row = row_ok & (l_i <= FMAX) & (tl.abs(t_i) <= FMAX)  # NaN fails
         n_fin = tl.sum(fin_row.to(tl.int32), 0).to(tl.int64)
         n_peak = tl.sum((fin_row & (ent < entropy_nats)).to(tl.int32), 0).to(tl.int64)
+        # largest scaled score of the tile's rows: m (finite rows only; NaN fails both tests)
+        p_mmax = tl.max(tl.where(row_ok & (m_i <= FMAX) & (m_i >= -FMAX), m_i, -float("inf")), 0)
         # this program's query tile (padding rows are 0 and outside the mask)
         qmask = row_ok[:, None] & (offs_d[None, :] < D)
         a, a2, nf = finite_lanes(q.to(tl.float32), qmask)
@@ -217,6 +228,7 @@ def _attention_kernel(
         tl.atomic_max(F_ptr + 2, p_vmax.to(tl.float64), sem="relaxed")
         tl.atomic_max(F_ptr + 3, p_qn2.to(tl.float64), sem="relaxed")
         tl.atomic_max(F_ptr + 4, p_kn2.to(tl.float64), sem="relaxed")
+        tl.atomic_max(F_ptr + 5, p_mmax.to(tl.float64), sem="relaxed")
         tl.atomic_add(I_ptr + 1, p_nf, sem="relaxed")
         tl.atomic_add(I_ptr + 2, p_vnf, sem="relaxed")
         tl.atomic_add(I_ptr + 3, n_peak, sem="relaxed")
@@ -227,6 +239,7 @@ def _attention_kernel(
             g_vmax = take(F_ptr + 2, ZERO_BITS)
             g_qn2 = take(F_ptr + 3, ZERO_BITS)
             g_kn2 = take(F_ptr + 4, ZERO_BITS)
+            g_mmax = take(F_ptr + 5, NEG_INF_BITS)
             g_nf = tl.atomic_xchg(I_ptr + 1, 0, sem="relaxed")
             g_vnf = tl.atomic_xchg(I_ptr + 2, 0, sem="relaxed")
             g_peak = tl.atomic_xchg(I_ptr + 3, 0, sem="relaxed")
@@ -250,6 +263,8 @@ def _attention_kernel(
             tl.store(S_ptr + 11, tl.sqrt(g_qn2) * tl.sqrt(g_kn2) / tl.sqrt(tl.full((), D, tl.float64)))
             tl.store(S_ptr + 12, g_vmax)
             tl.store(S_ptr + 13, g_peak.to(tl.float64) / tl.maximum(g_fin, 1).to(tl.float64))
+            # m is in log2 units, fp32(q.k) * qk_scale: back to the unscaled q.k (0 with no finite row)
+            tl.store(S_ptr + 14, tl.where(g_mmax > -FMAX, g_mmax / tl.cast(qk_scale, tl.float64), 0.0))
 
 
 def default_config(dtype: torch.dtype, d: int) -> tuple[int, int, int, int]:

@@ -48,7 +48,7 @@ WORKSPACE: dict[str, tuple[tuple[tuple[str, float], ...], tuple[str, ...]]] = {
     ),
     "rope": ((("absmax", 0.0), ("sumsq", 0.0), ("max_pos", 0.0)), ("ticket", "nonfinite")),
     "attention": (
-        (("absmax", 0.0), ("sumsq", 0.0), ("v_absmax", 0.0), ("q_norm2", 0.0), ("k_norm2", 0.0)),
+        (("absmax", 0.0), ("sumsq", 0.0), ("v_absmax", 0.0), ("q_norm2", 0.0), ("k_norm2", 0.0), ("max_score", -INF)),
         ("ticket", "nonfinite_qk", "nonfinite_v", "peaked_rows", "finite_rows"),
     ),
 }
