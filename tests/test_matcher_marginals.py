@@ -67,3 +67,13 @@ def test_rows_without_det_faults_keep_the_replay_probability():
     rows = _rows(_sk(2.0, 0.1), {"nonfinite": 0.125, "precision_loss": 0.0, "low_entropy": 0.0})  # schema v1 rows
     m = Matcher.from_rows(rows)
     assert m.assess("softmax", "torch", "float16", sketch=_sk(2.0, 0.1)).probability["nonfinite"] == 0.125
+
+
+def test_fingerprints_binned_on_older_region_features_are_refused():
+    rows = _rows(_sk(2.0, 0.1), {"nonfinite": 0.0, "precision_loss": 0.0, "low_entropy": 0.0})
+    for r in rows:
+        r["region"] = "|".join(r["region"].split("|")[:3])  # softmax before peaked_frac: 3 features
+    from optwin.errors import DatabaseError
+
+    with pytest.raises(DatabaseError, match="softmax on other region features.*optwin build"):
+        Matcher.from_rows(rows, build_id="old")

@@ -284,6 +284,7 @@ class Matcher:
         """Build the index from fingerprint rows (the `fingerprints` table's columns, as dicts)."""
         index: dict[Triple, TripleIndex] = {}
         pooled: dict[tuple[Triple, int, Region], list[float]] = {}  # marginal cells: [faults, trials, cases]
+        stale: set[str] = set()  # ops whose rows were binned on other region features
         for row in rows:
             triple = (str(row["op"]), str(row["variant"]), str(row["dtype"]))
             ti = index.get(triple)
@@ -291,7 +292,8 @@ class Matcher:
                 ti = index[triple] = _new_index(triple)
             region = parse_region_key(str(row["region"]))
             if len(region) != len(ti.features):
-                continue  # a region of another binning: not ours to interpret
+                stale.add(triple[0])  # a region of another binning: not ours to interpret
+                continue
             ft = str(row["fault_type"])
             if ft not in ti.fault_types:
                 continue
@@ -307,6 +309,13 @@ class Matcher:
                 acc[0] += p * trials
                 acc[1] += trials
                 acc[2] += n_cases
+        if stale:
+            # Answering from the rest would call those ops unbuilt (prior 0: never a warning).
+            from optwin.errors import DatabaseError
+
+            ops = ", ".join(sorted(stale))
+            raise DatabaseError(f"build {build_id or '?'} binned {ops} on other region features than this optwin's "
+                                f"(an older catalog): rebuild with `optwin build`")
         for (triple, j, sub_region), (faults, trials, n_cases) in pooled.items():
             sub = index[triple].marginals[j][1]
             sub.probs[sub_region] = (faults / trials if trials else 0.0,)
