@@ -135,9 +135,9 @@ CATALOG: dict[str, Operator] = {
         ),
         dtypes=_FLOATS,
         fault_types=_WITH_ENTROPY,
-        region_features=("max", "max_row_range", "masked_rows", "peaked_frac"),
-        fault_features=(("nonfinite", ("max", "max_row_range", "masked_rows")),
-                        ("precision_loss", ("max", "max_row_range", "masked_rows")),
+        region_features=("max", "min_row_max", "masked_rows", "peaked_frac"),
+        fault_features=(("nonfinite", ("max", "min_row_max", "masked_rows")),
+                        ("precision_loss", ("max", "min_row_max", "masked_rows")),
                         ("low_entropy", ("peaked_frac",))),
     ),
     "rope": Operator(

@@ -53,7 +53,7 @@ def _sketch(op: str, rng: np.random.Generator) -> dict[str, float]:
     top = float(2.0 ** rng.uniform(-1, 12))
     return {"max": top, "max_row_range": top * float(rng.uniform(0.5, 2)), "masked_rows": float(rng.integers(0, 2)),
             "n": n, "min": -top, "masked_frac": 0.0, "numel": 4 * n, "rows": 4.0, "absmax": top, "rms": top / 4,
-            "nonfinite": 0.0, "peaked_frac": float(rng.integers(0, 5)) / 4}
+            "nonfinite": 0.0, "peaked_frac": float(rng.integers(0, 5)) / 4, "min_row_max": top - float(rng.uniform(0, 30))}
 
 
 def _rows(build_seed: int, n_cases: int, shift: float) -> list[dict]:

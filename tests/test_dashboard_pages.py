@@ -86,7 +86,7 @@ def test_operator_explorer_pooled_probability_and_boundary(db: Path) -> None:
     at.selectbox(key="ex_op").set_value("softmax").run()
     assert not at.exception
     assert at.selectbox(key="ex_variant").value == "torch"
-    assert at.selectbox(key="ex_fx").options == ["max", "max_row_range", "masked_rows", "peaked_frac"]
+    assert at.selectbox(key="ex_fx").options == ["max", "min_row_max", "masked_rows", "peaked_frac"]
 
 
 def test_cases_drill_down_and_snippet(db: Path) -> None:

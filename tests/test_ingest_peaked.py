@@ -82,3 +82,21 @@ def test_attention_max_score_decides_math_float16_overflow() -> None:
         assert s["max_score"] <= s["score_bound"] * 4.0 + 1e-6  # sqrt(d) = 4: the bound holds
         seen.add(fault)
     assert seen == {True, False}
+
+
+def test_softmax_min_row_max_decides_naive_float16_underflow() -> None:
+    from optwin import twin
+
+    g = torch.Generator().manual_seed(13)
+    seen = set()
+    for low in [-5.0, -12.0, -16.0, -19.0, -25.0]:
+        x = torch.randn(6, 40, generator=g)  # (rows, n), row maxima ~ 2
+        x[3] = low + 0.5 * torch.rand(40, generator=g) - 0.5  # one row lies entirely near `low`
+        inputs = {"x": x.half()}
+        s = sketch("softmax", inputs)
+        fault = twin.run("softmax", "naive", "float16", inputs).faults["nonfinite"]
+        # every exp of that row underflows float16 (below ln 2^-24 = -16.6) -> 0/0
+        assert fault == (s["min_row_max"] < -16.7), (low, s["min_row_max"])
+        assert s["max"] < 11.0  # so overflow is not what decides it
+        seen.add(fault)
+    assert seen == {True, False}

@@ -14,7 +14,7 @@ BASE = {"numel": 512.0, "rows": 4.0, "absmax": 5.0, "rms": 1.0, "nonfinite": 0.0
 
 
 def _sk(max_logit: float, peaked: float) -> dict[str, float]:
-    return {**BASE, "max": max_logit, "max_row_range": 10.0, "peaked_frac": peaked}
+    return {**BASE, "max": max_logit, "max_row_range": 10.0, "peaked_frac": peaked, "min_row_max": max_logit - 1.0}
 
 
 def _rows(sk: dict[str, float], probs: dict[str, float], n_cases: int = 10, det: dict[str, int] | None = None):
@@ -72,7 +72,7 @@ def test_rows_without_det_faults_keep_the_replay_probability():
 def test_fingerprints_binned_on_older_region_features_are_refused():
     rows = _rows(_sk(2.0, 0.1), {"nonfinite": 0.0, "precision_loss": 0.0, "low_entropy": 0.0})
     for r in rows:
-        r["region"] = "|".join(r["region"].split("|")[:3])  # softmax before peaked_frac: 3 features
+        r["region"] = "|".join(r["region"].split("|")[:3])  # softmax before peaked_frac had 3 features
     from optwin.errors import DatabaseError
 
     with pytest.raises(DatabaseError, match="softmax on other region features.*optwin build"):

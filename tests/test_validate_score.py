@@ -92,7 +92,7 @@ def _rows(probability: float) -> list[dict]:
     """Fingerprints for softmax/naive/float16: one region (max logit 20) faulting with `probability`."""
     from optwin.fingerprints.regions import region_key, region_of
 
-    sk = {"max": 20.0, "max_row_range": 3.0, "masked_rows": 0.0, "n": 128.0, "peaked_frac": 0.0}
+    sk = {"max": 20.0, "max_row_range": 3.0, "masked_rows": 0.0, "n": 128.0, "peaked_frac": 0.0, "min_row_max": 19.0}
     return [{"op": "softmax", "variant": "naive", "dtype": "float16", "region": region_key(region_of("softmax", sk)),
              "fault_type": ft, "probability": probability if ft == "nonfinite" else 0.0, "n_cases": 10}
             for ft in ("nonfinite", "precision_loss", "low_entropy")]
@@ -101,7 +101,7 @@ def _rows(probability: float) -> list[dict]:
 def _case(max_logit: float, nonfinite: bool) -> dict:
     sk = {"numel": 1024.0, "rows": 8.0, "absmax": max_logit, "rms": max_logit / 2, "nonfinite": 0.0, "n": 128.0,
           "max": max_logit, "min": max_logit - 3, "max_row_range": 3.0, "masked_rows": 0.0, "masked_frac": 0.0,
-          "peaked_frac": 0.0}
+          "peaked_frac": 0.0, "min_row_max": 19.0}
     labels = {"nonfinite": nonfinite, "precision_loss": False, "low_entropy": False}
     return {"op": "softmax", "dtype": "float16", "family": "mixture", "case": 0, "params": {}, "sketch": sk,
             "outcomes": {"naive": {"labels": labels, "rel_error": None}, "torch": {"error": "RuntimeError: x"}}}

@@ -30,6 +30,7 @@ _BINNING: dict[str, tuple[float, float]] = {
     "rms": (_TINY, 2),
     "max_row_rms": (_TINY, 2),
     "max": (1e-3, 4),
+    "min_row_max": (1e-3, 4),
     "max_row_range": (1e-3, 2),
     "masked_rows": (1e-6, 1),
     "max_pos": (1.0, 4),

@@ -55,7 +55,9 @@ softmax (x [..., n], -inf marks masked positions)
   DEFAULT_TOLERANCES.low_entropy_nats (0.3): low_entropy is "more than half the rows peaked", a
   statement about rows that no max over rows can see. Computed from the row max m, s = sum e and
   t = sum e*(x - m) with e = exp(x - m): H = log s - t/s, the same quantities a softmax kernel
-  already holds (our Triton softmax emits it fused).
+  already holds (our Triton softmax emits it fused); ``min_row_max``: the smallest row maximum over
+  rows with a finite entry (signed): a row whose every entry is below ln(smallest subnormal) has all
+  its exps underflow in the naive variant, sum 0, and 0/0 = NaN (float16: below -17.3).
 rope (x [seq, heads, d], positions [seq]; param base)
   ``seq``, ``heads``, ``d``; ``max_pos``: max |position|: angles pos * inv_freq lose absolute
   precision as positions grow (fp32 at 2^24, fp16/bf16 much earlier: low-precision-angles);
@@ -105,7 +107,8 @@ COMMON_FEATURES: tuple[str, ...] = ("numel", "rows", "absmax", "rms", "nonfinite
 
 SKETCH_FEATURES: dict[str, tuple[str, ...]] = {
     "rmsnorm": COMMON_FEATURES + ("hidden", "max_row_rms", "weight_absmax"),
-    "softmax": COMMON_FEATURES + ("n", "max", "min", "max_row_range", "masked_rows", "masked_frac", "peaked_frac"),
+    "softmax": COMMON_FEATURES + ("n", "max", "min", "max_row_range", "masked_rows", "masked_frac", "peaked_frac",
+                                  "min_row_max"),
     "rope": COMMON_FEATURES + ("seq", "heads", "d", "max_pos", "base"),
     "attention": COMMON_FEATURES + ("batch", "heads", "seq_q", "seq_k", "d", "causal", "score_bound", "v_absmax", "peaked_frac",
                   "max_score"),
@@ -115,7 +118,7 @@ SKETCH_FEATURES: dict[str, tuple[str, ...]] = {
 }
 
 # Features that may be negative; every other feature is a count, a shape or a magnitude (>= 0).
-SIGNED_FEATURES: frozenset[str] = frozenset({"max", "min", "max_score"})
+SIGNED_FEATURES: frozenset[str] = frozenset({"max", "min", "max_score", "min_row_max"})
 
 # Stand-in for +inf in max_mean_over_std (var == 0, mean != 0): the sketch is never inf or NaN.
 RATIO_CAP = 1e30
@@ -187,7 +190,8 @@ def _softmax(t: dict[str, torch.Tensor], params: dict[str, Any]) -> dict[str, An
     }
     if h.numel() == 0:
         zero = hf.new_zeros(())
-        out.update(max=zero, min=zero, max_row_range=zero, masked_rows=zero, masked_frac=zero, peaked_frac=zero)
+        out.update(max=zero, min=zero, max_row_range=zero, masked_rows=zero, masked_frac=zero, peaked_frac=zero,
+                   min_row_max=zero)
         return out
     row_max = torch.where(fin, h, -math.inf).amax(-1)  # (rows,)
     row_min = torch.where(fin, h, math.inf).amin(-1)  # (rows,)
@@ -196,6 +200,7 @@ def _softmax(t: dict[str, torch.Tensor], params: dict[str, Any]) -> dict[str, An
     out["max"] = torch.where(any_fin, row_max.amax(), 0.0)
     out["min"] = torch.where(any_fin, row_min.amin(), 0.0)
     out["max_row_range"] = torch.where(row_any, row_max - row_min, 0.0).amax()
+    out["min_row_max"] = torch.where(any_fin, torch.where(row_any, row_max, math.inf).amin(), 0.0)
     out["masked_rows"] = neg_inf.all(-1).sum().to(_F64)
     out["masked_frac"] = neg_inf.sum().to(_F64) / h.numel()
     out["peaked_frac"] = _peaked_frac(h)

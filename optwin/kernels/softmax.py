@@ -54,8 +54,9 @@ from optwin.kernels.sketch_buffer import WORKSPACE, feature_names, new_buffer, w
 
 assert feature_names("softmax") == (
     "numel", "rows", "absmax", "rms", "nonfinite", "n", "max", "min", "max_row_range", "masked_rows", "masked_frac",
-    "peaked_frac")
-assert [n for n, _ in WORKSPACE["softmax"][0]] == ["absmax", "sumsq", "max", "min", "max_row_range"]
+    "peaked_frac",
+    "min_row_max")
+assert [n for n, _ in WORKSPACE["softmax"][0]] == ["absmax", "sumsq", "max", "min", "max_row_range", "min_row_max"]
 assert WORKSPACE["softmax"][1] == ("ticket", "nonfinite", "neginf", "masked_rows", "peaked_rows", "eligible_rows")
 
 # A row is peaked below this entropy (nats); passed to the kernel as a runtime float.
@@ -241,7 +242,7 @@ def _softmax_kernel(
     Y_ptr,  # y as (n_rows, n_cols) in the output dtype, contiguous
     Y_row_stride,
     S_ptr,  # sketch features, float64 (11,); unused unless SKETCH
-    F_ptr,  # workspace float64 slots (absmax, sumsq, max, min, max row range)
+    F_ptr,  # workspace float64 slots (absmax, sumsq, max, min, max row range, min row max)
     I_ptr,  # workspace int64 slots (ticket, nonfinite, -inf count, masked rows, peaked rows, eligible rows)
     n_rows,
     n_cols,
@@ -260,6 +261,7 @@ def _softmax_kernel(
         p_max = tl.full((), -float("inf"), tl.float32)
         p_min = tl.full((), float("inf"), tl.float32)
         p_rng = tl.zeros((), dtype=tl.float32)
+        p_rmx = tl.full((), float("inf"), tl.float32)  # smallest row max (rows with a finite entry)
         p_sq = tl.zeros((), dtype=tl.float64)
         p_nf = tl.zeros((), dtype=tl.int64)
         p_neg = tl.zeros((), dtype=tl.int64)
@@ -317,6 +319,7 @@ def _softmax_kernel(
             p_max = tl.maximum(p_max, tl.where(has, m, -float("inf")))
             p_min = tl.minimum(p_min, tl.where(has, rmin, float("inf")))
             p_rng = tl.maximum(p_rng, tl.where(has, m - rmin, 0.0))
+            p_rmx = tl.minimum(p_rmx, tl.where(has, m, float("inf")))
             p_sq += tl.where(ok, sq, 0.0).to(tl.float64)
             p_neg += tl.where(ok, nneg, 0.0).to(tl.int64)
             p_masked += (ok & (nneg == n_cols)).to(tl.int32)
@@ -334,6 +337,7 @@ def _softmax_kernel(
                         p_max = tl.maximum(p_max, rmax)
                         p_min = tl.minimum(p_min, rmin2)
                         p_rng = tl.maximum(p_rng, tl.where(rmax >= rmin2, rmax - rmin2, 0.0))
+                        p_rmx = tl.minimum(p_rmx, tl.where(rmax >= rmin2, rmax, float("inf")))
                         p_sq += sq2
                         p_nf += nf
                         p_neg += nneg2
@@ -353,6 +357,7 @@ def _softmax_kernel(
                         p_max = tl.maximum(p_max, rmax)
                         p_min = tl.minimum(p_min, rmin2)
                         p_rng = tl.maximum(p_rng, tl.where(has2, rmax - rmin2, 0.0))
+                        p_rmx = tl.minimum(p_rmx, tl.where(has2, rmax, float("inf")))
                         p_sq += sq2.to(tl.float64)
                         p_nf += tl.cast(nf, tl.int64)
                         p_neg += nneg2.to(tl.int64)
@@ -368,6 +373,7 @@ def _softmax_kernel(
         tl.atomic_max(F_ptr + 2, p_max.to(tl.float64), sem="relaxed")
         tl.atomic_min(F_ptr + 3, p_min.to(tl.float64), sem="relaxed")
         tl.atomic_max(F_ptr + 4, p_rng.to(tl.float64), sem="relaxed")
+        tl.atomic_min(F_ptr + 5, p_rmx.to(tl.float64), sem="relaxed")
         tl.atomic_add(I_ptr + 1, p_nf, sem="relaxed")
         tl.atomic_add(I_ptr + 2, p_neg, sem="relaxed")
         tl.atomic_add(I_ptr + 3, p_masked.to(tl.int64), sem="relaxed")
@@ -379,6 +385,7 @@ def _softmax_kernel(
             g_max = take(F_ptr + 2, NEG_INF_BITS)
             g_min = take(F_ptr + 3, POS_INF_BITS)
             g_rng = take(F_ptr + 4, ZERO_BITS)
+            g_rmx = take(F_ptr + 5, POS_INF_BITS)
             g_nf = tl.atomic_xchg(I_ptr + 1, 0, sem="relaxed")
             g_neg = tl.atomic_xchg(I_ptr + 2, 0, sem="relaxed")
             g_masked = tl.atomic_xchg(I_ptr + 3, 0, sem="relaxed")
@@ -400,6 +407,7 @@ def _softmax_kernel(
             tl.store(S_ptr + 9, g_masked.to(tl.float64))
             tl.store(S_ptr + 10, g_neg.to(tl.float64) / tl.maximum(numel, 1).to(tl.float64))
             tl.store(S_ptr + 11, g_peak.to(tl.float64) / tl.maximum(g_elig, 1).to(tl.float64))
+            tl.store(S_ptr + 12, tl.where(any_fin, g_rmx, 0.0))
 
 
 def _softmax_launch(
