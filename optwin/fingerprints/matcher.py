@@ -285,6 +285,7 @@ class Matcher:
         index: dict[Triple, TripleIndex] = {}
         pooled: dict[tuple[Triple, int, Region], list[float]] = {}  # marginal cells: [faults, trials, cases]
         stale: set[str] = set()  # ops whose rows were binned on other region features
+        det_weight = (config or MatcherConfig()).det_weight
         for row in rows:
             triple = (str(row["op"]), str(row["variant"]), str(row["dtype"]))
             ti = index.get(triple)
@@ -299,7 +300,7 @@ class Matcher:
                 continue
             j = ti.fault_types.index(ft)
             probs = list(ti.probs.get(region, (0.0,) * len(ti.fault_types)))
-            probs[j] = p = _blend(row, (config or MatcherConfig()).det_weight)
+            probs[j] = p = _blend(row, det_weight)
             ti.probs[region] = tuple(probs)
             n_cases = int(row.get("n_cases") or 0)
             ti.n_cases[region] = max(ti.n_cases.get(region, 0), n_cases)

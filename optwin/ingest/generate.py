@@ -257,13 +257,11 @@ def make_rope(rng: np.random.Generator, dtype: torch.dtype, *, seq: int, heads: 
 
 
 def _row_entropy(scores: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """Softmax entropy (nats) of each row of scores (rows, keys; -inf hidden) scaled by scale (rows,)."""
-    z = scores * scale[:, None]
-    z = z - np.max(z, axis=1, keepdims=True)
-    e = np.exp(z)  # (rows, keys); 0 at hidden keys
-    s = e.sum(axis=1)
-    t = np.where(e > 0, e * np.where(np.isfinite(z), z, 0.0), 0.0).sum(axis=1)
-    return np.log(s) - t / s
+    """Softmax entropy (nats) of each row of scores (rows, keys; -inf hidden) scaled by scale (rows,),
+    with the sketch's own computation (every row keeps a visible key, so every row is eligible)."""
+    from optwin.ingest.sketch import logit_row_entropy
+
+    return logit_row_entropy(torch.from_numpy(scores * scale[:, None]))[0].numpy()
 
 
 def _aim_peaked_frac(q: np.ndarray, k: np.ndarray, causal: bool, target: float) -> np.ndarray:

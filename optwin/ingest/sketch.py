@@ -207,9 +207,10 @@ def _softmax(t: dict[str, torch.Tensor], params: dict[str, Any]) -> dict[str, An
     return out
 
 
-def _peaked_frac(h: torch.Tensor) -> torch.Tensor:
-    """Fraction of rows of h (rows, n), float64 logits with -inf as a mask, whose softmax has
-    entropy < low_entropy_nats, over the rows with a finite softmax; 0 when there are none."""
+def logit_row_entropy(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(softmax entropy in nats, eligible) per row of h (rows, n), float64 logits with -inf as a mask.
+    Eligible rows have a finite softmax (finite or -inf entries, at least one finite); the entropy of
+    the others is meaningless. H = log s - t / s with e = exp(x - m), s = sum e, t = sum e (x - m)."""
     fin = torch.isfinite(h)
     eligible = fin.any(-1) & (fin | (h == -math.inf)).all(-1)  # (rows,)
     m = torch.where(fin, h, -math.inf).amax(-1, keepdim=True)  # (rows, 1)
@@ -217,7 +218,13 @@ def _peaked_frac(h: torch.Tensor) -> torch.Tensor:
     e = torch.exp(z)  # (rows, n), 0 at masked entries
     s = e.sum(-1)  # (rows,) >= 1 on eligible rows
     t = torch.where(fin, e * torch.where(fin, z, 0.0), 0.0).sum(-1)  # (rows,)
-    entropy = torch.log(s.clamp(min=1.0)) - t / s.clamp(min=1.0)  # (rows,)
+    return torch.log(s.clamp(min=1.0)) - t / s.clamp(min=1.0), eligible
+
+
+def _peaked_frac(h: torch.Tensor) -> torch.Tensor:
+    """Fraction of rows of h (rows, n), float64 logits with -inf as a mask, whose softmax has
+    entropy < low_entropy_nats, over the rows with a finite softmax; 0 when there are none."""
+    entropy, eligible = logit_row_entropy(h)
     peaked = eligible & (entropy < DEFAULT_TOLERANCES.low_entropy_nats)
     return peaked.sum().to(_F64) / eligible.sum().clamp(min=1).to(_F64)
 

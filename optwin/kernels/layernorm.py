@@ -77,6 +77,16 @@ def _exact_row(h, mask, n_cols):
 
 
 @triton.jit
+def _merge_row(p_amax, p_ratio, p_minstd, p_sq, p_nf, amax, sq, nf, mf, sf, cap):
+    """One row's sketch partials (absmax, sum of squares, non-finite count, mean, std) merged into the
+    program's: |mean|/std capped at `cap` (`cap` itself when std == 0 and mean != 0)."""
+    am = tl.abs(mf)
+    ratio = tl.where(sf > 0, am / sf, tl.where(am > 0, cap, 0.0))
+    return (tl.maximum(p_amax, amax), tl.maximum(p_ratio, tl.minimum(ratio, cap)), tl.minimum(p_minstd, sf),
+            p_sq + sq.to(tl.float64), p_nf + nf.to(tl.int64))
+
+
+@triton.jit
 def _layernorm_kernel(
     X_ptr,  # x as (n_rows, n_cols) in dtype, last dim contiguous
     X_row_stride,
@@ -146,13 +156,8 @@ def _layernorm_kernel(
                     nf = tl.zeros((), dtype=tl.float32)
                 else:  # rare: exact finite-only partials, mean and population std
                     amax, sq, nf, mf, sf = _exact_row(h, mask, n_cols)
-                am = tl.abs(mf)
-                ratio = tl.where(sf > 0, am / sf, tl.where(am > 0, CAP, 0.0))
-                p_amax = tl.maximum(p_amax, amax)
-                p_ratio = tl.maximum(p_ratio, tl.minimum(ratio, CAP))
-                p_minstd = tl.minimum(p_minstd, sf)
-                p_sq += sq.to(tl.float64)
-                p_nf += nf.to(tl.int64)
+                p_amax, p_ratio, p_minstd, p_sq, p_nf = _merge_row(p_amax, p_ratio, p_minstd, p_sq, p_nf,
+                                                                   amax, sq, nf, mf, sf, CAP)
     if SKETCH:
         if p_bad > 0:  # EXACT_AFTER only: re-read this program's rows with NaN/±inf (or overflow)
             for r2 in tl.range(pid, n_rows, tl.num_programs(0)):
@@ -162,13 +167,8 @@ def _layernorm_kernel(
                 var2 = tl.math.div_rn(tl.sum(d2 * d2, axis=0), tl.cast(n_cols, tl.float32))
                 if not ((var2 + m2 * m2) * n_cols <= FMAX):
                     amax2, sq2, nf2, mf2, sf2 = _exact_row(h2, mask, n_cols)
-                    am2 = tl.abs(mf2)
-                    ratio2 = tl.where(sf2 > 0, am2 / sf2, tl.where(am2 > 0, CAP, 0.0))
-                    p_amax = tl.maximum(p_amax, amax2)
-                    p_ratio = tl.maximum(p_ratio, tl.minimum(ratio2, CAP))
-                    p_minstd = tl.minimum(p_minstd, sf2)
-                    p_sq += sq2.to(tl.float64)
-                    p_nf += nf2.to(tl.int64)
+                    p_amax, p_ratio, p_minstd, p_sq, p_nf = _merge_row(p_amax, p_ratio, p_minstd, p_sq, p_nf,
+                                                                       amax2, sq2, nf2, mf2, sf2, CAP)
     if SKETCH:
         if pid == 0:  # weight and bias partials
             wv = tl.load(W_ptr + cols, mask=mask, other=0.0).to(tl.float32)

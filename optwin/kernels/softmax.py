@@ -236,6 +236,15 @@ def _row_is_slow(X_row, n_cols, CHUNK: tl.constexpr):
 
 
 @triton.jit
+def _merge_extremes(p_max, p_min, p_rng, p_rmx, rmax, rmin):
+    """A slow-path row's finite max and min merged into the program's max, min, widest row range and
+    smallest row max (a row without a finite entry has rmax = -inf < rmin = +inf and adds nothing)."""
+    has = rmax >= rmin
+    return (tl.maximum(p_max, rmax), tl.minimum(p_min, rmin), tl.maximum(p_rng, tl.where(has, rmax - rmin, 0.0)),
+            tl.minimum(p_rmx, tl.where(has, rmax, float("inf"))))
+
+
+@triton.jit
 def _softmax_kernel(
     X_ptr,  # x as (n_rows, n_cols) in dtype, last dim contiguous
     X_row_stride,
@@ -334,10 +343,7 @@ def _softmax_kernel(
                     if _row_is_slow(X_row, n_cols, CHUNK):
                         sq2, nf, nneg2, rmax, rmin2, elig2, peak2 = _exact_row_chunked(
                             X_row, n_cols, peak_nats, CHUNK)
-                        p_max = tl.maximum(p_max, rmax)
-                        p_min = tl.minimum(p_min, rmin2)
-                        p_rng = tl.maximum(p_rng, tl.where(rmax >= rmin2, rmax - rmin2, 0.0))
-                        p_rmx = tl.minimum(p_rmx, tl.where(rmax >= rmin2, rmax, float("inf")))
+                        p_max, p_min, p_rng, p_rmx = _merge_extremes(p_max, p_min, p_rng, p_rmx, rmax, rmin2)
                         p_sq += sq2
                         p_nf += nf
                         p_neg += nneg2
@@ -354,10 +360,7 @@ def _softmax_kernel(
                         _, sq2, nf, rmax, rmin2 = _exact_row(h2, mask)
                         nneg2 = tl.sum(tl.where(ninf2 & mask, 1.0, 0.0), axis=0)
                         has2 = rmax >= rmin2
-                        p_max = tl.maximum(p_max, rmax)
-                        p_min = tl.minimum(p_min, rmin2)
-                        p_rng = tl.maximum(p_rng, tl.where(has2, rmax - rmin2, 0.0))
-                        p_rmx = tl.minimum(p_rmx, tl.where(has2, rmax, float("inf")))
+                        p_max, p_min, p_rng, p_rmx = _merge_extremes(p_max, p_min, p_rng, p_rmx, rmax, rmin2)
                         p_sq += sq2.to(tl.float64)
                         p_nf += tl.cast(nf, tl.int64)
                         p_neg += nneg2.to(tl.int64)
