@@ -201,7 +201,10 @@ CATALOG: dict[str, Operator] = {
         dtypes=("float32",),
         fault_types=_PLAIN,
         constants={"radius_km": 6371.0088},
-        region_features=("min_sep_deg", "median_sep_deg"),
+        # precision_loss is norm-wise: against ||r||, whose scale rms_sep_deg gives; acos's NaN (c
+        # rounded past 1) needs only one near-identical pair, so nonfinite is judged on min_sep_deg.
+        region_features=("min_sep_deg", "median_sep_deg", "rms_sep_deg"),
+        fault_features=(("nonfinite", ("min_sep_deg",)),),
     ),
     "matmul": Operator(
         name="matmul",

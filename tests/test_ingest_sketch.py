@@ -114,6 +114,8 @@ def test_geodesic_haversine_degrees() -> None:
     assert s["max_sep_deg"] == pytest.approx(180.0)  # (45, 0) and (-45, 180) are antipodal
     sep10 = math.degrees(2 * math.asin(math.sqrt(math.cos(math.radians(10)) ** 2 * math.sin(math.radians(0.5)) ** 2)))
     assert s["median_sep_deg"] == pytest.approx(sep10)  # lower median of 3 valid pairs
+    # rms over the 3 valid pairs only (the NaN pair neither counts nor poisons it)
+    assert s["rms_sep_deg"] == pytest.approx(math.sqrt((1e-12 + sep10**2 + 180.0**2) / 3), rel=1e-9)
     assert s["absmax"] == 45.0
 
 

@@ -84,3 +84,16 @@ def test_mca_replays_spread_near_identical_acos() -> None:
     res = twin.run("geodesic", "acos", "float32", _pairs(0.2, 80.0, seed=9), noise="mca", replays=16, seed=1)
     assert res.replay_rel_error.std().item() > 0
     assert res.probability["precision_loss"] > 0.5
+
+
+def test_precision_loss_is_normwise_so_one_far_pair_hides_the_near_ones() -> None:
+    # Why the sketch carries rms_sep_deg: the same near-identical pairs that fault acos alone are
+    # under tolerance once a few pairs 90 degrees apart set ||r||. A NaN (c rounded past 1, closer
+    # pairs) stays whatever the rest: nonfinite is judged on min_sep_deg alone.
+    far = _pairs(90.0, 60.0, seed=4, n=4)
+    near = _pairs(1e-2, 60.0, seed=3, n=64)
+    both = {k: torch.cat([near[k], far[k]]) for k in near}
+    assert _faults("acos", near)["precision_loss"]
+    assert not any(_faults("acos", both).values())
+    nearer = _pairs(1e-3, 60.0, seed=3, n=64)
+    assert _faults("acos", {k: torch.cat([nearer[k], far[k]]) for k in nearer})["nonfinite"]

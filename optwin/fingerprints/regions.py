@@ -40,6 +40,7 @@ _BINNING: dict[str, tuple[float, float]] = {
     "min_sep_deg": (1e-12, 1),
     "median_sep_deg": (1e-12, 0.5),  # coarse: the typical pair only moves precision loss
     "max_sep_deg": (1e-12, 1),
+    "rms_sep_deg": (1e-12, 1),
     "out_bound": (_TINY, 2),
     "seq_k": (1.0, 0.5),
     # low_entropy holds when MORE than half the rows are peaked: 8 bins per octave with SCALE

@@ -69,7 +69,7 @@ MIN_TAIL = 20  # exceedances needed to fit a tail
 CAP_ROWS = 64
 
 # Region features the constructors do not aim at (see the module docstring).
-UNTARGETED_FEATURES: frozenset[str] = frozenset({"max_score"})
+UNTARGETED_FEATURES: frozenset[str] = frozenset({"max_score", "rms_sep_deg"})
 
 
 

@@ -84,6 +84,9 @@ geodesic (lat1, lon1, lat2, lon2 [n], degrees)
   ``n``; ``min_sep_deg``, ``median_sep_deg`` (lower median), ``max_sep_deg``: angular separation
   of each pair in degrees, float64 haversine, over pairs whose four inputs are finite. The acos
   variant loses all digits for nearby points (cos c ≈ 1), haversine near antipodes.
+  ``rms_sep_deg``: root mean square of those separations. precision_loss is norm-wise,
+  ||y - r|| / ||r||, and ||r|| = R * sqrt(n) * rms_sep: the few kilometres a near-identical pair
+  is off by matter against it, not against the typical (median) pair.
 matmul (a [m, k], b [k, n])
   ``m``, ``k``, ``n``; ``out_bound``: max row 2-norm of a * max column 2-norm of b, a bound on
   |a @ b| (Cauchy-Schwarz): output overflow in fp16/bf16; ``b_absmax``; k scales accumulation error.
@@ -113,7 +116,7 @@ SKETCH_FEATURES: dict[str, tuple[str, ...]] = {
     "attention": COMMON_FEATURES + ("batch", "heads", "seq_q", "seq_k", "d", "causal", "score_bound", "v_absmax", "peaked_frac",
                   "max_score"),
     "layernorm": COMMON_FEATURES + ("hidden", "max_mean_over_std", "min_row_std", "weight_absmax", "bias_absmax"),
-    "geodesic": COMMON_FEATURES + ("n", "min_sep_deg", "median_sep_deg", "max_sep_deg"),
+    "geodesic": COMMON_FEATURES + ("n", "min_sep_deg", "median_sep_deg", "max_sep_deg", "rms_sep_deg"),
     "matmul": COMMON_FEATURES + ("m", "k", "n", "out_bound", "b_absmax"),
 }
 
@@ -328,7 +331,7 @@ def _geodesic(t: dict[str, torch.Tensor], params: dict[str, Any]) -> dict[str, A
     nonfinite = sum(_count_nonfinite(f) for f in (f1, f2, f3, f4))
     out: dict[str, Any] = {"absmax": lat_abs, "rms": rms, "nonfinite": nonfinite, "n": float(n)}
     if n == 0:
-        out["min_sep_deg"] = out["median_sep_deg"] = out["max_sep_deg"] = la1.new_zeros(())
+        out["min_sep_deg"] = out["median_sep_deg"] = out["max_sep_deg"] = out["rms_sep_deg"] = la1.new_zeros(())
         return out
     p1, p2 = torch.deg2rad(la1), torch.deg2rad(la2)
     dl = torch.deg2rad(lo2 - lo1)
@@ -341,6 +344,7 @@ def _geodesic(t: dict[str, torch.Tensor], params: dict[str, Any]) -> dict[str, A
     out["min_sep_deg"] = torch.where(has, srt[0], 0.0)
     out["median_sep_deg"] = torch.where(has, srt.gather(0, mid)[0], 0.0)
     out["max_sep_deg"] = torch.where(valid, sep, 0.0).amax()
+    out["rms_sep_deg"] = torch.sqrt(torch.where(valid, sep, 0.0).square().sum() / nvalid.clamp(min=1).to(_F64))
     return out
 
 
