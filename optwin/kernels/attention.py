@@ -133,7 +133,11 @@ def _key_block(acc, l_i, m_i, t_i, q, K_blk, V_blk, sks, svs, start_n, offs_m, o
     return acc, l_i, m_new, t_i
 
 
-@triton.jit
+# Sizes are not specialized on (== 1, divisible by 16): every distinct combination over five sizes
+# compiled a kernel of its own, and a float32 (IEEE FMA dot) compile takes tens of seconds, so a
+# run over varied shapes spent minutes compiling. They only bound loops and masks here; the strides,
+# which decide vector widths, stay specialized.
+@triton.jit(do_not_specialize=["n_batch", "n_heads", "seq_q", "seq_k", "n_m"])
 def _attention_kernel(
     Q, K, V, Y,  # (B, H, S, D) each, last dim contiguous; Y contiguous in q's dtype
     S_ptr,  # sketch features, float64; unused unless SKETCH
