@@ -136,7 +136,23 @@ def test_score_collection_traces_and_summary():
     assert tr["false_alarm_calls"] == 5 and tr["false_alarm_episodes"] == 0
     s = rep["summary"]
     assert s["faulting_streams"] == 1 and s["early_warnings"] == 1 and s["lead_s_median"] == pytest.approx(0.25)
+    assert s["drift_faulting_streams"] == 1 and s["drift_early_warnings"] == 1 and s["flat_streams_with_faults"] == 0
     json.dumps(rep, allow_nan=False)  # the report is strict JSON
+
+
+def test_a_faulting_flat_control_is_counted_apart_from_the_drift_traces():
+    # the matcher never warns here (probability 0): the flat control's fault is unwarned, and it
+    # must not count as a drift trace
+    m = Matcher.from_rows(_rows(0.0))
+    calls = [{"i": i, "t": i / 20, "params": {}, "sketch": _case(20.0, False)["sketch"],
+              "outcomes": {"naive": {"labels": {"nonfinite": i == 7, "precision_loss": False, "low_entropy": False}}}}
+             for i in range(10)]
+    data = {"format": "optwin-validate-collect", "cases": [_case(20.0, True)],
+            "traces": [{"name": "t", "op": "softmax", "dtype": "float16", "kind": "flat", "variants": ["naive"],
+                        "calls": calls}]}
+    s = score_collection(data, m)["summary"]
+    assert s["drift_faulting_streams"] == 0 and s["faulting_streams"] == 1 and s["missed_streams"] == 1
+    assert s["flat_streams_with_faults"] == 1 and s["flat_faults_unwarned"] == 1 and s["flat_false_alarm_calls"] == 0
 
 
 def test_summarize_pools_rows():

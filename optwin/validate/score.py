@@ -206,6 +206,10 @@ def summarize(case_rows: list[dict[str, Any]], trace_rows: list[dict[str, Any]])
     faulting = [r for r in trace_rows if r["first_fault_t"] is not None]
     leads = sorted(r["lead_s"] for r in faulting if r["lead_s"] is not None)
     flat = [r for r in trace_rows if r["kind"] == "flat"]
+    # The issue's goal is about drift traces; a flat control that faults (a random draw crossing a
+    # boundary) is reported on its own rather than folded into "every drift trace warned early".
+    drifting = [r for r in faulting if r["kind"] == "drift"]
+    flat_faulting = [r for r in flat if r["first_fault_t"] is not None]
     return {
         "cases": sum(r["n"] for r in case_rows), "triples": len(case_rows),
         "warn_recall": tp / (tp + fn) if tp + fn else None, "warn_precision": tp / (tp + fp) if tp + fp else None,
@@ -215,7 +219,9 @@ def summarize(case_rows: list[dict[str, Any]], trace_rows: list[dict[str, Any]])
         "lead_s_median": _median(leads), "lead_s_min": leads[0] if leads else None,
         "flat_streams": len(flat), "flat_false_alarm_calls": sum(r["false_alarm_calls"] for r in flat),
         "flat_false_alarm_episodes": sum(r["false_alarm_episodes"] for r in flat),
-        "flat_streams_with_faults": sum(1 for r in flat if r["first_fault_t"] is not None),
+        "flat_streams_with_faults": len(flat_faulting),
+        "drift_faulting_streams": len(drifting), "drift_early_warnings": sum(1 for r in drifting if r["early"]),
+        "flat_faults_unwarned": sum(1 for r in flat_faulting if r["missed"]),
     }
 
 
@@ -319,10 +325,12 @@ def render(report: dict[str, Any], console: Any = None) -> None:
         f"[bold]{s['cases']}[/bold] case outcomes over {s['triples']} triples: warn recall {_f(s['warn_recall'])}, "
         f"precision {_f(s['warn_precision'])}; AUROC medians "
         + ", ".join(f"{k} {_f(v)}" for k, v in s["auroc_median"].items())
-        + f"\ndrift: {s['early_warnings']}/{s['faulting_streams']} faulting streams warned early "
-        f"(median lead {_f(s['lead_s_median'], '.2f')} s, {s['missed_streams']} missed); flat controls: "
+        + f"\ndrift: {s['drift_early_warnings']}/{s['drift_faulting_streams']} drifting streams warned early "
+        f"(median lead {_f(s['lead_s_median'], '.2f')} s); flat controls: "
         f"{s['flat_false_alarm_calls']} false-alarm calls, {s['flat_false_alarm_episodes']} episodes "
         f"over {s['flat_streams']} streams"
+        + (f"; {s['flat_streams_with_faults']} flat control(s) faulted, {s['flat_faults_unwarned']} without a "
+           "warning before" if s["flat_streams_with_faults"] else "")
     )
     if report.get("failures"):
         console.print(f"[yellow]{len(report['failures'])} device failures recorded[/yellow] "
