@@ -2,9 +2,11 @@
 
     BENCH_BUDGET_S=120 python bench/softmax_sketch.py   # on a CUDA machine; writes $OUT/softmax_sketch.md
 
-Last run: bench/results/softmax_sketch_h200.md.
+Last runs: bench/results/softmax_sketch_h200.md (variants 0-3), bench/results/softmax_sketch_h200_s11.md
+and _s11b.md (variants 3-6: the per-lane accumulators of issue #6; 7 is not timed yet).
 
-For each launch config (softmax.VARIANT x num_warps x stages) at 4096x16384 bf16: the kernel
+For each launch config (softmax.VARIANT x num_warps x stages x FMA fusion x register cap) at
+4096x16384 bf16: the kernel
 without and with the sketch (triton.testing.do_bench, median, L2 flushed), whether y is
 bit-identical between the two, each compiled kernel's programs per SM, and the
 largest relative difference of the sketch vs optwin.ingest.sketch on the timing input and on a
@@ -27,8 +29,13 @@ import torch
 from optwin.kernels._common import occupancy_table
 from optwin.kernels.sketch_buffer import new_buffer, read_sketch
 
-# (variant, num_warps, stages); (0, 32, 1) was the default before issue #6
-CONFIGS = [(0, 32, 1), (1, 16, 1), (3, 16, 1), (0, 16, 1), (3, 32, 1), (3, 16, 2), (2, 16, 1), (1, 32, 1), (3, 8, 1)]
+# (variant, num_warps, stages, enable_fp_fusion, maxnreg: None = softmax.MAXNREG, 0 = no cap);
+# (3, 16, 1, False, None) was the default before the lane accumulators, (4, 16, 1, False, None) is
+CONFIGS = [(3, 16, 1, False, None), (4, 16, 1, True, None), (6, 16, 1, True, None), (4, 16, 1, False, None),
+           (7, 16, 1, False, None)]
+# the first sweep (bench/results/softmax_sketch_h200_s11.md) also timed (4, 16, 1, True, 0) 167.0 µs,
+# (5, 16, 1, True, None) 384.3, (3, 16, 1, True, None) 120.0, (4, 8, 1, True, 128) 135.8, (6, 16, 1, False, None) 118.4
+LAYOUTS = (4, 6, 3)  # checked at the odd shapes (the default's launch), while the budget lasts
 # correctness of the new layouts at the tuned launch of other row lengths (BLOCK 1024, 2048, 65536)
 ODD_SHAPES = [(1823, 781), (7, 1025), (3, 65536), (4096, 16384)]
 SHAPE = (4096, 16384)
@@ -89,16 +96,17 @@ def main() -> str:
     y1, y0 = torch.empty_like(x), torch.empty_like(x)
     buf = new_buffer("softmax", x.device)
     copy = triton.testing.do_bench(lambda: y0.copy_(x), return_mode="median")
-    head = ("| variant | warps | stages | kernel µs | kernel+sketch µs | sketch cost | y same | "
-            "sketch vs ingest | special rows: y same | special vs ingest |")
+    head = ("| variant | warps | stages | fusion | maxnreg | kernel µs | kernel+sketch µs | sketch cost | % of copy "
+            "(sketch) | y same | sketch vs ingest | special rows: y same | special vs ingest |")
     lines = [f"# softmax sketch layouts, {torch.cuda.get_device_name()}, {SHAPE[0]}x{SHAPE[1]} bf16", "",
-             f"copy y.copy_(x): {copy * 1e3:.1f} µs", "", head, "|---|---|---|---:|---:|---:|---|---|---|---|"]
-    for var, w, st in CONFIGS:
+             f"copy y.copy_(x): {copy * 1e3:.1f} µs", "", head, "|---|---|---|---|---|---:|---:|---:|---:|---|---|---|---|"]
+    for var, w, st, fu, cap in CONFIGS:
+        pre = f"| {var} | {w} | {st} | {int(fu)} | {'table' if cap is None else cap or 'none'} |"
         if time.monotonic() - t0 > budget:
-            lines.append(f"| {var} | {w} | {st} | skipped: budget spent | | | | | | |")
+            lines.append(f"{pre} skipped: budget spent | | | | | | | |")
             continue
         try:
-            kw = {"num_warps": w, "stages": st, "variant": var}
+            kw = {"num_warps": w, "stages": st, "variant": var, "fusion": fu, "maxnreg": cap}
             a = triton.testing.do_bench(lambda: _softmax_launch(x, y0, None, **kw), return_mode="median")  # noqa: B023
             b = triton.testing.do_bench(lambda: _softmax_launch(x, y1, buf, **kw), return_mode="median")  # noqa: B023
             same = torch.equal(y1.view(torch.int16), y0.view(torch.int16))
@@ -109,14 +117,17 @@ def main() -> str:
             _softmax_launch(xs, s0, None, **kw)
             same_s = torch.equal(s1.view(torch.int16), s0.view(torch.int16))
             ds = _diff(xs, buf, "special")
-            lines.append(f"| {var} | {w} | {st} | {a * 1e3:.1f} | {b * 1e3:.1f} | {100 * (b / a - 1):+.1f}% | "
+            lines.append(f"{pre} {a * 1e3:.1f} | {b * 1e3:.1f} | {100 * (b / a - 1):+.1f}% | {100 * copy / b:.0f}% | "
                          f"{'yes' if same else 'NO'} | {d} | {'yes' if same_s else 'NO'} | {ds} |")
         except Exception as e:  # noqa: BLE001 - report and go on
-            lines.append(f"| {var} | {w} | {st} | {type(e).__name__}: {str(e)[:80]} | | | | | | |")
+            lines.append(f"{pre} {type(e).__name__}: {str(e)[:80]} | | | | | | | |")
         print(lines[-1], flush=True)
     lines += ["", "| variant | shape | y same | sketch vs ingest |", "|---|---|---|---|"]
-    for var in (1, 3):
+    for var in LAYOUTS:
         for shp in ODD_SHAPES:
+            if time.monotonic() - t0 > budget + 30:
+                lines.append(f"| {var} | {shp[0]}x{shp[1]} | skipped: budget spent | |")
+                continue
             try:
                 xo = torch.randn(*shp, generator=g).mul(3).to(torch.bfloat16).cuda()
                 xo[..., 1] = -math.inf
@@ -129,7 +140,7 @@ def main() -> str:
                 lines.append(f"| {var} | {shp[0]}x{shp[1]} | {'yes' if same else 'NO'} | {_diff(xo, buf)} |")
             except Exception as e:  # noqa: BLE001
                 lines.append(f"| {var} | {shp[0]}x{shp[1]} | {type(e).__name__}: {str(e)[:80]} | |")
-    lines += ["", "programs per SM (key: op, dtypes, BLOCK, warps, stages, split, sketch, variant):", ""]
+    lines += ["", "programs per SM (key: op, dtypes, BLOCK, warps, stages, split, sketch, variant, fusion, maxnreg):", ""]
     lines += [f"- {k}: {v}" for k, v in sorted(occupancy_table().items(), key=str) if k[0] == "softmax"]
     lines.append(f"\ntorch {torch.__version__}; wall {time.monotonic() - t0:.0f} s")
     return "\n".join(lines) + "\n"

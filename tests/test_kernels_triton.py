@@ -310,7 +310,7 @@ def test_softmax_peaked_frac_counts_low_entropy_rows():
     assert read_sketch("softmax", buf, (2, 3))["peaked_frac"] == 0.0  # no eligible row
 
 
-@pytest.mark.parametrize("variant", [0, 1, 2, 3])
+@pytest.mark.parametrize("variant", [0, 1, 2, 3, 4, 5, 6, 7])
 def test_softmax_sketch_variants_agree_on_special_rows(variant):
     """Every sketch layout (softmax.VARIANT) gives the same y as no sketch and ingest's features,
     with NaN/+inf, huge, fully masked and partly masked rows spread over several programs."""

@@ -102,7 +102,9 @@ TUNED: dict[tuple[str, int], tuple[int, int]] = {
     ("rmsnorm", 16384): (8, 2),
     ("layernorm", 16384): (4, 2),
     # softmax: 16 warps once the NaN/inf recompute went to 256-column pieces (bench/softmax_sketch.py):
-    # the sketch fits 64 registers (2 programs per SM), 121.7 µs vs 144.2 at 32 warps; no sketch 82.1 vs 81.1
+    # the sketch fits 64 registers (2 programs per SM), 121.7 µs vs 144.2 at 32 warps; no sketch 82.1 vs 81.1.
+    # Layout 4 (lane accumulators, capped at 64 registers: softmax.MAXNREG) 82.2/115.8 (8 warps at 128
+    # registers 89.2/135.8; bench/results/softmax_sketch_h200_s11*.md)
     ("softmax", 16384): (16, 1),
 }
 
@@ -178,6 +180,49 @@ def finite_partials(h, mask):
     """
     a, q, nf = finite_lanes(h, mask)
     return reduce_partials(a, q, nf)
+
+
+# ------------------------------------------------------------------ per-thread (lane) partials
+#
+# A 1-D block of BLOCK elements loaded with 16-byte vectors is laid out as REPS x THREADS x VEC
+# (element i = rep * THREADS * VEC + thread * VEC + v, THREADS = 32 * num_warps): reshaping it to
+# [REPS, LANES, VEC // KEEP, KEEP] with LANES = THREADS and reducing axes 2 and 0 stays inside each
+# thread (no shuffles, no shared memory: checked in the TTGIR of an offline sm_90 compile). The
+# kernels keep [LANES, KEEP] accumulators across their row loop for statistics that only need a
+# global value and reduce them across threads once per program. KEEP sets the independent
+# dependency chains per thread: an in-thread reduction is one serial chain (a layernorm row at 4
+# warps: 128 dependent max ops per row, ~0.5 µs of latency that 2 warps per scheduler cannot hide;
+# H200, bench/results/sketch_lanes_h200_s11.md), KEEP chains of REPS * VEC / KEEP each.
+
+
+def lane_shape(block: int, elem_bytes: int, num_warps: int) -> tuple[int, int]:
+    """(VEC, LANES) for a BLOCK of elem_bytes-sized elements at num_warps: VEC elements per 16-byte
+    vector, LANES <= 32 * num_warps lanes with BLOCK divisible by LANES * VEC (all powers of two)."""
+    vec = max(1, min(16 // elem_bytes, block))
+    return vec, max(1, min(32 * num_warps, block // vec))
+
+
+@triton.jit
+def _lanes4(x, BLOCK: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr, KEEP: tl.constexpr):
+    return tl.reshape(x, [BLOCK // (LANES * VEC), LANES, VEC // KEEP, KEEP])
+
+
+@triton.jit
+def lane_sum(x, BLOCK: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr, KEEP: tl.constexpr = 1):
+    """[BLOCK] -> [LANES, KEEP]: sums of each lane's own elements (in-thread, KEEP chains)."""
+    return tl.sum(tl.sum(_lanes4(x, BLOCK, LANES, VEC, KEEP), 2), 0)
+
+
+@triton.jit
+def lane_max(x, BLOCK: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr, KEEP: tl.constexpr = 1):
+    """[BLOCK] -> [LANES, KEEP]: maxima of each lane's own elements (in-thread, KEEP chains)."""
+    return tl.max(tl.max(_lanes4(x, BLOCK, LANES, VEC, KEEP), 2), 0)
+
+
+@triton.jit
+def lane_min(x, BLOCK: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr, KEEP: tl.constexpr = 1):
+    """[BLOCK] -> [LANES, KEEP]: minima of each lane's own elements (in-thread, KEEP chains)."""
+    return tl.min(tl.min(_lanes4(x, BLOCK, LANES, VEC, KEEP), 2), 0)
 
 
 # ------------------------------------------------------------------ cross-program sketch merge

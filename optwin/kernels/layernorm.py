@@ -13,11 +13,14 @@ Numerics (what optwin.twin's layernorm/triton models), per row of n = hidden ele
 Compiled without FMA contraction (enable_fp_fusion=False): with it, LLVM fused a different set of
 the d*d products into FMAs once the sketch added uses of h (H200, 2026-11: y changed at 1823x781
 and at 7x1025 float32), so the sketch changed y; now every product rounds, as the twin models.
-With the sketch on, max |h| is one extra tl.max per row (a separate tree, so the op's sums stay
-tl.sum's and y is bit-identical); sumsq = n*(var + m*m) (positive terms, no cancellation, agrees
+With the sketch on, max |h| is a per-lane running max across the row loop (LANE_MAX; no tree per
+row; or one extra tl.max per row, a separate tree: the op's sums stay tl.sum's and y is
+bit-identical either way); the rows' (mean, var) wait one per lane (SLOTS) and their sketch partials
+are computed LANES rows at a time; sumsq = n*(var + m*m) (positive terms, no cancellation, agrees
 with the tree sum of h*h to float32 rounding), row mean/std = m, sqrt(var); only rows with NaN/±inf
 recompute exact finite-only partials (in the loop, or after it when EXACT_AFTER: a second read of
-that program's rows, keeping h out of the loop's live registers).
+that program's rows, keeping h out of the loop's live registers; with LANE_MAX that pass also
+recomputes the program's max |x|, which the lanes took over every row, NaN/±inf ones included).
 Memory: read rows*n (x, evict-first) + 2n per row (weight, bias: L1/L2 hits), write rows*n (y);
 persistent programs; with the sketch a few scalar atomics per program and the feature vector.
 """
@@ -35,6 +38,8 @@ from optwin.kernels._common import (
     ZERO_BITS,
     check_device,
     finite_partials,
+    lane_max,
+    lane_shape,
     last_program,
     launch_config,
     note_occupancy,
@@ -56,6 +61,14 @@ EPS = CATALOG["layernorm"].constants["eps"]
 # rows): the H200 sweep of 2026-11-29 measured it with 4 warps (90.2 µs with the sketch at 4096x16384
 # bf16); keeping the exact path inline holds h live across it.
 EXACT_AFTER = True
+# max |x| per lane across the row loop (issue #6: no per-row max tree; rows with NaN/±inf are redone
+# after the loop, where the program's max is recomputed from scratch): 1 on, 0 the per-row tree.
+# Measured at 4096x16384 bf16, 4 warps 2 stages (bench/results/sketch_lanes_h200_s11b.md, µs without /
+# with the sketch): per-row tree 80.4/90.1; lane max 80.3/90.0 (KEEP 8: 81.0/89.3); lane max + slots
+# 80.9/88.8 (KEEP 8: 80.9/89.3).
+LANE_MAX = 1
+SLOTS = True  # with LANE_MAX: rows' (mean, var) one per lane, sketch partials LANES rows at a time
+KEEP = 1  # max |x| chains per lane (LANE_MAX): [LANES, KEEP] registers
 assert feature_names("layernorm") == (
     "numel", "rows", "absmax", "rms", "nonfinite", "hidden", "max_mean_over_std", "min_row_std", "weight_absmax",
     "bias_absmax")
@@ -87,6 +100,20 @@ def _merge_row(p_amax, p_ratio, p_minstd, p_sq, p_nf, amax, sq, nf, mf, sf, cap)
 
 
 @triton.jit
+def _slot_partials(sl_m, sl_var, valid, n_cols, cap):
+    """Sketch partials of up to LANES rows held one per lane (mean, variance), computed lane-parallel:
+    (max |mean|/std capped, min std, float64 sum of squares, rows with NaN/±inf or overflow) over the
+    `valid` lanes whose row is finite (sq = n * (var + mean^2) <= FMAX)."""
+    sq = (sl_var + sl_m * sl_m) * n_cols  # = sum h*h over the row, from the two sums already done
+    ok = valid & (sq <= FMAX)  # every entry finite (NaN/±inf make mean, var NaN)
+    sf = tl.sqrt(sl_var)
+    am = tl.abs(sl_m)
+    ratio = tl.minimum(tl.where(sf > 0, am / sf, tl.where(am > 0, cap, 0.0)), cap)
+    return (tl.max(tl.where(ok, ratio, 0.0), 0), tl.min(tl.where(ok, sf, float("inf")), 0),
+            tl.sum(tl.where(ok, sq, 0.0).to(tl.float64), 0), tl.sum((valid & ~ok).to(tl.int32), 0))
+
+
+@triton.jit
 def _layernorm_kernel(
     X_ptr,  # x as (n_rows, n_cols) in dtype, last dim contiguous
     X_row_stride,
@@ -105,6 +132,11 @@ def _layernorm_kernel(
     SKETCH: tl.constexpr,
     STAGES: tl.constexpr,  # loads in flight in the row loop (1: none ahead; >1: async copies)
     EXACT_AFTER: tl.constexpr,  # rows with NaN/±inf: exact partials after the loop (re-read) instead of inline
+    LANE_MAX: tl.constexpr,  # 1: max |x| per lane across the loop instead of a tree per row; EXACT_AFTER only
+    VEC: tl.constexpr,  # elements per 16-byte vector of x
+    LANES: tl.constexpr,  # lanes of the accumulator (_common.lane_shape)
+    KEEP: tl.constexpr,  # independent accumulator chains per lane (divides VEC; _common's lane partials)
+    SLOTS: tl.constexpr,  # rows' (mean, var) kept one per lane, their sketch partials computed LANES rows at a time
 ):
     # Persistent: programs walk rows pid, pid + grid, ...; each row is still reduced by one program
     # in one tree (numerics independent of the grid).
@@ -118,11 +150,20 @@ def _layernorm_kernel(
         p_sq = tl.zeros((), dtype=tl.float64)
         p_nf = tl.zeros((), dtype=tl.int64)
         p_bad = tl.zeros((), dtype=tl.int32)  # rows left to the exact pass after the loop (EXACT_AFTER)
+        if LANE_MAX == 1:
+            a_amax = tl.zeros([LANES, KEEP], dtype=tl.float32)  # per lane: max |h| over the program's rows
+        if SLOTS:  # the per-row scalar work (sqrt, divide, float64 add) off each row's path
+            lane_id = tl.arange(0, LANES)
+            sl_m = tl.zeros([LANES], dtype=tl.float32)
+            sl_var = tl.zeros([LANES], dtype=tl.float32)
+            k = tl.zeros((), dtype=tl.int32)  # rows held in the slots
     for r in tl.range(pid, n_rows, tl.num_programs(0), num_stages=STAGES):
         row = tl.cast(r, tl.int64)  # 64-bit offsets for tensors past 2^31 elements
         x = tl.load(X_ptr + row * X_row_stride + cols, mask=mask, other=0.0, eviction_policy="evict_first")
         h = x.to(tl.float32)
-        if SKETCH:
+        if SKETCH and LANE_MAX == 1:  # NaN/±inf rows are caught by the row test below and redone after the loop
+            a_amax = tl.maximum(a_amax, lane_max(tl.abs(h), BLOCK, LANES, VEC, KEEP))
+        if SKETCH and LANE_MAX == 0:
             sh, amax = sum_and_max(h, tl.abs(h))  # sh is tl.sum(h)
         else:
             sh = tl.sum(h, axis=0)
@@ -137,14 +178,27 @@ def _layernorm_kernel(
         y = d * rs * w + b
         tl.store(Y_ptr + row * Y_row_stride + cols, y.to(Y_ptr.dtype.element_ty), mask=mask,
                  eviction_policy="evict_first")  # write n
-        if SKETCH:
+        if SKETCH and SLOTS:
+            sel = lane_id == k
+            sl_m = tl.where(sel, m, sl_m)
+            sl_var = tl.where(sel, var, sl_var)
+            k += 1
+            if k == LANES:
+                r_ratio, r_std, r_sq, r_bad = _slot_partials(sl_m, sl_var, lane_id < LANES, n_cols, CAP)
+                p_ratio = tl.maximum(p_ratio, r_ratio)
+                p_minstd = tl.minimum(p_minstd, r_std)
+                p_sq += r_sq
+                p_bad += r_bad
+                k = 0
+        elif SKETCH:
             sq = (var + m * m) * n_cols  # = sum h*h over the row, from the two sums already done
             if EXACT_AFTER:
                 ok = sq <= FMAX  # every entry finite (NaN/±inf make m, var NaN)
                 sf = tl.sqrt(var)
                 am = tl.abs(m)
                 ratio = tl.where(sf > 0, am / sf, tl.where(am > 0, CAP, 0.0))
-                p_amax = tl.maximum(p_amax, tl.where(ok, amax, 0.0))
+                if LANE_MAX == 0:
+                    p_amax = tl.maximum(p_amax, tl.where(ok, amax, 0.0))
                 p_ratio = tl.maximum(p_ratio, tl.where(ok, tl.minimum(ratio, CAP), 0.0))
                 p_minstd = tl.minimum(p_minstd, tl.where(ok, sf, float("inf")))
                 p_sq += tl.where(ok, sq, 0.0).to(tl.float64)
@@ -159,7 +213,17 @@ def _layernorm_kernel(
                 p_amax, p_ratio, p_minstd, p_sq, p_nf = _merge_row(p_amax, p_ratio, p_minstd, p_sq, p_nf,
                                                                    amax, sq, nf, mf, sf, CAP)
     if SKETCH:
+        if SLOTS:
+            r_ratio, r_std, r_sq, r_bad = _slot_partials(sl_m, sl_var, lane_id < k, n_cols, CAP)
+            p_ratio = tl.maximum(p_ratio, r_ratio)
+            p_minstd = tl.minimum(p_minstd, r_std)
+            p_sq += r_sq
+            p_bad += r_bad
+        if LANE_MAX != 0:
+            p_amax = tl.max(a_amax).to(tl.float32)
         if p_bad > 0:  # EXACT_AFTER only: re-read this program's rows with NaN/±inf (or overflow)
+            if LANE_MAX != 0:
+                p_amax = tl.zeros((), dtype=tl.float32)  # the lanes saw the NaN/±inf rows too: from scratch
             for r2 in tl.range(pid, n_rows, tl.num_programs(0)):
                 h2 = tl.load(X_ptr + tl.cast(r2, tl.int64) * X_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
                 m2 = tl.math.div_rn(tl.sum(h2, axis=0), tl.cast(n_cols, tl.float32))  # the loop's own values and test
@@ -169,6 +233,8 @@ def _layernorm_kernel(
                     amax2, sq2, nf2, mf2, sf2 = _exact_row(h2, mask, n_cols)
                     p_amax, p_ratio, p_minstd, p_sq, p_nf = _merge_row(p_amax, p_ratio, p_minstd, p_sq, p_nf,
                                                                        amax2, sq2, nf2, mf2, sf2, CAP)
+                elif LANE_MAX != 0:
+                    p_amax = tl.maximum(p_amax, tl.max(tl.abs(h2), axis=0))  # padding is 0
     if SKETCH:
         if pid == 0:  # weight and bias partials
             wv = tl.load(W_ptr + cols, mask=mask, other=0.0).to(tl.float32)
@@ -207,10 +273,11 @@ def _layernorm_kernel(
 def _layernorm_launch(
     x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2: torch.Tensor,
     buf: torch.Tensor | None, eps: float, num_warps: int | None = None, stages: int | None = None,
-    per_sm: int | None = None, exact_after: bool | None = None,
+    per_sm: int | None = None, exact_after: bool | None = None, lane_max: int | None = None,
+    keep: int | None = None, slots: bool | None = None,
 ) -> None:
     """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows.
-    num_warps / stages / per_sm / exact_after override the tuned launch (the bench's sweep;
+    num_warps / stages / per_sm / exact_after / lane_max / keep / slots override the tuned launch (the bench's sweep;
     num_warps changes the tl.sum trees)."""
     n_rows, n = x2.shape
     block, warps, st = launch_config("layernorm", n, num_warps, stages)
@@ -219,10 +286,15 @@ def _layernorm_launch(
     if n_rows == 0 and not sketch:
         return
     f, i = workspace("layernorm", x2.device) if sketch else (y2, y2)
-    key = ("layernorm", x2.dtype, block, warps, st, after, sketch)
+    lmax = (LANE_MAX if lane_max is None else lane_max) if (sketch and after) else 0
+    vec, lanes = lane_shape(block, x2.element_size(), warps)
+    kp = min(KEEP if keep is None else keep, vec) if lmax else 1
+    slt = bool(SLOTS if slots is None else slots) and lmax == 1
+    key = ("layernorm", x2.dtype, block, warps, st, after, sketch, lmax, kp, slt)
     k = _layernorm_kernel[(persistent_grid(key, n_rows, x2.device, per_sm),)](
         x2, x2.stride(0), weight, bias, y2, y2.stride(0), buf if sketch else y2, f, i,
-        n_rows, n, eps, CAP=RATIO_CAP, BLOCK=block, SKETCH=sketch, STAGES=st, EXACT_AFTER=after,
+        n_rows, n, eps, CAP=RATIO_CAP, BLOCK=block, SKETCH=sketch, STAGES=st, EXACT_AFTER=after, LANE_MAX=lmax,
+        VEC=vec, LANES=lanes, KEEP=kp, SLOTS=slt,
         num_warps=warps, enable_fp_fusion=False,
     )
     note_occupancy(key, k, warps)

@@ -18,9 +18,11 @@ Numerics (what optwin.twin's rope/triton models), at position p, frequency j < d
     y = cat(y1, y2).to(dtype)           # one rounding
 Table mode (HF models: cos/sin given in dtype, [batch, seq, d]) loads both halves of cos/sin instead
 of computing them, same combine. Tiling does not change the numerics (all elementwise).
-Sketch: no per-position reduction at all; each program keeps elementwise running max |x| and
-sum x^2 in registers and reduces them once at its end; only a program whose sum came out
-non-finite (NaN/±inf in x, or overflow) re-reads its positions for exact finite-only partials.
+Sketch: no per-position reduction at all; each program keeps running max |x| and sum x^2 in
+registers, per lane ([LANES, KEEP]: each thread's own elements folded in-thread, LANE_ACC, at the
+measured launches in ROPE_MAXNREG; the sum flushed to float64 every FLUSH tiles) or per tile
+element elsewhere, and reduces them once at its end; only a program whose sum came out non-finite
+(NaN/±inf in x, or overflow) re-reads its positions for exact finite-only partials (float64 squares).
 Memory: read seq*heads*d (x) + seq positions, write seq*heads*d; with the sketch a few scalar
 atomics per program and the feature vector.
 """
@@ -36,15 +38,16 @@ import triton.language as tl
 from optwin.catalog import CATALOG
 from optwin.errors import InputError
 from optwin.kernels._common import (
-    FMAX,
     MAX_BLOCK,
     ZERO_BITS,
     check_device,
     finite_lanes,
+    lane_max,
+    lane_shape,
+    lane_sum,
     last_program,
     note_occupancy,
     persistent_grid,
-    reduce_partials,
     take,
 )
 from optwin.kernels.production import rope_inv_freq
@@ -89,14 +92,26 @@ def _rope_kernel(
     FROM_TABLES: tl.constexpr,
     SKETCH: tl.constexpr,
     STAGES: tl.constexpr,  # loads in flight in the tile loop (1: none ahead; >1: async copies)
+    VEC: tl.constexpr,  # elements per 16-byte vector of x
+    LANES: tl.constexpr,  # lanes of the sketch accumulators (LANE_ACC; _common.lane_shape of the half tile)
+    KEEP: tl.constexpr,  # independent accumulator chains per lane (divides VEC; _common's lane partials)
+    LANE_ACC: tl.constexpr,  # sketch accumulators per lane ([LANES]) instead of per tile element
+    FLUSH: tl.constexpr,  # tiles between float64 flushes of the lane sums of squares (LANE_ACC)
 ):
     pid = tl.program_id(0)
     hl = tl.arange(0, BLOCK_H)[:, None]  # (BLOCK_H, 1) head within the block
     js = tl.arange(0, BLOCK_D)[None, :]  # (1, BLOCK_D)
     n_tiles = n_rows * n_hb
+    TILE: tl.constexpr = BLOCK_H * BLOCK_D
     if SKETCH:
-        v_amax = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)  # running max |x| per lane
-        v_sq = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)  # running sum x^2 per lane
+        if LANE_ACC:  # one register per accumulator: the row-major half tile is REPS x LANES x VEC per thread
+            v_amax = tl.zeros([LANES, KEEP], dtype=tl.float32)  # running max |x| per lane
+            v_sq = tl.zeros([LANES, KEEP], dtype=tl.float32)  # running sum x^2 per lane, flushed every FLUSH tiles
+            p_sq = tl.zeros((), dtype=tl.float64)
+            n_left = tl.full((), FLUSH, tl.int32)
+        else:
+            v_amax = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)  # running max |x| per tile element
+            v_sq = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)  # running sum x^2 per tile element
         p_pos = tl.zeros((), dtype=tl.int64)  # largest |position|
     for tile in tl.range(pid, n_tiles, tl.num_programs(0), num_stages=STAGES):
         row = tl.cast(tile // n_hb, tl.int64)
@@ -107,6 +122,16 @@ def _rope_kernel(
         xp = X_ptr + b * X_batch_stride + s * X_seq_stride + hs * X_head_stride + js
         x1 = tl.load(xp, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)  # heads*d/2
         x2 = tl.load(xp + half, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        if SKETCH and LANE_ACC:  # before the rotation: x1, x2 live no longer than without the sketch
+            a = tl.reshape(tl.maximum(tl.abs(x1), tl.abs(x2)), [TILE])
+            q = tl.reshape(x1 * x1 + x2 * x2, [TILE])  # NaN/±inf make it non-finite: the exact path after the loop
+            v_amax = tl.maximum(v_amax, lane_max(a, TILE, LANES, VEC, KEEP))
+            v_sq += lane_sum(q, TILE, LANES, VEC, KEEP)
+            n_left -= 1
+            if n_left == 0:
+                p_sq += tl.sum(v_sq).to(tl.float64)
+                v_sq = tl.zeros([LANES, KEEP], dtype=tl.float32)
+                n_left = FLUSH
         if FROM_TABLES:
             cp = b * C_batch_stride + s * C_seq_stride + js  # (1, BLOCK_D)
             jm = js < half
@@ -130,14 +155,17 @@ def _rope_kernel(
         yp = Y_ptr + b * Y_batch_stride + s * Y_seq_stride + hs * Y_head_stride + js
         tl.store(yp, y1.to(Y_ptr.dtype.element_ty), mask=mask, eviction_policy="evict_first")  # heads*d/2
         tl.store(yp + half, y2.to(Y_ptr.dtype.element_ty), mask=mask, eviction_policy="evict_first")
-        if SKETCH:  # elementwise only; NaN/±inf poison v_sq, which sends this program to the exact path
+        if SKETCH and not LANE_ACC:  # elementwise only; NaN/±inf poison v_sq: the exact path after the loop
             v_amax = tl.maximum(v_amax, tl.maximum(tl.abs(x1), tl.abs(x2)))
             v_sq += x1 * x1 + x2 * x2
     if SKETCH:
-        p_sq = tl.sum(v_sq).to(tl.float64)
+        if LANE_ACC:
+            p_sq += tl.sum(v_sq).to(tl.float64)
+        else:
+            p_sq = tl.sum(v_sq).to(tl.float64)
         p_amax = tl.max(v_amax)
         p_nf = tl.zeros((), dtype=tl.int64)
-        if not (p_sq <= FMAX):  # rare: re-read this program's positions, exact finite-only partials
+        if not (p_sq <= 1e308):  # rare: re-read this program's positions, exact finite-only partials
             p_sq = tl.zeros((), dtype=tl.float64)
             p_amax = tl.zeros((), dtype=tl.float32)
             for t2 in tl.range(pid, n_tiles, tl.num_programs(0)):
@@ -145,14 +173,13 @@ def _rope_kernel(
                 hs2 = (t2 % n_hb) * BLOCK_H + hl
                 mask2 = (hs2 < n_heads) & (js < half)
                 xq = X_ptr + (row2 // n_seq) * X_batch_stride + (row2 % n_seq) * X_seq_stride + hs2 * X_head_stride + js
-                z1 = tl.load(xq, mask=mask2, other=0.0).to(tl.float32)
-                z2 = tl.load(xq + half, mask=mask2, other=0.0).to(tl.float32)
-                a1, q1, n1 = finite_lanes(z1, mask2)
-                a2, q2, n2 = finite_lanes(z2, mask2)
-                ra, rq, rn = reduce_partials(tl.maximum(a1, a2), q1 + q2, n1 + n2)
-                p_amax = tl.maximum(p_amax, ra)
-                p_sq += rq.to(tl.float64)
-                p_nf += rn.to(tl.int64)
+                for hf in tl.static_range(2):  # one half at a time: this path must not set the kernel's registers
+                    z = tl.load(xq + hf * half, mask=mask2, other=0.0).to(tl.float32)
+                    a1, _, n1 = finite_lanes(z, mask2)
+                    a64 = a1.to(tl.float64)  # squares in float64: a finite x up to FMAX does not overflow them
+                    p_amax = tl.maximum(p_amax, tl.max(a1))
+                    p_sq += tl.sum(a64 * a64)
+                    p_nf += tl.sum(n1).to(tl.int64)
         tl.atomic_max(F_ptr + 0, p_amax.to(tl.float64), sem="relaxed")
         tl.atomic_add(F_ptr + 1, p_sq, sem="relaxed")
         tl.atomic_max(F_ptr + 2, p_pos.to(tl.float64), sem="relaxed")
@@ -198,7 +225,23 @@ def _check_4d(x: torch.Tensor) -> None:
 # (bench/results/kernels_h200.md); others get rope_config's rule. y is elementwise, so the two
 # sketch modes may use different launches. 2026-11-29 at 4096x128x128 bf16: without the sketch
 # 16 warps 84.3 µs -> 8 warps 78.1; with it 16 warps stays best (90.9; 8 warps 91.2).
-ROPE_TUNED: dict[tuple[int, int, bool], tuple[int, int, int]] = {(128, 64, False): (128, 8, 1)}
+# Issue #6 (bench/results/sketch_lanes_h200_s11b.md): with lane accumulators the sketch runs at the
+# no-sketch launch, 8 warps and 2 programs per SM: 79.0/85.0 µs (per-element accumulators at 16
+# warps, 1 program per SM: 91.8).
+ROPE_TUNED: dict[tuple[int, int, bool], tuple[int, int, int]] = {(128, 64, False): (128, 8, 1),
+                                                                 (128, 64, True): (128, 8, 1)}
+# Sketch accumulators per lane ([LANES, KEEP] registers) instead of per tile element (2 x 16
+# registers at 16 warps, 2 x 32 at 8), at the launches listed in ROPE_MAXNREG (measured); elsewhere
+# per element, as before. KEEP sets the independent add/max chains per thread: one chain per lane
+# (the first sweep, bench/results/sketch_lanes_h200_s11.md) was latency-bound at 16 warps (104.6 µs);
+# at 8 warps KEEP 1/2/4/8 gave 85.3/85.0/85.5/86.7.
+LANE_ACC = True
+FLUSH = 16  # tiles between float64 flushes of the lane sums of squares
+KEEP = 2
+# Register cap of the lane-accumulator sketch kernel per (BLOCK_H, BLOCK_D, num_warps): ptxas gives it
+# ~170 registers at 8 warps uncapped (1 program per SM, 114.0 µs); at 128 it keeps 2 programs per SM
+# (offline sm_90 compile with triton 3.6: the same 32-byte sin/cos frame as without the sketch at KEEP 1).
+ROPE_MAXNREG: dict[tuple[int, int, int], int] = {(128, 64, 8): 128}
 
 
 def rope_config(heads: int, d: int, sketch: bool, block_h: int | None = None, num_warps: int | None = None,
@@ -225,9 +268,13 @@ def _rope_launch(
     num_warps: int | None = None,
     stages: int | None = None,
     per_sm: int | None = None,
+    lane_acc: bool | None = None,
+    maxnreg: int | None = None,
+    keep: int | None = None,
 ) -> None:
     """Grid: one persistent program per resident slot (persistent_grid), each over its tiles.
-    block_h / num_warps / stages / per_sm override the tuned launch (the bench's sweep)."""
+    block_h / num_warps / stages / per_sm / lane_acc / maxnreg (0: none) / keep override the tuned launch
+    (the bench's sweep)."""
     _check_4d(x4)
     batch, seq, heads, d = x4.shape
     if batch * seq == 0 and buf is None:
@@ -238,7 +285,13 @@ def _rope_launch(
     n_hb = triton.cdiv(heads, block_h)
     dummy = y4
     f, i = workspace("rope", x4.device) if sketch else (dummy, dummy)
-    key = ("rope", x4.dtype, block_h, block_d, warps, st, tables, sketch)
+    measured = (block_h, block_d, warps) in ROPE_MAXNREG
+    lacc = (LANE_ACC and measured if lane_acc is None else lane_acc) and sketch
+    vec, lanes = lane_shape(block_h * block_d, x4.element_size(), warps)
+    kp = min(KEEP if keep is None else keep, vec) if lacc else 1
+    cap = (ROPE_MAXNREG.get((block_h, block_d, warps)) if maxnreg is None else maxnreg) if lacc else None
+    key = ("rope", x4.dtype, block_h, block_d, warps, st, tables, sketch, lacc, cap, kp)
+    extra = {"maxnreg": cap} if cap and x4.device.type == "cuda" else {}
     base_bits = struct.unpack("<q", struct.pack("<d", float(base)))[0]
     k = _rope_kernel[(persistent_grid(key, batch * seq * n_hb, x4.device, per_sm),)](
         x4, x4.stride(0), x4.stride(1), x4.stride(2),
@@ -249,7 +302,8 @@ def _rope_launch(
         cos.stride(0) if tables else 0, cos.stride(1) if tables else 0,
         buf if sketch else dummy, f, i,
         batch * seq, seq, heads, n_hb, d // 2, base_bits,
-        BLOCK_H=block_h, BLOCK_D=block_d, FROM_TABLES=tables, SKETCH=sketch, STAGES=st, num_warps=warps,
+        BLOCK_H=block_h, BLOCK_D=block_d, FROM_TABLES=tables, SKETCH=sketch, STAGES=st, VEC=vec, LANES=lanes, KEEP=kp,
+        LANE_ACC=lacc, FLUSH=FLUSH, num_warps=warps, **extra,
     )
     note_occupancy(key, k, warps)
 

@@ -14,17 +14,23 @@ A fully masked row gives m = -inf, h - m = NaN: y is NaN, as torch.softmax gives
 Compiled without FMA contraction (enable_fp_fusion=False: nothing in y's path is a mul feeding an
 add, so y's numerics are unchanged by it; it keeps the sketch's extra products from being fused
 into any shared instruction).
-The sketch rides in the two trees the op already has (layout VARIANT 3, the default): the max
-tree carries (h, h*h, min, -inf count) over non-(-inf) lanes (max is exact in any tree; the -inf
-count includes the BLOCK - n padding lanes and subtracts them) and the sum tree carries
-t = sum e * max(h - m, -FMAX) next to s (s's lanes and tree are tl.sum's: y is bit-identical with
-and without the sketch; a lane with e == 0 adds -0 to t). Per row the entropy of the softmax row is
-H = log(s) - t / s (fp32, approximate log); `peaked_frac` counts rows with H below the catalog's
-low_entropy_nats among rows with a finite entry and no NaN/+inf. Per-row sums of squares are fp32
-trees, summed over rows in float64. A row with NaN/+inf or a finite |h| >= BIG (2**55, where squares
-could overflow) takes the slow path after the loop: it is re-read in CHUNK-column pieces (exact
-max/min/counts, float64 sum of squares, chunk-ordered fp32 entropy sums for a finite row).
-Launch: BLOCK = next_pow2(n); warps and stages from _common.TUNED (16 warps at BLOCK 16384, measured).
+The sketch (layout VARIANT 4, the default; the others stay selectable for bench/softmax_sketch.py):
+statistics that only need a global value are summed per lane: each thread keeps [LANES, KEEP]
+fp32 registers across its persistent row loop for the sum of squares (h*h over non-(-inf) lanes)
+and the -inf count (padding lanes included and subtracted), reduced across threads once per program
+(and every FLUSH rows into float64 / int64, so the fp32 lane sums stay short and the counts exact).
+Per-row quantities ride in the op's own trees: the max tree carries (h, min over non-(-inf) lanes)
+(max is exact in any tree) and the sum tree carries t = sum e * max(h - m, -FMAX) next to s (s's
+lanes and tree are tl.sum's: y is bit-identical with and without the sketch; a lane with e == 0 adds
+-0 to t). Per row: max/min/range/min_row_max from (m, row min), masked rows where m = -inf, and the
+entropy H = log(s) - t/s, tested as s < exp(low_entropy_nats + t/s) (approximate exp); `peaked_frac`
+counts rows below the catalog's low_entropy_nats among rows with s finite (a finite entry and no
+NaN/+inf: NaN/+inf and fully masked rows make s NaN). No per-row finiteness test: a NaN/+inf makes
+the lane sum of squares non-finite, and so does a square (or lane sum) overflowing fp32; such a
+program then re-reads its rows in CHUNK-column pieces for exact max/min/counts and float64 sums of
+squares (peaked/eligible stay the loop's, per row).
+Launch: BLOCK = next_pow2(n); warps and stages from _common.TUNED (16 warps at BLOCK 16384, measured);
+the layout-4 sketch kernel is capped at MAXNREG registers where listed (2 programs per SM).
 Memory: read rows*n (x), write rows*n (y, in x's dtype or the requested out dtype); persistent
 programs; with the sketch a few scalar atomics per program and the feature vector.
 """
@@ -43,6 +49,9 @@ from optwin.kernels._common import (
     POS_INF_BITS,
     ZERO_BITS,
     check_device,
+    lane_min,
+    lane_shape,
+    lane_sum,
     last_program,
     launch_config,
     note_occupancy,
@@ -80,8 +89,42 @@ BIG: tl.constexpr = tl.constexpr(2.0**55)
 #      32 warps 81.8/146.4; 8 warps 88.0/142.6; 16 warps 2 stages 86.3/176.3
 # With 2 programs per SM the sketch is instruction-bound: its main loop issues ~2x the op's
 # instructions (17 extra per element: the square, min, -inf count and t lanes and their adds).
-VARIANT = 3
+# Issue #6, session 11 (bench/results/softmax_sketch_h200_s11.md and _s11b.md, same shape, 16 warps;
+# SASS counts from an offline sm_90 compile with triton 3.6, per thread and row of 32 elements:
+# no sketch 539 instructions, layout 3 ~1095, layout 4 ~955):
+#   4: per-lane accumulators: the sum of squares and the -inf count are summed inside each thread
+#      into [LANES, KEEP] registers kept across the row loop (reduced across threads once per
+#      program; flushed to float64 / int64 every FLUSH rows); the max tree carries (h, min over
+#      non-(-inf) lanes), the sum tree (s, t). No per-row finiteness test: NaN/+inf or overflowing
+#      squares make the lane sums non-finite and the program re-reads its rows for exact statistics
+#      (peaked/eligible stay per row: s is NaN exactly for rows with NaN/+inf or no finite entry).
+#      Capped at 64 registers (MAXNREG; uncapped ~100: 1 program per SM, 167.0 µs).
+#      82.0/116.8 (3: 81.9/120.1 in the same run); second run 82.2/115.8 (3: 82.0/118.9);
+#      with FMA fusion 115.4 and 114.7 (kept off: y's bit-identity then rests on the SASS, not on
+#      the compile flag)
+#   5: as 4, and the min and the widest row range are lane accumulators too (min over rows of h and
+#      of where(h == -inf, 0, h - m) = -(rowmax - rowmin), exact): the max tree is the op's alone.
+#      +2 selects and mins per element and spills at 64 registers: 82.6/384.3
+#   6: as 4 with the entropy sum t only where a row can be peaked: H = log s - t/s >= log s (t <= 0),
+#      so a row with s >= exp(peak_nats) is not peaked and needs no t; the others sum
+#      t = ln2 * sum e * log2(e) (approximate lg2 of the op's e: |error| ~ 2^-22 nats) in a second tree.
+#      The sum tree is tl.sum(e) itself, exactly the kernel's without the sketch. 45% of the timing
+#      input's rows have s < exp(0.3) (34% are peaked): 82.0/118.4, 82.1/117.6 (fused)
+#   7: as 4 with the per-row scalars (m, row min, s, t) kept one row per lane ("row slots") and turned
+#      into the sketch's partials LANES rows at a time, lane-parallel: no per-row exp / compare chain
+#      between a row's store and the next row's load (~905 instructions, but 48 bytes of spills at
+#      64 registers). Not timed on the GPU yet.
+# The floor of this design is ~8 instructions per element for the sketch (select + square-add for
+# the sum of squares, select + add for the -inf count, select + min for the row min, clamp + mul-add
+# for t): the -inf masks are what cost, and the timing input masks a column in every row.
+VARIANT = 4
 CHUNK = 256  # slow-path piece: no register spill at 16 warps (512 and up: an 8-byte stack frame)
+KEEP = 1  # accumulator chains per lane (VARIANT >= 4): [LANES, KEEP] registers each (2 spills at 64)
+FLUSH = 16  # rows between float64 flushes of the lane sums of squares (VARIANT >= 4)
+# Register cap per (BLOCK, num_warps) of the VARIANT >= 4 sketch kernel (ptxas -maxrregcount): 64
+# keeps 2 programs of 16 warps per SM (uncapped it takes ~100 registers: 1 program per SM).
+MAXNREG: dict[tuple[int, int], int] = {(16384, 16): 64}
+FUSION = False  # enable_fp_fusion of the VARIANT >= 4 sketch kernel (the sweep's option)
 
 
 @triton.jit
@@ -161,9 +204,51 @@ def _exp_sums_sq(h, m, PAD: tl.constexpr):
 
 
 @triton.jit
+def _log2_approx(e):
+    """log2 per lane: lg2.approx.ftz.f32 on NVIDIA (one MUFU op; the accurate logf is ~30
+    instructions, the non-ftz lg2 4 more per lane), numpy's log2 in the interpreter (no inline asm)."""
+    if INTERPRET:
+        return tl.log2(e)
+    else:
+        return tl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=r,r", [e], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+
+
+@triton.jit
+def _entropy_sum(e):
+    """t = sum e * ln(e) over lanes with a normal e (= sum e * (h - m) up to the exp/lg2
+    approximations; a subnormal e adds less than 2^-126 * 87 and is left out)."""
+    return tl.sum(tl.where(e >= 1.1754943508222875e-38, e * _log2_approx(e), 0.0), 0) * 0.6931471805599453
+
+
+@triton.jit
 def _peaked(s, t, peak_nats):
     """1 if the row's softmax entropy log(s) - t/s is below peak_nats, else 0 (int32)."""
     return (tl.log(s) - t / s < peak_nats).to(tl.int32)
+
+
+@triton.jit
+def _peaked_exp(s, t, peak_nats):
+    """_peaked without the log: H = log(s) - t/s < peak_nats  <=>  s < exp(peak_nats + t/s) (exp is
+    monotone; t <= 0, so the argument is at most peak_nats). A ~30-instruction accurate logf per row
+    becomes an approximate exp (~5). A NaN s compares false (0)."""
+    return (s < tl.exp(peak_nats + t / s)).to(tl.int32)
+
+
+@triton.jit
+def _slot_rows(sl_m, sl_lo, sl_s, sl_t, valid, peak_nats):
+    """Sketch partials of up to LANES rows held one per lane (row max, min over non-(-inf) entries,
+    s, t), over the `valid` lanes: (max, min, widest range, smallest row max of rows with a finite
+    entry, fully masked rows, eligible rows, peaked rows); fully masked rows have max -inf, min +inf."""
+    fin = valid & (sl_m > -float("inf"))
+    rmax = tl.max(tl.where(valid, sl_m, -float("inf")), 0)
+    rmin = tl.min(tl.where(valid, sl_lo, float("inf")), 0)
+    rng = tl.max(tl.where(fin, sl_m - sl_lo, 0.0), 0)
+    rmx = tl.min(tl.where(fin, sl_m, float("inf")), 0)
+    masked = tl.sum((valid & (sl_m == -float("inf"))).to(tl.int32), 0)
+    elig = tl.sum((valid & (sl_s <= FMAX)).to(tl.int32), 0)
+    peak = tl.sum(tl.where(valid, _peaked_exp(sl_s, sl_t, peak_nats), 0), 0)
+    return rmax, rmin, rng, rmx, masked, elig, peak
 
 
 @triton.jit
@@ -183,11 +268,9 @@ def _exact_row(h, mask):
 
 
 @triton.jit
-def _exact_row_chunked(X_row, n_cols, peak_nats, CHUNK: tl.constexpr):
-    """Slow path (a row with NaN/+inf or a finite |h| >= BIG), re-read in CHUNK-column pieces so it
-    adds few registers to the kernel: (sumsq (float64), nonfinite, -inf count, max, min,
-    eligible, peaked) over the row. The entropy sums are chunk-ordered fp32 (only the peaked test
-    reads them)."""
+def _row_stats_chunked(X_row, n_cols, CHUNK: tl.constexpr):
+    """A row's exact statistics re-read in CHUNK-column pieces (few registers): (sumsq (float64),
+    nonfinite (NaN/+inf), -inf count, finite max, finite min; max < min when no entry is finite)."""
     sq = tl.zeros((), dtype=tl.float64)
     nf = tl.zeros((), dtype=tl.int64)
     nneg = tl.zeros((), dtype=tl.int64)
@@ -206,6 +289,16 @@ def _exact_row_chunked(X_row, n_cols, peak_nats, CHUNK: tl.constexpr):
         nneg += tl.sum(tl.where(cm & (h == -float("inf")), 1, 0), 0).to(tl.int64)
         rmax = tl.maximum(rmax, tl.max(tl.where(fin, h, -float("inf")), 0))
         rmin = tl.minimum(rmin, tl.min(tl.where(fin, h, float("inf")), 0))
+    return sq, nf, nneg, rmax, rmin
+
+
+@triton.jit
+def _exact_row_chunked(X_row, n_cols, peak_nats, CHUNK: tl.constexpr):
+    """Slow path (a row with NaN/+inf or a finite |h| >= BIG), re-read in CHUNK-column pieces so it
+    adds few registers to the kernel: (sumsq (float64), nonfinite, -inf count, max, min,
+    eligible, peaked) over the row. The entropy sums are chunk-ordered fp32 (only the peaked test
+    reads them)."""
+    sq, nf, nneg, rmax, rmin = _row_stats_chunked(X_row, n_cols, CHUNK)
     has = rmax >= rmin
     elig = (nf == 0) & has  # finite entries only (squares overflowed): still eligible
     peak = tl.zeros((), dtype=tl.int32)
@@ -262,6 +355,10 @@ def _softmax_kernel(
     SPLIT: tl.constexpr,  # sketch partials of the max tree as separate trees instead of one combined tree
     VARIANT: tl.constexpr,  # sketch layout (see VARIANT above); 0 without SKETCH
     CHUNK: tl.constexpr,  # columns per piece of the chunked slow path (VARIANT >= 1)
+    VEC: tl.constexpr,  # elements per 16-byte vector of x (VARIANT >= 4: the lane accumulators)
+    LANES: tl.constexpr,  # lanes of the accumulators (threads; _common.lane_shape)
+    KEEP: tl.constexpr,  # independent accumulator chains per lane (divides VEC; _common's lane partials)
+    FLUSH: tl.constexpr,  # rows between float64 flushes of the lane sums of squares
 ):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
@@ -279,12 +376,55 @@ def _softmax_kernel(
         p_peak = tl.zeros((), dtype=tl.int32)  # eligible rows with entropy < peak_nats
         p_elig = tl.zeros((), dtype=tl.int32)  # rows with a finite entry and no NaN/+inf
         p_bad = tl.zeros((), dtype=tl.int32)  # rows left to the exact pass after the loop
+        if VARIANT >= 4:
+            a_sq = tl.zeros([LANES, KEEP], dtype=tl.float32)  # per lane: sum of h*h over non-(-inf) entries
+            a_neg = tl.zeros([LANES, KEEP], dtype=tl.float32)  # per lane: -inf count (padding included; exact, flushed)
+            n_left = tl.full((), FLUSH, tl.int32)  # rows until the next flush of a_sq
+            peak_s = tl.exp(peak_nats) * 1.0001  # VARIANT 6: rows with s below this may be peaked
+            if VARIANT == 7:  # row slots: one row's scalars per lane
+                lane_id = tl.arange(0, LANES)
+                sl_m = tl.zeros([LANES], dtype=tl.float32)
+                sl_lo = tl.zeros([LANES], dtype=tl.float32)
+                sl_s = tl.zeros([LANES], dtype=tl.float32)
+                sl_t = tl.zeros([LANES], dtype=tl.float32)
+                k = tl.zeros((), dtype=tl.int32)  # rows held in the slots
+            if VARIANT == 5:
+                a_lo = tl.full([LANES, KEEP], float("inf"), tl.float32)  # per lane: min over non-(-inf) h
+                a_dz = tl.zeros([LANES, KEEP], dtype=tl.float32)  # per lane: min of h - rowmax (non-(-inf))
     for r in tl.range(pid, n_rows, tl.num_programs(0), num_stages=STAGES):
         row = tl.cast(r, tl.int64)
         x = tl.load(X_ptr + row * X_row_stride + cols, mask=mask, other=-float("inf"),
                     eviction_policy="evict_first")  # read n (dtype)
         h = x.to(tl.float32)
-        if SKETCH:
+        if SKETCH and VARIANT >= 4:
+            ninf = h == -float("inf")
+            hz = tl.where(ninf, 0.0, h)
+            a_sq += lane_sum(hz * hz, BLOCK, LANES, VEC, KEEP)  # NaN/+inf/overflow: non-finite, caught after the loop
+            # as a float select, not ninf.to(int32): an i1 vector used twice was packed into bitmasks
+            # and unpacked lane by lane (+2 instructions per element in the SASS)
+            a_neg += lane_sum(tl.where(ninf, 1.0, 0.0), BLOCK, LANES, VEC, KEEP)
+            if VARIANT == 4 or VARIANT == 6 or VARIANT == 7:
+                lo = tl.where(ninf, float("inf"), h)
+                if INTERPRET:
+                    m, rmin = tl.max(h, 0), tl.min(lo, 0)
+                else:
+                    m, rmin = tl.reduce((h, lo), 0, _max_min)
+                if VARIANT != 6:
+                    e, s, t = _exp_sums_clamped(h, m)
+                else:
+                    e = tl.exp(h - m)  # the op's lanes and tree, as without the sketch
+                    s = tl.sum(e, axis=0)
+                    t = tl.zeros((), dtype=tl.float32)
+                    if s < peak_s:  # rare in flat rows: only these can be peaked (H >= log s)
+                        t = _entropy_sum(e)
+            else:
+                m = tl.max(h, axis=0)
+                d = h - m
+                e = tl.exp(d)
+                s, t = _sum_pair(e, e * tl.maximum(d, -FMAX))
+                a_lo = tl.minimum(a_lo, lane_min(tl.where(ninf, float("inf"), h), BLOCK, LANES, VEC, KEEP))
+                a_dz = tl.minimum(a_dz, lane_min(tl.where(ninf, 0.0, d), BLOCK, LANES, VEC, KEEP))
+        elif SKETCH:
             if VARIANT == 2:
                 # max tree: (max, min over non-(-inf) lanes); sum tree: (s, t, sum of squares, -inf count)
                 lo = tl.where(h == -float("inf"), float("inf"), h)
@@ -319,7 +459,42 @@ def _softmax_kernel(
         y = e / s
         tl.store(Y_ptr + row * Y_row_stride + cols, y.to(Y_ptr.dtype.element_ty), mask=mask,
                  eviction_policy="evict_first")  # write n
-        if SKETCH:  # scalars only, so h dies at the store; rows with NaN/+inf wait for the exact pass
+        if SKETCH and VARIANT == 7:
+            sel = lane_id == k
+            sl_m = tl.where(sel, m, sl_m)
+            sl_lo = tl.where(sel, rmin, sl_lo)
+            sl_s = tl.where(sel, s, sl_s)
+            sl_t = tl.where(sel, t, sl_t)
+            k += 1
+            if k == LANES:
+                q_max, q_min, q_rng, q_rmx, q_masked, q_elig, q_peak = _slot_rows(
+                    sl_m, sl_lo, sl_s, sl_t, lane_id < LANES, peak_nats)
+                p_max = tl.maximum(p_max, q_max)
+                p_min = tl.minimum(p_min, q_min)
+                p_rng = tl.maximum(p_rng, q_rng)
+                p_rmx = tl.minimum(p_rmx, q_rmx)
+                p_masked += q_masked
+                p_elig += q_elig
+                p_peak += q_peak
+                k = 0
+        elif SKETCH and VARIANT >= 4:  # scalars only; a program with NaN/+inf rows redoes them after the loop
+            if VARIANT != 5:
+                p_min = tl.minimum(p_min, rmin)  # fully masked rows: rmin = +inf
+                p_rng = tl.maximum(p_rng, m - rmin)  # fully masked rows: -inf - inf = -inf
+            p_max = tl.maximum(p_max, m)  # fully masked rows: m = -inf
+            p_rmx = tl.minimum(p_rmx, tl.where(m > -float("inf"), m, float("inf")))
+            p_masked += (m == -float("inf")).to(tl.int32)
+            p_elig += (s <= FMAX).to(tl.int32)  # NaN for NaN/+inf rows and rows with no finite entry
+            p_peak += _peaked_exp(s, t, peak_nats)  # a NaN s compares false
+        if SKETCH and VARIANT >= 4:
+            n_left -= 1
+            if n_left == 0:
+                p_sq += tl.sum(a_sq).to(tl.float64)
+                p_neg += tl.sum(a_neg).to(tl.int64)  # <= FLUSH * BLOCK: exact in fp32
+                a_sq = tl.zeros([LANES, KEEP], dtype=tl.float32)
+                a_neg = tl.zeros([LANES, KEEP], dtype=tl.float32)
+                n_left = FLUSH
+        elif SKETCH:  # scalars only, so h dies at the store; rows with NaN/+inf wait for the exact pass
             if VARIANT == 0:
                 ok = sq <= FMAX  # no NaN/+inf: the max tree's values are the sketch's
             else:  # and every finite |h| < BIG (squares cannot overflow): a test _row_is_slow repeats
@@ -335,7 +510,40 @@ def _softmax_kernel(
             p_elig += has.to(tl.int32)
             p_peak += tl.where(has, _peaked(s, t, peak_nats), 0)
             p_bad += tl.where(ok, 0, 1)
-    if SKETCH:
+    if SKETCH and VARIANT >= 4:
+        if VARIANT == 7:
+            q_max, q_min, q_rng, q_rmx, q_masked, q_elig, q_peak = _slot_rows(
+                sl_m, sl_lo, sl_s, sl_t, lane_id < k, peak_nats)
+            p_max = tl.maximum(p_max, q_max)
+            p_min = tl.minimum(p_min, q_min)
+            p_rng = tl.maximum(p_rng, q_rng)
+            p_rmx = tl.minimum(p_rmx, q_rmx)
+            p_masked += q_masked
+            p_elig += q_elig
+            p_peak += q_peak
+        p_sq += tl.sum(a_sq).to(tl.float64)
+        mine = tl.cdiv(n_rows - pid, tl.num_programs(0))  # rows of this program
+        p_neg += tl.sum(a_neg).to(tl.int64) - (BLOCK - n_cols) * tl.cast(mine, tl.int64)  # less the padding
+        if VARIANT == 5:
+            p_min = tl.min(a_lo)
+            p_rng = 0.0 - tl.min(a_dz)
+        if not (p_sq <= 1e308):  # rare: NaN/+inf (or squares overflowed): exact statistics of every row
+            p_max = tl.full((), -float("inf"), tl.float32)
+            p_min = tl.full((), float("inf"), tl.float32)
+            p_rng = tl.zeros((), dtype=tl.float32)
+            p_rmx = tl.full((), float("inf"), tl.float32)
+            p_sq = tl.zeros((), dtype=tl.float64)
+            p_neg = tl.zeros((), dtype=tl.int64)
+            p_masked = tl.zeros((), dtype=tl.int32)
+            for r2 in tl.range(pid, n_rows, tl.num_programs(0)):
+                sq2, nf, nneg2, rmax, rmin2 = _row_stats_chunked(
+                    X_ptr + tl.cast(r2, tl.int64) * X_row_stride, n_cols, CHUNK)
+                p_max, p_min, p_rng, p_rmx = _merge_extremes(p_max, p_min, p_rng, p_rmx, rmax, rmin2)
+                p_sq += sq2
+                p_nf += nf
+                p_neg += nneg2
+                p_masked += (nneg2 == n_cols).to(tl.int32)
+    elif SKETCH:
         if VARIANT != 0:
             if p_bad > 0:  # rare: re-read this program's slow rows in CHUNK pieces
                 for r2 in tl.range(pid, n_rows, tl.num_programs(0)):
@@ -416,10 +624,11 @@ def _softmax_kernel(
 def _softmax_launch(
     x2: torch.Tensor, y2: torch.Tensor, buf: torch.Tensor | None, num_warps: int | None = None,
     stages: int | None = None, per_sm: int | None = None, split: bool | None = None,
-    variant: int | None = None,
+    variant: int | None = None, fusion: bool | None = None, maxnreg: int | None = None, keep: int | None = None,
 ) -> None:
     """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows.
-    num_warps / stages / per_sm / split / variant override the tuned launch (the bench's sweep)."""
+    num_warps / stages / per_sm / split / variant / fusion / maxnreg / keep override the tuned launch (the
+    bench's sweep; maxnreg caps registers per thread, so a kernel keeps 2 programs per SM)."""
     n_rows, n = x2.shape
     sketch = buf is not None
     if n_rows == 0 and not sketch:
@@ -428,11 +637,17 @@ def _softmax_launch(
     f, i = workspace("softmax", x2.device) if sketch else (y2, y2)
     sp = SPLIT if split is None else split
     var = (VARIANT if variant is None else variant) if sketch else 0  # no sketch: one kernel
-    key = ("softmax", x2.dtype, y2.dtype, block, warps, st, sp, sketch, var)
+    fuse = (FUSION if fusion is None else fusion) and sketch
+    vec, lanes = lane_shape(block, x2.element_size(), warps)
+    kp = min(KEEP if keep is None else keep, vec) if sketch and var >= 4 else 1
+    cap = (MAXNREG.get((block, warps)) if maxnreg is None else maxnreg) if sketch and var >= 4 else None
+    key = ("softmax", x2.dtype, y2.dtype, block, warps, st, sp, sketch, var, fuse, cap, kp)
+    extra = {"maxnreg": cap} if cap and x2.device.type == "cuda" else {}
     k = _softmax_kernel[(persistent_grid(key, n_rows, x2.device, per_sm),)](
         x2, x2.stride(0), y2, y2.stride(0), buf if sketch else y2, f, i, n_rows, n, PEAK_NATS,
         BLOCK=block, SKETCH=sketch, STAGES=st, SPLIT=sp, VARIANT=var,
-        CHUNK=min(CHUNK, block), num_warps=warps, enable_fp_fusion=False,
+        CHUNK=min(CHUNK, block), VEC=vec, LANES=lanes, KEEP=kp, FLUSH=FLUSH, num_warps=warps, enable_fp_fusion=fuse,
+        **extra,
     )
     note_occupancy(key, k, warps)
 
