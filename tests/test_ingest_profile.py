@@ -77,7 +77,7 @@ def _truncate(f: Path) -> None:
     (lambda d: (d / "tensors_index.json").write_text("[1, 2"), "tensors_index.json: not valid JSON"),
     (lambda d: pl.read_parquet(d / "sketches.parquet").head(5).write_parquet(d / "sketches.parquet"), "truncated"),
     (lambda d: pl.read_parquet(d / "sketches.parquet").drop("max_pos").write_parquet(d / "sketches.parquet"),
-     "missing columns max_pos"),
+     "missing columns max_pos .*capture the profile again"),
 ])
 def test_corrupt_profile_is_a_one_line_profile_error(profile_dir: Path, tmp_path: Path, damage, match: str) -> None:
     d = _copy(profile_dir, tmp_path / "p")

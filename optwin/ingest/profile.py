@@ -210,7 +210,8 @@ def read_profile(path: str | Path) -> Profile:
         raise _fail(sk_path, f"corrupt or truncated parquet ({type(e).__name__}: {str(e).splitlines()[0][:160]})") from None
     missing = [c for c in BASE_COLUMNS + ALL_FEATURES if c not in df.columns]
     if missing:
-        raise _fail(sk_path, f"missing columns {', '.join(missing)}")
+        raise _fail(sk_path, f"missing columns {', '.join(missing)} (written by an older optwin whose sketch "
+                             "lacked them: capture the profile again)")
     n_calls = meta.get("n_calls")
     if isinstance(n_calls, int) and n_calls != df.height:
         raise _fail(sk_path, f"holds {df.height} rows but profile.json says {n_calls} calls (truncated?)")
