@@ -56,6 +56,11 @@ class OpBench:
     ref64: Callable[[dict[str, Tensor], dict[str, Any]], Tensor]
     eager: Callable[[dict[str, Tensor], dict[str, Any]], Tensor]
     rows: Callable[[tuple[int, ...]], int]  # kernel rows (sketch buffer rows before the param row)
+    label: str = ""  # row label in the report (default: op)
+
+    @property
+    def name(self) -> str:
+        return self.label or self.op
 
 
 def _randn(shape, dtype, device, g, scale=2.0, shift=0.0) -> Tensor:
@@ -83,6 +88,17 @@ def _softmax_make(shape, dtype, device, g):
     x = (temp * torch.randn(*shape, generator=g)).to(dtype).to(device)
     x[..., 1] = -math.inf  # a masked column
     return {"x": x}, {}
+
+
+def _softmax_make_unmasked(shape, dtype, device, g):
+    # the same rows without the masked column: logits with no -inf (e.g. sampling over a vocabulary)
+    inp, params = _softmax_make(shape, dtype, device, g)
+    x = inp["x"]
+    if x.shape[-1] > 2:
+        x[..., 1] = x[..., 2]
+    else:
+        x[..., 1] = 0.0
+    return inp, params
 
 
 def _softmax_launch(inp, params, y, buf):
@@ -158,6 +174,11 @@ OPS: dict[str, OpBench] = {
     "rope": OpBench("rope", "fp32-angles", _rope_make, _rope_launch, _rope_ref,
                     lambda i, p: P.rope_fp32_angles(i["x"], i["positions"], p["base"]), lambda s: _rope_shape(s)[0]),
 }
+BASE_OPS = tuple(OPS)
+# softmax on its timing input without the masked column (main() times it; run()'s default leaves it out)
+OPS["softmax (no mask)"] = OpBench("softmax", "torch", _softmax_make_unmasked, _softmax_launch,
+                                   lambda i, p: torch.softmax(i["x"].double(), -1), lambda i, p: P.softmax_torch(i["x"]),
+                                   _rows2, label="softmax (no mask)")
 
 
 # ------------------------------------------------------------------------------ correctness
@@ -186,13 +207,13 @@ def check(op: str, shape: tuple[int, ...], dtype: str, device: str, seed: int = 
     inp, params = b.make(shape, DT[dtype], device, g)
     x = inp["x"]
     y = torch.full(x.shape, float("nan"), dtype=x.dtype, device=device)
-    buf = new_buffer(op, device).fill_(float("nan"))
+    buf = new_buffer(b.op, device).fill_(float("nan"))
     b.launch(inp, params, y, buf)
     y0 = torch.full(x.shape, float("nan"), dtype=x.dtype, device=device)
     b.launch(inp, params, y0, None)  # sketch off: y must be bit-identical
     same_y = bool(torch.equal(y0.view(torch.uint8) if y0.dtype != torch.float32 else y0.view(torch.int32),
                               y.view(torch.uint8) if y.dtype != torch.float32 else y.view(torch.int32)))
-    buf2 = new_buffer(op, device).fill_(float("nan"))
+    buf2 = new_buffer(b.op, device).fill_(float("nan"))
     b.launch(inp, params, torch.empty_like(y), buf2)  # the workspace must be reset by the first launch
     rerun = float(((buf2 - buf).abs() / buf.abs().clamp(min=1e-30)).nan_to_num(1.0).max())
     ref = b.ref64(inp, params)
@@ -207,9 +228,9 @@ def check(op: str, shape: tuple[int, ...], dtype: str, device: str, seed: int = 
     prod = b.eager(inp, params)
     diff_prod = (y.double() - prod.double()).abs().nan_to_num(0.0).max().item()
     return {
-        "op": op, "dtype": dtype, "shape": "x".join(map(str, x.shape)), "unwritten": unwritten,
+        "op": b.name, "dtype": dtype, "shape": "x".join(map(str, x.shape)), "unwritten": unwritten,
         "vs_float64": rep64 or "ok", "max_abs_vs_production": diff_prod,
-        "sketch_unwritten": int(torch.isnan(buf).sum()), "sketch_vs_ingest": _sketch_diff(op, inp, params, buf),
+        "sketch_unwritten": int(torch.isnan(buf).sum()), "sketch_vs_ingest": _sketch_diff(b.op, inp, params, buf),
         "same_y": "yes" if same_y else "NO", "rerun": rerun,
     }
 
@@ -251,9 +272,9 @@ def time_op(op: str, shape: tuple[int, ...], dtype: str, device: str, copy_ms: f
     inp, params = b.make(shape, DT[dtype], device, g)
     x = inp["x"]
     y = torch.empty_like(x)
-    buf = new_buffer(op, device)
+    buf = new_buffer(b.op, device)
     nbytes = 2 * x.numel() * x.element_size()  # read x, write y (weights/positions are negligible)
-    r: dict[str, Any] = {"op": op, "dtype": dtype, "shape": "x".join(map(str, x.shape))}
+    r: dict[str, Any] = {"op": b.name, "dtype": dtype, "shape": "x".join(map(str, x.shape))}
     r["kernel_ms"] = t(lambda: b.launch(inp, params, y, None))
     r["kernel_sketch_ms"] = t(lambda: b.launch(inp, params, y, buf))
     r["eager_ms"] = t(lambda: b.eager(inp, params))
@@ -261,7 +282,7 @@ def time_op(op: str, shape: tuple[int, ...], dtype: str, device: str, copy_ms: f
     try:
         from optwin.ingest.sketch import sketch_tensor
 
-        r["ingest_sketch_ms"] = t(lambda: sketch_tensor(op, inp, params))
+        r["ingest_sketch_ms"] = t(lambda: sketch_tensor(b.op, inp, params))
     except Exception:  # noqa: BLE001
         r["ingest_sketch_ms"] = float("nan")
     r["compiled_ms"] = float("nan")
@@ -398,7 +419,7 @@ TIME_SHAPE = (4096, 16384)
 
 def run(device: str = "cuda", check_shapes=CHECK_SHAPES, time_shape=TIME_SHAPE, dtypes=("bfloat16", "float16"),
         check_dtypes=("bfloat16", "float16", "float32"), compile_ok: bool = True, budget_s: float = 300.0,
-        ops=tuple(OPS), sweep_s: float = 0.0) -> str:
+        ops=BASE_OPS, sweep_s: float = 0.0) -> str:
     """Check, time, and return the markdown report; sections past the time budget are skipped.
     sweep_s > 0 first spends up to that many seconds on the SWEEP table (its own section)."""
     t0 = time.monotonic()
@@ -417,22 +438,30 @@ def run(device: str = "cuda", check_shapes=CHECK_SHAPES, time_shape=TIME_SHAPE, 
                     except Exception as e:  # noqa: BLE001 - report and go on
                         notes.append(f"check {op}/{dt}/{shape} raised {type(e).__name__}: {str(e)[:120]}")
 
-    # the large shape first, in at most half the budget (the 2026-11-29 run spent 65 of 75 s on these
-    # checks, kernel compiles included, and skipped every timing); odd shapes after the timings
-    run_checks(check_shapes[:1], 0.5 * budget_s)
+    # Order (the 2026-11-29 and session-11 runs spent their whole budget on checks, kernel compiles
+    # included, and skipped every timing): copy bandwidth, then the first dtype's timings (each op's
+    # kernels compile here; torch.compile while >= 45 s are left), then the large-shape checks (their
+    # kernels mostly compiled by now) until 80% of the budget, the other dtypes' timings, the odd shapes.
     copies = {dt: copy_bandwidth(time_shape, dt, device) for dt in dict.fromkeys(("bfloat16",) + tuple(dtypes))}
     sweep_rows = sweep(time_shape, device, time.monotonic(), sweep_s, copies["bfloat16"][0]) if sweep_s > 0 else []
+    t0 = time.monotonic()  # the sweep has its own budget
     times = []
-    for dt in dtypes:
-        for op in ops:
-            left = budget_s - (time.monotonic() - t0)
-            if left < 10:
-                notes.append(f"timing {op}/{dt} skipped: time budget spent")
-                continue
-            try:
-                times.append(time_op(op, time_shape, dt, device, copies[dt][0], compile_ok and left > 60))
-            except Exception as e:  # noqa: BLE001
-                notes.append(f"timing {op}/{dt} raised {type(e).__name__}: {str(e)[:120]}")
+
+    def run_times(dts, reserve: float) -> None:
+        for dt in dts:
+            for op in ops:
+                left = budget_s - (time.monotonic() - t0)
+                if left < reserve:
+                    notes.append(f"timing {op}/{dt} skipped: time budget spent")
+                    continue
+                try:
+                    times.append(time_op(op, time_shape, dt, device, copies[dt][0], compile_ok and left > 45))
+                except Exception as e:  # noqa: BLE001
+                    notes.append(f"timing {op}/{dt} raised {type(e).__name__}: {str(e)[:120]}")
+
+    run_times(dtypes[:1], 5)
+    run_checks(check_shapes[:1], 0.8 * budget_s)
+    run_times(dtypes[1:], 10)
     run_checks(check_shapes[1:], budget_s)
     try:
         from optwin.kernels._common import occupancy_table
@@ -452,7 +481,7 @@ def run(device: str = "cuda", check_shapes=CHECK_SHAPES, time_shape=TIME_SHAPE, 
 def main() -> int:
     dtypes = tuple(os.environ.get("BENCH_DTYPES", "bfloat16,float16").split(","))
     md = run("cuda", budget_s=float(os.environ.get("BENCH_BUDGET_S", "300")), dtypes=dtypes,
-             sweep_s=float(os.environ.get("BENCH_SWEEP_S", "0")))
+             sweep_s=float(os.environ.get("BENCH_SWEEP_S", "0")), ops=tuple(OPS))
     print(md)
     out = os.environ.get("OUT")
     if out:

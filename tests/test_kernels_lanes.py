@@ -62,7 +62,7 @@ def _fast_rows(n_rows: int, n: int, dtype: str, g: torch.Generator) -> torch.Ten
     return x.to(DT[dtype])
 
 
-@pytest.mark.parametrize("variant", [4, 5, 6, 7])
+@pytest.mark.parametrize("variant", [4, 5, 6, 7, 8])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("shape", [(41, 300), (37, 1024), (9, 1025), (40, 16), (35, 3)])
 def test_softmax_lane_variants_fast_path_match_ingest(variant, dtype, shape):
@@ -75,7 +75,7 @@ def test_softmax_lane_variants_fast_path_match_ingest(variant, dtype, shape):
     _close(got, want)
 
 
-@pytest.mark.parametrize("variant", [4, 5, 6, 7])
+@pytest.mark.parametrize("variant", [4, 5, 6, 7, 8])
 def test_softmax_lane_variants_slow_rows_redo_the_program(variant):
     """NaN, +inf, rows of -inf with a NaN, squares overflowing fp32 (no NaN at all in one case):
     the program re-reads its rows for exact statistics; peaked/eligible stay per row."""
@@ -105,7 +105,7 @@ def test_softmax_lane_variants_agree_with_variant_3():
     x = _fast_rows(50, 130, "bfloat16", _seed("lanes-v3"))
     x[12, 4] = float("nan")
     base, _ = _softmax(x, 3)
-    for v in (4, 5, 6, 7):
+    for v in (4, 5, 6, 7, 8):
         got, same = _softmax(x, v)
         assert same
         _close(got, base, rtol=1e-6)

@@ -14,7 +14,8 @@ A fully masked row gives m = -inf, h - m = NaN: y is NaN, as torch.softmax gives
 Compiled without FMA contraction (enable_fp_fusion=False: nothing in y's path is a mul feeding an
 add, so y's numerics are unchanged by it; it keeps the sketch's extra products from being fused
 into any shared instruction).
-The sketch (layout VARIANT 4, the default; the others stay selectable for bench/softmax_sketch.py):
+The sketch (layout VARIANT 4, the default; the others, layout 8's select-free branch for rows without
+-inf among them, stay selectable for bench/softmax_sketch.py):
 statistics that only need a global value are summed per lane: each thread keeps [LANES, KEEP]
 fp32 registers across its persistent row loop for the sum of squares (h*h over non-(-inf) lanes)
 and the -inf count (padding lanes included and subtracted), reduced across threads once per program
@@ -117,6 +118,19 @@ BIG: tl.constexpr = tl.constexpr(2.0**55)
 # The floor of this design is ~8 instructions per element for the sketch (select + square-add for
 # the sum of squares, select + add for the -inf count, select + min for the row min, clamp + mul-add
 # for t): the -inf masks are what cost, and the timing input masks a column in every row.
+# Session 11c (bench/results/softmax_sketch_h200_s11c.md; "masked" = the timing input, "no mask" =
+# the same rows without the -inf column):
+#   8: branch per row on the max tree's plain row min (max tree (h, min h); padding out of the min by
+#      the column mask unless EVEN = BLOCK == n_cols). No -inf: no per-element selects (EVEN): sum of
+#      squares h*h, t = sum e*(h - m), no -inf count (NaN/+inf/overflow make the lane sums
+#      non-finite: the redo; an h - m overflowing to -inf makes t NaN but also overflows the squares,
+#      so the redo recounts eligible/peaked too). Masked rows: layout 4's selects, the min over
+#      non-(-inf) lanes per thread then in a second small tree. h - m is inline asm in the masked
+#      branch (LLVM hoisted the shared fsub above the branch: h and d live together, 192 bytes of
+#      spills). SASS per row (offline sm_90, 64 registers): no mask ~860, masked ~1250 (layout 4
+#      ~1010, no sketch 539); 72 bytes of spills. H200: no mask 81.9/99.2 (+21%; layout 4 117.2),
+#      masked 82.0/140.1 (+71%; layout 4 116.5); with FMA fusion 99.3 / 126.0. Not the default: slower
+#      on the masked input (the masked branch's predicate packing, the extra min tree and spills).
 VARIANT = 4
 CHUNK = 256  # slow-path piece: no register spill at 16 warps (512 and up: an 8-byte stack frame)
 KEEP = 1  # accumulator chains per lane (VARIANT >= 4): [LANES, KEEP] registers each (2 spills at 64)
@@ -145,6 +159,11 @@ def _sum2(a0, a1, b0, b1):
 @triton.jit
 def _max_min(a0, a1, b0, b1):
     return tl.maximum(a0, b0), tl.minimum(a1, b1)
+
+
+@triton.jit
+def _sum_sum_min(a0, a1, a2, b0, b1, b2):
+    return a0 + b0, a1 + b1, tl.minimum(a2, b2)
 
 
 @triton.jit
@@ -219,6 +238,18 @@ def _entropy_sum(e):
     """t = sum e * ln(e) over lanes with a normal e (= sum e * (h - m) up to the exp/lg2
     approximations; a subnormal e adds less than 2^-126 * 87 and is left out)."""
     return tl.sum(tl.where(e >= 1.1754943508222875e-38, e * _log2_approx(e), 0.0), 0) * 0.6931471805599453
+
+
+@triton.jit
+def _sub_opaque(h, m):
+    """h - m (sub.rn.f32, the bits of `h - m`) that LLVM cannot hoist out of a branch: VARIANT 8's
+    two branches both compute h - m, and the hoisted copy kept h and d live together (64 registers
+    across the branch: 192 bytes of spills at the 64-register cap in an offline sm_90 compile)."""
+    if INTERPRET:
+        return h - m
+    else:
+        return tl.inline_asm_elementwise("sub.rn.f32 $0, $1, $2;", "=r,r,r", [h, m], dtype=tl.float32,
+                                         is_pure=True, pack=1)
 
 
 @triton.jit
@@ -329,11 +360,15 @@ def _row_is_slow(X_row, n_cols, CHUNK: tl.constexpr):
 
 
 @triton.jit
-def _merge_extremes(p_max, p_min, p_rng, p_rmx, rmax, rmin):
-    """A slow-path row's finite max and min merged into the program's max, min, widest row range and
-    smallest row max (a row without a finite entry has rmax = -inf < rmin = +inf and adds nothing)."""
+def _merge_extremes(p_max, p_min, p_rng, p_rmx, rmax, rmin, F_ptr):
+    """A slow-path row's finite max and min merged into the program's max, min and smallest row max
+    (a row without a finite entry has rmax = -inf < rmin = +inf and adds nothing). Its range goes
+    straight to the workspace's float64 slot: two finite float32 values can lie more than FMAX apart
+    (3e38 and -3e38), and the float32 difference would be inf where ingest has 6e38. Only slow rows
+    can (their squares overflow), so the main loop keeps its float32 range."""
     has = rmax >= rmin
-    return (tl.maximum(p_max, rmax), tl.minimum(p_min, rmin), tl.maximum(p_rng, tl.where(has, rmax - rmin, 0.0)),
+    tl.atomic_max(F_ptr + 4, tl.where(has, rmax.to(tl.float64) - rmin.to(tl.float64), 0.0), sem="relaxed")
+    return (tl.maximum(p_max, rmax), tl.minimum(p_min, rmin), p_rng,
             tl.minimum(p_rmx, tl.where(has, rmax, float("inf"))))
 
 
@@ -359,6 +394,7 @@ def _softmax_kernel(
     LANES: tl.constexpr,  # lanes of the accumulators (threads; _common.lane_shape)
     KEEP: tl.constexpr,  # independent accumulator chains per lane (divides VEC; _common's lane partials)
     FLUSH: tl.constexpr,  # rows between float64 flushes of the lane sums of squares
+    EVEN: tl.constexpr = False,  # BLOCK == n_cols (no padding lanes); VARIANT 8 only, False elsewhere
 ):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
@@ -380,6 +416,7 @@ def _softmax_kernel(
             a_sq = tl.zeros([LANES, KEEP], dtype=tl.float32)  # per lane: sum of h*h over non-(-inf) entries
             a_neg = tl.zeros([LANES, KEEP], dtype=tl.float32)  # per lane: -inf count (padding included; exact, flushed)
             n_left = tl.full((), FLUSH, tl.int32)  # rows until the next flush of a_sq
+            n_fast = tl.zeros((), dtype=tl.int32)  # VARIANT 8: rows of the fast branch (their padding is not in a_neg)
             peak_s = tl.exp(peak_nats) * 1.0001  # VARIANT 6: rows with s below this may be peaked
             if VARIANT == 7:  # row slots: one row's scalars per lane
                 lane_id = tl.arange(0, LANES)
@@ -396,7 +433,44 @@ def _softmax_kernel(
         x = tl.load(X_ptr + row * X_row_stride + cols, mask=mask, other=-float("inf"),
                     eviction_policy="evict_first")  # read n (dtype)
         h = x.to(tl.float32)
-        if SKETCH and VARIANT >= 4:
+        if SKETCH and VARIANT == 8:
+            # max tree: (max, plain min over the row's columns): no -inf mask before the branch
+            if EVEN:
+                hm = h
+            else:
+                hm = tl.where(mask, h, float("inf"))  # padding (loaded as -inf) stays out of the min
+            if INTERPRET:
+                m, rmin = tl.max(h, 0), tl.min(hm, 0)
+            else:
+                m, rmin = tl.reduce((h, hm), 0, _max_min)
+            if rmin > -float("inf"):  # no masked column: no per-element selects (EVEN)
+                if EVEN:
+                    a_sq += lane_sum(h * h, BLOCK, LANES, VEC, KEEP)  # NaN/+inf/overflow: caught after the loop
+                    d = h - m
+                    e = tl.exp(d)
+                    ed = e * d  # -inf only if h - m overflows (|h| ~ FMAX): t NaN, redone below
+                else:
+                    hz = tl.where(mask, h, 0.0)
+                    a_sq += lane_sum(hz * hz, BLOCK, LANES, VEC, KEEP)
+                    d = h - m
+                    e = tl.exp(d)
+                    ed = e * tl.maximum(d, -FMAX)  # padding: 0 * -FMAX
+                s, t = _sum_pair(e, ed)
+                if not EVEN:
+                    n_fast += 1
+            else:  # masked columns (or a fully masked row): layout 4's per-element selects
+                ninf = h == -float("inf")
+                hz = tl.where(ninf, 0.0, h)
+                a_sq += lane_sum(hz * hz, BLOCK, LANES, VEC, KEEP)
+                a_neg += lane_sum(tl.where(ninf, 1.0, 0.0), BLOCK, LANES, VEC, KEEP)  # padding included
+                # min over non-(-inf) lanes, first inside each thread, so h's lanes die into it as in
+                # layout 4's max tree (a [BLOCK] lo kept for the sum tree spilled at 64 registers)
+                lo = lane_min(tl.where(ninf, float("inf"), h), BLOCK, LANES, VEC, KEEP)  # [LANES, KEEP]
+                d = _sub_opaque(h, m)  # h - m, not hoisted above the branch
+                e = tl.exp(d)
+                s, t = _sum_pair(e, e * tl.maximum(d, -FMAX))
+                rmin = tl.min(tl.min(lo, 1), 0)  # across threads: one value each
+        elif SKETCH and VARIANT >= 4:
             ninf = h == -float("inf")
             hz = tl.where(ninf, 0.0, h)
             a_sq += lane_sum(hz * hz, BLOCK, LANES, VEC, KEEP)  # NaN/+inf/overflow: non-finite, caught after the loop
@@ -523,6 +597,8 @@ def _softmax_kernel(
             p_peak += q_peak
         p_sq += tl.sum(a_sq).to(tl.float64)
         mine = tl.cdiv(n_rows - pid, tl.num_programs(0))  # rows of this program
+        if VARIANT == 8:
+            mine -= n_fast  # fast-branch rows added no padding to a_neg
         p_neg += tl.sum(a_neg).to(tl.int64) - (BLOCK - n_cols) * tl.cast(mine, tl.int64)  # less the padding
         if VARIANT == 5:
             p_min = tl.min(a_lo)
@@ -535,10 +611,19 @@ def _softmax_kernel(
             p_sq = tl.zeros((), dtype=tl.float64)
             p_neg = tl.zeros((), dtype=tl.int64)
             p_masked = tl.zeros((), dtype=tl.int32)
+            if VARIANT == 8:  # the fast branch's t is NaN where h - m overflowed (squares overflow too)
+                p_elig = tl.zeros((), dtype=tl.int32)
+                p_peak = tl.zeros((), dtype=tl.int32)
             for r2 in tl.range(pid, n_rows, tl.num_programs(0)):
-                sq2, nf, nneg2, rmax, rmin2 = _row_stats_chunked(
-                    X_ptr + tl.cast(r2, tl.int64) * X_row_stride, n_cols, CHUNK)
-                p_max, p_min, p_rng, p_rmx = _merge_extremes(p_max, p_min, p_rng, p_rmx, rmax, rmin2)
+                if VARIANT == 8:
+                    sq2, nf, nneg2, rmax, rmin2, elig2, peak2 = _exact_row_chunked(
+                        X_ptr + tl.cast(r2, tl.int64) * X_row_stride, n_cols, peak_nats, CHUNK)
+                    p_elig += elig2
+                    p_peak += peak2
+                else:
+                    sq2, nf, nneg2, rmax, rmin2 = _row_stats_chunked(
+                        X_ptr + tl.cast(r2, tl.int64) * X_row_stride, n_cols, CHUNK)
+                p_max, p_min, p_rng, p_rmx = _merge_extremes(p_max, p_min, p_rng, p_rmx, rmax, rmin2, F_ptr)
                 p_sq += sq2
                 p_nf += nf
                 p_neg += nneg2
@@ -551,7 +636,7 @@ def _softmax_kernel(
                     if _row_is_slow(X_row, n_cols, CHUNK):
                         sq2, nf, nneg2, rmax, rmin2, elig2, peak2 = _exact_row_chunked(
                             X_row, n_cols, peak_nats, CHUNK)
-                        p_max, p_min, p_rng, p_rmx = _merge_extremes(p_max, p_min, p_rng, p_rmx, rmax, rmin2)
+                        p_max, p_min, p_rng, p_rmx = _merge_extremes(p_max, p_min, p_rng, p_rmx, rmax, rmin2, F_ptr)
                         p_sq += sq2
                         p_nf += nf
                         p_neg += nneg2
@@ -568,7 +653,7 @@ def _softmax_kernel(
                         _, sq2, nf, rmax, rmin2 = _exact_row(h2, mask)
                         nneg2 = tl.sum(tl.where(ninf2 & mask, 1.0, 0.0), axis=0)
                         has2 = rmax >= rmin2
-                        p_max, p_min, p_rng, p_rmx = _merge_extremes(p_max, p_min, p_rng, p_rmx, rmax, rmin2)
+                        p_max, p_min, p_rng, p_rmx = _merge_extremes(p_max, p_min, p_rng, p_rmx, rmax, rmin2, F_ptr)
                         p_sq += sq2.to(tl.float64)
                         p_nf += tl.cast(nf, tl.int64)
                         p_neg += nneg2.to(tl.int64)
@@ -641,12 +726,14 @@ def _softmax_launch(
     vec, lanes = lane_shape(block, x2.element_size(), warps)
     kp = min(KEEP if keep is None else keep, vec) if sketch and var >= 4 else 1
     cap = (MAXNREG.get((block, warps)) if maxnreg is None else maxnreg) if sketch and var >= 4 else None
-    key = ("softmax", x2.dtype, y2.dtype, block, warps, st, sp, sketch, var, fuse, cap, kp)
+    even = var == 8 and block == n  # VARIANT 8's select-free branch needs no column mask
+    key = ("softmax", x2.dtype, y2.dtype, block, warps, st, sp, sketch, var, fuse, cap, kp, even)
     extra = {"maxnreg": cap} if cap and x2.device.type == "cuda" else {}
     k = _softmax_kernel[(persistent_grid(key, n_rows, x2.device, per_sm),)](
         x2, x2.stride(0), y2, y2.stride(0), buf if sketch else y2, f, i, n_rows, n, PEAK_NATS,
         BLOCK=block, SKETCH=sketch, STAGES=st, SPLIT=sp, VARIANT=var,
-        CHUNK=min(CHUNK, block), VEC=vec, LANES=lanes, KEEP=kp, FLUSH=FLUSH, num_warps=warps, enable_fp_fusion=fuse,
+        CHUNK=min(CHUNK, block), VEC=vec, LANES=lanes, KEEP=kp, FLUSH=FLUSH, EVEN=even, num_warps=warps,
+        enable_fp_fusion=fuse,
         **extra,
     )
     note_occupancy(key, k, warps)
