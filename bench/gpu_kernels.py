@@ -29,8 +29,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for `optwin`
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # bench/, for `_bench_common`
 
 import torch
+from _bench_common import within_budget, write_report
 
 from optwin.kernels import production as P
 from optwin.kernels.compare import mismatch_report
@@ -329,8 +331,8 @@ def report(checks: list[dict[str, Any]], copies: dict[str, tuple[float, float]],
     for dt, (ms, gbps) in copies.items():
         lines.append(f"| {dt} | {ms * 1e3:.1f} µs | {gbps:.0f} |")
     lines += ["", "## Timing (median µs; bandwidth = read + write bytes / time)", "",
-              "| op | dtype | shape | kernel | GB/s | % of copy | eager | compiled | kernel+sketch | sketch cost "
-              "| extra launches | unfused minimal sketch | ingest sketch (fp64) |",
+              ("| op | dtype | shape | kernel | GB/s | % of copy | eager | compiled | kernel+sketch | sketch cost "
+               "| extra launches | unfused minimal sketch | ingest sketch (fp64) |"),
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     us = lambda v: _fmt(v * 1e3, 4)
     for r in times:
@@ -385,6 +387,13 @@ def _sweep_launcher(op: str, inp: dict[str, Tensor], params: dict[str, Any], y: 
                                    inv=inv, base=float(params["base"]), **cfg)
 
 
+def _sweep_launchers(op: str, inp: dict[str, Tensor], params: dict[str, Any], y: Tensor, y0: Tensor,
+                     cfg: dict[str, Any]):
+    """(fn(buf) writing y, fn(buf) writing y0) for op with the overrides in cfg: the sketch run and
+    the run without it, for the bit-identity check."""
+    return _sweep_launcher(op, inp, params, y, cfg), _sweep_launcher(op, inp, params, y0, cfg)
+
+
 def sweep(shape, device: str, t0: float, budget_s: float, copy_ms: float) -> list[str]:
     """Markdown rows: each SWEEP config of each op (bf16) timed with and without the sketch, and
     whether y is bit-identical between the two (the timing shape)."""
@@ -396,14 +405,9 @@ def sweep(shape, device: str, t0: float, budget_s: float, copy_ms: float) -> lis
         y = torch.empty_like(inp["x"])
         y0 = torch.empty_like(y)
         buf = new_buffer(op, device)
-        for cfg in cfgs:
-            name = ",".join(f"{k}={v}" for k, v in cfg.items()) or "default"
-            if time.monotonic() - t0 > budget_s:
-                out.append(f"| {op} | {name} | skipped: time budget spent | | | | |")
-                continue
+        for name, cfg in within_budget(cfgs, t0, budget_s, out, op, 4):
             try:
-                f = _sweep_launcher(op, inp, params, y, cfg)
-                f0 = _sweep_launcher(op, inp, params, y0, cfg)
+                f, f0 = _sweep_launchers(op, inp, params, y, y0, cfg)
                 a, b2 = t(lambda: f0(None)), t(lambda: f(buf))  # noqa: B023 - called at once
                 same = torch.equal(y.view(torch.int16), y0.view(torch.int16))
                 out.append(f"| {op} | {name} | {a * 1e3:.1f} | {100 * copy_ms / a:.0f}% | {b2 * 1e3:.1f} | "
@@ -482,10 +486,7 @@ def main() -> int:
     dtypes = tuple(os.environ.get("BENCH_DTYPES", "bfloat16,float16").split(","))
     md = run("cuda", budget_s=float(os.environ.get("BENCH_BUDGET_S", "300")), dtypes=dtypes,
              sweep_s=float(os.environ.get("BENCH_SWEEP_S", "0")), ops=tuple(OPS))
-    print(md)
-    out = os.environ.get("OUT")
-    if out:
-        Path(out, "kernels.md").write_text(md)
+    write_report(md, "kernels.md")
     return 0
 
 

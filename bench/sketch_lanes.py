@@ -16,7 +16,6 @@ Needs torch and triton only (the optwin modules it imports are pure Python + tor
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import time
@@ -24,14 +23,13 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for `optwin`
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # bench/, for the modules below
 
 import torch
+from _bench_common import report_tail, within_budget, worst_diff, write_report
+from gpu_kernels import OPS, TIME_SHAPE, _sweep_launchers
 
-from optwin.kernels._common import occupancy_table
 from optwin.kernels.sketch_buffer import new_buffer, read_sketch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_kernels import OPS, TIME_SHAPE, _sweep_launcher
 
 SMOKE = "--smoke" in sys.argv
 DEV = "cpu" if SMOKE else "cuda"
@@ -62,14 +60,7 @@ def _special(op: str, inp: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def _diff(op: str, inp: dict[str, torch.Tensor], params: dict[str, Any], buf: torch.Tensor) -> str:
     from optwin.ingest.sketch import sketch as ingest_sketch
 
-    got = read_sketch(op, buf, inp["x"].shape, params)
-    want = ingest_sketch(op, inp, params)
-    worst, key = 0.0, ""
-    for k, w in want.items():
-        d = abs(got[k] - w) / max(abs(w), 1e-30) if got[k] != w else 0.0
-        if d > worst or math.isnan(d):
-            worst, key = d, k
-    return f"{worst:.1e} ({key})" if key else "0"
+    return worst_diff(read_sketch(op, buf, inp["x"].shape, params), ingest_sketch(op, inp, params))
 
 
 def _bench(fn) -> float:
@@ -104,21 +95,15 @@ def main() -> str:
         s2 = {k: (v.reshape(-1, v.shape[-1]) if k == "x" and op != "rope" else v) for k, v in sp.items()}
         y, y0 = torch.empty_like(x2["x"]), torch.empty_like(x2["x"])
         buf = new_buffer(op, DEV)
-        for cfg in cfgs:
-            name = ",".join(f"{k}={v}" for k, v in cfg.items()) or "default"
-            if time.monotonic() - t0 > budget:
-                lines.append(f"| {op} | {name} | skipped: budget spent | | | | | | | |")
-                continue
+        for name, cfg in within_budget(cfgs, t0, budget, lines, op, 7):
             try:
-                f = _sweep_launcher(op, x2, params, y, cfg)
-                f0 = _sweep_launcher(op, x2, params, y0, cfg)
+                f, f0 = _sweep_launchers(op, x2, params, y, y0, cfg)
                 a = _bench(lambda: f0(None))  # noqa: B023
                 b = _bench(lambda: f(buf))  # noqa: B023
                 same = torch.equal(y.view(torch.int16), y0.view(torch.int16))
                 f(buf)
                 d = _diff(op, inp, params, buf)
-                fs = _sweep_launcher(op, s2, params, y, cfg)
-                fs0 = _sweep_launcher(op, s2, params, y0, cfg)
+                fs, fs0 = _sweep_launchers(op, s2, params, y, y0, cfg)
                 fs(buf)
                 fs0(None)
                 same_s = torch.equal(y.view(torch.int16), y0.view(torch.int16))
@@ -128,14 +113,8 @@ def main() -> str:
             except Exception as e:  # noqa: BLE001 - report and go on
                 lines.append(f"| {op} | {name} | {type(e).__name__}: {str(e)[:100]} | | | | | | | |")
             print(lines[-1], flush=True)
-    lines += ["", "programs per SM:", ""]
-    lines += [f"- {k}: {v}" for k, v in sorted(occupancy_table().items(), key=str) if k[0] != "softmax"]
-    lines.append(f"\ntorch {torch.__version__}; wall {time.monotonic() - t0:.0f} s")
-    return "\n".join(lines) + "\n"
+    return report_tail(lines, t0, "programs per SM:", lambda k: k[0] != "softmax")
 
 
 if __name__ == "__main__":
-    md = main()
-    print(md)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "sketch_lanes.md").write_text(md)
+    write_report(main(), "sketch_lanes.md")

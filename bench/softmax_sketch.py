@@ -4,7 +4,9 @@
     BENCH_BUDGET_S=0 BENCH_CHECK_S=120 python bench/softmax_sketch.py   # the odd-shape checks only
 
 Last runs: bench/results/softmax_sketch_h200.md (variants 0-3), bench/results/softmax_sketch_h200_s11.md
-and _s11b.md (variants 3-6: the per-lane accumulators of issue #6), _s11c.md (layouts 4 and 8 on both inputs).
+and _s11b.md (variants 3-6: the per-lane accumulators of issue #6), _s11c.md (layouts 4 and 8 on both inputs),
+_s11e.md (layouts 8 and 4 after the clean-up). The kernel keeps layouts 3, 4 and 8 (softmax.LAYOUTS); 0-2
+and 5-7 were measured and dropped (their numbers are in optwin/kernels/softmax.py's comment block).
 
 For each launch config (softmax.VARIANT x num_warps x stages x FMA fusion x register cap) at
 4096x16384 bf16, on the masked timing input (column 1 is -inf in every row, the worst case for the
@@ -25,20 +27,22 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for `optwin`
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # bench/, for `_bench_common`
 
 import torch
+from _bench_common import report_tail, worst_diff, write_report
 
-from optwin.kernels._common import occupancy_table
 from optwin.kernels.sketch_buffer import new_buffer, read_sketch
 
-# (variant, num_warps, stages, enable_fp_fusion, maxnreg: None = softmax.MAXNREG, 0 = no cap);
-# (3, 16, 1, False, None) was the default before the lane accumulators, (4, 16, 1, False, None) is
+# (variant, num_warps, stages, enable_fp_fusion, maxnreg: None = softmax.MAXNREG, 0 = no cap), variant
+# one of softmax.LAYOUTS; (3, 16, 1, False, None) was the default before the lane accumulators,
+# (4, 16, 1, False, None) is
 CONFIGS = [(4, 16, 1, False, None), (8, 16, 1, False, None), (8, 16, 1, True, None), (4, 16, 1, True, None),
            (8, 16, 1, False, 0)]
 # session 11c: layout 8 (a select-free branch for rows without -inf) on both inputs; earlier sweeps
-# timed (3, 16, 1, False, None), (6, 16, 1, True, None) and (7, 16, 1, False, None)
-# the first sweep (bench/results/softmax_sketch_h200_s11.md) also timed (4, 16, 1, True, 0) 167.0 µs,
-# (5, 16, 1, True, None) 384.3, (3, 16, 1, True, None) 120.0, (4, 8, 1, True, 128) 135.8, (6, 16, 1, False, None) 118.4
+# timed layout 3 at 16 warps (fused 120.0 µs) and layout 4 uncapped (167.0) and at 8 warps, 128
+# registers (135.8), and the layouts since removed from the kernel: 5 (384.3), 6 (118.4, fused
+# 117.6) and 7 (in an earlier CONFIGS, no GPU timing on record)
 LAYOUTS = (8, 4)  # checked at the odd shapes (the default's launch), while the budget lasts
 # correctness of the new layouts at the tuned launch of other row lengths (BLOCK 1024, 2048, 65536)
 ODD_SHAPES = [(1823, 781), (7, 1025), (3, 65536), (4096, 16384)]
@@ -87,13 +91,7 @@ def _diff(x: torch.Tensor, buf: torch.Tensor, key: str = "") -> str:
         want = ingest_sketch("softmax", {"x": x.cpu()})
         if key:
             _WANT[key] = want
-    got = read_sketch("softmax", buf, x.shape)
-    worst, key = 0.0, ""
-    for k, w in want.items():
-        d = abs(got[k] - w) / max(abs(w), 1e-30) if got[k] != w else 0.0
-        if d > worst or math.isnan(d):
-            worst, key = d, k
-    return f"{worst:.1e} ({key})" if key else "0"
+    return worst_diff(read_sketch("softmax", buf, x.shape), want)
 
 
 def main() -> str:
@@ -155,14 +153,9 @@ def main() -> str:
                 lines.append(f"| {var} | {shp[0]}x{shp[1]} | {'yes' if same else 'NO'} | {_diff(xo, buf)} |")
             except Exception as e:  # noqa: BLE001
                 lines.append(f"| {var} | {shp[0]}x{shp[1]} | {type(e).__name__}: {str(e)[:80]} | |")
-    lines += ["", "programs per SM (key: op, dtypes, BLOCK, warps, stages, split, sketch, variant, fusion, maxnreg):", ""]
-    lines += [f"- {k}: {v}" for k, v in sorted(occupancy_table().items(), key=str) if k[0] == "softmax"]
-    lines.append(f"\ntorch {torch.__version__}; wall {time.monotonic() - t0:.0f} s")
-    return "\n".join(lines) + "\n"
+    return report_tail(lines, t0, "programs per SM (key: op, dtypes, BLOCK, warps, stages, split, sketch, variant, "
+                       "fusion, maxnreg, keep, even):", lambda k: k[0] == "softmax")
 
 
 if __name__ == "__main__":
-    md = main()
-    print(md)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "softmax_sketch.md").write_text(md)
+    write_report(main(), "softmax_sketch.md")

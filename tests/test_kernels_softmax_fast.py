@@ -14,59 +14,37 @@ os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (the kernels r
 
 import pytest
 import torch
+from _kernel_checks import close, seed, softmax_layout
 
 from optwin.ingest import sketch as ingest_sketch
-from optwin.kernels import read_sketch
-from optwin.kernels.sketch_buffer import new_buffer
 
 DT = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
-def _seed(*key: object) -> torch.Generator:
-    return torch.Generator().manual_seed(sum(map(ord, repr(key))) * 7919 % 2**31)
-
-
-def _close(got: dict[str, float], want: dict[str, float], rtol: float = 1e-5) -> None:
-    assert list(got) == list(want)
-    for k, w in want.items():
-        assert math.isclose(got[k], w, rel_tol=rtol, abs_tol=1e-30), f"{k}: kernel {got[k]} != want {w}"
-
-
-def _bits(y: torch.Tensor) -> torch.Tensor:
-    return y.view(torch.int16) if y.element_size() == 2 else y.view(torch.int32)
-
-
 def _run(x: torch.Tensor, variant: int = 8) -> tuple[dict[str, float], bool]:
-    """(sketch by `variant`, y bit-identical to the kernel without the sketch)."""
-    from optwin.kernels.softmax import _softmax_launch
-
-    x2 = x.reshape(-1, x.shape[-1])
-    y1, y0 = torch.empty_like(x2), torch.empty_like(x2)
-    buf = new_buffer("softmax", x.device)
-    _softmax_launch(x2, y1, buf, variant=variant)
-    _softmax_launch(x2, y0, None)
-    return read_sketch("softmax", buf, x.shape), bool(torch.equal(_bits(y1), _bits(y0)))
+    """(sketch by `variant`, y bit-identical to the kernel without the sketch); layout 8 by default."""
+    return softmax_layout(x, variant)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("shape", [(38, 256), (37, 300), (21, 1024), (9, 1025), (40, 16), (35, 3)])
 def test_unmasked_rows_take_the_fast_branch_and_match_ingest(dtype, shape):
     """No -inf anywhere (EVEN widths have no padding; odd widths pad with -inf, out of the min)."""
-    g = _seed("fast", shape, dtype)
+    g = seed("fast", shape, dtype)
     x = (torch.randn(*shape, generator=g) * torch.logspace(-1, 2, shape[0])[:, None]).to(DT[dtype])
     got, same = _run(x)
     assert same and got["masked_frac"] == 0 and got["masked_rows"] == 0
     want = ingest_sketch("softmax", {"x": x})
     assert 0 < want["peaked_frac"] < 1 or shape[1] < 16
-    _close(got, want)
-    _close(got, _run(x, 4)[0], rtol=1e-6)
+    close(got, want)
+    close(got, _run(x, 4)[0], rtol=1e-6)
 
 
 @pytest.mark.parametrize("shape", [(41, 256), (33, 300), (13, 1025)])
 def test_mixed_rows_fully_and_partly_masked(shape):
     """Masked and unmasked rows interleaved in each program: the -inf count (padding subtracted only
     for masked-branch rows), masked rows, the min over non-(-inf) entries."""
-    g = _seed("mixed", shape)
+    g = seed("mixed", shape)
     n = shape[1]
     x = torch.randn(*shape, generator=g) * torch.logspace(0, 2, shape[0])[:, None]
     x[::3, : n // 4] = -math.inf  # partly masked
@@ -79,14 +57,14 @@ def test_mixed_rows_fully_and_partly_masked(shape):
     assert same
     want = ingest_sketch("softmax", {"x": x})
     assert got["masked_rows"] == want["masked_rows"] == 1 and 0 < got["masked_frac"] < 1
-    _close(got, want)
+    close(got, want)
 
 
 def test_poisoned_rows_in_the_fast_branch_redo_the_program():
     """NaN, +inf and huge finite values in rows without -inf (the fast branch's lane sums go
     non-finite) next to masked rows; one row's h - m overflows to -inf (t NaN in the fast branch),
     which the redo's exact per-row pass must still count as eligible and peaked."""
-    g = _seed("poison")
+    g = seed("poison")
     x = torch.randn(40, 256, generator=g) * 3
     x[1, 17] = float("nan")
     x[2, 3] = float("inf")
@@ -107,24 +85,24 @@ def test_poisoned_rows_in_the_fast_branch_redo_the_program():
 
 def test_the_sweep_input_without_its_mask_matches_ingest():
     """bench/softmax_sketch.py's "no mask" input (rows from flat to peaked, no -inf) at a small width."""
-    g = _seed("sweep")
+    g = seed("sweep")
     x = (torch.logspace(0, 2, 64).reshape(-1, 1) * torch.randn(64, 512, generator=g)).to(torch.bfloat16)
     got, same = _run(x)
     assert same
-    _close(got, ingest_sketch("softmax", {"x": x}))
+    close(got, ingest_sketch("softmax", {"x": x}))
     masked = x.clone()
     masked[:, 1] = -math.inf
     got_m, same_m = _run(masked)
     assert same_m and got_m["masked_frac"] == pytest.approx(1 / 512)
-    _close(got_m, ingest_sketch("softmax", {"x": masked}))
+    close(got_m, ingest_sketch("softmax", {"x": masked}))
 
 
 @pytest.mark.parametrize("variant", [3, 4, 8])  # the layouts after the chunked slow path (0 sums squares in fp32)
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_a_row_range_past_float32_max_is_exact(variant, dtype):
     """3e38 and -3e38 in one row: the range (6e38) is a float64 in the sketch, as in ingest, not inf."""
-    x = torch.randn(6, 300, generator=_seed("range", variant, dtype)).to(DT[dtype])
+    x = torch.randn(6, 300, generator=seed("range", variant, dtype)).to(DT[dtype])
     x[2, 0], x[2, 7] = 3e38, -3e38
     got, same = _run(x, variant)
     assert same and math.isfinite(got["max_row_range"])
-    _close(got, ingest_sketch("softmax", {"x": x}))
+    close(got, ingest_sketch("softmax", {"x": x}))

@@ -13,6 +13,7 @@ os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (the kernels r
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from _kernel_checks import close, seed
 
 from optwin.ingest import sketch as ingest_sketch  # noqa: E402
 from optwin.kernels import read_sketch, run_variant  # noqa: E402
@@ -27,10 +28,6 @@ VS_FLOAT64 = [("float16", 2e-3, 2e-3), ("bfloat16", 1.6e-2, 1.6e-2), ("float32",
 VS_PRODUCTION = [("float16", 4e-3, 4e-3), ("bfloat16", 3.2e-2, 3.2e-2), ("float32", 4e-5, 4e-5)]
 
 SHAPES = [(3, 781), (1, 1), (5, 1024), (7, 1025), (2, 3, 64)]
-
-
-def _seed(*key: object) -> torch.Generator:
-    return torch.Generator().manual_seed(sum(map(ord, repr(key))) * 7919 % 2**31)
 
 
 # ------------------------------------------------------------------ per-op inputs and float64 math
@@ -132,12 +129,6 @@ def _check(got: torch.Tensor, want: torch.Tensor, atol: float, rtol: float) -> N
     assert report is None, report
 
 
-def _sketch_close(got: dict[str, float], want: dict[str, float], rtol: float = 1e-5) -> None:
-    assert list(got) == list(want)
-    for k in want:
-        assert math.isclose(got[k], want[k], rel_tol=rtol, abs_tol=1e-30), f"{k}: kernel {got[k]} != ingest {want[k]}"
-
-
 # ------------------------------------------------------------------ generic tests over OPS
 
 
@@ -146,18 +137,18 @@ def _sketch_close(got: dict[str, float], want: dict[str, float], rtol: float = 1
 @pytest.mark.parametrize("dtype,atol,rtol", VS_FLOAT64)
 def test_kernel_matches_float64(op, shape, dtype, atol, rtol):
     make, ref, kernel, _ = OPS[op]
-    inp, params = make(shape, dtype, _seed(op, shape, dtype))
+    inp, params = make(shape, dtype, seed(op, shape, dtype))
     y, buf = kernel(inp, params, sketch=True)
     assert y.dtype == DT[dtype] and y.shape == next(iter(inp.values())).shape
     _check(y, ref(inp, params), atol, rtol)
-    _sketch_close(read_sketch(op, buf, inp["x"].shape, params), ingest_sketch(op, inp, params))
+    close(read_sketch(op, buf, inp["x"].shape, params), ingest_sketch(op, inp, params))
 
 
 @pytest.mark.parametrize("op", list(OPS))
 @pytest.mark.parametrize("dtype,atol,rtol", VS_PRODUCTION)
 def test_kernel_matches_production_variant(op, dtype, atol, rtol):
     make, _, _, variant = OPS[op]
-    inp, params = make((7, 1025), dtype, _seed(op, dtype, "prod"))
+    inp, params = make((7, 1025), dtype, seed(op, dtype, "prod"))
     got = run_variant(op, "triton", dtype, inp, params)
     _check(got, run_variant(op, variant, dtype, inp, params).double(), atol, rtol)
 
@@ -165,7 +156,7 @@ def test_kernel_matches_production_variant(op, dtype, atol, rtol):
 @pytest.mark.parametrize("op", list(OPS))
 def test_sketch_flag_does_not_change_output(op):
     make, _, kernel, _ = OPS[op]
-    inp, params = make((5, 300), "bfloat16", _seed(op, "flag"))
+    inp, params = make((5, 300), "bfloat16", seed(op, "flag"))
     y1, buf = kernel(inp, params, sketch=True)
     y0, none = kernel(inp, params, sketch=False)
     assert none is None and buf is not None
@@ -175,7 +166,7 @@ def test_sketch_flag_does_not_change_output(op):
 @pytest.mark.parametrize("op", list(OPS))
 def test_sketch_counts_nonfinite_and_ignores_them_in_magnitudes(op):
     make, _, kernel, _ = OPS[op]
-    inp, params = make((4, 37), "float32", _seed(op, "nan"))
+    inp, params = make((4, 37), "float32", seed(op, "nan"))
     x = inp["x"]
     flat = x.view(-1)  # rows of 37 for rmsnorm/softmax/layernorm; rope's x is (4, 3, 12)
     flat[3], flat[74], flat[110] = float("nan"), float("inf"), -float("inf")
@@ -183,7 +174,7 @@ def test_sketch_counts_nonfinite_and_ignores_them_in_magnitudes(op):
     _, buf = kernel(inp, params, sketch=True)
     got = read_sketch(op, buf, x.shape, params)
     want = ingest_sketch(op, inp, params)
-    _sketch_close(got, want)
+    close(got, want)
     assert got["absmax"] == 1e4
     assert got["nonfinite"] == (2 if op == "softmax" else 3)  # -inf is a mask for softmax
 
@@ -227,33 +218,33 @@ def test_mismatch_report_names_count_indices_and_nan():
 def test_softmax_masked_rows_and_out_dtype():
     from optwin.kernels.softmax import softmax
 
-    x = torch.randn(4, 6, generator=_seed("mask")).half()
+    x = torch.randn(4, 6, generator=seed("mask")).half()
     x[2] = -math.inf
     x[0, :3] = -math.inf
     y, buf = softmax(x, out_dtype=torch.float32)
     assert y.dtype == torch.float32 and torch.isnan(y[2]).all() and (y[0, :3] == 0).all()
     s = read_sketch("softmax", buf, x.shape)
     assert s["masked_rows"] == 1 and s["masked_frac"] == pytest.approx(9 / 24) and s["nonfinite"] == 0
-    _sketch_close(s, ingest_sketch("softmax", {"x": x}))
+    close(s, ingest_sketch("softmax", {"x": x}))
     assert torch.allclose(y[[0, 1, 3]], torch.softmax(x[[0, 1, 3]].double(), -1).float(), atol=1e-6)
 
 
 def test_layernorm_sketch_ratio_cap_and_min_std():
     from optwin.kernels.layernorm import layernorm
 
-    x = torch.randn(3, 64, generator=_seed("ln")).float()
+    x = torch.randn(3, 64, generator=seed("ln")).float()
     x[0] = 7.0  # constant row: std 0, mean 7 -> ratio capped at 1e30
     x[1] = 1000.0 + x[1]  # |mean|/std ~ 1000
     w, b = torch.ones(64), torch.full((64,), -3.0)
     y, buf = layernorm(x, w, b)
     s = read_sketch("layernorm", buf, x.shape)
     assert s["max_mean_over_std"] == 1e30 and s["min_row_std"] == 0.0 and s["bias_absmax"] == 3.0
-    _sketch_close(s, ingest_sketch("layernorm", {"x": x, "weight": w, "bias": b}), rtol=1e-4)
+    close(s, ingest_sketch("layernorm", {"x": x, "weight": w, "bias": b}), rtol=1e-4)
     assert torch.allclose(y[0], torch.full((64,), -3.0))  # (h - m) == 0 exactly, y = bias
 
 
 def test_rope_large_positions_match_fp32_angles_variant():
-    g = _seed("rope-large")
+    g = seed("rope-large")
     x = torch.randn(9, 4, 32, generator=g)
     pos = torch.tensor([0, 1, 100, 4095, 4096, 20000, 65535, 131071, 500000])
     inp = {"x": x, "positions": pos}
@@ -265,14 +256,14 @@ def test_rope_large_positions_match_fp32_angles_variant():
     _, buf = rope(x, -pos, 500.0)
     s = read_sketch("rope", buf, x.shape, {"base": 500.0})
     assert s["max_pos"] == 500000 and s["base"] == 500.0
-    _sketch_close(s, ingest_sketch("rope", {"x": x, "positions": -pos}, {"base": 500.0}))
+    close(s, ingest_sketch("rope", {"x": x, "positions": -pos}, {"base": 500.0}))
 
 
 def test_rope_from_tables_matches_hf_rotary():
-    from optwin.kernels.rope import rope_from_tables
     from optwin.kernels.production import rotate_half
+    from optwin.kernels.rope import rope_from_tables
 
-    g = _seed("tables")
+    g = seed("tables")
     q = torch.randn(2, 3, 5, 8, generator=g).to(torch.bfloat16)  # (B, H, S, D)
     ang = torch.rand(1, 5, 4, generator=g) * 10
     emb = torch.cat([ang, ang], -1)  # (1, S, D)
@@ -290,7 +281,7 @@ def test_softmax_peaked_frac_counts_low_entropy_rows():
     from optwin.kernels.softmax import softmax
 
     n = 64
-    x = torch.randn(9, n, generator=_seed("peaked")) * 0.1  # near-uniform rows: H ~ log 64 = 4.2
+    x = torch.randn(9, n, generator=seed("peaked")) * 0.1  # near-uniform rows: H ~ log 64 = 4.2
     x[0, 5] = 30.0  # one dominant entry: H ~ 0
     x[1, :] = -math.inf
     x[1, 7] = 2.0  # one finite entry among masks: H = 0 exactly
@@ -305,19 +296,19 @@ def test_softmax_peaked_frac_counts_low_entropy_rows():
     # eligible rows 0, 1, 5, 6, 7, 8; peaked rows 0, 1, 6
     assert DEFAULT_TOLERANCES.low_entropy_nats == 0.3 and s["peaked_frac"] == pytest.approx(3 / 6)
     # the default layout's slow path sums squares in float64: 1e20^2 no longer overflows rms
-    _sketch_close(s, ingest_sketch("softmax", {"x": x}))
+    close(s, ingest_sketch("softmax", {"x": x}))
     _, buf = softmax(torch.full((2, 3), -math.inf))
     assert read_sketch("softmax", buf, (2, 3))["peaked_frac"] == 0.0  # no eligible row
 
 
-@pytest.mark.parametrize("variant", [0, 1, 2, 3, 4, 5, 6, 7])
+@pytest.mark.parametrize("variant", [3, 4, 8])
 def test_softmax_sketch_variants_agree_on_special_rows(variant):
-    """Every sketch layout (softmax.VARIANT) gives the same y as no sketch and ingest's features,
+    """Every sketch layout (softmax.LAYOUTS) gives the same y as no sketch and ingest's features,
     with NaN/+inf, huge, fully masked and partly masked rows spread over several programs."""
     from optwin.kernels.sketch_buffer import new_buffer
     from optwin.kernels.softmax import _softmax_launch
 
-    g = _seed("variants")
+    g = seed("variants")
     x = torch.randn(11, 300, generator=g) * torch.logspace(0, 2, 11)[:, None]
     x[1, 17] = float("nan")
     x[2, 3] = float("inf")
@@ -334,17 +325,31 @@ def test_softmax_sketch_variants_agree_on_special_rows(variant):
     assert torch.equal(y1.view(torch.int16), y0.view(torch.int16))
     got, want = read_sketch("softmax", buf, x.shape), ingest_sketch("softmax", {"x": x})
     assert got["nonfinite"] == 2 and got["masked_rows"] == 1
-    if variant == 0:  # the old layout's slow path sums squares in fp32: 1e20^2 overflows
-        assert got["rms"] == math.inf
-        got, want = {k: v for k, v in got.items() if k != "rms"}, {k: v for k, v in want.items() if k != "rms"}
-    _sketch_close(got, want)
+    close(got, want)  # rms included: every layout's slow path sums squares in float64 (1e20^2 fits)
+
+
+def test_softmax_layouts_are_the_kernels_and_others_are_refused():
+    """Layouts measured and dropped (0-2, 5-7; history in softmax.py) are an error, not a silent fallback."""
+    from optwin.errors import InputError
+    from optwin.kernels.sketch_buffer import new_buffer
+    from optwin.kernels.softmax import LAYOUTS, VARIANT, _softmax_launch
+
+    assert LAYOUTS == (3, 4, 8) and VARIANT in LAYOUTS
+    x = torch.randn(3, 16, generator=seed("layouts"))
+    for v in (0, 1, 2, 5, 6, 7, 9):
+        with pytest.raises(InputError, match=f"no sketch layout {v} "):
+            _softmax_launch(x, torch.empty_like(x), new_buffer("softmax", x.device), variant=v)
+    y0, y1 = torch.empty_like(x), torch.empty_like(x)
+    _softmax_launch(x, y0, None, variant=5)  # no sketch: the variant is not read
+    _softmax_launch(x, y1, None)
+    assert torch.equal(y0, y1)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_softmax_peaked_frac_matches_ingest_on_a_spread_of_entropies(dtype):
     from optwin.kernels.softmax import softmax
 
-    g = _seed("peaked-spread", dtype)
+    g = seed("peaked-spread", dtype)
     scale = torch.logspace(-1, 1.5, 40)[:, None]  # temperatures from flat to peaked rows
     x = (torch.randn(40, 200, generator=g) * scale).to(DT[dtype])
     x[::5, 10:20] = -math.inf
@@ -352,14 +357,14 @@ def test_softmax_peaked_frac_matches_ingest_on_a_spread_of_entropies(dtype):
     got = read_sketch("softmax", buf, x.shape)
     want = ingest_sketch("softmax", {"x": x})
     assert 0.1 < want["peaked_frac"] < 0.9  # both kinds of rows present
-    _sketch_close(got, want)
+    close(got, want)
 
 
 def test_layernorm_exact_pass_after_the_loop_matches_inline():
     from optwin.kernels.layernorm import EPS, _layernorm_launch
     from optwin.kernels.sketch_buffer import new_buffer
 
-    inp, _ = ln_inputs((6, 45), "float32", _seed("ln-after"))
+    inp, _ = ln_inputs((6, 45), "float32", seed("ln-after"))
     x = inp["x"]
     x[1, 3], x[4, 0], x[4, 7] = float("nan"), float("inf"), 3e20  # NaN, inf, a finite square overflow
     out = {}
@@ -368,17 +373,17 @@ def test_layernorm_exact_pass_after_the_loop_matches_inline():
         _layernorm_launch(x, inp["weight"], inp["bias"], y, buf, EPS, exact_after=after)
         out[after] = (y, read_sketch("layernorm", buf, x.shape))
     torch.testing.assert_close(out[True][0], out[False][0], rtol=0, atol=0, equal_nan=True)
-    _sketch_close(out[True][1], out[False][1], rtol=1e-6)
+    close(out[True][1], out[False][1], rtol=1e-6)
     want = ingest_sketch("layernorm", inp)
     assert out[True][1]["rms"] == math.inf  # known limit: per-row sums of squares are fp32
-    _sketch_close({k: v for k, v in out[True][1].items() if k != "rms"}, {k: v for k, v in want.items() if k != "rms"})
+    close({k: v for k, v in out[True][1].items() if k != "rms"}, {k: v for k, v in want.items() if k != "rms"})
 
 
 def test_rope_head_blocks_match_one_tile_per_position():
     from optwin.kernels.rope import _inv_freq, _rope_launch
     from optwin.kernels.sketch_buffer import new_buffer
 
-    g = _seed("rope-blocks")
+    g = seed("rope-blocks")
     x = torch.randn(5, 6, 16, generator=g)  # heads 6: blocks of 4 leave a partial block
     x[2, 5, 3] = float("nan")
     pos = torch.tensor([3, 0, 17, 9, 250])
@@ -390,5 +395,5 @@ def test_rope_head_blocks_match_one_tile_per_position():
         out.append((y, read_sketch("rope", buf, x.shape, {"base": 1e4})))
     for y, s in out[1:]:
         torch.testing.assert_close(y, out[0][0], rtol=0, atol=0, equal_nan=True)
-        _sketch_close(s, out[0][1], rtol=1e-6)
-    _sketch_close(out[0][1], ingest_sketch("rope", {"x": x, "positions": pos}, {"base": 1e4}))
+        close(s, out[0][1], rtol=1e-6)
+    close(out[0][1], ingest_sketch("rope", {"x": x, "positions": pos}, {"base": 1e4}))

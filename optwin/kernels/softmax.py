@@ -14,8 +14,8 @@ A fully masked row gives m = -inf, h - m = NaN: y is NaN, as torch.softmax gives
 Compiled without FMA contraction (enable_fp_fusion=False: nothing in y's path is a mul feeding an
 add, so y's numerics are unchanged by it; it keeps the sketch's extra products from being fused
 into any shared instruction).
-The sketch (layout VARIANT 4, the default; the others, layout 8's select-free branch for rows without
--inf among them, stay selectable for bench/softmax_sketch.py):
+The sketch (layout VARIANT 4, the default; layout 8, a select-free branch for rows without -inf, and
+layout 3, the per-row-tree reference, stay selectable for bench/softmax_sketch.py and the tests):
 statistics that only need a global value are summed per lane: each thread keeps [LANES, KEEP]
 fp32 registers across its persistent row loop for the sum of squares (h*h over non-(-inf) lanes)
 and the -inf count (padding lanes included and subtracted), reduced across threads once per program
@@ -43,6 +43,7 @@ import triton
 import triton.language as tl
 
 from optwin.catalog import DEFAULT_TOLERANCES
+from optwin.errors import InputError
 from optwin.kernels._common import (
     FMAX,
     INTERPRET,
@@ -71,50 +72,31 @@ assert WORKSPACE["softmax"][1] == ("ticket", "nonfinite", "neginf", "masked_rows
 
 # A row is peaked below this entropy (nats); passed to the kernel as a runtime float.
 PEAK_NATS = float(DEFAULT_TOLERANCES.low_entropy_nats)
-# Sketch partials of the max tree as separate tl.reduce calls (the bench's sweep decides).
+# Layout 3's sketch partials of the max tree as separate tl.reduce calls (the bench's sweep decides).
 SPLIT = False
-# Finite |h| at or above this goes to the slow path (VARIANT >= 1): below it a row's fp32 sum of
-# squares cannot overflow (2**16 lanes * 2**110 < FMAX), so the main loop's test is lane-wise exact.
+# Finite |h| at or above this goes to layout 3's slow path: below it a row's fp32 sum of squares
+# cannot overflow (2**16 lanes * 2**110 < FMAX), so the main loop's test is lane-wise exact.
 BIG: tl.constexpr = tl.constexpr(2.0**55)
-# Sketch layouts (VARIANT), timed against each other by bench/softmax_sketch.py
-# (bench/results/softmax_sketch_h200.md, 4096x16384 bf16, µs without / with the sketch):
-#   0: max tree carries (h, h*h, min, -inf count), sum tree (s, t); full-row exact pass for NaN/+inf
-#      rows in the same kernel, whose registers set the kernel's (90 at 16 warps: 1 program per SM).
-#      32 warps 81.1/144.2, 16 warps 82.0/178.0 (the layout before issue #6)
-#   1: as 0, the slow path re-reads rows in CHUNK pieces (64 registers at 16 warps: 2 programs per
-#      SM) and sums squares in float64. 16 warps 82.1/125.0; 32 warps 81.7/144.8
-#   2: max tree carries (h, min), sum tree (s, t, h*h, -inf count); slow path as 1. More registers
-#      (e and h live across the sum tree): 16 warps 81.5/167.5
-#   3: as 1 with fewer instructions per lane (t's lanes e * max(d, -FMAX) instead of a compare and
-#      select; the -inf count includes padding: no column mask in the loop). 16 warps 82.1/121.7;
-#      32 warps 81.8/146.4; 8 warps 88.0/142.6; 16 warps 2 stages 86.3/176.3
-# With 2 programs per SM the sketch is instruction-bound: its main loop issues ~2x the op's
-# instructions (17 extra per element: the square, min, -inf count and t lanes and their adds).
-# Issue #6, session 11 (bench/results/softmax_sketch_h200_s11.md and _s11b.md, same shape, 16 warps;
-# SASS counts from an offline sm_90 compile with triton 3.6, per thread and row of 32 elements:
-# no sketch 539 instructions, layout 3 ~1095, layout 4 ~955):
+# Sketch layouts (VARIANT), timed against each other by bench/softmax_sketch.py on an H200
+# (bench/results/softmax_sketch_h200*.md, 4096x16384 bf16, 16 warps, µs without / with the sketch;
+# SASS counts from an offline sm_90 compile with triton 3.6, per thread and row of 32 elements):
+#   3: the reference layout (the default before the lane accumulators): one max tree carries (h, h*h,
+#      min over non-(-inf) lanes, -inf count incl. padding: no column mask in the loop), the sum tree
+#      (s, t with lanes e * max(d, -FMAX)); rows with NaN/+inf or a finite |h| >= BIG are re-read
+#      after the loop in CHUNK pieces, squares summed in float64. 82.1/121.7 (64 registers: 2
+#      programs per SM); 32 warps 81.8/146.4; 8 warps 88.0/142.6; 2 stages 86.3/176.3. ~1095 SASS.
+#      With 2 programs per SM the sketch is instruction-bound: ~2x the op's instructions (no sketch
+#      539: 17 extra per element, the square, min, -inf count and t lanes and their adds).
 #   4: per-lane accumulators: the sum of squares and the -inf count are summed inside each thread
 #      into [LANES, KEEP] registers kept across the row loop (reduced across threads once per
 #      program; flushed to float64 / int64 every FLUSH rows); the max tree carries (h, min over
 #      non-(-inf) lanes), the sum tree (s, t). No per-row finiteness test: NaN/+inf or overflowing
 #      squares make the lane sums non-finite and the program re-reads its rows for exact statistics
 #      (peaked/eligible stay per row: s is NaN exactly for rows with NaN/+inf or no finite entry).
-#      Capped at 64 registers (MAXNREG; uncapped ~100: 1 program per SM, 167.0 µs).
+#      Capped at 64 registers (MAXNREG; uncapped ~100: 1 program per SM, 167.0 µs). ~955 SASS.
 #      82.0/116.8 (3: 81.9/120.1 in the same run); second run 82.2/115.8 (3: 82.0/118.9);
 #      with FMA fusion 115.4 and 114.7 (kept off: y's bit-identity then rests on the SASS, not on
 #      the compile flag)
-#   5: as 4, and the min and the widest row range are lane accumulators too (min over rows of h and
-#      of where(h == -inf, 0, h - m) = -(rowmax - rowmin), exact): the max tree is the op's alone.
-#      +2 selects and mins per element and spills at 64 registers: 82.6/384.3
-#   6: as 4 with the entropy sum t only where a row can be peaked: H = log s - t/s >= log s (t <= 0),
-#      so a row with s >= exp(peak_nats) is not peaked and needs no t; the others sum
-#      t = ln2 * sum e * log2(e) (approximate lg2 of the op's e: |error| ~ 2^-22 nats) in a second tree.
-#      The sum tree is tl.sum(e) itself, exactly the kernel's without the sketch. 45% of the timing
-#      input's rows have s < exp(0.3) (34% are peaked): 82.0/118.4, 82.1/117.6 (fused)
-#   7: as 4 with the per-row scalars (m, row min, s, t) kept one row per lane ("row slots") and turned
-#      into the sketch's partials LANES rows at a time, lane-parallel: no per-row exp / compare chain
-#      between a row's store and the next row's load (~905 instructions, but 48 bytes of spills at
-#      64 registers). Not timed on the GPU yet.
 # The floor of this design is ~8 instructions per element for the sketch (select + square-add for
 # the sum of squares, select + add for the -inf count, select + min for the row min, clamp + mul-add
 # for t): the -inf masks are what cost, and the timing input masks a column in every row.
@@ -131,7 +113,18 @@ BIG: tl.constexpr = tl.constexpr(2.0**55)
 #      ~1010, no sketch 539); 72 bytes of spills. H200: no mask 81.9/99.2 (+21%; layout 4 117.2),
 #      masked 82.0/140.1 (+71%; layout 4 116.5); with FMA fusion 99.3 / 126.0. Not the default: slower
 #      on the masked input (the masked branch's predicate packing, the extra min tree and spills).
+# Measured and dropped (issue #6; the code is in git history before the clean-up):
+#   0: as 3 but the exact pass re-read whole rows in the kernel (90 registers: 1 program per SM) and
+#      summed squares in fp32 (1e20^2 overflowed rms): 82.0/178.0; 32 warps 81.1/144.2 (pre-#6 default)
+#   1: as 3 with t's lanes a compare and select: 82.1/125.0; 32 warps 81.7/144.8 (3 is the same, faster)
+#   2: squares and -inf count in the sum tree: 81.5/167.5 (e and h live across it: more registers)
+#   5: as 4 with the min and widest row range as lane accumulators too: 82.6/384.3 (spills at 64)
+#   6: as 4 with t only for rows that can be peaked (s < exp(peak_nats); lg2 tree): 82.0/118.4,
+#      fused 82.1/117.6, slower than 4 (116.8 / 114.7)
+#   7: as 4 with the per-row scalars in row slots, LANES rows at a time: never timed on the GPU
+#      (~905 SASS but 48 bytes of spills at 64 registers)
 VARIANT = 4
+LAYOUTS = (3, 4, 8)  # the layouts the kernel has (VARIANT's values)
 CHUNK = 256  # slow-path piece: no register spill at 16 warps (512 and up: an 8-byte stack frame)
 KEEP = 1  # accumulator chains per lane (VARIANT >= 4): [LANES, KEEP] registers each (2 spills at 64)
 FLUSH = 16  # rows between float64 flushes of the lane sums of squares (VARIANT >= 4)
@@ -147,11 +140,6 @@ def _combine4(a0, a1, a2, a3, b0, b1, b2, b3):
 
 
 @triton.jit
-def _combine6(a0, a1, a2, a3, a4, a5, b0, b1, b2, b3, b4, b5):
-    return tl.maximum(a0, b0), a1 + b1, a2 + b2, tl.maximum(a3, b3), tl.minimum(a4, b4), a5 + b5
-
-
-@triton.jit
 def _sum2(a0, a1, b0, b1):
     return a0 + b0, a1 + b1
 
@@ -159,29 +147,6 @@ def _sum2(a0, a1, b0, b1):
 @triton.jit
 def _max_min(a0, a1, b0, b1):
     return tl.maximum(a0, b0), tl.minimum(a1, b1)
-
-
-@triton.jit
-def _sum_sum_min(a0, a1, a2, b0, b1, b2):
-    return a0 + b0, a1 + b1, tl.minimum(a2, b2)
-
-
-@triton.jit
-def _sum4(a0, a1, a2, a3, b0, b1, b2, b3):
-    return a0 + b0, a1 + b1, a2 + b2, a3 + b3
-
-
-@triton.jit
-def _exp_sums(h, m):
-    """(e = exp(h - m), s = sum e, t = sum e*(h - m) over lanes with e > 0) in one tree; s is the same
-    value tl.sum(e) gives (same lanes, same tree, adds only)."""
-    d = h - m
-    e = tl.exp(d)  # approximate exp; -inf lanes (masks, padding) give 0
-    # e == 0 on -inf lanes (0 * -inf would be NaN) and where exp underflows (e*d would be -0 there):
-    # testing e instead of h == -inf keeps no per-lane mask alive across the max tree
-    ed = tl.where(e > 0.0, e * d, 0.0)
-    s, t = _sum_pair(e, ed)
-    return e, s, t
 
 
 @triton.jit
@@ -195,49 +160,14 @@ def _sum_pair(e, ed):
 
 @triton.jit
 def _exp_sums_clamped(h, m):
-    """_exp_sums with t's lanes as e * max(d, -FMAX): the same values (a lane with e == 0 adds -0
-    instead of 0; -inf lanes give 0 * -FMAX, not NaN) with one instruction less per lane."""
+    """(e = exp(h - m), s = sum e, t = sum e*(h - m)) in one tree; s is the same value tl.sum(e) gives
+    (same lanes, same tree, adds only). t's lanes are e * max(d, -FMAX): a lane with e == 0 adds -0,
+    -inf lanes give 0 * -FMAX, not NaN (one instruction less per lane than a test of e > 0)."""
     d = h - m
     e = tl.exp(d)
     ed = e * tl.maximum(d, -FMAX)
     s, t = _sum_pair(e, ed)
     return e, s, t
-
-
-@triton.jit
-def _exp_sums_sq(h, m, PAD: tl.constexpr):
-    """_exp_sums plus the sketch's per-row sum of squares q (h*h over non-(-inf) lanes: NaN/+inf make
-    it non-finite) and -inf count in the SAME sum tree: (e, s, t, q, -inf count). PAD = padding lanes
-    (all -inf), subtracted from the count so no column mask stays alive. s is tl.sum(e)'s value."""
-    d = h - m
-    e = tl.exp(d)
-    ed = tl.where(e > 0.0, e * d, 0.0)
-    ninf = h == -float("inf")
-    q = tl.where(ninf, 0.0, h * h)
-    neg = tl.where(ninf, 1.0, 0.0)  # exact in fp32 (BLOCK <= 2**16)
-    if INTERPRET:
-        s, t, sq, nneg = tl.sum(e, 0), tl.sum(ed, 0), tl.sum(q, 0), tl.sum(neg, 0)
-    else:
-        s, t, sq, nneg = tl.reduce((e, ed, q, neg), 0, _sum4)
-    return e, s, t, sq, nneg - PAD
-
-
-@triton.jit
-def _log2_approx(e):
-    """log2 per lane: lg2.approx.ftz.f32 on NVIDIA (one MUFU op; the accurate logf is ~30
-    instructions, the non-ftz lg2 4 more per lane), numpy's log2 in the interpreter (no inline asm)."""
-    if INTERPRET:
-        return tl.log2(e)
-    else:
-        return tl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=r,r", [e], dtype=tl.float32,
-                                         is_pure=True, pack=1)
-
-
-@triton.jit
-def _entropy_sum(e):
-    """t = sum e * ln(e) over lanes with a normal e (= sum e * (h - m) up to the exp/lg2
-    approximations; a subnormal e adds less than 2^-126 * 87 and is left out)."""
-    return tl.sum(tl.where(e >= 1.1754943508222875e-38, e * _log2_approx(e), 0.0), 0) * 0.6931471805599453
 
 
 @triton.jit
@@ -264,38 +194,6 @@ def _peaked_exp(s, t, peak_nats):
     monotone; t <= 0, so the argument is at most peak_nats). A ~30-instruction accurate logf per row
     becomes an approximate exp (~5). A NaN s compares false (0)."""
     return (s < tl.exp(peak_nats + t / s)).to(tl.int32)
-
-
-@triton.jit
-def _slot_rows(sl_m, sl_lo, sl_s, sl_t, valid, peak_nats):
-    """Sketch partials of up to LANES rows held one per lane (row max, min over non-(-inf) entries,
-    s, t), over the `valid` lanes: (max, min, widest range, smallest row max of rows with a finite
-    entry, fully masked rows, eligible rows, peaked rows); fully masked rows have max -inf, min +inf."""
-    fin = valid & (sl_m > -float("inf"))
-    rmax = tl.max(tl.where(valid, sl_m, -float("inf")), 0)
-    rmin = tl.min(tl.where(valid, sl_lo, float("inf")), 0)
-    rng = tl.max(tl.where(fin, sl_m - sl_lo, 0.0), 0)
-    rmx = tl.min(tl.where(fin, sl_m, float("inf")), 0)
-    masked = tl.sum((valid & (sl_m == -float("inf"))).to(tl.int32), 0)
-    elig = tl.sum((valid & (sl_s <= FMAX)).to(tl.int32), 0)
-    peak = tl.sum(tl.where(valid, _peaked_exp(sl_s, sl_t, peak_nats), 0), 0)
-    return rmax, rmin, rng, rmx, masked, elig, peak
-
-
-@triton.jit
-def _exact_row(h, mask):
-    """Slow path (a row with NaN/+inf): (absmax, sumsq, nonfinite, max, min) over finite entries."""
-    ah = tl.abs(h)
-    fin = mask & (ah <= FMAX)
-    a = tl.where(fin, ah, 0.0)
-    nf = tl.where(fin | (h < -FMAX), 0.0, tl.where(mask, 1.0, 0.0))  # NaN, +inf
-    hi = tl.where(fin, h, -float("inf"))
-    lo = tl.where(fin, h, float("inf"))
-    if INTERPRET:
-        return tl.max(a, 0), tl.sum(a * a, 0), tl.sum(nf, 0), tl.max(hi, 0), tl.min(lo, 0)
-    else:
-        amax, sq, nonfin, rmax, rmin, _ = tl.reduce((a, a * a, nf, hi, lo, nf), 0, _combine6)
-        return amax, sq, nonfin, rmax, rmin
 
 
 @triton.jit
@@ -387,9 +285,9 @@ def _softmax_kernel(
     BLOCK: tl.constexpr,
     SKETCH: tl.constexpr,
     STAGES: tl.constexpr,  # loads in flight in the row loop (1: none ahead; >1: async copies)
-    SPLIT: tl.constexpr,  # sketch partials of the max tree as separate trees instead of one combined tree
-    VARIANT: tl.constexpr,  # sketch layout (see VARIANT above); 0 without SKETCH
-    CHUNK: tl.constexpr,  # columns per piece of the chunked slow path (VARIANT >= 1)
+    SPLIT: tl.constexpr,  # VARIANT 3: sketch partials of the max tree as separate trees, not one combined tree
+    VARIANT: tl.constexpr,  # sketch layout 3, 4 or 8 (see VARIANT above); 0 without SKETCH
+    CHUNK: tl.constexpr,  # columns per piece of the chunked slow paths
     VEC: tl.constexpr,  # elements per 16-byte vector of x (VARIANT >= 4: the lane accumulators)
     LANES: tl.constexpr,  # lanes of the accumulators (threads; _common.lane_shape)
     KEEP: tl.constexpr,  # independent accumulator chains per lane (divides VEC; _common's lane partials)
@@ -417,17 +315,6 @@ def _softmax_kernel(
             a_neg = tl.zeros([LANES, KEEP], dtype=tl.float32)  # per lane: -inf count (padding included; exact, flushed)
             n_left = tl.full((), FLUSH, tl.int32)  # rows until the next flush of a_sq
             n_fast = tl.zeros((), dtype=tl.int32)  # VARIANT 8: rows of the fast branch (their padding is not in a_neg)
-            peak_s = tl.exp(peak_nats) * 1.0001  # VARIANT 6: rows with s below this may be peaked
-            if VARIANT == 7:  # row slots: one row's scalars per lane
-                lane_id = tl.arange(0, LANES)
-                sl_m = tl.zeros([LANES], dtype=tl.float32)
-                sl_lo = tl.zeros([LANES], dtype=tl.float32)
-                sl_s = tl.zeros([LANES], dtype=tl.float32)
-                sl_t = tl.zeros([LANES], dtype=tl.float32)
-                k = tl.zeros((), dtype=tl.int32)  # rows held in the slots
-            if VARIANT == 5:
-                a_lo = tl.full([LANES, KEEP], float("inf"), tl.float32)  # per lane: min over non-(-inf) h
-                a_dz = tl.zeros([LANES, KEEP], dtype=tl.float32)  # per lane: min of h - rowmax (non-(-inf))
     for r in tl.range(pid, n_rows, tl.num_programs(0), num_stages=STAGES):
         row = tl.cast(r, tl.int64)
         x = tl.load(X_ptr + row * X_row_stride + cols, mask=mask, other=-float("inf"),
@@ -470,62 +357,32 @@ def _softmax_kernel(
                 e = tl.exp(d)
                 s, t = _sum_pair(e, e * tl.maximum(d, -FMAX))
                 rmin = tl.min(tl.min(lo, 1), 0)  # across threads: one value each
-        elif SKETCH and VARIANT >= 4:
+        elif SKETCH and VARIANT >= 4:  # VARIANT 4
             ninf = h == -float("inf")
             hz = tl.where(ninf, 0.0, h)
             a_sq += lane_sum(hz * hz, BLOCK, LANES, VEC, KEEP)  # NaN/+inf/overflow: non-finite, caught after the loop
             # as a float select, not ninf.to(int32): an i1 vector used twice was packed into bitmasks
             # and unpacked lane by lane (+2 instructions per element in the SASS)
             a_neg += lane_sum(tl.where(ninf, 1.0, 0.0), BLOCK, LANES, VEC, KEEP)
-            if VARIANT == 4 or VARIANT == 6 or VARIANT == 7:
-                lo = tl.where(ninf, float("inf"), h)
-                if INTERPRET:
-                    m, rmin = tl.max(h, 0), tl.min(lo, 0)
-                else:
-                    m, rmin = tl.reduce((h, lo), 0, _max_min)
-                if VARIANT != 6:
-                    e, s, t = _exp_sums_clamped(h, m)
-                else:
-                    e = tl.exp(h - m)  # the op's lanes and tree, as without the sketch
-                    s = tl.sum(e, axis=0)
-                    t = tl.zeros((), dtype=tl.float32)
-                    if s < peak_s:  # rare in flat rows: only these can be peaked (H >= log s)
-                        t = _entropy_sum(e)
+            lo = tl.where(ninf, float("inf"), h)
+            if INTERPRET:
+                m, rmin = tl.max(h, 0), tl.min(lo, 0)
             else:
-                m = tl.max(h, axis=0)
-                d = h - m
-                e = tl.exp(d)
-                s, t = _sum_pair(e, e * tl.maximum(d, -FMAX))
-                a_lo = tl.minimum(a_lo, lane_min(tl.where(ninf, float("inf"), h), BLOCK, LANES, VEC, KEEP))
-                a_dz = tl.minimum(a_dz, lane_min(tl.where(ninf, 0.0, d), BLOCK, LANES, VEC, KEEP))
-        elif SKETCH:
-            if VARIANT == 2:
-                # max tree: (max, min over non-(-inf) lanes); sum tree: (s, t, sum of squares, -inf count)
-                lo = tl.where(h == -float("inf"), float("inf"), h)
-                if INTERPRET or SPLIT:
-                    m, rmin = tl.max(h, 0), tl.min(lo, 0)
-                else:
-                    m, rmin = tl.reduce((h, lo), 0, _max_min)
-                e, s, t, sq, nneg = _exp_sums_sq(h, m, BLOCK - n_cols)
+                m, rmin = tl.reduce((h, lo), 0, _max_min)
+            e, s, t = _exp_sums_clamped(h, m)
+        elif SKETCH:  # VARIANT 3
+            # one tree: the op's max and the sketch's sum of squares (-inf lanes, incl. padding, add
+            # 0; NaN/+inf make it non-finite), smallest non-masked entry and the -inf count
+            ninf = h == -float("inf")
+            q = tl.where(ninf, 0.0, h * h)
+            lo = tl.where(ninf, float("inf"), h)
+            neg = tl.where(ninf, 1.0, 0.0)  # count padding too and subtract it: no column mask in the loop
+            if INTERPRET or SPLIT:
+                m, sq, rmin, nneg = tl.max(h, 0), tl.sum(q, 0), tl.min(lo, 0), tl.sum(neg, 0)
             else:
-                # one tree: the op's max and the sketch's sum of squares (-inf lanes, incl. padding, add
-                # 0; NaN/+inf make it non-finite), smallest non-masked entry and the -inf count
-                ninf = h == -float("inf")
-                q = tl.where(ninf, 0.0, h * h)
-                lo = tl.where(ninf, float("inf"), h)
-                if VARIANT == 3:  # count padding too and subtract it: no column mask in the loop
-                    neg = tl.where(ninf, 1.0, 0.0)
-                else:
-                    neg = tl.where(ninf & mask, 1.0, 0.0)
-                if INTERPRET or SPLIT:
-                    m, sq, rmin, nneg = tl.max(h, 0), tl.sum(q, 0), tl.min(lo, 0), tl.sum(neg, 0)
-                else:
-                    m, sq, rmin, nneg = tl.reduce((h, q, lo, neg), 0, _combine4)
-                if VARIANT == 3:
-                    nneg -= BLOCK - n_cols
-                    e, s, t = _exp_sums_clamped(h, m)
-                else:
-                    e, s, t = _exp_sums(h, m)
+                m, sq, rmin, nneg = tl.reduce((h, q, lo, neg), 0, _combine4)
+            nneg -= BLOCK - n_cols
+            e, s, t = _exp_sums_clamped(h, m)
         else:
             m = tl.max(h, axis=0)
             e = tl.exp(h - m)  # approximate exp; padding lanes give exp(-inf) = 0
@@ -533,28 +390,9 @@ def _softmax_kernel(
         y = e / s
         tl.store(Y_ptr + row * Y_row_stride + cols, y.to(Y_ptr.dtype.element_ty), mask=mask,
                  eviction_policy="evict_first")  # write n
-        if SKETCH and VARIANT == 7:
-            sel = lane_id == k
-            sl_m = tl.where(sel, m, sl_m)
-            sl_lo = tl.where(sel, rmin, sl_lo)
-            sl_s = tl.where(sel, s, sl_s)
-            sl_t = tl.where(sel, t, sl_t)
-            k += 1
-            if k == LANES:
-                q_max, q_min, q_rng, q_rmx, q_masked, q_elig, q_peak = _slot_rows(
-                    sl_m, sl_lo, sl_s, sl_t, lane_id < LANES, peak_nats)
-                p_max = tl.maximum(p_max, q_max)
-                p_min = tl.minimum(p_min, q_min)
-                p_rng = tl.maximum(p_rng, q_rng)
-                p_rmx = tl.minimum(p_rmx, q_rmx)
-                p_masked += q_masked
-                p_elig += q_elig
-                p_peak += q_peak
-                k = 0
-        elif SKETCH and VARIANT >= 4:  # scalars only; a program with NaN/+inf rows redoes them after the loop
-            if VARIANT != 5:
-                p_min = tl.minimum(p_min, rmin)  # fully masked rows: rmin = +inf
-                p_rng = tl.maximum(p_rng, m - rmin)  # fully masked rows: -inf - inf = -inf
+        if SKETCH and VARIANT >= 4:  # scalars only; a program with NaN/+inf rows redoes them after the loop
+            p_min = tl.minimum(p_min, rmin)  # fully masked rows: rmin = +inf
+            p_rng = tl.maximum(p_rng, m - rmin)  # fully masked rows: -inf - inf = -inf
             p_max = tl.maximum(p_max, m)  # fully masked rows: m = -inf
             p_rmx = tl.minimum(p_rmx, tl.where(m > -float("inf"), m, float("inf")))
             p_masked += (m == -float("inf")).to(tl.int32)
@@ -569,10 +407,8 @@ def _softmax_kernel(
                 a_neg = tl.zeros([LANES, KEEP], dtype=tl.float32)
                 n_left = FLUSH
         elif SKETCH:  # scalars only, so h dies at the store; rows with NaN/+inf wait for the exact pass
-            if VARIANT == 0:
-                ok = sq <= FMAX  # no NaN/+inf: the max tree's values are the sketch's
-            else:  # and every finite |h| < BIG (squares cannot overflow): a test _row_is_slow repeats
-                ok = (sq <= FMAX) & (tl.maximum(m, -rmin) < BIG)
+            # no NaN/+inf and every finite |h| < BIG (squares cannot overflow): a test _row_is_slow repeats
+            ok = (sq <= FMAX) & (tl.maximum(m, -rmin) < BIG)
             has = ok & (m >= rmin)  # the row has a finite entry
             p_max = tl.maximum(p_max, tl.where(has, m, -float("inf")))
             p_min = tl.minimum(p_min, tl.where(has, rmin, float("inf")))
@@ -585,24 +421,11 @@ def _softmax_kernel(
             p_peak += tl.where(has, _peaked(s, t, peak_nats), 0)
             p_bad += tl.where(ok, 0, 1)
     if SKETCH and VARIANT >= 4:
-        if VARIANT == 7:
-            q_max, q_min, q_rng, q_rmx, q_masked, q_elig, q_peak = _slot_rows(
-                sl_m, sl_lo, sl_s, sl_t, lane_id < k, peak_nats)
-            p_max = tl.maximum(p_max, q_max)
-            p_min = tl.minimum(p_min, q_min)
-            p_rng = tl.maximum(p_rng, q_rng)
-            p_rmx = tl.minimum(p_rmx, q_rmx)
-            p_masked += q_masked
-            p_elig += q_elig
-            p_peak += q_peak
         p_sq += tl.sum(a_sq).to(tl.float64)
         mine = tl.cdiv(n_rows - pid, tl.num_programs(0))  # rows of this program
         if VARIANT == 8:
             mine -= n_fast  # fast-branch rows added no padding to a_neg
         p_neg += tl.sum(a_neg).to(tl.int64) - (BLOCK - n_cols) * tl.cast(mine, tl.int64)  # less the padding
-        if VARIANT == 5:
-            p_min = tl.min(a_lo)
-            p_rng = 0.0 - tl.min(a_dz)
         if not (p_sq <= 1e308):  # rare: NaN/+inf (or squares overflowed): exact statistics of every row
             p_max = tl.full((), -float("inf"), tl.float32)
             p_min = tl.full((), float("inf"), tl.float32)
@@ -628,40 +451,20 @@ def _softmax_kernel(
                 p_nf += nf
                 p_neg += nneg2
                 p_masked += (nneg2 == n_cols).to(tl.int32)
-    elif SKETCH:
-        if VARIANT != 0:
-            if p_bad > 0:  # rare: re-read this program's slow rows in CHUNK pieces
-                for r2 in tl.range(pid, n_rows, tl.num_programs(0)):
-                    X_row = X_ptr + tl.cast(r2, tl.int64) * X_row_stride
-                    if _row_is_slow(X_row, n_cols, CHUNK):
-                        sq2, nf, nneg2, rmax, rmin2, elig2, peak2 = _exact_row_chunked(
-                            X_row, n_cols, peak_nats, CHUNK)
-                        p_max, p_min, p_rng, p_rmx = _merge_extremes(p_max, p_min, p_rng, p_rmx, rmax, rmin2, F_ptr)
-                        p_sq += sq2
-                        p_nf += nf
-                        p_neg += nneg2
-                        p_masked += (nneg2 == n_cols).to(tl.int32)
-                        p_elig += elig2
-                        p_peak += peak2
-        else:
-            if p_bad > 0:  # rare: re-read this program's rows that had NaN/+inf (or h*h overflow)
-                for r2 in tl.range(pid, n_rows, tl.num_programs(0)):
-                    h2 = tl.load(X_ptr + tl.cast(r2, tl.int64) * X_row_stride + cols, mask=mask,
-                                 other=-float("inf")).to(tl.float32)
-                    ninf2 = h2 == -float("inf")
-                    if not (tl.sum(tl.where(ninf2, 0.0, h2 * h2), axis=0) <= FMAX):  # the loop's test
-                        _, sq2, nf, rmax, rmin2 = _exact_row(h2, mask)
-                        nneg2 = tl.sum(tl.where(ninf2 & mask, 1.0, 0.0), axis=0)
-                        has2 = rmax >= rmin2
-                        p_max, p_min, p_rng, p_rmx = _merge_extremes(p_max, p_min, p_rng, p_rmx, rmax, rmin2, F_ptr)
-                        p_sq += sq2.to(tl.float64)
-                        p_nf += tl.cast(nf, tl.int64)
-                        p_neg += nneg2.to(tl.int64)
-                        p_masked += (nneg2 == n_cols).to(tl.int32)
-                        if (nf == 0) & has2:  # finite entries only, squares overflowed: still eligible
-                            _, s2, t2 = _exp_sums(h2, rmax)
-                            p_elig += 1
-                            p_peak += _peaked(s2, t2, peak_nats)
+    elif SKETCH:  # noqa: SIM102 - VARIANT 3 (a constexpr test), then a runtime one
+        if p_bad > 0:  # rare: re-read this program's slow rows in CHUNK pieces
+            for r2 in tl.range(pid, n_rows, tl.num_programs(0)):
+                X_row = X_ptr + tl.cast(r2, tl.int64) * X_row_stride
+                if _row_is_slow(X_row, n_cols, CHUNK):
+                    sq2, nf, nneg2, rmax, rmin2, elig2, peak2 = _exact_row_chunked(
+                        X_row, n_cols, peak_nats, CHUNK)
+                    p_max, p_min, p_rng, p_rmx = _merge_extremes(p_max, p_min, p_rng, p_rmx, rmax, rmin2, F_ptr)
+                    p_sq += sq2
+                    p_nf += nf
+                    p_neg += nneg2
+                    p_masked += (nneg2 == n_cols).to(tl.int32)
+                    p_elig += elig2
+                    p_peak += peak2
     if SKETCH:
         p_amax = tl.maximum(tl.maximum(p_max, -p_min), 0.0)  # largest finite |h| (0 if none)
         tl.atomic_max(F_ptr + 0, p_amax.to(tl.float64), sem="relaxed")
@@ -722,6 +525,8 @@ def _softmax_launch(
     f, i = workspace("softmax", x2.device) if sketch else (y2, y2)
     sp = SPLIT if split is None else split
     var = (VARIANT if variant is None else variant) if sketch else 0  # no sketch: one kernel
+    if var not in LAYOUTS and sketch:
+        raise InputError(f"softmax: no sketch layout {var} (layouts {', '.join(map(str, LAYOUTS))})")
     fuse = (FUSION if fusion is None else fusion) and sketch
     vec, lanes = lane_shape(block, x2.element_size(), warps)
     kp = min(KEEP if keep is None else keep, vec) if sketch and var >= 4 else 1

@@ -1,0 +1,63 @@
+"""Pieces the GPU kernel benches share (bench/gpu_kernels.py, bench/sketch_lanes.py,
+bench/softmax_sketch.py): sweep configs under a time budget, the sketch-vs-ingest difference, the
+report's closing lines and where the report goes. Not a script; the benches put bench/ on sys.path.
+
+    from _bench_common import config_name, report_tail, worst_diff, write_report
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def config_name(cfg: dict[str, Any]) -> str:
+    """A sweep config's label in the tables: `k=v,k=v` (launch overrides), `default` for none."""
+    return ",".join(f"{k}={v}" for k, v in cfg.items()) or "default"
+
+
+def within_budget(cfgs: Iterable[dict[str, Any]], t0: float, budget_s: float, out: list[str], label: str,
+                  cols: int) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(name, cfg) of each config while time.monotonic() - t0 <= budget_s; past it, a table row
+    `| label | name | skipped: budget spent |` with `cols` empty cells goes to `out` instead."""
+    for cfg in cfgs:
+        name = config_name(cfg)
+        if time.monotonic() - t0 > budget_s:
+            out.append(f"| {label} | {name} | skipped: budget spent |" + " |" * cols)
+            continue
+        yield name, cfg
+
+
+def worst_diff(got: dict[str, float], want: dict[str, float]) -> str:
+    """Largest relative difference of a kernel's sketch features vs optwin.ingest's, as
+    `1.2e-08 (feature)` (a NaN difference wins), or `0` when every feature is equal."""
+    worst, key = 0.0, ""
+    for k, w in want.items():
+        d = abs(got[k] - w) / max(abs(w), 1e-30) if got[k] != w else 0.0
+        if d > worst or math.isnan(d):
+            worst, key = d, k
+    return f"{worst:.1e} ({key})" if key else "0"
+
+
+def report_tail(lines: list[str], t0: float, title: str, keep: Callable[[tuple], bool]) -> str:
+    """The whole report: `lines`, then `title` over each compiled kernel's programs per SM (the
+    occupancy keys `keep` accepts), torch's version and the wall time since t0."""
+    from optwin.kernels._common import occupancy_table
+
+    occ = [f"- {k}: {v}" for k, v in sorted(occupancy_table().items(), key=str) if keep(k)]
+    tail = ["", title, "", *occ, f"\ntorch {torch.__version__}; wall {time.monotonic() - t0:.0f} s"]
+    return "\n".join(lines + tail) + "\n"
+
+
+def write_report(md: str, name: str) -> None:
+    """Print the report; with $OUT set, also write it to $OUT/<name>."""
+    print(md)
+    out = os.environ.get("OUT")
+    if out:
+        Path(out, name).write_text(md)
