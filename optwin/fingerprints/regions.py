@@ -42,11 +42,11 @@ _BINNING: dict[str, tuple[float, float]] = {
     "max_sep_deg": (1e-12, 1),
     "rms_sep_deg": (1e-12, 1),
     "out_bound": (_TINY, 2),
-    "seq_k": (1.0, 0.5),
+    "seq_k": (1.0, 0.5),  # keys per query: half a bin per octave (1, 3, 15, 63, 255 start the bins)
     # low_entropy holds when MORE than half the rows are peaked: 8 bins per octave with SCALE
     # (0.5 + 1e-9) / 7 put a bin edge just above 0.5 (bin 24 starts there), so a sketch with exactly
     # half its rows peaked shares no cell with the faulting ones; near 0.5 a bin is ~0.05 wide.
-    "peaked_frac": ((0.5 + 1e-9) / 7.0, 8),  # keys per query: half a bin per octave (1, 3, 15, 63, 255 start the bins)
+    "peaked_frac": ((0.5 + 1e-9) / 7.0, 8),
 }
 
 Region = tuple[int, ...]

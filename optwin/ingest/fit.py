@@ -27,7 +27,6 @@ directions, so a profile-sample build places attention's nonfinite cells where i
 where the captured calls were (the default sweep's aligned and large-score families cover the range).
 """
 
-
 from __future__ import annotations
 
 import math
@@ -70,7 +69,6 @@ CAP_ROWS = 64
 
 # Region features the constructors do not aim at (see the module docstring).
 UNTARGETED_FEATURES: frozenset[str] = frozenset({"max_score", "rms_sep_deg"})
-
 
 
 @dataclass
