@@ -153,7 +153,7 @@ def main() -> str:
                 lines.append(f"| {var} | {shp[0]}x{shp[1]} | {'yes' if same else 'NO'} | {_diff(xo, buf)} |")
             except Exception as e:  # noqa: BLE001
                 lines.append(f"| {var} | {shp[0]}x{shp[1]} | {type(e).__name__}: {str(e)[:80]} | |")
-    return report_tail(lines, t0, "programs per SM (key: op, dtypes, BLOCK, warps, stages, split, sketch, variant, "
+    return report_tail(lines, t0, "programs per SM (key: op, dtypes, BLOCK, warps, stages, sketch, variant, "
                        "fusion, maxnreg, keep, even):", lambda k: k[0] == "softmax")
 
 

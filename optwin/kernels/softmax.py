@@ -72,8 +72,6 @@ assert WORKSPACE["softmax"][1] == ("ticket", "nonfinite", "neginf", "masked_rows
 
 # A row is peaked below this entropy (nats); passed to the kernel as a runtime float.
 PEAK_NATS = float(DEFAULT_TOLERANCES.low_entropy_nats)
-# Layout 3's sketch partials of the max tree as separate tl.reduce calls (the bench's sweep decides).
-SPLIT = False
 # Finite |h| at or above this goes to layout 3's slow path: below it a row's fp32 sum of squares
 # cannot overflow (2**16 lanes * 2**110 < FMAX), so the main loop's test is lane-wise exact.
 BIG: tl.constexpr = tl.constexpr(2.0**55)
@@ -285,7 +283,6 @@ def _softmax_kernel(
     BLOCK: tl.constexpr,
     SKETCH: tl.constexpr,
     STAGES: tl.constexpr,  # loads in flight in the row loop (1: none ahead; >1: async copies)
-    SPLIT: tl.constexpr,  # VARIANT 3: sketch partials of the max tree as separate trees, not one combined tree
     VARIANT: tl.constexpr,  # sketch layout 3, 4 or 8 (see VARIANT above); 0 without SKETCH
     CHUNK: tl.constexpr,  # columns per piece of the chunked slow paths
     VEC: tl.constexpr,  # elements per 16-byte vector of x (VARIANT >= 4: the lane accumulators)
@@ -377,7 +374,7 @@ def _softmax_kernel(
             q = tl.where(ninf, 0.0, h * h)
             lo = tl.where(ninf, float("inf"), h)
             neg = tl.where(ninf, 1.0, 0.0)  # count padding too and subtract it: no column mask in the loop
-            if INTERPRET or SPLIT:
+            if INTERPRET:
                 m, sq, rmin, nneg = tl.max(h, 0), tl.sum(q, 0), tl.min(lo, 0), tl.sum(neg, 0)
             else:
                 m, sq, rmin, nneg = tl.reduce((h, q, lo, neg), 0, _combine4)
@@ -511,11 +508,11 @@ def _softmax_kernel(
 
 def _softmax_launch(
     x2: torch.Tensor, y2: torch.Tensor, buf: torch.Tensor | None, num_warps: int | None = None,
-    stages: int | None = None, per_sm: int | None = None, split: bool | None = None,
+    stages: int | None = None, per_sm: int | None = None,
     variant: int | None = None, fusion: bool | None = None, maxnreg: int | None = None, keep: int | None = None,
 ) -> None:
     """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows.
-    num_warps / stages / per_sm / split / variant / fusion / maxnreg / keep override the tuned launch (the
+    num_warps / stages / per_sm / variant / fusion / maxnreg / keep override the tuned launch (the
     bench's sweep; maxnreg caps registers per thread, so a kernel keeps 2 programs per SM)."""
     n_rows, n = x2.shape
     sketch = buf is not None
@@ -523,7 +520,6 @@ def _softmax_launch(
         return
     block, warps, st = launch_config("softmax", n, num_warps, stages)
     f, i = workspace("softmax", x2.device) if sketch else (y2, y2)
-    sp = SPLIT if split is None else split
     var = (VARIANT if variant is None else variant) if sketch else 0  # no sketch: one kernel
     if var not in LAYOUTS and sketch:
         raise InputError(f"softmax: no sketch layout {var} (layouts {', '.join(map(str, LAYOUTS))})")
@@ -532,11 +528,11 @@ def _softmax_launch(
     kp = min(KEEP if keep is None else keep, vec) if sketch and var >= 4 else 1
     cap = (MAXNREG.get((block, warps)) if maxnreg is None else maxnreg) if sketch and var >= 4 else None
     even = var == 8 and block == n  # VARIANT 8's select-free branch needs no column mask
-    key = ("softmax", x2.dtype, y2.dtype, block, warps, st, sp, sketch, var, fuse, cap, kp, even)
+    key = ("softmax", x2.dtype, y2.dtype, block, warps, st, sketch, var, fuse, cap, kp, even)
     extra = {"maxnreg": cap} if cap and x2.device.type == "cuda" else {}
     k = _softmax_kernel[(persistent_grid(key, n_rows, x2.device, per_sm),)](
         x2, x2.stride(0), y2, y2.stride(0), buf if sketch else y2, f, i, n_rows, n, PEAK_NATS,
-        BLOCK=block, SKETCH=sketch, STAGES=st, SPLIT=sp, VARIANT=var,
+        BLOCK=block, SKETCH=sketch, STAGES=st, VARIANT=var,
         CHUNK=min(CHUNK, block), VEC=vec, LANES=lanes, KEEP=kp, FLUSH=FLUSH, EVEN=even, num_warps=warps,
         enable_fp_fusion=fuse,
         **extra,
