@@ -129,7 +129,8 @@ def test_rope_lane_accumulators_match_per_element_and_ingest(poison, dtype):
     close(s1, ingest_sketch("rope", {"x": x, "positions": pos}, {"base": 1e4}))
 
 
-def _norm(op: str, x: torch.Tensor, lane_max: int, **kw) -> tuple[torch.Tensor, dict[str, float]]:
+def _norm(op: str, x: torch.Tensor, **kw) -> tuple[torch.Tensor, dict[str, float]]:
+    """(y, sketch) of the Triton norm; kw are launch overrides (layernorm: lane_max, slots)."""
     g = seed("norm-params", op, x.shape[-1])
     n = x.shape[-1]
     w = (1 + 0.2 * torch.randn(n, generator=g)).to(x.dtype)
@@ -139,12 +140,12 @@ def _norm(op: str, x: torch.Tensor, lane_max: int, **kw) -> tuple[torch.Tensor, 
 
         b = (0.1 * torch.randn(n, generator=g)).to(x.dtype)
         buf = new_buffer("layernorm", x.device)
-        _layernorm_launch(x, w, b, y, buf, EPS, lane_max=lane_max, **kw)
+        _layernorm_launch(x, w, b, y, buf, EPS, **kw)
         return y, read_sketch("layernorm", buf, x.shape)
     from optwin.kernels.rmsnorm import EPS, _rmsnorm_launch
 
     buf = new_buffer("rmsnorm", x.device)
-    _rmsnorm_launch(x, w, y, buf, EPS, lane_max=lane_max, **kw)
+    _rmsnorm_launch(x, w, y, buf, EPS, **kw)
     return y, read_sketch("rmsnorm", buf, x.shape)
 
 
@@ -160,9 +161,10 @@ def _norm_inputs(op: str, x: torch.Tensor) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("op", ["layernorm", "rmsnorm"])
 @pytest.mark.parametrize("poison", ["none", "nan", "inf_max"])
 @pytest.mark.parametrize("shape", [(9, 45), (6, 1024), (5, 1025), (70, 16)])
-def test_norm_lane_max_matches_row_tree_and_ingest(op, poison, shape):
-    """The lane max sees NaN/±inf rows too: such programs recompute their max |x| after the loop,
-    including the finite rows (an +inf must not become the absmax, a finite max must not be lost)."""
+def test_norm_bad_rows_and_lane_max_match_row_tree_and_ingest(op, poison, shape):
+    """A program with NaN/±inf rows recomputes its max |x| after the loop, including the finite rows
+    (an +inf must not become the absmax, a finite max must not be lost). layernorm's lane max sees
+    those rows too and must match its per-row tree; rmsnorm has the per-row tree only."""
     g = seed("norm-lanes", op, poison, shape)
     x = 0.5 + 2 * torch.randn(*shape, generator=g)
     x[2, 7] = 40.0  # the largest finite |x|, in a finite row of the program that also gets the bad row
@@ -171,15 +173,16 @@ def test_norm_lane_max_matches_row_tree_and_ingest(op, poison, shape):
     elif poison == "inf_max":
         x[0, 1] = float("inf")
         x[1, 2] = -float("inf")
-    y1, s1 = _norm(op, x, 1)
-    y0, s0 = _norm(op, x, 0)
-    torch.testing.assert_close(y1, y0, rtol=0, atol=0, equal_nan=True)
-    close(s1, s0, rtol=1e-6)
+    y1, s1 = _norm(op, x, lane_max=1) if op == "layernorm" else _norm(op, x)
     want = ingest_sketch(op, _norm_inputs(op, x))
     assert s1["absmax"] == 40.0
     close(s1, want)
-    if op == "layernorm":  # the row slots (70 rows: several full sets of LANES rows per program) vs per row
-        y2, s2 = _norm(op, x, 1, slots=False)
+    if op == "layernorm":
+        y0, s0 = _norm(op, x, lane_max=0)
+        torch.testing.assert_close(y1, y0, rtol=0, atol=0, equal_nan=True)
+        close(s1, s0, rtol=1e-6)
+        # the row slots (70 rows: several full sets of LANES rows per program) vs per row
+        y2, s2 = _norm(op, x, lane_max=1, slots=False)
         torch.testing.assert_close(y2, y0, rtol=0, atol=0, equal_nan=True)
         close(s2, s1, rtol=1e-6)
 
@@ -193,8 +196,8 @@ def test_layernorm_row_slots_cover_ratio_cap_min_std_and_bad_rows():
     x[81] = x[81] * 1e-3  # the smallest std
     x[55, 2] = float("nan")
     x = x.float()
-    y1, s1 = _norm("layernorm", x, 1)
-    y0, s0 = _norm("layernorm", x, 0)
+    y1, s1 = _norm("layernorm", x, lane_max=1)
+    y0, s0 = _norm("layernorm", x, lane_max=0)
     torch.testing.assert_close(y1, y0, rtol=0, atol=0, equal_nan=True)
     want = ingest_sketch("layernorm", _norm_inputs("layernorm", x))
     assert s1["max_mean_over_std"] == 1e30 and s1["nonfinite"] == 1

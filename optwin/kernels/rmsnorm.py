@@ -33,8 +33,6 @@ from optwin.kernels._common import (
     ZERO_BITS,
     check_device,
     finite_partials,
-    lane_max,
-    lane_shape,
     last_program,
     launch_config,
     note_occupancy,
@@ -46,12 +44,9 @@ from optwin.kernels._common import (
 from optwin.kernels.sketch_buffer import WORKSPACE, feature_names, new_buffer, workspace
 
 EPS = CATALOG["rmsnorm"].constants["eps"]
-# max |x| per lane across the row loop (issue #6: no per-row max tree; rows with NaN/±inf are redone
-# after the loop, where the program's max is recomputed from scratch): 1 on, 0 the per-row tree.
-# Measured at 4096x16384 bf16, 8 warps 2 stages (bench/results/sketch_lanes_h200_s11b.md): per-row
-# tree 75.9/78.5 µs, lane max 75.9/79.3 (KEEP 8: 75.3/79.5): the tree stays.
-LANE_MAX = 0
-KEEP = 1  # max |x| chains per lane (LANE_MAX): [LANES, KEEP] registers
+# max |x| stays a per-row tree: per-lane maxima across the row loop (_common.lane_max, as layernorm
+# has) were measured and dropped. 4096x16384 bf16, 8 warps 2 stages, µs without/with the sketch
+# (bench/results/sketch_lanes_h200_s11b.md): per-row tree 75.9/78.5, lane max 75.9/79.3 (KEEP 8: 75.3/79.5).
 assert feature_names("rmsnorm") == (
     "numel", "rows", "absmax", "rms", "nonfinite", "hidden", "max_row_rms", "weight_absmax")
 assert [n for n, _ in WORKSPACE["rmsnorm"][0]] == ["absmax", "sumsq", "max_row_ms"]
@@ -74,10 +69,6 @@ def _rmsnorm_kernel(
     BLOCK: tl.constexpr,
     SKETCH: tl.constexpr,
     STAGES: tl.constexpr,  # loads in flight in the row loop (1: none ahead; >1: async copies)
-    LANE_MAX: tl.constexpr,  # 1: max |x| per lane across the loop instead of a tree per row
-    VEC: tl.constexpr,  # elements per 16-byte vector of x
-    LANES: tl.constexpr,  # lanes of the accumulator (_common.lane_shape)
-    KEEP: tl.constexpr,  # independent accumulator chains per lane (divides VEC; _common's lane partials)
 ):
     # Persistent: one program per resident slot walks rows pid, pid + grid, ...; each row is still
     # reduced by one program in one tree, so the numerics do not depend on the grid.
@@ -90,15 +81,11 @@ def _rmsnorm_kernel(
         p_sq = tl.zeros((), dtype=tl.float64)  # sum of finite x^2
         p_nf = tl.zeros((), dtype=tl.int64)  # NaN/±inf count
         p_bad = tl.zeros((), dtype=tl.int32)  # rows left to the exact pass after the loop
-        if LANE_MAX == 1:
-            a_amax = tl.zeros([LANES, KEEP], dtype=tl.float32)  # per lane: max |h| over the program's rows
     for r in tl.range(pid, n_rows, tl.num_programs(0), num_stages=STAGES):
         row = tl.cast(r, tl.int64)  # 64-bit offsets for tensors past 2^31 elements
         x = tl.load(X_ptr + row * X_row_stride + cols, mask=mask, other=0.0, eviction_policy="evict_first")
         h = x.to(tl.float32)
-        if SKETCH and LANE_MAX == 1:  # NaN/±inf rows fail the row test below and are redone after the loop
-            a_amax = tl.maximum(a_amax, lane_max(tl.abs(h), BLOCK, LANES, VEC, KEEP))
-        if SKETCH and LANE_MAX == 0:
+        if SKETCH:
             ss, amax = sum_and_max(h * h, tl.abs(h))  # ss is tl.sum(h * h)
         else:
             ss = tl.sum(h * h, axis=0)  # fp32 tree sum
@@ -111,17 +98,12 @@ def _rmsnorm_kernel(
                  eviction_policy="evict_first")  # write n
         if SKETCH:  # scalars only: h dies here, so the sketch costs no registers across the row
             ok = ss <= FMAX  # every entry finite: the op's sums are the sketch's
-            if LANE_MAX == 0:
-                p_amax = tl.maximum(p_amax, tl.where(ok, amax, 0.0))
+            p_amax = tl.maximum(p_amax, tl.where(ok, amax, 0.0))
             p_ms = tl.maximum(p_ms, tl.where(ok, v, 0.0))
             p_sq += tl.where(ok, ss, 0.0).to(tl.float64)
             p_bad += tl.where(ok, 0, 1)
-    if SKETCH:
-        if LANE_MAX != 0:
-            p_amax = tl.max(a_amax).to(tl.float32)
+    if SKETCH:  # noqa: SIM102 - a constexpr branch: p_bad exists only with the sketch
         if p_bad > 0:  # rare: re-read this program's rows with NaN/±inf (or h*h overflow), exact partials
-            if LANE_MAX != 0:
-                p_amax = tl.zeros((), dtype=tl.float32)  # the lanes saw the NaN/±inf rows too: from scratch
             for r2 in tl.range(pid, n_rows, tl.num_programs(0)):
                 h2 = tl.load(X_ptr + tl.cast(r2, tl.int64) * X_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
                 if not (tl.sum(h2 * h2, axis=0) <= FMAX):  # the loop's own test, same tree: same rows
@@ -130,8 +112,6 @@ def _rmsnorm_kernel(
                     p_ms = tl.maximum(p_ms, q / tl.maximum(n_cols - nf, 1.0))
                     p_sq += q.to(tl.float64)
                     p_nf += nf.to(tl.int64)
-                elif LANE_MAX != 0:
-                    p_amax = tl.maximum(p_amax, tl.max(tl.abs(h2), axis=0))  # padding is 0
     if SKETCH:
         if pid == 0:  # the weight's partials
             wv = tl.load(W_ptr + cols, mask=mask, other=0.0).to(tl.float32)
@@ -163,24 +143,19 @@ def _rmsnorm_kernel(
 def _rmsnorm_launch(
     x2: torch.Tensor, weight: torch.Tensor, y2: torch.Tensor, buf: torch.Tensor | None, eps: float,
     num_warps: int | None = None, stages: int | None = None, per_sm: int | None = None,
-    lane_max: int | None = None, keep: int | None = None,
 ) -> None:
     """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows.
-    num_warps / stages / per_sm / lane_max / keep override the tuned launch (the bench's sweep; num_warps changes the
-    tl.sum tree)."""
+    num_warps / stages / per_sm override the tuned launch (the bench's sweep; num_warps changes the tl.sum tree)."""
     n_rows, n = x2.shape
     block, warps, st = launch_config("rmsnorm", n, num_warps, stages)
     sketch = buf is not None
     if n_rows == 0 and not sketch:
         return
     f, i = workspace("rmsnorm", x2.device) if sketch else (y2, y2)
-    lmax = (LANE_MAX if lane_max is None else lane_max) if sketch else 0
-    vec, lanes = lane_shape(block, x2.element_size(), warps)
-    kp = min(KEEP if keep is None else keep, vec) if lmax else 1
-    key = ("rmsnorm", x2.dtype, block, warps, st, sketch, lmax, kp)
+    key = ("rmsnorm", x2.dtype, block, warps, st, sketch)
     k = _rmsnorm_kernel[(persistent_grid(key, n_rows, x2.device, per_sm),)](
         x2, x2.stride(0), weight, y2, y2.stride(0), buf if sketch else y2, f, i,
-        n_rows, n, eps, BLOCK=block, SKETCH=sketch, STAGES=st, LANE_MAX=lmax, VEC=vec, LANES=lanes, KEEP=kp,
+        n_rows, n, eps, BLOCK=block, SKETCH=sketch, STAGES=st,
         num_warps=warps, enable_fp_fusion=False,
     )
     note_occupancy(key, k, warps)
