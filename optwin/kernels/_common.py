@@ -106,13 +106,20 @@ TUNED: dict[tuple[str, int], tuple[int, int]] = {
     # Layout 4 (lane accumulators, capped at 64 registers: softmax.MAXNREG) 82.2/115.8 (8 warps at 128
     # registers 89.2/135.8; bench/results/softmax_sketch_h200_s11*.md)
     ("softmax", 16384): (16, 1),
+    # rows past MAX_BLOCK, read in TRITON_CHUNK pieces (4096): the best chunked launches of the H200
+    # sweep at 4096x16384 bf16 (bench/results/norm_chunks_h200_s12.md), still slower than a row held
+    # in registers where one fits: rmsnorm 16 warps 77.5/96.8 µs, layernorm 8 warps 95.2/102.9
+    ("rmsnorm-chunked", 4096): (16, 1),
+    ("layernorm-chunked", 4096): (8, 1),
 }
 
 
-def launch_config(op: str, n: int, num_warps: int | None = None, stages: int | None = None) -> tuple[int, int, int]:
+def launch_config(op: str, n: int, num_warps: int | None = None, stages: int | None = None,
+                  chunk: int | None = None) -> tuple[int, int, int]:
     """(BLOCK, num_warps, stages) for `op` over rows of n: launch_settings, then TUNED, then the
-    caller's overrides (the bench's sweep)."""
-    block, warps = launch_settings(n)
+    caller's overrides (the bench's sweep). A kernel that reads rows in pieces passes its `chunk`:
+    BLOCK is then the chunk (any row length)."""
+    block, warps = launch_settings(chunk or n)
     warps, st = TUNED.get((op, block), (warps, 1))
     return block, num_warps or warps, stages or st
 

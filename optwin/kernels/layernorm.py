@@ -10,6 +10,8 @@ Numerics (what optwin.twin's layernorm/triton models), per row of n = hidden ele
     var = tl.sum(d * d) / n                    # two-pass: fp32 tree, IEEE fp32 divide (no E[x^2]-m^2 cancellation)
     r = rsqrt(var + eps)                       # eps as fp32 scalar; approximate rsqrt (rsqrt.approx.f32)
     y = (d * r * w.float() + b.float()).to(dtype)   # fp32, left to right, every product rounded, one rounding to dtype
+Rows longer than MAX_BLOCK (65536) go to a three-pass kernel over TRITON_CHUNK-wide pieces: each sum
+is then one fp32 accumulator per lane over the pieces, then the tree (the twin's order "blocked").
 Compiled without FMA contraction (enable_fp_fusion=False): with it, LLVM fused a different set of
 the d*d products into FMAs once the sketch added uses of h (H200, 2026-11: y changed at 1823x781
 and at 7x1025 float32), so the sketch changed y; now every product rounds, as the twin models.
@@ -34,6 +36,7 @@ import triton.language as tl
 from optwin.catalog import CATALOG
 from optwin.kernels._common import (
     FMAX,
+    MAX_BLOCK,
     POS_INF_BITS,
     ZERO_BITS,
     check_device,
@@ -55,6 +58,7 @@ from optwin.kernels.sketch_buffer import (
     new_buffer,
     workspace,
 )
+from optwin.twin.layernorm import TRITON_CHUNK, TRITON_WHOLE_ROW_MAX
 
 EPS = CATALOG["layernorm"].constants["eps"]
 # Rows with NaN/±inf get their exact sketch partials after the loop (a re-read of that program's
@@ -74,6 +78,7 @@ assert feature_names("layernorm") == (
     "bias_absmax")
 assert [n for n, _ in WORKSPACE["layernorm"][0]] == ["absmax", "sumsq", "max_ratio", "min_std"]
 assert WORKSPACE["layernorm"][1] == ("ticket", "nonfinite", "param_nonfinite")
+assert TRITON_WHOLE_ROW_MAX == MAX_BLOCK  # the twin's switch to the chunked order is this kernel's
 
 
 @triton.jit
@@ -111,6 +116,53 @@ def _slot_partials(sl_m, sl_var, valid, n_cols, cap):
     ratio = tl.minimum(tl.where(sf > 0, am / sf, tl.where(am > 0, cap, 0.0)), cap)
     return (tl.max(tl.where(ok, ratio, 0.0), 0), tl.min(tl.where(ok, sf, float("inf")), 0),
             tl.sum(tl.where(ok, sq, 0.0).to(tl.float64), 0), tl.sum((valid & ~ok).to(tl.int32), 0))
+
+
+@triton.jit
+def _param_partials(W_ptr, B_ptr, S_ptr, I_ptr, cols, n_cols, BLOCK: tl.constexpr):
+    """Weight and bias features (largest finite |w|, |b|) and their NaN/±inf count, BLOCK at a time."""
+    wmax = tl.zeros((), dtype=tl.float32)
+    bmax = tl.zeros((), dtype=tl.float32)
+    nf = tl.zeros((), dtype=tl.float32)
+    for c0 in tl.range(0, n_cols, BLOCK):
+        cm = c0 + cols < n_cols
+        wa, _, wnf = finite_partials(tl.load(W_ptr + c0 + cols, mask=cm, other=0.0).to(tl.float32), cm)
+        ba, _, bnf = finite_partials(tl.load(B_ptr + c0 + cols, mask=cm, other=0.0).to(tl.float32), cm)
+        wmax = tl.maximum(wmax, wa)
+        bmax = tl.maximum(bmax, ba)
+        nf += wnf + bnf
+    tl.store(S_ptr + 8, wmax.to(tl.float64))
+    tl.store(S_ptr + 9, bmax.to(tl.float64))
+    tl.atomic_add(I_ptr + 2, nf.to(tl.int64), sem="relaxed")
+
+
+@triton.jit
+def _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ratio, p_minstd, p_nf, n_rows, n_cols, CAP: tl.constexpr):
+    """Merge one program's sketch partials into the workspace; the last program writes the features."""
+    tl.atomic_max(F_ptr + 0, p_amax.to(tl.float64), sem="relaxed")
+    tl.atomic_add(F_ptr + 1, p_sq, sem="relaxed")
+    tl.atomic_max(F_ptr + 2, p_ratio.to(tl.float64), sem="relaxed")
+    tl.atomic_min(F_ptr + 3, p_minstd.to(tl.float64), sem="relaxed")
+    tl.atomic_add(I_ptr + 1, p_nf, sem="relaxed")
+    if last_program(I_ptr):
+        g_amax = take(F_ptr + 0, ZERO_BITS)
+        g_sq = take(F_ptr + 1, ZERO_BITS)
+        g_ratio = take(F_ptr + 2, ZERO_BITS)
+        g_minstd = take(F_ptr + 3, POS_INF_BITS)
+        g_nf = tl.atomic_xchg(I_ptr + 1, 0, sem="relaxed")
+        g_pnf = tl.atomic_xchg(I_ptr + 2, 0, sem="relaxed")
+        tl.atomic_xchg(I_ptr + 0, 0, sem="relaxed")
+        numel = tl.cast(n_rows, tl.int64) * n_cols
+        cnt = tl.maximum(numel - g_nf, 1).to(tl.float64)
+        tl.store(S_ptr + 0, numel.to(tl.float64))
+        tl.store(S_ptr + 1, tl.cast(n_rows, tl.float64))
+        tl.store(S_ptr + 2, g_amax)
+        tl.store(S_ptr + 3, tl.sqrt(g_sq / cnt))
+        tl.store(S_ptr + 4, (g_nf + g_pnf).to(tl.float64))
+        tl.store(S_ptr + 5, tl.cast(n_cols, tl.float64))
+        cap64 = tl.full((), CAP, tl.float64)  # the fp32 cap rounds up; the feature is exactly CAP
+        tl.store(S_ptr + 6, tl.where(g_ratio >= cap64, cap64, g_ratio))
+        tl.store(S_ptr + 7, tl.where(n_rows > 0, g_minstd, 0.0))
 
 
 @triton.jit
@@ -244,48 +296,147 @@ def _layernorm_kernel(
             tl.store(S_ptr + 8, wmax.to(tl.float64))
             tl.store(S_ptr + 9, bmax.to(tl.float64))
             tl.atomic_add(I_ptr + 2, (wnf + bnf).to(tl.int64), sem="relaxed")
-        tl.atomic_max(F_ptr + 0, p_amax.to(tl.float64), sem="relaxed")
-        tl.atomic_add(F_ptr + 1, p_sq, sem="relaxed")
-        tl.atomic_max(F_ptr + 2, p_ratio.to(tl.float64), sem="relaxed")
-        tl.atomic_min(F_ptr + 3, p_minstd.to(tl.float64), sem="relaxed")
-        tl.atomic_add(I_ptr + 1, p_nf, sem="relaxed")
-        if last_program(I_ptr):
-            g_amax = take(F_ptr + 0, ZERO_BITS)
-            g_sq = take(F_ptr + 1, ZERO_BITS)
-            g_ratio = take(F_ptr + 2, ZERO_BITS)
-            g_minstd = take(F_ptr + 3, POS_INF_BITS)
-            g_nf = tl.atomic_xchg(I_ptr + 1, 0, sem="relaxed")
-            g_pnf = tl.atomic_xchg(I_ptr + 2, 0, sem="relaxed")
-            tl.atomic_xchg(I_ptr + 0, 0, sem="relaxed")
-            numel = tl.cast(n_rows, tl.int64) * n_cols
-            cnt = tl.maximum(numel - g_nf, 1).to(tl.float64)
-            tl.store(S_ptr + 0, numel.to(tl.float64))
-            tl.store(S_ptr + 1, tl.cast(n_rows, tl.float64))
-            tl.store(S_ptr + 2, g_amax)
-            tl.store(S_ptr + 3, tl.sqrt(g_sq / cnt))
-            tl.store(S_ptr + 4, (g_nf + g_pnf).to(tl.float64))
-            tl.store(S_ptr + 5, tl.cast(n_cols, tl.float64))
-            cap64 = tl.full((), CAP, tl.float64)  # the fp32 cap rounds up; the feature is exactly CAP
-            tl.store(S_ptr + 6, tl.where(g_ratio >= cap64, cap64, g_ratio))
-            tl.store(S_ptr + 7, tl.where(n_rows > 0, g_minstd, 0.0))
+        _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ratio, p_minstd, p_nf, n_rows, n_cols, CAP)
+
+
+# ------------------------------------------------------------------ rows longer than MAX_BLOCK
+
+
+@triton.jit
+def _chunked_mean_var(X_row, cols, n_cols, CHUNK: tl.constexpr):
+    """(mean, population variance) of one row read in CHUNK pieces, as the twin's order "blocked"
+    (lanes = CHUNK): per-lane fp32 sums in sequence over the chunks, one tl.sum tree, IEEE divide.
+    Pass 1 reads DRAM (default eviction: the row stays in L2), pass 2 re-reads L2."""
+    acc = tl.zeros([CHUNK], dtype=tl.float32)
+    for c0 in tl.range(0, n_cols, CHUNK):
+        acc += tl.load(X_row + c0 + cols, mask=c0 + cols < n_cols, other=0.0).to(tl.float32)
+    m = tl.math.div_rn(tl.sum(acc, axis=0), tl.cast(n_cols, tl.float32))
+    acc = tl.zeros([CHUNK], dtype=tl.float32)
+    for c0 in tl.range(0, n_cols, CHUNK):
+        cm = c0 + cols < n_cols
+        d = tl.where(cm, tl.load(X_row + c0 + cols, mask=cm, other=0.0).to(tl.float32) - m, 0.0)
+        acc += d * d
+    return m, tl.math.div_rn(tl.sum(acc, axis=0), tl.cast(n_cols, tl.float32))
+
+
+@triton.jit
+def _chunked_exact_row(X_row, cols, n_cols, CHUNK: tl.constexpr):
+    """_exact_row over CHUNK pieces: (absmax, sumsq, nonfinite count, mean, std) of the finite entries."""
+    amax = tl.zeros((), dtype=tl.float32)
+    sq = tl.zeros((), dtype=tl.float32)
+    nf = tl.zeros((), dtype=tl.float32)
+    sh = tl.zeros((), dtype=tl.float32)
+    for c0 in tl.range(0, n_cols, CHUNK):
+        cm = c0 + cols < n_cols
+        h = tl.load(X_row + c0 + cols, mask=cm, other=0.0).to(tl.float32)
+        a, q, f = finite_partials(h, cm)
+        amax = tl.maximum(amax, a)
+        sq += q
+        nf += f
+        sh += tl.sum(tl.where(cm & (tl.abs(h) <= FMAX), h, 0.0), axis=0)
+    cnt = tl.maximum(n_cols - nf, 1.0)
+    mf = sh / cnt
+    ss = tl.zeros((), dtype=tl.float32)
+    for c0 in tl.range(0, n_cols, CHUNK):
+        cm = c0 + cols < n_cols
+        h = tl.load(X_row + c0 + cols, mask=cm, other=0.0).to(tl.float32)
+        d = tl.where(cm & (tl.abs(h) <= FMAX), h - mf, 0.0)
+        ss += tl.sum(d * d, axis=0)
+    return amax, sq, nf, mf, tl.sqrt(ss / cnt)
+
+
+@triton.jit
+def _layernorm_chunked_kernel(
+    X_ptr, X_row_stride, W_ptr, B_ptr, Y_ptr, Y_row_stride, S_ptr, F_ptr, I_ptr,  # as _layernorm_kernel
+    n_rows,
+    n_cols,
+    eps,  # fp32 scalar
+    CAP: tl.constexpr,
+    CHUNK: tl.constexpr,  # elements per load; rows are read in ceil(n / CHUNK) pieces, three times
+    SKETCH: tl.constexpr,
+):
+    # Three passes per row (sum; squared deviations; normalize and store): the first from DRAM, the
+    # others from L2. Slower than a row held in registers where one fits (bench/norm_chunks.py), so
+    # only rows past MAX_BLOCK.
+    pid = tl.program_id(0)
+    cols = tl.arange(0, CHUNK)
+    if SKETCH:
+        p_ratio = tl.zeros((), dtype=tl.float32)
+        p_minstd = tl.full((), float("inf"), tl.float32)
+        p_sq = tl.zeros((), dtype=tl.float64)
+        p_nf = tl.zeros((), dtype=tl.int64)
+        p_bad = tl.zeros((), dtype=tl.int32)
+        a_amax = tl.zeros([CHUNK], dtype=tl.float32)  # per lane: max |h| over the program's rows
+    for r in tl.range(pid, n_rows, tl.num_programs(0)):
+        x_row = X_ptr + tl.cast(r, tl.int64) * X_row_stride
+        m, var = _chunked_mean_var(x_row, cols, n_cols, CHUNK)
+        rs = tl.math.rsqrt(var + eps)  # approximate rsqrt
+        for c0 in tl.range(0, n_cols, CHUNK):
+            cm = c0 + cols < n_cols
+            h = tl.load(x_row + c0 + cols, mask=cm, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            if SKETCH:  # NaN/±inf rows fail the row test below and are redone after the loop
+                a_amax = tl.maximum(a_amax, tl.abs(h))
+            w = tl.load(W_ptr + c0 + cols, mask=cm, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            b = tl.load(B_ptr + c0 + cols, mask=cm, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            tl.store(Y_ptr + tl.cast(r, tl.int64) * Y_row_stride + c0 + cols,
+                     ((h - m) * rs * w + b).to(Y_ptr.dtype.element_ty), mask=cm, eviction_policy="evict_first")
+        if SKETCH:  # per row scalars from the op's own mean and variance
+            sq = (var + m * m) * n_cols  # = sum h*h (positive terms, no cancellation)
+            ok = sq <= FMAX  # every entry finite (NaN/±inf make m, var NaN)
+            sf = tl.sqrt(var)
+            am = tl.abs(m)
+            ratio = tl.where(sf > 0, am / sf, tl.where(am > 0, CAP, 0.0))
+            p_ratio = tl.maximum(p_ratio, tl.where(ok, tl.minimum(ratio, CAP), 0.0))
+            p_minstd = tl.minimum(p_minstd, tl.where(ok, sf, float("inf")))
+            p_sq += tl.where(ok, sq, 0.0).to(tl.float64)
+            p_bad += tl.where(ok, 0, 1)
+    if SKETCH:
+        p_amax = tl.max(a_amax, axis=0)
+        if p_bad > 0:  # rare: the lanes saw NaN/±inf; redo this program's max and its bad rows exactly
+            p_amax = tl.zeros((), dtype=tl.float32)
+            for r2 in tl.range(pid, n_rows, tl.num_programs(0)):
+                x_row = X_ptr + tl.cast(r2, tl.int64) * X_row_stride
+                m2, var2 = _chunked_mean_var(x_row, cols, n_cols, CHUNK)  # the loop's own values and test
+                if not ((var2 + m2 * m2) * n_cols <= FMAX):
+                    amax2, sq2, nf2, mf2, sf2 = _chunked_exact_row(x_row, cols, n_cols, CHUNK)
+                    p_amax, p_ratio, p_minstd, p_sq, p_nf = _merge_row(p_amax, p_ratio, p_minstd, p_sq, p_nf,
+                                                                       amax2, sq2, nf2, mf2, sf2, CAP)
+                else:
+                    for c0 in tl.range(0, n_cols, CHUNK):
+                        hc = tl.load(x_row + c0 + cols, mask=c0 + cols < n_cols, other=0.0).to(tl.float32)
+                        p_amax = tl.maximum(p_amax, tl.max(tl.abs(hc), axis=0))  # padding is 0
+        if pid == 0:
+            _param_partials(W_ptr, B_ptr, S_ptr, I_ptr, cols, n_cols, CHUNK)
+        _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ratio, p_minstd, p_nf, n_rows, n_cols, CAP)
 
 
 def _layernorm_launch(
     x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2: torch.Tensor,
     buf: torch.Tensor | None, eps: float, num_warps: int | None = None, stages: int | None = None,
     per_sm: int | None = None, exact_after: bool | None = None, lane_max: int | None = None,
-    keep: int | None = None, slots: bool | None = None,
+    keep: int | None = None, slots: bool | None = None, chunk: int | None = None,
 ) -> None:
     """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows.
-    num_warps / stages / per_sm / exact_after / lane_max / keep / slots override the tuned launch (the bench's sweep;
-    num_warps changes the tl.sum trees)."""
+    Rows longer than MAX_BLOCK (or than `chunk`, the bench's comparison) go to the three-pass chunked
+    kernel, TRITON_CHUNK wide by default (part of the numerics: the twin's lanes).
+    num_warps / stages / per_sm / exact_after / lane_max / keep / slots / chunk override the tuned
+    launch (the bench's sweep; num_warps changes the tl.sum trees)."""
     n_rows, n = x2.shape
-    block, warps, st = launch_config("layernorm", n, num_warps, stages)
-    after = EXACT_AFTER if exact_after is None else exact_after
     sketch = buf is not None
     if n_rows == 0 and not sketch:
         return
     f, i = workspace("layernorm", x2.device) if sketch else (y2, y2)
+    if n > MAX_BLOCK or (chunk is not None and n > chunk):
+        block, warps, _ = launch_config("layernorm-chunked", n, num_warps, 1, chunk=chunk or TRITON_CHUNK)
+        key = ("layernorm-chunked", x2.dtype, block, warps, sketch)
+        k = _layernorm_chunked_kernel[(persistent_grid(key, n_rows, x2.device, per_sm),)](
+            x2, x2.stride(0), weight, bias, y2, y2.stride(0), buf if sketch else y2, f, i,
+            n_rows, n, eps, CAP=RATIO_CAP, CHUNK=block, SKETCH=sketch, num_warps=warps, enable_fp_fusion=False,
+        )
+        note_occupancy(key, k, warps)
+        return
+    block, warps, st = launch_config("layernorm", n, num_warps, stages)
+    after = EXACT_AFTER if exact_after is None else exact_after
     lmax = (LANE_MAX if lane_max is None else lane_max) if (sketch and after) else 0
     vec, lanes = lane_shape(block, x2.element_size(), warps)
     kp = min(KEEP if keep is None else keep, vec) if lmax else 1

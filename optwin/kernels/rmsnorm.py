@@ -9,6 +9,8 @@ Numerics (what optwin.twin's rmsnorm/triton models), per row of n = hidden eleme
     r = rsqrt(v + eps)                 # eps as an fp32 scalar; rsqrt is approximate (rsqrt.approx.f32
                                        # on NVIDIA, ~2 ulp), the interpreter uses 1/sqrt in numpy
     y = (h * r * w.float()).to(dtype)  # fp32 products left to right, one rounding to dtype
+Rows longer than MAX_BLOCK (65536) go to a two-pass kernel over TRITON_CHUNK-wide pieces: v is then
+one fp32 accumulator per lane summed over the pieces, then the tree (the twin's order "blocked").
 Compiled without FMA contraction (enable_fp_fusion=False): every h*h is rounded before the tree
 adds it, as the twin models. With contraction on, LLVM fused a different half of the tree's
 products into FMAs once the sketch added uses of h (H200, 2026-11: y changed at 1823x781), so the
@@ -30,6 +32,7 @@ import triton.language as tl
 from optwin.catalog import CATALOG
 from optwin.kernels._common import (
     FMAX,
+    MAX_BLOCK,
     ZERO_BITS,
     check_device,
     finite_partials,
@@ -42,6 +45,7 @@ from optwin.kernels._common import (
     take,
 )
 from optwin.kernels.sketch_buffer import WORKSPACE, feature_names, new_buffer, workspace
+from optwin.twin.rmsnorm import TRITON_CHUNK, TRITON_WHOLE_ROW_MAX
 
 EPS = CATALOG["rmsnorm"].constants["eps"]
 # max |x| stays a per-row tree: per-lane maxima across the row loop (_common.lane_max, as layernorm
@@ -51,6 +55,32 @@ assert feature_names("rmsnorm") == (
     "numel", "rows", "absmax", "rms", "nonfinite", "hidden", "max_row_rms", "weight_absmax")
 assert [n for n, _ in WORKSPACE["rmsnorm"][0]] == ["absmax", "sumsq", "max_row_ms"]
 assert WORKSPACE["rmsnorm"][1] == ("ticket", "nonfinite", "weight_nonfinite")
+assert TRITON_WHOLE_ROW_MAX == MAX_BLOCK  # the twin's switch to the chunked order is this kernel's
+
+
+@triton.jit
+def _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ms, p_nf, n_rows, n_cols):
+    """Merge one program's sketch partials into the workspace; the last program writes the features."""
+    tl.atomic_max(F_ptr + 0, p_amax.to(tl.float64), sem="relaxed")
+    tl.atomic_add(F_ptr + 1, p_sq, sem="relaxed")
+    tl.atomic_max(F_ptr + 2, p_ms.to(tl.float64), sem="relaxed")
+    tl.atomic_add(I_ptr + 1, p_nf, sem="relaxed")
+    if last_program(I_ptr):  # read back and reset the workspace, write the features
+        g_amax = take(F_ptr + 0, ZERO_BITS)
+        g_sq = take(F_ptr + 1, ZERO_BITS)
+        g_ms = take(F_ptr + 2, ZERO_BITS)
+        g_nf = tl.atomic_xchg(I_ptr + 1, 0, sem="relaxed")
+        g_wnf = tl.atomic_xchg(I_ptr + 2, 0, sem="relaxed")
+        tl.atomic_xchg(I_ptr + 0, 0, sem="relaxed")  # the ticket
+        numel = tl.cast(n_rows, tl.int64) * n_cols
+        cnt = tl.maximum(numel - g_nf, 1).to(tl.float64)
+        tl.store(S_ptr + 0, numel.to(tl.float64))
+        tl.store(S_ptr + 1, tl.cast(n_rows, tl.float64))
+        tl.store(S_ptr + 2, g_amax)
+        tl.store(S_ptr + 3, tl.sqrt(g_sq / cnt))
+        tl.store(S_ptr + 4, (g_nf + g_wnf).to(tl.float64))
+        tl.store(S_ptr + 5, tl.cast(n_cols, tl.float64))
+        tl.store(S_ptr + 6, tl.sqrt(g_ms))
 
 
 @triton.jit
@@ -118,40 +148,123 @@ def _rmsnorm_kernel(
             wmax, _, wnf = finite_partials(wv, mask)
             tl.store(S_ptr + 7, wmax.to(tl.float64))
             tl.atomic_add(I_ptr + 2, wnf.to(tl.int64), sem="relaxed")
-        tl.atomic_max(F_ptr + 0, p_amax.to(tl.float64), sem="relaxed")
-        tl.atomic_add(F_ptr + 1, p_sq, sem="relaxed")
-        tl.atomic_max(F_ptr + 2, p_ms.to(tl.float64), sem="relaxed")
-        tl.atomic_add(I_ptr + 1, p_nf, sem="relaxed")
-        if last_program(I_ptr):  # read back and reset the workspace, write the features
-            g_amax = take(F_ptr + 0, ZERO_BITS)
-            g_sq = take(F_ptr + 1, ZERO_BITS)
-            g_ms = take(F_ptr + 2, ZERO_BITS)
-            g_nf = tl.atomic_xchg(I_ptr + 1, 0, sem="relaxed")
-            g_wnf = tl.atomic_xchg(I_ptr + 2, 0, sem="relaxed")
-            tl.atomic_xchg(I_ptr + 0, 0, sem="relaxed")  # the ticket
-            numel = tl.cast(n_rows, tl.int64) * n_cols
-            cnt = tl.maximum(numel - g_nf, 1).to(tl.float64)
-            tl.store(S_ptr + 0, numel.to(tl.float64))
-            tl.store(S_ptr + 1, tl.cast(n_rows, tl.float64))
-            tl.store(S_ptr + 2, g_amax)
-            tl.store(S_ptr + 3, tl.sqrt(g_sq / cnt))
-            tl.store(S_ptr + 4, (g_nf + g_wnf).to(tl.float64))
-            tl.store(S_ptr + 5, tl.cast(n_cols, tl.float64))
-            tl.store(S_ptr + 6, tl.sqrt(g_ms))
+        _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ms, p_nf, n_rows, n_cols)
+
+
+# ------------------------------------------------------------------ rows longer than MAX_BLOCK
+
+
+@triton.jit
+def _row_sumsq_chunked(X_row, cols, n_cols, CHUNK: tl.constexpr, SKETCH: tl.constexpr):
+    """(sum of h*h, max |h|) of one row read in CHUNK pieces: a [CHUNK] accumulator per lane summed in
+    sequence over the chunks, then one tl.sum tree (the twin's order "blocked", lanes = CHUNK).
+    The row stays in L2 (default eviction) for the second pass; the max is 0.0 without the sketch."""
+    acc = tl.zeros([CHUNK], dtype=tl.float32)
+    amx = tl.zeros([CHUNK], dtype=tl.float32)
+    for c0 in tl.range(0, n_cols, CHUNK):
+        h = tl.load(X_row + c0 + cols, mask=c0 + cols < n_cols, other=0.0).to(tl.float32)
+        acc += h * h  # rounded product, then the lane's add (no FMA contraction)
+        if SKETCH:
+            amx = tl.maximum(amx, tl.abs(h))
+    if SKETCH:
+        return sum_and_max(acc, amx)
+    else:
+        return tl.sum(acc, axis=0), 0.0
+
+
+@triton.jit
+def _rmsnorm_chunked_kernel(
+    X_ptr, X_row_stride, W_ptr, Y_ptr, Y_row_stride, S_ptr, F_ptr, I_ptr,  # as _rmsnorm_kernel
+    n_rows,
+    n_cols,
+    eps,  # fp32 scalar
+    CHUNK: tl.constexpr,  # elements per load; rows are read in ceil(n / CHUNK) pieces, twice
+    SKETCH: tl.constexpr,
+):
+    # Two passes per row: sum of squares (DRAM), then normalize and store (an L2 re-read). Slower
+    # than a row held in registers where one fits (bench/norm_chunks.py), so only rows past MAX_BLOCK.
+    pid = tl.program_id(0)
+    cols = tl.arange(0, CHUNK)
+    if SKETCH:
+        p_amax = tl.zeros((), dtype=tl.float32)
+        p_ms = tl.zeros((), dtype=tl.float32)
+        p_sq = tl.zeros((), dtype=tl.float64)
+        p_nf = tl.zeros((), dtype=tl.int64)
+        p_bad = tl.zeros((), dtype=tl.int32)
+    for r in tl.range(pid, n_rows, tl.num_programs(0)):
+        row = tl.cast(r, tl.int64)
+        ss, amax = _row_sumsq_chunked(X_ptr + row * X_row_stride, cols, n_cols, CHUNK, SKETCH)
+        v = tl.math.div_rn(ss, tl.cast(n_cols, tl.float32))
+        rs = tl.math.rsqrt(v + eps)
+        for c0 in tl.range(0, n_cols, CHUNK):
+            cm = c0 + cols < n_cols
+            h = tl.load(X_ptr + row * X_row_stride + c0 + cols, mask=cm, other=0.0,
+                        eviction_policy="evict_first").to(tl.float32)
+            w = tl.load(W_ptr + c0 + cols, mask=cm, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            tl.store(Y_ptr + row * Y_row_stride + c0 + cols, (h * rs * w).to(Y_ptr.dtype.element_ty), mask=cm,
+                     eviction_policy="evict_first")
+        if SKETCH:
+            ok = ss <= FMAX
+            p_amax = tl.maximum(p_amax, tl.where(ok, amax, 0.0))
+            p_ms = tl.maximum(p_ms, tl.where(ok, v, 0.0))
+            p_sq += tl.where(ok, ss, 0.0).to(tl.float64)
+            p_bad += tl.where(ok, 0, 1)
+    if SKETCH:
+        if p_bad > 0:  # rare: exact partials of this program's rows with NaN/±inf (or overflow)
+            for r2 in tl.range(pid, n_rows, tl.num_programs(0)):
+                x_row = X_ptr + tl.cast(r2, tl.int64) * X_row_stride
+                ss2, _ = _row_sumsq_chunked(x_row, cols, n_cols, CHUNK, False)
+                if not (ss2 <= FMAX):  # the loop's own test, same order: same rows
+                    a = tl.zeros((), dtype=tl.float32)
+                    q = tl.zeros((), dtype=tl.float32)
+                    nf = tl.zeros((), dtype=tl.float32)
+                    for c0 in tl.range(0, n_cols, CHUNK):
+                        cm = c0 + cols < n_cols
+                        ca, cq, cnf = finite_partials(tl.load(x_row + c0 + cols, mask=cm, other=0.0).to(tl.float32), cm)
+                        a = tl.maximum(a, ca)
+                        q += cq
+                        nf += cnf
+                    p_amax = tl.maximum(p_amax, a)
+                    p_ms = tl.maximum(p_ms, q / tl.maximum(n_cols - nf, 1.0))
+                    p_sq += q.to(tl.float64)
+                    p_nf += nf.to(tl.int64)
+        if pid == 0:  # the weight's partials, CHUNK at a time
+            wmax = tl.zeros((), dtype=tl.float32)
+            wnf = tl.zeros((), dtype=tl.float32)
+            for c0 in tl.range(0, n_cols, CHUNK):
+                cm = c0 + cols < n_cols
+                ca, _, cnf = finite_partials(tl.load(W_ptr + c0 + cols, mask=cm, other=0.0).to(tl.float32), cm)
+                wmax = tl.maximum(wmax, ca)
+                wnf += cnf
+            tl.store(S_ptr + 7, wmax.to(tl.float64))
+            tl.atomic_add(I_ptr + 2, wnf.to(tl.int64), sem="relaxed")
+        _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ms, p_nf, n_rows, n_cols)
 
 
 def _rmsnorm_launch(
     x2: torch.Tensor, weight: torch.Tensor, y2: torch.Tensor, buf: torch.Tensor | None, eps: float,
     num_warps: int | None = None, stages: int | None = None, per_sm: int | None = None,
+    chunk: int | None = None,
 ) -> None:
     """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows.
-    num_warps / stages / per_sm override the tuned launch (the bench's sweep; num_warps changes the tl.sum tree)."""
+    Rows longer than MAX_BLOCK (or than `chunk`, the bench's comparison) go to the two-pass chunked
+    kernel, TRITON_CHUNK wide by default (part of the numerics: the twin's lanes).
+    num_warps / stages / per_sm / chunk override the tuned launch (the bench's sweep; num_warps changes the tl.sum tree)."""
     n_rows, n = x2.shape
-    block, warps, st = launch_config("rmsnorm", n, num_warps, stages)
     sketch = buf is not None
     if n_rows == 0 and not sketch:
         return
     f, i = workspace("rmsnorm", x2.device) if sketch else (y2, y2)
+    if n > MAX_BLOCK or (chunk is not None and n > chunk):
+        block, warps, _ = launch_config("rmsnorm-chunked", n, num_warps, 1, chunk=chunk or TRITON_CHUNK)
+        key = ("rmsnorm-chunked", x2.dtype, block, warps, sketch)
+        k = _rmsnorm_chunked_kernel[(persistent_grid(key, n_rows, x2.device, per_sm),)](
+            x2, x2.stride(0), weight, y2, y2.stride(0), buf if sketch else y2, f, i,
+            n_rows, n, eps, CHUNK=block, SKETCH=sketch, num_warps=warps, enable_fp_fusion=False,
+        )
+        note_occupancy(key, k, warps)
+        return
+    block, warps, st = launch_config("rmsnorm", n, num_warps, stages)
     key = ("rmsnorm", x2.dtype, block, warps, st, sketch)
     k = _rmsnorm_kernel[(persistent_grid(key, n_rows, x2.device, per_sm),)](
         x2, x2.stride(0), weight, y2, y2.stride(0), buf if sketch else y2, f, i,

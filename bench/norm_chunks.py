@@ -1,0 +1,191 @@
+"""rmsnorm / layernorm: rows held whole in registers against rows read in chunks (issue #6: as fast
+as torch.compile), timed side by side in interleaved rounds, with torch.compile in the same rounds.
+
+    BENCH_ROUNDS=7 python bench/norm_chunks.py              # on a CUDA machine; writes $OUT/norm_chunks.md
+    BENCH_OPS=rope python bench/norm_chunks.py               # rope's lane-accumulator chains only
+    TRITON_INTERPRET=1 python bench/norm_chunks.py --smoke   # CPU dry run of the script, small shapes
+
+Last runs: bench/results/norm_chunks_h200_s12.md (the chunk sweep), norm_chunks_h200_s12b.md.
+
+Every round times every entry once (triton.testing.do_bench, median of its repetitions, L2
+flushed), so a slow spell of the machine hits all entries alike; the table gives the median, min and
+max over the rounds and the ratio of medians against torch.compile of the production variant. Per
+config also: y bit-identical with and without the sketch, the sketch against optwin.ingest.sketch,
+and (chunk = the twin's TRITON_CHUNK, or rows held whole) the output against the twin's
+deterministic emulation on the first rows, in output ulps.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for `optwin`
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # bench/, for the modules below
+
+import torch
+from _bench_common import config_name, report_tail, worst_diff, write_report
+from gpu_kernels import OPS, _sweep_launchers
+
+from optwin.kernels.sketch_buffer import new_buffer, read_sketch
+
+SMOKE = "--smoke" in sys.argv
+DEV = "cpu" if SMOKE else "cuda"
+SHAPE = (64, 700) if SMOKE else (4096, 16384)
+ROUNDS = 1 if SMOKE else int(os.environ.get("BENCH_ROUNDS", "7"))
+TWIN_ROWS = 8 if SMOKE else 16
+
+
+# chunk widths of the sweep (BENCH_CHUNKS=1024,2048,4096 was the first run's, with stages 1 and 2:
+# bench/results/norm_chunks_h200_s12.md; the chunked kernels keep 1 stage since)
+SWEEP_CHUNKS = tuple(int(c) for c in os.environ.get("BENCH_CHUNKS", "4096").split(","))
+
+
+def _norm_configs(small: bool) -> list[dict[str, Any]]:
+    """The shipped launch (the row in registers) first, then chunk x warps."""
+    if small:
+        return [{}, {"chunk": 256, "num_warps": 4}]
+    return [{}] + [{"chunk": c, "num_warps": w} for c in SWEEP_CHUNKS for w in (4, 8, 16) if c // (32 * w) >= 2]
+
+
+CONFIGS: dict[str, Callable[[bool], list[dict[str, Any]]]] = {
+    "rmsnorm": _norm_configs,
+    "layernorm": _norm_configs,
+    # rope's sketch cost read +6 % to +33 % between runs at the shipped KEEP 2 (issue #6, stop 11);
+    # in interleaved rounds KEEP 1, 2, 4 read the same (bench/results/norm_chunks_h200_s12.md)
+    "rope": lambda small: [{}, {"lane_acc": True, "num_warps": 8, "keep": 1}],
+}
+PRODUCTION = {"rmsnorm": "fp32-acc", "layernorm": "torch", "rope": "fp32-angles"}
+
+
+def _bench(fn: Callable[[], Any]) -> float:
+    """Median ms of one entry in one round."""
+    if SMOKE:
+        t = time.perf_counter()
+        fn()
+        return 1e3 * (time.perf_counter() - t)
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median"))
+
+
+def _twin_ulps(op: str, inp: dict[str, torch.Tensor], params: dict[str, Any], y: torch.Tensor,
+               row_scale: bool = False) -> str:
+    """Largest |kernel - twin| over the first rows, in ulps of the output dtype at each element (or at
+    the row's largest |y|: layernorm's w * (h - m) * r cancels against the bias near 0)."""
+    from optwin import twin
+
+    rows = {k: (v[:TWIN_ROWS].cpu() if k == "x" else v.cpu()) for k, v in inp.items()}
+    if op == "rope":
+        return "-"
+    dt = str(inp["x"].dtype).removeprefix("torch.")
+    emu = twin.run(op, "triton", dt, rows, params).emulated  # float64 of dtype values
+    got = y[:TWIN_ROWS].cpu().double()
+    mag = emu.abs().amax(-1, keepdim=True) if row_scale else torch.maximum(got.abs(), emu.abs())
+    ulp = torch.finfo(inp["x"].dtype).eps * mag.clamp(min=torch.finfo(inp["x"].dtype).tiny)
+    return f"{float(((got - emu).abs() / ulp).max()):.1f}"
+
+
+LONG = (6, 1000) if SMOKE else (64, 100000)
+
+
+def _long_row_check(op: str, dt: torch.dtype) -> str:
+    """y with and without the sketch, the sketch vs optwin.ingest, the output vs the twin (first rows)."""
+    from optwin.ingest.sketch import sketch as ingest_sketch
+
+    g = torch.Generator().manual_seed(3)
+    inp, params = OPS[op].make(LONG, dt, DEV, g)
+    y, y0 = torch.empty_like(inp["x"]), torch.empty_like(inp["x"])
+    buf = new_buffer(op, DEV)
+    cfg = {"chunk": 256} if SMOKE else {}  # the smoke run's rows fit in registers: force the chunked kernel
+    try:
+        f, f0 = _sweep_launchers(op, inp, params, y, y0, cfg)
+        f(buf)
+        f0(None)
+    except Exception as e:  # noqa: BLE001 - report and go on
+        return f"{type(e).__name__}: {str(e)[:90]} | | "
+    same = torch.equal(y, y0)
+    d = worst_diff(read_sketch(op, buf, inp["x"].shape, params), ingest_sketch(op, inp, params))
+    return f"{'yes' if same else 'NO'} | {d} | {_twin_ulps(op, inp, params, y, row_scale=True)}"
+
+
+def main() -> str:
+    t0 = time.monotonic()
+    from optwin.twin import layernorm as ln_twin
+    from optwin.twin import rmsnorm as rms_twin
+
+    twin_chunk = {"rmsnorm": rms_twin.TRITON_CHUNK, "layernorm": ln_twin.TRITON_CHUNK}
+    name = torch.cuda.get_device_name() if DEV == "cuda" else "CPU (TRITON_INTERPRET smoke run)"
+    x0 = torch.randn(*SHAPE, device=DEV).to(torch.bfloat16)
+    yc = torch.empty_like(x0)
+    lines = [f"# rmsnorm / layernorm chunked rows, rope lane chains; {name}, bf16 {SHAPE[0]}x{SHAPE[1]}, "
+             f"{ROUNDS} interleaved rounds", ""]
+    sel = os.environ.get("BENCH_OPS", "rmsnorm,layernorm,rope").split(",")
+    entries: list[tuple[str, str, Callable[[], Any]]] = [("copy", "y.copy_(x)", lambda: yc.copy_(x0))]
+    checks: dict[tuple[str, str], str] = {}
+    for op in sel:
+        b = OPS[op]
+        g = torch.Generator().manual_seed(2)
+        inp, params = b.make(SHAPE, torch.bfloat16, DEV, g)
+        x2 = {k: (v.reshape(-1, v.shape[-1]) if k == "x" and op != "rope" else v) for k, v in inp.items()}
+        if not SMOKE:
+            fn = torch.compile(b.eager, dynamic=False)
+            fn(inp, params)
+            entries.append((op, f"torch.compile ({PRODUCTION[op]})", lambda fn=fn, inp=inp, params=params: fn(inp, params)))
+        for cfg in CONFIGS[op](SMOKE):
+            cname = config_name(cfg)
+            y, y0 = torch.empty_like(x2["x"]), torch.empty_like(x2["x"])
+            buf = new_buffer(op, DEV)
+            try:
+                f, f0 = _sweep_launchers(op, x2, params, y, y0, cfg)
+                f(buf)
+                f0(None)
+                same = torch.equal(y.view(torch.int16), y0.view(torch.int16))
+                d = worst_diff(read_sketch(op, buf, inp["x"].shape, params),
+                               __import__("optwin.ingest.sketch", fromlist=["sketch"]).sketch(op, inp, params))
+                chunk = cfg.get("chunk")
+                tw = _twin_ulps(op, x2, params, y0) if chunk in (None, twin_chunk.get(op)) else "-"
+                checks[(op, cname)] = f"{'yes' if same else 'NO'} | {d} | {tw}"
+            except Exception as e:  # noqa: BLE001 - report and go on
+                checks[(op, cname)] = f"{type(e).__name__}: {str(e)[:90]} | | "
+                continue
+            entries.append((op, cname, lambda f0=f0: f0(None)))
+            entries.append((op, cname + " +sketch", lambda f=f, buf=buf: f(buf)))
+    times: dict[tuple[str, str], list[float]] = {(o, c): [] for o, c, _ in entries}
+    print(f"{len(entries)} entries, {ROUNDS} rounds; compiled in {time.monotonic() - t0:.0f} s", flush=True)
+    for _ in range(ROUNDS):
+        for o, c, fn in entries:
+            times[(o, c)].append(_bench(fn))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    copy = med[("copy", "y.copy_(x)")]
+    lines += [f"copy: {copy * 1e3:.1f} µs (median of rounds)", "",
+              "| op | config | µs median | min | max | % of copy | vs torch.compile | +sketch µs | sketch cost | "
+              "y same w/o sketch | sketch vs ingest | vs twin (ulps) |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
+    for o, c, _ in entries:
+        if o == "copy" or c.endswith(" +sketch"):
+            continue
+        v = times[(o, c)]
+        comp = next((med[k] for k in med if k[0] == o and k[1].startswith("torch.compile")), float("nan"))
+        sk = med.get((o, c + " +sketch"))
+        cost = f"{100 * (sk / med[(o, c)] - 1):+.1f}%" if sk else ""
+        lines.append(f"| {o} | {c} | {med[(o, c)] * 1e3:.1f} | {min(v) * 1e3:.1f} | {max(v) * 1e3:.1f} | "
+                     f"{100 * copy / med[(o, c)]:.0f}% | {comp / med[(o, c)]:.3f}x | "
+                     f"{(sk or float('nan')) * 1e3:.1f} | {cost} | {checks.get((o, c), '- | - | -')} |")
+    lines += ["", f"Rows past the register limit (the chunked kernels, default launch): {LONG[0]}x{LONG[1]}", "",
+              "| op | dtype | y same w/o sketch | sketch vs ingest | vs twin (ulps of the row's max) |", "|---|---|---|---|---|"]
+    for op in ("rmsnorm", "layernorm"):
+        for dt in (torch.bfloat16, torch.float16, torch.float32):
+            lines.append(f"| {op} | {str(dt).removeprefix('torch.')} | {_long_row_check(op, dt)} |")
+    failed = [f"- {o} {c}: {v}" for (o, c), v in checks.items() if "Error" in v or "Exception" in v]
+    if failed:
+        lines += ["", "Configs that failed:", *failed]
+    return report_tail(lines, t0, "programs per SM:", lambda k: str(k[0]).startswith(("rmsnorm", "layernorm", "rope")))
+
+
+if __name__ == "__main__":
+    write_report(main(), "norm_chunks.md")

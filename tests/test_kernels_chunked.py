@@ -1,0 +1,99 @@
+"""rmsnorm / layernorm rows longer than one program's registers (the chunked kernels) under
+TRITON_INTERPRET=1: the output against float64 math and the twin, the sketch against
+optwin.ingest.sketch, with NaN/±inf and constant rows in the programs.
+
+    python -m pytest -q tests/test_kernels_chunked.py
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (the kernels read it at decoration)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from _kernel_checks import close, seed
+
+from optwin import twin  # noqa: E402
+from optwin.ingest import sketch as ingest_sketch  # noqa: E402
+from optwin.kernels import read_sketch  # noqa: E402
+from optwin.kernels.sketch_buffer import new_buffer  # noqa: E402
+
+
+def _inputs(op: str, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    g = seed("chunked-params", op, x.shape[-1])
+    n = x.shape[-1]
+    inp = {"x": x, "weight": (1 + 0.2 * torch.randn(n, generator=g)).to(x.dtype)}
+    if op == "layernorm":
+        inp["bias"] = (0.1 * torch.randn(n, generator=g)).to(x.dtype)
+    return inp
+
+
+def _run(op: str, inp: dict[str, torch.Tensor], sketch: bool, **kw) -> tuple[torch.Tensor, dict[str, float] | None]:
+    x = inp["x"]
+    y = torch.empty_like(x)
+    buf = new_buffer(op, x.device) if sketch else None
+    if op == "layernorm":
+        from optwin.kernels.layernorm import EPS, _layernorm_launch
+
+        _layernorm_launch(x, inp["weight"], inp["bias"], y, buf, EPS, **kw)
+    else:
+        from optwin.kernels.rmsnorm import EPS, _rmsnorm_launch
+
+        _rmsnorm_launch(x, inp["weight"], y, buf, EPS, **kw)
+    return y, (read_sketch(op, buf, x.shape) if sketch else None)
+
+
+def _ulps(got: torch.Tensor, want: torch.Tensor) -> float:
+    """Largest |got - want| in ulps of got's dtype at the row's largest |want|: a per-element ulp
+    would blow up where w * (h - m) * r cancels against the bias."""
+    fi = torch.finfo(got.dtype)
+    g, w = got.double(), want.double()
+    scale = torch.where(torch.isfinite(w), w.abs(), 0.0).amax(-1, keepdim=True).clamp(min=fi.tiny)  # (rows, 1)
+    both = torch.isfinite(g) & torch.isfinite(w)
+    return float(torch.where(both, (g - w).abs() / (fi.eps * scale), 0.0).max())
+
+
+@pytest.mark.parametrize("op", ["rmsnorm", "layernorm"])
+@pytest.mark.parametrize("poison", ["none", "nan", "inf", "constant"])
+def test_chunked_rows_match_whole_rows_and_ingest(op, poison):
+    """A 300-wide row read in 64-wide chunks (5 pieces, the last partial) against the same row held
+    whole: the same values to float32 rounding (the sum order differs), y the same with and without
+    the sketch, and the sketch equal to optwin.ingest's, also for programs holding NaN/±inf rows
+    (their exact pass after the loop) and constant rows (std 0)."""
+    g = seed("chunked", op, poison)
+    x = (0.5 + 2 * torch.randn(9, 300, generator=g)).to(torch.bfloat16)
+    x[2, 7] = 40.0  # the largest finite |x|, in a program that also gets the bad row
+    if poison == "nan":
+        x[4, 3] = float("nan")
+    elif poison == "inf":
+        x[0, 1] = float("inf")
+        x[1, 2] = -float("inf")
+    elif poison == "constant":
+        x[5] = 2.5
+    inp = _inputs(op, x)
+    y, s = _run(op, inp, True, chunk=64)
+    y0, _ = _run(op, inp, False, chunk=64)
+    yw, sw = _run(op, inp, True)  # 300 <= MAX_BLOCK: the row in registers
+    torch.testing.assert_close(y, y0, rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(torch.isfinite(yw), torch.isfinite(y))
+    assert _ulps(y, yw) <= 2.0
+    want = ingest_sketch(op, inp)
+    assert s["absmax"] == 40.0
+    close(s, want)
+    close(s, sw, rtol=1e-6)
+
+
+@pytest.mark.parametrize("op", ["rmsnorm", "layernorm"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_rows_past_the_register_limit_take_the_chunked_kernel_and_match_the_twin(op, dtype):
+    """Rows of 70000 (> MAX_BLOCK = 65536) used to be refused; now they go to the chunked kernel, whose
+    sum order (per-lane sums over TRITON_CHUNK pieces, then a tree) the triton twin models."""
+    g = seed("chunked-long", op, str(dtype))
+    x = (0.5 + 2 * torch.randn(2, 70000, generator=g)).to(dtype)
+    inp = _inputs(op, x)
+    y, s = _run(op, inp, True)
+    emu = twin.run(op, "triton", str(dtype).removeprefix("torch."), inp).emulated
+    assert _ulps(y, emu) <= 2.0
+    close(s, ingest_sketch(op, inp))
