@@ -113,6 +113,29 @@ def _long_row_check(op: str, dt: torch.dtype) -> str:
     return f"{'yes' if same else 'NO'} | {d} | {_twin_ulps(op, inp, params, y, row_scale=True)}"
 
 
+def _constant_rows_check(shape: tuple[int, int], dt: torch.dtype) -> str:
+    """layernorm with exactly constant rows (their |c| is const_absmax, not in the ratio) and a
+    near-constant one among random rows: y with and without the sketch, the sketch vs optwin.ingest."""
+    from optwin.ingest.sketch import sketch as ingest_sketch
+
+    g = torch.Generator().manual_seed(4)
+    inp, params = OPS["layernorm"].make(shape, dt, DEV, g)
+    x = inp["x"]
+    x[1] = 2.5
+    x[-2] = -96.0
+    x[3] = 0.1  # not exact in float32: the kernel's mean is a few ulps off, the row is still constant
+    x[4] = 300.0
+    x[4, 7] = 302.0  # near-constant: cancels, counts in the ratio
+    y, y0 = torch.empty_like(x), torch.empty_like(x)
+    buf = new_buffer("layernorm", DEV)
+    f, f0 = _sweep_launchers("layernorm", inp, params, y, y0, {"chunk": 256} if SMOKE and shape[1] > 256 else {})
+    f(buf)
+    f0(None)
+    got, want = read_sketch("layernorm", buf, x.shape, params), ingest_sketch("layernorm", inp, params)
+    return (f"{'yes' if torch.equal(y, y0) else 'NO'} | {got['const_absmax']:g} / {want['const_absmax']:g} | "
+            f"{got['max_mean_over_std']:.4g} / {want['max_mean_over_std']:.4g} | {worst_diff(got, want)}")
+
+
 def main() -> str:
     t0 = time.monotonic()
     from optwin.twin import layernorm as ln_twin
@@ -181,6 +204,11 @@ def main() -> str:
     for op in ("rmsnorm", "layernorm"):
         for dt in (torch.bfloat16, torch.float16, torch.float32):
             lines.append(f"| {op} | {str(dt).removeprefix('torch.')} | {_long_row_check(op, dt)} |")
+    lines += ["", "layernorm with constant rows (2.5, -96, 0.1) and a near-constant row (kernel / ingest)", "",
+              "| shape | dtype | y same w/o sketch | const_absmax | max_mean_over_std | sketch vs ingest |", "|---|---|---|---|---|---|"]
+    for shape in ((64, 1000), (8, 3000)) if SMOKE else ((4096, 16384), (1823, 781), (64, 100000)):
+        for dt in (torch.bfloat16, torch.float16, torch.float32):
+            lines.append(f"| {shape[0]}x{shape[1]} | {str(dt).removeprefix('torch.')} | {_constant_rows_check(shape, dt)} |")
     failed = [f"- {o} {c}: {v}" for (o, c), v in checks.items() if "Error" in v or "Exception" in v]
     if failed:
         lines += ["", "Configs that failed:", *failed]

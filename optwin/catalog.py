@@ -189,7 +189,9 @@ CATALOG: dict[str, Operator] = {
         dtypes=_FLOATS,
         fault_types=_PLAIN,
         constants={"eps": 1e-5},
-        region_features=("max_mean_over_std", "absmax"),
+        # max_mean_over_std is over the non-constant rows; exactly constant rows go to const_absmax
+        # (their fault, if any, is set by |c|: c^2 overflow, fp32 means that round; issue #8).
+        region_features=("max_mean_over_std", "absmax", "const_absmax"),
     ),
     "geodesic": Operator(
         name="geodesic",

@@ -93,14 +93,20 @@ def test_rope_attention_matmul_reference() -> None:
     assert (m["m"], m["k"], m["n"], m["rows"]) == (7, 9, 3, 7)
 
 
-def test_layernorm_ratio_exact_and_capped() -> None:
-    x = torch.tensor([[1e6 + 1, 1e6 - 1, 1e6 + 1, 1e6 - 1], [2.0, 2.0, 2.0, 2.0], [0.0, 0.0, 0.0, 0.0]], dtype=torch.float64)
-    s = sketch("layernorm", {"x": x[:1], "weight": torch.ones(4), "bias": torch.zeros(4)})
+def test_layernorm_ratio_over_varying_rows_and_constant_rows_apart() -> None:
+    x = torch.tensor([[1e6 + 1, 1e6 - 1, 1e6 + 1, 1e6 - 1], [2.0, 2.0, 2.0, 2.0], [0.0, 0.0, 0.0, 0.0],
+                      [-3.0, -3.0, -3.0, -3.0]], dtype=torch.float64)
+    ln = lambda x: sketch("layernorm", {"x": x, "weight": torch.ones(4), "bias": torch.zeros(4)})  # noqa: E731
+    s = ln(x[:1])
     assert s["max_mean_over_std"] == pytest.approx(1e6, rel=1e-12) and s["min_row_std"] == pytest.approx(1.0)
-    s = sketch("layernorm", {"x": x, "weight": torch.ones(4), "bias": torch.zeros(4)})
-    assert s["max_mean_over_std"] == 1e30 and s["min_row_std"] == 0.0
-    s = sketch("layernorm", {"x": x[2:], "weight": torch.ones(4), "bias": torch.zeros(4)})
-    assert s["max_mean_over_std"] == 0.0
+    assert s["const_absmax"] == 0.0
+    s = ln(x)  # constant rows (2, 0, -3) leave the ratio to the varying row; the largest |c| is 3
+    assert s["max_mean_over_std"] == pytest.approx(1e6, rel=1e-12) and s["min_row_std"] == 0.0
+    assert s["const_absmax"] == 3.0
+    s = ln(x[1:])  # every row constant: no ratio at all
+    assert (s["max_mean_over_std"], s["min_row_std"], s["const_absmax"]) == (0.0, 0.0, 3.0)
+    s = ln(x[2:3])  # a zero row is constant with c = 0
+    assert (s["max_mean_over_std"], s["const_absmax"]) == (0.0, 0.0)
 
 
 def test_geodesic_haversine_degrees() -> None:

@@ -66,3 +66,20 @@ def test_unreadable_input_is_one_line_error(tmp_path) -> None:
     r = subprocess.run([sys.executable, "-m", "optwin.validate.resketch", str(bad), "--out", str(tmp_path / "o.json")],
                        capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.startswith("error:") and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_redefined_feature_is_replaced_with_the_new_one() -> None:
+    """A layernorm sketch from before const_absmax holds the old max_mean_over_std (the 1e30 cap for a
+    constant row): resketch replaces it together with adding const_absmax, and leaves other features."""
+    data = collect("cpu", 12, seed=5, ops=["layernorm"], trace_calls=0, progress=lambda m: None)
+    old = _strip(data, "const_absmax")
+    for c in old["cases"]:
+        c["sketch"]["max_mean_over_std"] = 1e30  # what the old definition gave an input with a constant row
+        c["sketch"]["rms"] = -1.0  # a feature resketch must keep as stored
+    done, added = resketch(old)
+    assert added == {"const_absmax", "max_mean_over_std"}
+    for new, ref in zip(done["cases"], data["cases"]):
+        assert new["sketch"]["max_mean_over_std"] == pytest.approx(ref["sketch"]["max_mean_over_std"], rel=1e-6)
+        assert new["sketch"]["max_mean_over_std"] < 1e30
+        assert new["sketch"]["const_absmax"] == pytest.approx(ref["sketch"]["const_absmax"], rel=1e-6)
+        assert new["sketch"]["rms"] == -1.0

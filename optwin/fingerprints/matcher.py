@@ -66,6 +66,7 @@ FAULT_DIRECTION: dict[str, int] = {
     "absmax": 1, "max_row_rms": 1, "hidden": 1, "max": 1, "max_row_range": 1, "masked_rows": 1, "n": 1,
     "max_pos": 1, "d": 1, "score_bound": 1, "max_score": 1, "min_row_max": -1, "seq_k": 1, "max_mean_over_std": 1,
     "min_sep_deg": -1, "median_sep_deg": -1, "max_sep_deg": -1, "rms_sep_deg": -1, "out_bound": 1, "k": 1, "rms": 1,
+    "const_absmax": 1,  # layernorm's largest constant row: c^2 overflows fp32 (NaN) as |c| grows
 }
 # Shapes are not magnitudes: beyond the replayed sizes the sketch is clamped to the largest replayed
 # size (rule 2 applies to magnitudes only; a model wider than the sweep is not a fault by itself).

@@ -37,6 +37,9 @@ _BINNING: dict[str, tuple[float, float]] = {
     "score_bound": (_TINY, 2),
     "max_score": (1.0, 4),  # the float16 overflow of q@k^T (65504) sits on the edge of bin 64
     "max_mean_over_std": (1e-3, 2),
+    # layernorm's largest constant row: _TINY puts 0 (no constant row) >= 140 bins from any |c| >= 1e-3,
+    # so neighbour interpolation never mixes inputs with and without constant rows; 1 bin per octave.
+    "const_absmax": (_TINY, 1),
     "min_sep_deg": (1e-12, 1),
     "median_sep_deg": (1e-12, 0.5),  # coarse: the typical pair only moves precision loss
     "max_sep_deg": (1e-12, 1),

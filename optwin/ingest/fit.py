@@ -202,6 +202,8 @@ def _feasible(op: str, f: dict[str, np.ndarray]) -> np.ndarray:
         ok &= f["score_bound"] <= f["absmax"] ** 2 * np.sqrt(f["d"]) * tol
     elif op == "matmul":
         ok &= f["out_bound"] <= f["absmax"] ** 2 * f["k"] * tol
+    elif op == "layernorm":
+        ok &= f["const_absmax"] <= f["absmax"] * tol
     return ok
 
 
@@ -334,8 +336,12 @@ def _build(op: str, t: torch.dtype, f: dict[str, float], rng: np.random.Generato
                               absmax=max(f["absmax"], 1e-30), causal=causal, v_scale=max(f["v_absmax"], 1e-30) / 3.0,
                               peaked_frac=f["peaked_frac"])
     if op == "layernorm":
-        return make_layernorm(rng, t, rows=_i(f["rows"], hi=CAP_ROWS), hidden=_i(f["hidden"], lo=2), family=fam,
-                              max_mean_over_std=max(f["max_mean_over_std"], 0.0), absmax=max(f["absmax"], 1e-30))
+        # A profile holds the largest constant row only: one such row, or every row when no row varies.
+        rows = _i(f["rows"], hi=CAP_ROWS)
+        ca = max(f["const_absmax"], 0.0)
+        return make_layernorm(rng, t, rows=rows, hidden=_i(f["hidden"], lo=2), family=fam,
+                              max_mean_over_std=max(f["max_mean_over_std"], 0.0), absmax=max(f["absmax"], 1e-30),
+                              const_rows=0 if ca == 0 else rows if f["max_mean_over_std"] <= 0 else 1, const_absmax=ca)
     if op == "geodesic":
         mn = max(f["min_sep_deg"], 1e-12)
         return make_geodesic(rng, t, n=_i(f["n"], lo=3, hi=MAX_POINTS), family="random", min_sep_deg=mn,

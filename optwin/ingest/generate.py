@@ -338,9 +338,15 @@ def make_attention(rng: np.random.Generator, dtype: torch.dtype, *, batch: int, 
 
 
 def make_layernorm(rng: np.random.Generator, dtype: torch.dtype, *, rows: int, hidden: int, family: str,
-                   max_mean_over_std: float, absmax: float) -> Case:
+                   max_mean_over_std: float, absmax: float, const_rows: int = 0, const_absmax: float = 0.0) -> Case:
     """x [rows, hidden]: row i = mu_i + sigma_i z_i (z standardized); row 0 has |mu|/sigma = the target
-    ratio and max|x| = absmax exactly; the other rows stay below both."""
+    ratio and max|x| = absmax exactly; the other rows stay below both.
+
+    const_rows > 0: that many rows (all of them when const_rows >= rows) are exactly constant, one at
+    ±const_absmax and the others at 0.3..1 of it (sketch const_absmax; the ratio target then holds
+    over the rows left, and absmax is the larger of the two targets). Row 0 stays non-constant
+    unless every row is constant. Constant rows are drawn after everything else, so a case with
+    them shares its other rows with the same case without them."""
     z = values(rng, family, (rows, hidden))
     z = z - z.mean(-1, keepdims=True)
     sd = z.std(-1, keepdims=True)  # population std
@@ -352,10 +358,19 @@ def make_layernorm(rng: np.random.Generator, dtype: torch.dtype, *, rows: int, h
     # max |mu + sigma z| is exactly amax only if the largest |z| has the sign of mu: pick the sign so.
     sign = np.sign(np.take_along_axis(z, np.abs(z).argmax(-1)[:, None], -1))
     x = sign * ratio * sigma + sigma * z
-    x = x[rng.permutation(rows)]
+    perm = rng.permutation(rows)
+    x = x[perm]
     w = 1.0 + 0.2 * rng.standard_normal(hidden)
     b = 0.1 * rng.standard_normal(hidden)
-    return Case({"x": to_tensor(x.reshape(*_leading(rng, rows), hidden), dtype), "weight": to_tensor(w, dtype),
+    shape = _leading(rng, rows)
+    if const_rows > 0 and const_absmax > 0:
+        k = min(int(const_rows), rows)
+        pool = np.arange(rows) if k >= rows else np.flatnonzero(perm != 0)  # row 0 (the ratio target) stays
+        idx = rng.choice(pool, size=k, replace=False)
+        c = const_absmax * np.concatenate([[1.0], rng.uniform(0.3, 1.0, size=k - 1)]) * rng.choice([-1.0, 1.0], size=k)
+        x[idx] = c[:, None]  # exactly constant after the cast too (one value per row)
+        family = f"{family}+const-rows"
+    return Case({"x": to_tensor(x.reshape(*shape, hidden), dtype), "weight": to_tensor(w, dtype),
                  "bias": to_tensor(b, dtype)}, {}, family)
 
 
@@ -424,7 +439,9 @@ BOUNDARY_RANGES: dict[str, dict[str, tuple[tuple[float, float], tuple[float, flo
     "softmax": {"max": ((1e-1, 1e4), (1e-1, 1e4)), "max_row_range": ((1e-2, 1e4), (1e-2, 1e4))},  # naive exp: 11.1 / 88.7
     "rope": {"max_pos": ((1.0, 2.0**21), (1.0, 2.0**25)), "absmax": ((1e-2, 1e4), (1e-2, 1e4))},  # fp32 ints exact to 2^24
     "attention": {"score_bound": ((1e-1, 1e6), (1e-1, 1e6))},  # fp16 scores overflow at 65504
-    "layernorm": {"max_mean_over_std": ((1.0, 1e6), (1.0, 1e8))},  # one-pass var cancels past ~4e3 (fp32)
+    # one-pass var cancels past ~4e3 (fp32). Constant rows: exact fp32 means for fp16/bf16 (NaN only
+    # once c^2 overflows fp32 past 1.8e19), rounded ones for some fp32 rows; fp16 up to its max.
+    "layernorm": {"max_mean_over_std": ((1.0, 1e6), (1.0, 1e8)), "const_absmax": ((1e-2, 6e4), (1e-2, 1e24))},
     "geodesic": {"min_sep_deg": ((1e-9, 1.0), (1e-9, 1.0)), "median_sep_deg": ((1e-9, 180.0), (1e-9, 180.0))},
     "matmul": {"out_bound": ((1e-9, 1e6), (1e-42, 1e40))},  # fp16: overflow 65504, subnormals < 6e-5
 }
@@ -443,9 +460,26 @@ def _log_int(rng: np.random.Generator, lo: int, hi: int) -> int:
     return int(round(loguniform(rng, lo, hi)))
 
 
-def _case(op: str, dtype: str, t: torch.dtype, rng: np.random.Generator, boundary: bool) -> Case:
+# Share of layernorm sweep cases with exactly constant rows (sketch const_absmax > 0).
+CONST_ROWS_FRAC = 0.25
+
+
+def _const_rows(rng: np.random.Generator, dtype: str, rows: int, boundary: bool) -> tuple[int, float]:
+    """(constant rows, their |c|) of a layernorm sweep case: (0, 0) for most; otherwise every row
+    (half of them) or 1..rows-1 rows, |c| log-uniform over the boundary range or absmax's range."""
+    if rng.random() >= CONST_ROWS_FRAC:
+        return 0, 0.0
+    k = rows if rows == 1 or rng.random() < 0.5 else int(rng.integers(1, rows))
+    lo, hi = _range("layernorm", "const_absmax", dtype) if boundary else (1e-2, 1e4 if dtype == "float16" else 1e6)
+    return k, loguniform(rng, lo, hi)
+
+
+def _case(op: str, dtype: str, t: torch.dtype, rng: np.random.Generator, boundary: bool,
+          extra: np.random.Generator | None = None) -> Case:
     """One case; `boundary` draws the fault-driving features from BOUNDARY_RANGES, otherwise from
-    realistic ranges with every input family (a build without a profile still reaches faults)."""
+    realistic ranges with every input family (a build without a profile still reaches faults).
+    `extra`: a second stream for choices added later (layernorm's constant rows), so that the
+    cases drawn before them keep their values."""
     fam = _pick(rng, VALUE_FAMILIES)
     lo_hi = (lambda f: _range(op, f, dtype)) if boundary else None
     if op == "rmsnorm":
@@ -478,8 +512,10 @@ def _case(op: str, dtype: str, t: torch.dtype, rng: np.random.Generator, boundar
     if op == "layernorm":
         lo, hi = lo_hi("max_mean_over_std") if lo_hi else (1e-2, 1e4)
         amax = loguniform(rng, 1e-1, 1e4 if dtype == "float16" else 1e6)
-        return make_layernorm(rng, t, rows=_log_int(rng, 1, MAX_ROWS), hidden=_pick(rng, (32, 64, 127, 384, 768, 1024)),
-                              family=fam, max_mean_over_std=loguniform(rng, lo, hi), absmax=amax)
+        rows = _log_int(rng, 1, MAX_ROWS)
+        k, c = _const_rows(extra if extra is not None else rng, dtype, rows, boundary)
+        return make_layernorm(rng, t, rows=rows, hidden=_pick(rng, (32, 64, 127, 384, 768, 1024)), family=fam,
+                              max_mean_over_std=loguniform(rng, lo, hi), absmax=amax, const_rows=k, const_absmax=c)
     if op == "geodesic":
         gfam = _pick(rng, ("random", "near-identical", "antipodal", "random"))
         lo, hi = lo_hi("min_sep_deg") if lo_hi else ((1e-9, 1e-2) if gfam == "near-identical" else (1e-3, 10.0))
@@ -502,7 +538,7 @@ def _sweep(op: str, dtype: str | torch.dtype, n_cases: int, seed: int, boundary:
         raise ValueError(f"n_cases must be >= 0, got {n_cases}")
     out = []
     for i in range(n_cases):
-        c = _case(op, name, t, case_rng(seed, op, i, salt), boundary)
+        c = _case(op, name, t, case_rng(seed, op, i, salt), boundary, case_rng(seed, op, i, salt + 16))
         if boundary:
             c.family = f"boundary:{c.family}"
         out.append(c)

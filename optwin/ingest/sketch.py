@@ -75,11 +75,23 @@ attention (q, k, v [batch, heads, seq, d]; param causal)
   rows are sampled, exact otherwise): the math variant forms q@k^T in the input dtype and overflows
   float16 past 65504 (score_bound only bounds it, by up to a factor of sqrt(d) and more).
 layernorm (x [..., hidden], weight [hidden], bias [hidden])
-  ``hidden``; ``max_mean_over_std``: max over rows of |mean|/std (population std, exact two-pass in
-  float64; 1e30 when std == 0 and mean != 0, 0 when both are 0): the one-pass variance
-  E[x^2] - E[x]^2 cancels catastrophically once this ratio passes ~1/sqrt(u_fp32) ≈ 4e3;
-  ``min_row_std``: the smallest row std (eps dominates below sqrt(eps)); ``weight_absmax``,
-  ``bias_absmax``: the affine step can overflow the output dtype.
+  ``hidden``; ``max_mean_over_std``: max over the NON-constant rows (see const_absmax) of |mean|/std
+  (population std, exact two-pass in float64; 1e30 should a non-constant row's std round to 0), 0
+  when every row is constant: the one-pass variance E[x^2] - E[x]^2 cancels catastrophically once
+  this ratio passes ~1/sqrt(u_fp32) ≈ 4e3; ``min_row_std``: the smallest row std over all rows (0
+  with a constant row; eps dominates below sqrt(eps)); ``weight_absmax``, ``bias_absmax``: the
+  affine step can overflow the output dtype; ``const_absmax`` (issue #8): the largest |c| over the
+  exactly constant rows (rows with a finite entry whose finite entries are all equal: row min ==
+  row max; 0 when there is none). A constant row's ratio is infinite, but for float16/bfloat16
+  input its fp32 mean is exact (n c fits in fp32), h - m = 0 and y = bias: in the twins it cannot
+  lose precision and turns NaN only once c^2 overflows fp32 (one-pass, |c| > 1.8e19); for float32
+  input a sum of n copies of c can round (n not a power of two), and then (h - m) * rsqrt(tiny var
+  + eps) loses precision or the one-pass variance goes below -eps (NaN). On the H200, triton and
+  torch at hidden 384 also miss the exact mean by an ulp (rel_error ~ 1e-4 |c|), so there too the
+  fault grows with |c|. Mixing these rows into the ratio put "constant row, small |c|" (never
+  faults in one-pass fp16) in the cell of the worst cancelling rows (issue #8: 78 false warnings).
+  A kernel computes it per row from the row's min and max (two exact reductions, no fp32 mean):
+  constant when min == max, and then |c| = max(|min|, |max|).
 geodesic (lat1, lon1, lat2, lon2 [n], degrees)
   ``n``; ``min_sep_deg``, ``median_sep_deg`` (lower median), ``max_sep_deg``: angular separation
   of each pair in degrees, float64 haversine, over pairs whose four inputs are finite. The acos
@@ -115,7 +127,8 @@ SKETCH_FEATURES: dict[str, tuple[str, ...]] = {
     "rope": COMMON_FEATURES + ("seq", "heads", "d", "max_pos", "base"),
     "attention": COMMON_FEATURES + ("batch", "heads", "seq_q", "seq_k", "d", "causal", "score_bound", "v_absmax", "peaked_frac",
                   "max_score"),
-    "layernorm": COMMON_FEATURES + ("hidden", "max_mean_over_std", "min_row_std", "weight_absmax", "bias_absmax"),
+    "layernorm": COMMON_FEATURES + ("hidden", "max_mean_over_std", "min_row_std", "weight_absmax", "bias_absmax",
+                                    "const_absmax"),
     "geodesic": COMMON_FEATURES + ("n", "min_sep_deg", "median_sep_deg", "max_sep_deg", "rms_sep_deg"),
     "matmul": COMMON_FEATURES + ("m", "k", "n", "out_bound", "b_absmax"),
 }
@@ -308,16 +321,21 @@ def _layernorm(t: dict[str, torch.Tensor], params: dict[str, Any]) -> dict[str, 
     }
     r, rfin = _row_view(xf), _row_view(xfin)  # (rows, hidden)
     if r.numel() == 0:
-        out["max_mean_over_std"] = out["min_row_std"] = xf.new_zeros(())
+        out["max_mean_over_std"] = out["min_row_std"] = out["const_absmax"] = xf.new_zeros(())
         return out
     cnt = rfin.sum(-1, keepdim=True).clamp(min=1).to(_F64)  # (rows, 1)
     mean = r.sum(-1, keepdim=True) / cnt  # (rows, 1)
     dev = torch.where(rfin, r - mean, 0.0)  # (rows, hidden): exact two-pass variance
     std = torch.sqrt(dev.square().sum(-1) / cnt.squeeze(-1))  # (rows,)
     am = mean.squeeze(-1).abs()  # (rows,)
+    # Constant rows (finite entries all equal: row min == row max, exact in any precision) are told
+    # apart from cancelling ones: their ratio is infinite but their fault is set by |c| alone.
+    rmax = torch.where(rfin, r, -math.inf).amax(-1)  # (rows,)
+    const = rfin.any(-1) & (torch.where(rfin, r, math.inf).amin(-1) == rmax)  # (rows,)
     ratio = torch.where(std > 0, am / std, torch.where(am > 0, RATIO_CAP, 0.0)).clamp(max=RATIO_CAP)
-    out["max_mean_over_std"] = ratio.amax()
+    out["max_mean_over_std"] = torch.where(const, 0.0, ratio).amax()
     out["min_row_std"] = std.amin()
+    out["const_absmax"] = torch.where(const, rmax.abs(), 0.0).amax()
     return out
 
 
@@ -504,7 +522,8 @@ def _fast_layernorm(t: dict[str, torch.Tensor], params: dict[str, Any], cache: W
         return None
     ms = float((std.square() + mean.square()).mean())  # mean of x^2 (rows have equal length)
     return {"absmax": a, "rms": math.sqrt(max(ms, 0.0)), "nonfinite": 0.0, "hidden": float(x.shape[-1]),
-            "max_mean_over_std": ratio, "min_row_std": float(std.amin()), "weight_absmax": wa, "bias_absmax": ba}
+            "max_mean_over_std": ratio, "min_row_std": float(std.amin()), "weight_absmax": wa, "bias_absmax": ba,
+            "const_absmax": 0.0}  # every std > 0 here: no constant row (those take the exact path)
 
 
 _FAST: dict[str, Callable[..., dict[str, Any] | None]] = {

@@ -15,16 +15,22 @@ is then one fp32 accumulator per lane over the pieces, then the tree (the twin's
 Compiled without FMA contraction (enable_fp_fusion=False): with it, LLVM fused a different set of
 the d*d products into FMAs once the sketch added uses of h (H200, 2026-11: y changed at 1823x781
 and at 7x1025 float32), so the sketch changed y; now every product rounds, as the twin models.
-With the sketch on, max |h| is a per-lane running max across the row loop (LANE_MAX; no tree per
-row; or one extra tl.max per row, a separate tree: the op's sums stay tl.sum's and y is
-bit-identical either way); the rows' (mean, var) wait one per lane (SLOTS) and their sketch partials
-are computed LANES rows at a time; sumsq = n*(var + m*m) (positive terms, no cancellation, agrees
-with the tree sum of h*h to float32 rounding), row mean/std = m, sqrt(var); only rows with NaN/±inf
-recompute exact finite-only partials (in the loop, or after it when EXACT_AFTER: a second read of
-that program's rows, keeping h out of the loop's live registers; with LANE_MAX that pass also
-recomputes the program's max |x|, which the lanes took over every row, NaN/±inf ones included).
+The sketch (y is bit-identical with and without it: the op's sums stay tl.sum's):
+- max |h| is a per-lane running max across the row loop (no tree per row);
+- each row's (mean, var, constant-row |c|) waits in a slot, one per lane, and the slots' partials
+  are computed LANES rows at a time: sumsq = n*(var + m*m) (positive terms, no cancellation, agrees
+  with the tree sum of h*h to float32 rounding), row mean/std = m, sqrt(var);
+- exactly constant rows (all entries equal) leave max_mean_over_std to `const_absmax` (their |c|).
+  A constant row has all d equal, so var = d*d and |m|/std >= ~2^20 (m is c to a few ulps), or
+  var = 0: only rows with var == 0 or m*m >= var * 2^32 (|m|/std >= 2^16) take the rare branch that
+  reads the row again and compares max(d) with min(d) (d = c - m is exact for a constant row, so c = m + d);
+- rows with NaN/±inf (or overflowing squares) get exact finite-only partials after the loop: a second
+  read of that program's rows, which also recomputes the program's max |x| (the lanes saw those rows).
 Memory: read rows*n (x, evict-first) + 2n per row (weight, bias: L1/L2 hits), write rows*n (y);
 persistent programs; with the sketch a few scalar atomics per program and the feature vector.
+Layouts measured and dropped (stop 11, bench/results/sketch_lanes_h200_s11b.md, 4096x16384 bf16, 4 warps
+2 stages, µs without / with the sketch): a max tree per row 80.4/90.1, lane max without slots 80.3/90.0,
+exact partials inline in the loop (h live across it) 80.6/90.2 (the shipped layout 80.9/88.8).
 """
 
 from __future__ import annotations
@@ -48,7 +54,6 @@ from optwin.kernels._common import (
     note_occupancy,
     persistent_grid,
     rows_view,
-    sum_and_max,
     take,
 )
 from optwin.kernels.sketch_buffer import (
@@ -61,61 +66,81 @@ from optwin.kernels.sketch_buffer import (
 from optwin.twin.layernorm import TRITON_CHUNK, TRITON_WHOLE_ROW_MAX
 
 EPS = CATALOG["layernorm"].constants["eps"]
-# Rows with NaN/±inf get their exact sketch partials after the loop (a re-read of that program's
-# rows): the H200 sweep of 2026-11-29 measured it with 4 warps (90.2 µs with the sketch at 4096x16384
-# bf16); keeping the exact path inline holds h live across it.
-EXACT_AFTER = True
-# max |x| per lane across the row loop (issue #6: no per-row max tree; rows with NaN/±inf are redone
-# after the loop, where the program's max is recomputed from scratch): 1 on, 0 the per-row tree.
-# Measured at 4096x16384 bf16, 4 warps 2 stages (bench/results/sketch_lanes_h200_s11b.md, µs without /
-# with the sketch): per-row tree 80.4/90.1; lane max 80.3/90.0 (KEEP 8: 81.0/89.3); lane max + slots
-# 80.9/88.8 (KEEP 8: 80.9/89.3).
-LANE_MAX = 1
-SLOTS = True  # with LANE_MAX: rows' (mean, var) one per lane, sketch partials LANES rows at a time
-KEEP = 1  # max |x| chains per lane (LANE_MAX): [LANES, KEEP] registers
+KEEP = 1  # max |x| chains per lane: [LANES, KEEP] registers (KEEP 8 measured the same, 89.3 µs)
+# A row whose |mean|/std reaches 2^16 (or whose var is 0) is tested for being constant: m*m >= var * SUSPECT.
+SUSPECT: tl.constexpr = tl.constexpr(2.0**32)
 assert feature_names("layernorm") == (
     "numel", "rows", "absmax", "rms", "nonfinite", "hidden", "max_mean_over_std", "min_row_std", "weight_absmax",
-    "bias_absmax")
-assert [n for n, _ in WORKSPACE["layernorm"][0]] == ["absmax", "sumsq", "max_ratio", "min_std"]
+    "bias_absmax", "const_absmax")
+assert [n for n, _ in WORKSPACE["layernorm"][0]] == ["absmax", "sumsq", "max_ratio", "min_std", "const_absmax"]
 assert WORKSPACE["layernorm"][1] == ("ticket", "nonfinite", "param_nonfinite")
 assert TRITON_WHOLE_ROW_MAX == MAX_BLOCK  # the twin's switch to the chunked order is this kernel's
 
 
 @triton.jit
+def _ratio(mf, sf, cabs, cap):
+    """|mean|/std of a row capped at `cap` (`cap` when std == 0 and mean != 0); 0 for a constant
+    row (cabs >= 0: its |c| goes to const_absmax instead)."""
+    am = tl.abs(mf)
+    ratio = tl.minimum(tl.where(sf > 0, am / sf, tl.where(am > 0, cap, 0.0)), cap)
+    return tl.where(cabs >= 0.0, 0.0, ratio)
+
+
+@triton.jit
+def _const_abs(X_row, cols, n_cols, m, var, CHUNK: tl.constexpr):
+    """|c| if the row is constant (every d = h - m equal: d = c - m is exact there, so c = m + d), else
+    -1.0. Only rows that could be constant (var == 0, or |mean|/std >= 2^16) pay: the row is read
+    again (L2) in CHUNK pieces inside the branch. With the registers' d instead, LLVM hoisted the
+    selects and in-thread min/max chains out of the branch: +35 % on every row (H200, stop 12)."""
+    cabs = tl.full((), -1.0, tl.float32)
+    if (var == 0.0) | (m * m >= var * SUSPECT):
+        dmax = tl.full((), -float("inf"), tl.float32)
+        dmin = tl.full((), float("inf"), tl.float32)
+        for c0 in tl.range(0, n_cols, CHUNK):
+            cm = c0 + cols < n_cols
+            d = tl.load(X_row + c0 + cols, mask=cm, other=0.0).to(tl.float32) - m
+            dmax = tl.maximum(dmax, tl.max(tl.where(cm, d, -float("inf")), axis=0))
+            dmin = tl.minimum(dmin, tl.min(tl.where(cm, d, float("inf")), axis=0))
+        if dmax == dmin:
+            cabs = tl.abs(m + dmax)
+    return cabs
+
+
+@triton.jit
 def _exact_row(h, mask, n_cols):
-    """Slow path (a row with NaN/±inf or overflowing squares): (absmax, sumsq, nonfinite count,
-    mean, population std) over the finite entries, fp32."""
+    """Slow path (a row with NaN/±inf or overflowing squares): (absmax, sumsq, nonfinite count, mean,
+    population std, constant |c| or -1) over the finite entries, fp32."""
     amax, sq, nf = finite_partials(h, mask)
     fin = mask & (tl.abs(h) <= FMAX)
     cnt = tl.maximum(n_cols - nf, 1.0)
     mf = tl.sum(tl.where(fin, h, 0.0), axis=0) / cnt
     df = tl.where(fin, h - mf, 0.0)
     sf = tl.sqrt(tl.sum(df * df, axis=0) / cnt)
-    return amax, sq, nf, mf, sf
+    hmax = tl.max(tl.where(fin, h, -float("inf")), axis=0)
+    hmin = tl.min(tl.where(fin, h, float("inf")), axis=0)
+    cabs = tl.where(hmax == hmin, tl.abs(hmax), -1.0)  # no finite entry: -inf != inf
+    return amax, sq, nf, mf, sf, cabs
 
 
 @triton.jit
-def _merge_row(p_amax, p_ratio, p_minstd, p_sq, p_nf, amax, sq, nf, mf, sf, cap):
-    """One row's sketch partials (absmax, sum of squares, non-finite count, mean, std) merged into the
-    program's: |mean|/std capped at `cap` (`cap` itself when std == 0 and mean != 0)."""
-    am = tl.abs(mf)
-    ratio = tl.where(sf > 0, am / sf, tl.where(am > 0, cap, 0.0))
-    return (tl.maximum(p_amax, amax), tl.maximum(p_ratio, tl.minimum(ratio, cap)), tl.minimum(p_minstd, sf),
-            p_sq + sq.to(tl.float64), p_nf + nf.to(tl.int64))
+def _merge_row(p_amax, p_ratio, p_minstd, p_sq, p_nf, p_const, amax, sq, nf, mf, sf, cabs, cap):
+    """One row's sketch partials (absmax, sum of squares, non-finite count, mean, std, constant |c|)
+    merged into the program's."""
+    return (tl.maximum(p_amax, amax), tl.maximum(p_ratio, _ratio(mf, sf, cabs, cap)), tl.minimum(p_minstd, sf),
+            p_sq + sq.to(tl.float64), p_nf + nf.to(tl.int64), tl.maximum(p_const, cabs))
 
 
 @triton.jit
-def _slot_partials(sl_m, sl_var, valid, n_cols, cap):
-    """Sketch partials of up to LANES rows held one per lane (mean, variance), computed lane-parallel:
-    (max |mean|/std capped, min std, float64 sum of squares, rows with NaN/±inf or overflow) over the
-    `valid` lanes whose row is finite (sq = n * (var + mean^2) <= FMAX)."""
+def _slot_partials(sl_m, sl_var, sl_c, valid, n_cols, cap):
+    """Sketch partials of up to LANES rows held one per lane (mean, variance, constant |c| or -1),
+    computed lane-parallel: (max ratio, min std, float64 sum of squares, largest constant |c|, rows
+    with NaN/±inf or overflow) over the `valid` lanes whose row is finite (sq = n * (var + mean^2) <= FMAX)."""
     sq = (sl_var + sl_m * sl_m) * n_cols  # = sum h*h over the row, from the two sums already done
     ok = valid & (sq <= FMAX)  # every entry finite (NaN/±inf make mean, var NaN)
     sf = tl.sqrt(sl_var)
-    am = tl.abs(sl_m)
-    ratio = tl.minimum(tl.where(sf > 0, am / sf, tl.where(am > 0, cap, 0.0)), cap)
-    return (tl.max(tl.where(ok, ratio, 0.0), 0), tl.min(tl.where(ok, sf, float("inf")), 0),
-            tl.sum(tl.where(ok, sq, 0.0).to(tl.float64), 0), tl.sum((valid & ~ok).to(tl.int32), 0))
+    return (tl.max(tl.where(ok, _ratio(sl_m, sf, sl_c, cap), 0.0), 0), tl.min(tl.where(ok, sf, float("inf")), 0),
+            tl.sum(tl.where(ok, sq, 0.0).to(tl.float64), 0), tl.max(tl.where(ok, sl_c, -1.0), 0),
+            tl.sum((valid & ~ok).to(tl.int32), 0))
 
 
 @triton.jit
@@ -137,18 +162,20 @@ def _param_partials(W_ptr, B_ptr, S_ptr, I_ptr, cols, n_cols, BLOCK: tl.constexp
 
 
 @triton.jit
-def _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ratio, p_minstd, p_nf, n_rows, n_cols, CAP: tl.constexpr):
+def _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ratio, p_minstd, p_nf, p_const, n_rows, n_cols, CAP: tl.constexpr):
     """Merge one program's sketch partials into the workspace; the last program writes the features."""
     tl.atomic_max(F_ptr + 0, p_amax.to(tl.float64), sem="relaxed")
     tl.atomic_add(F_ptr + 1, p_sq, sem="relaxed")
     tl.atomic_max(F_ptr + 2, p_ratio.to(tl.float64), sem="relaxed")
     tl.atomic_min(F_ptr + 3, p_minstd.to(tl.float64), sem="relaxed")
+    tl.atomic_max(F_ptr + 4, tl.maximum(p_const, 0.0).to(tl.float64), sem="relaxed")
     tl.atomic_add(I_ptr + 1, p_nf, sem="relaxed")
     if last_program(I_ptr):
         g_amax = take(F_ptr + 0, ZERO_BITS)
         g_sq = take(F_ptr + 1, ZERO_BITS)
         g_ratio = take(F_ptr + 2, ZERO_BITS)
         g_minstd = take(F_ptr + 3, POS_INF_BITS)
+        g_const = take(F_ptr + 4, ZERO_BITS)
         g_nf = tl.atomic_xchg(I_ptr + 1, 0, sem="relaxed")
         g_pnf = tl.atomic_xchg(I_ptr + 2, 0, sem="relaxed")
         tl.atomic_xchg(I_ptr + 0, 0, sem="relaxed")
@@ -163,6 +190,7 @@ def _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ratio, p_minstd, p_nf, n_rows,
         cap64 = tl.full((), CAP, tl.float64)  # the fp32 cap rounds up; the feature is exactly CAP
         tl.store(S_ptr + 6, tl.where(g_ratio >= cap64, cap64, g_ratio))
         tl.store(S_ptr + 7, tl.where(n_rows > 0, g_minstd, 0.0))
+        tl.store(S_ptr + 10, g_const)
 
 
 @triton.jit
@@ -173,8 +201,8 @@ def _layernorm_kernel(
     B_ptr,  # bias (n_cols,) in dtype
     Y_ptr,  # y as (n_rows, n_cols) in dtype, contiguous
     Y_row_stride,
-    S_ptr,  # sketch features, float64 (10,); unused unless SKETCH
-    F_ptr,  # workspace float64 slots (absmax, sumsq, max |mean|/std, min std)
+    S_ptr,  # sketch features, float64 (11,); unused unless SKETCH
+    F_ptr,  # workspace float64 slots (absmax, sumsq, max |mean|/std, min std, largest constant |c|)
     I_ptr,  # workspace int64 slots (ticket, nonfinite x, nonfinite weight + bias)
     n_rows,
     n_cols,
@@ -183,12 +211,9 @@ def _layernorm_kernel(
     BLOCK: tl.constexpr,
     SKETCH: tl.constexpr,
     STAGES: tl.constexpr,  # loads in flight in the row loop (1: none ahead; >1: async copies)
-    EXACT_AFTER: tl.constexpr,  # rows with NaN/±inf: exact partials after the loop (re-read) instead of inline
-    LANE_MAX: tl.constexpr,  # 1: max |x| per lane across the loop instead of a tree per row; EXACT_AFTER only
     VEC: tl.constexpr,  # elements per 16-byte vector of x
     LANES: tl.constexpr,  # lanes of the accumulator (_common.lane_shape)
     KEEP: tl.constexpr,  # independent accumulator chains per lane (divides VEC; _common's lane partials)
-    SLOTS: tl.constexpr,  # rows' (mean, var) kept one per lane, their sketch partials computed LANES rows at a time
 ):
     # Persistent: programs walk rows pid, pid + grid, ...; each row is still reduced by one program
     # in one tree (numerics independent of the grid).
@@ -196,32 +221,27 @@ def _layernorm_kernel(
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     if SKETCH:
-        p_amax = tl.zeros((), dtype=tl.float32)
         p_ratio = tl.zeros((), dtype=tl.float32)
         p_minstd = tl.full((), float("inf"), tl.float32)
         p_sq = tl.zeros((), dtype=tl.float64)
         p_nf = tl.zeros((), dtype=tl.int64)
-        p_bad = tl.zeros((), dtype=tl.int32)  # rows left to the exact pass after the loop (EXACT_AFTER)
-        if LANE_MAX == 1:
-            a_amax = tl.zeros([LANES, KEEP], dtype=tl.float32)  # per lane: max |h| over the program's rows
-        if SLOTS:  # the per-row scalar work (sqrt, divide, float64 add) off each row's path
-            lane_id = tl.arange(0, LANES)
-            sl_m = tl.zeros([LANES], dtype=tl.float32)
-            sl_var = tl.zeros([LANES], dtype=tl.float32)
-            k = tl.zeros((), dtype=tl.int32)  # rows held in the slots
+        p_const = tl.full((), -1.0, tl.float32)  # largest |c| of a constant row, -1 when none
+        p_bad = tl.zeros((), dtype=tl.int32)  # rows left to the exact pass after the loop
+        a_amax = tl.zeros([LANES, KEEP], dtype=tl.float32)  # per lane: max |h| over the program's rows
+        lane_id = tl.arange(0, LANES)
+        sl_m = tl.zeros([LANES], dtype=tl.float32)
+        sl_var = tl.zeros([LANES], dtype=tl.float32)
+        sl_c = tl.zeros([LANES], dtype=tl.float32)
+        k = tl.zeros((), dtype=tl.int32)  # rows held in the slots
     for r in tl.range(pid, n_rows, tl.num_programs(0), num_stages=STAGES):
         row = tl.cast(r, tl.int64)  # 64-bit offsets for tensors past 2^31 elements
         x = tl.load(X_ptr + row * X_row_stride + cols, mask=mask, other=0.0, eviction_policy="evict_first")
         h = x.to(tl.float32)
-        if SKETCH and LANE_MAX == 1:  # NaN/±inf rows are caught by the row test below and redone after the loop
+        if SKETCH:  # NaN/±inf rows are caught by the slots' row test and redone after the loop
             a_amax = tl.maximum(a_amax, lane_max(tl.abs(h), BLOCK, LANES, VEC, KEEP))
-        if SKETCH and LANE_MAX == 0:
-            sh, amax = sum_and_max(h, tl.abs(h))  # sh is tl.sum(h)
-        else:
-            sh = tl.sum(h, axis=0)
         # IEEE division (div.rn), as the twin models it: Triton's `/` is div.full.f32 (~2 ulp), and a
         # constant row's mean one ulp off made h - m nonzero: y = bias became (h-m)*rsqrt(eps) on the H200
-        m = tl.math.div_rn(sh, tl.cast(n_cols, tl.float32))  # first pass (registers)
+        m = tl.math.div_rn(tl.sum(h, axis=0), tl.cast(n_cols, tl.float32))  # first pass (registers)
         d = tl.where(mask, h - m, 0.0)
         var = tl.math.div_rn(tl.sum(d * d, axis=0), tl.cast(n_cols, tl.float32))  # second pass over registers, not memory
         rs = tl.math.rsqrt(var + eps)  # approximate rsqrt
@@ -230,73 +250,45 @@ def _layernorm_kernel(
         y = d * rs * w + b
         tl.store(Y_ptr + row * Y_row_stride + cols, y.to(Y_ptr.dtype.element_ty), mask=mask,
                  eviction_policy="evict_first")  # write n
-        if SKETCH and SLOTS:
+        if SKETCH:  # the per-row scalar work (sqrt, divide, float64 add) off each row's path
+            cabs = _const_abs(X_ptr + row * X_row_stride, cols, n_cols, m, var, BLOCK)
             sel = lane_id == k
             sl_m = tl.where(sel, m, sl_m)
             sl_var = tl.where(sel, var, sl_var)
+            sl_c = tl.where(sel, cabs, sl_c)
             k += 1
             if k == LANES:
-                r_ratio, r_std, r_sq, r_bad = _slot_partials(sl_m, sl_var, lane_id < LANES, n_cols, CAP)
+                r_ratio, r_std, r_sq, r_const, r_bad = _slot_partials(sl_m, sl_var, sl_c, lane_id < LANES, n_cols, CAP)
                 p_ratio = tl.maximum(p_ratio, r_ratio)
                 p_minstd = tl.minimum(p_minstd, r_std)
                 p_sq += r_sq
+                p_const = tl.maximum(p_const, r_const)
                 p_bad += r_bad
                 k = 0
-        elif SKETCH:
-            sq = (var + m * m) * n_cols  # = sum h*h over the row, from the two sums already done
-            if EXACT_AFTER:
-                ok = sq <= FMAX  # every entry finite (NaN/±inf make m, var NaN)
-                sf = tl.sqrt(var)
-                am = tl.abs(m)
-                ratio = tl.where(sf > 0, am / sf, tl.where(am > 0, CAP, 0.0))
-                if LANE_MAX == 0:
-                    p_amax = tl.maximum(p_amax, tl.where(ok, amax, 0.0))
-                p_ratio = tl.maximum(p_ratio, tl.where(ok, tl.minimum(ratio, CAP), 0.0))
-                p_minstd = tl.minimum(p_minstd, tl.where(ok, sf, float("inf")))
-                p_sq += tl.where(ok, sq, 0.0).to(tl.float64)
-                p_bad += tl.where(ok, 0, 1)
-            else:
-                if sq <= FMAX:  # every entry finite (NaN/±inf make m, var NaN): the op's values are the sketch's
-                    mf = m
-                    sf = tl.sqrt(var)
-                    nf = tl.zeros((), dtype=tl.float32)
-                else:  # rare: exact finite-only partials, mean and population std
-                    amax, sq, nf, mf, sf = _exact_row(h, mask, n_cols)
-                p_amax, p_ratio, p_minstd, p_sq, p_nf = _merge_row(p_amax, p_ratio, p_minstd, p_sq, p_nf,
-                                                                   amax, sq, nf, mf, sf, CAP)
     if SKETCH:
-        if SLOTS:
-            r_ratio, r_std, r_sq, r_bad = _slot_partials(sl_m, sl_var, lane_id < k, n_cols, CAP)
-            p_ratio = tl.maximum(p_ratio, r_ratio)
-            p_minstd = tl.minimum(p_minstd, r_std)
-            p_sq += r_sq
-            p_bad += r_bad
-        if LANE_MAX != 0:
-            p_amax = tl.max(a_amax).to(tl.float32)
-        if p_bad > 0:  # EXACT_AFTER only: re-read this program's rows with NaN/±inf (or overflow)
-            if LANE_MAX != 0:
-                p_amax = tl.zeros((), dtype=tl.float32)  # the lanes saw the NaN/±inf rows too: from scratch
+        r_ratio, r_std, r_sq, r_const, r_bad = _slot_partials(sl_m, sl_var, sl_c, lane_id < k, n_cols, CAP)
+        p_ratio = tl.maximum(p_ratio, r_ratio)
+        p_minstd = tl.minimum(p_minstd, r_std)
+        p_sq += r_sq
+        p_const = tl.maximum(p_const, r_const)
+        p_bad += r_bad
+        p_amax = tl.max(a_amax).to(tl.float32)
+        if p_bad > 0:  # re-read this program's rows with NaN/±inf (or overflow)
+            p_amax = tl.zeros((), dtype=tl.float32)  # the lanes saw the NaN/±inf rows too: from scratch
             for r2 in tl.range(pid, n_rows, tl.num_programs(0)):
                 h2 = tl.load(X_ptr + tl.cast(r2, tl.int64) * X_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
                 m2 = tl.math.div_rn(tl.sum(h2, axis=0), tl.cast(n_cols, tl.float32))  # the loop's own values and test
                 d2 = tl.where(mask, h2 - m2, 0.0)
                 var2 = tl.math.div_rn(tl.sum(d2 * d2, axis=0), tl.cast(n_cols, tl.float32))
                 if not ((var2 + m2 * m2) * n_cols <= FMAX):
-                    amax2, sq2, nf2, mf2, sf2 = _exact_row(h2, mask, n_cols)
-                    p_amax, p_ratio, p_minstd, p_sq, p_nf = _merge_row(p_amax, p_ratio, p_minstd, p_sq, p_nf,
-                                                                       amax2, sq2, nf2, mf2, sf2, CAP)
-                elif LANE_MAX != 0:
+                    amax2, sq2, nf2, mf2, sf2, c2 = _exact_row(h2, mask, n_cols)
+                    p_amax, p_ratio, p_minstd, p_sq, p_nf, p_const = _merge_row(
+                        p_amax, p_ratio, p_minstd, p_sq, p_nf, p_const, amax2, sq2, nf2, mf2, sf2, c2, CAP)
+                else:
                     p_amax = tl.maximum(p_amax, tl.max(tl.abs(h2), axis=0))  # padding is 0
-    if SKETCH:
-        if pid == 0:  # weight and bias partials
-            wv = tl.load(W_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-            bv = tl.load(B_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-            wmax, _, wnf = finite_partials(wv, mask)
-            bmax, _, bnf = finite_partials(bv, mask)
-            tl.store(S_ptr + 8, wmax.to(tl.float64))
-            tl.store(S_ptr + 9, bmax.to(tl.float64))
-            tl.atomic_add(I_ptr + 2, (wnf + bnf).to(tl.int64), sem="relaxed")
-        _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ratio, p_minstd, p_nf, n_rows, n_cols, CAP)
+        if pid == 0:
+            _param_partials(W_ptr, B_ptr, S_ptr, I_ptr, cols, n_cols, BLOCK)
+        _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ratio, p_minstd, p_nf, p_const, n_rows, n_cols, CAP)
 
 
 # ------------------------------------------------------------------ rows longer than MAX_BLOCK
@@ -321,19 +313,25 @@ def _chunked_mean_var(X_row, cols, n_cols, CHUNK: tl.constexpr):
 
 @triton.jit
 def _chunked_exact_row(X_row, cols, n_cols, CHUNK: tl.constexpr):
-    """_exact_row over CHUNK pieces: (absmax, sumsq, nonfinite count, mean, std) of the finite entries."""
+    """_exact_row over CHUNK pieces: (absmax, sumsq, nonfinite count, mean, std, constant |c| or -1) of
+    the finite entries."""
     amax = tl.zeros((), dtype=tl.float32)
     sq = tl.zeros((), dtype=tl.float32)
     nf = tl.zeros((), dtype=tl.float32)
     sh = tl.zeros((), dtype=tl.float32)
+    hmax = tl.full((), -float("inf"), tl.float32)
+    hmin = tl.full((), float("inf"), tl.float32)
     for c0 in tl.range(0, n_cols, CHUNK):
         cm = c0 + cols < n_cols
         h = tl.load(X_row + c0 + cols, mask=cm, other=0.0).to(tl.float32)
         a, q, f = finite_partials(h, cm)
+        fin = cm & (tl.abs(h) <= FMAX)
         amax = tl.maximum(amax, a)
         sq += q
         nf += f
-        sh += tl.sum(tl.where(cm & (tl.abs(h) <= FMAX), h, 0.0), axis=0)
+        sh += tl.sum(tl.where(fin, h, 0.0), axis=0)
+        hmax = tl.maximum(hmax, tl.max(tl.where(fin, h, -float("inf")), axis=0))
+        hmin = tl.minimum(hmin, tl.min(tl.where(fin, h, float("inf")), axis=0))
     cnt = tl.maximum(n_cols - nf, 1.0)
     mf = sh / cnt
     ss = tl.zeros((), dtype=tl.float32)
@@ -342,7 +340,7 @@ def _chunked_exact_row(X_row, cols, n_cols, CHUNK: tl.constexpr):
         h = tl.load(X_row + c0 + cols, mask=cm, other=0.0).to(tl.float32)
         d = tl.where(cm & (tl.abs(h) <= FMAX), h - mf, 0.0)
         ss += tl.sum(d * d, axis=0)
-    return amax, sq, nf, mf, tl.sqrt(ss / cnt)
+    return amax, sq, nf, mf, tl.sqrt(ss / cnt), tl.where(hmax == hmin, tl.abs(hmax), -1.0)
 
 
 @triton.jit
@@ -365,6 +363,7 @@ def _layernorm_chunked_kernel(
         p_minstd = tl.full((), float("inf"), tl.float32)
         p_sq = tl.zeros((), dtype=tl.float64)
         p_nf = tl.zeros((), dtype=tl.int64)
+        p_const = tl.full((), -1.0, tl.float32)
         p_bad = tl.zeros((), dtype=tl.int32)
         a_amax = tl.zeros([CHUNK], dtype=tl.float32)  # per lane: max |h| over the program's rows
     for r in tl.range(pid, n_rows, tl.num_programs(0)):
@@ -384,11 +383,11 @@ def _layernorm_chunked_kernel(
             sq = (var + m * m) * n_cols  # = sum h*h (positive terms, no cancellation)
             ok = sq <= FMAX  # every entry finite (NaN/±inf make m, var NaN)
             sf = tl.sqrt(var)
-            am = tl.abs(m)
-            ratio = tl.where(sf > 0, am / sf, tl.where(am > 0, CAP, 0.0))
-            p_ratio = tl.maximum(p_ratio, tl.where(ok, tl.minimum(ratio, CAP), 0.0))
+            cabs = _const_abs(x_row, cols, n_cols, m, var, CHUNK)
+            p_ratio = tl.maximum(p_ratio, tl.where(ok, _ratio(m, sf, cabs, CAP), 0.0))
             p_minstd = tl.minimum(p_minstd, tl.where(ok, sf, float("inf")))
             p_sq += tl.where(ok, sq, 0.0).to(tl.float64)
+            p_const = tl.maximum(p_const, tl.where(ok, cabs, -1.0))
             p_bad += tl.where(ok, 0, 1)
     if SKETCH:
         p_amax = tl.max(a_amax, axis=0)
@@ -398,29 +397,28 @@ def _layernorm_chunked_kernel(
                 x_row = X_ptr + tl.cast(r2, tl.int64) * X_row_stride
                 m2, var2 = _chunked_mean_var(x_row, cols, n_cols, CHUNK)  # the loop's own values and test
                 if not ((var2 + m2 * m2) * n_cols <= FMAX):
-                    amax2, sq2, nf2, mf2, sf2 = _chunked_exact_row(x_row, cols, n_cols, CHUNK)
-                    p_amax, p_ratio, p_minstd, p_sq, p_nf = _merge_row(p_amax, p_ratio, p_minstd, p_sq, p_nf,
-                                                                       amax2, sq2, nf2, mf2, sf2, CAP)
+                    amax2, sq2, nf2, mf2, sf2, c2 = _chunked_exact_row(x_row, cols, n_cols, CHUNK)
+                    p_amax, p_ratio, p_minstd, p_sq, p_nf, p_const = _merge_row(
+                        p_amax, p_ratio, p_minstd, p_sq, p_nf, p_const, amax2, sq2, nf2, mf2, sf2, c2, CAP)
                 else:
                     for c0 in tl.range(0, n_cols, CHUNK):
                         hc = tl.load(x_row + c0 + cols, mask=c0 + cols < n_cols, other=0.0).to(tl.float32)
                         p_amax = tl.maximum(p_amax, tl.max(tl.abs(hc), axis=0))  # padding is 0
         if pid == 0:
             _param_partials(W_ptr, B_ptr, S_ptr, I_ptr, cols, n_cols, CHUNK)
-        _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ratio, p_minstd, p_nf, n_rows, n_cols, CAP)
+        _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ratio, p_minstd, p_nf, p_const, n_rows, n_cols, CAP)
 
 
 def _layernorm_launch(
     x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2: torch.Tensor,
     buf: torch.Tensor | None, eps: float, num_warps: int | None = None, stages: int | None = None,
-    per_sm: int | None = None, exact_after: bool | None = None, lane_max: int | None = None,
-    keep: int | None = None, slots: bool | None = None, chunk: int | None = None,
+    per_sm: int | None = None, keep: int | None = None, chunk: int | None = None,
 ) -> None:
     """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows.
     Rows longer than MAX_BLOCK (or than `chunk`, the bench's comparison) go to the three-pass chunked
     kernel, TRITON_CHUNK wide by default (part of the numerics: the twin's lanes).
-    num_warps / stages / per_sm / exact_after / lane_max / keep / slots / chunk override the tuned
-    launch (the bench's sweep; num_warps changes the tl.sum trees)."""
+    num_warps / stages / per_sm / keep / chunk override the tuned launch (the bench's sweep;
+    num_warps changes the tl.sum trees)."""
     n_rows, n = x2.shape
     sketch = buf is not None
     if n_rows == 0 and not sketch:
@@ -436,16 +434,12 @@ def _layernorm_launch(
         note_occupancy(key, k, warps)
         return
     block, warps, st = launch_config("layernorm", n, num_warps, stages)
-    after = EXACT_AFTER if exact_after is None else exact_after
-    lmax = (LANE_MAX if lane_max is None else lane_max) if (sketch and after) else 0
     vec, lanes = lane_shape(block, x2.element_size(), warps)
-    kp = min(KEEP if keep is None else keep, vec) if lmax else 1
-    slt = bool(SLOTS if slots is None else slots) and lmax == 1
-    key = ("layernorm", x2.dtype, block, warps, st, after, sketch, lmax, kp, slt)
+    kp = min(KEEP if keep is None else keep, vec)
+    key = ("layernorm", x2.dtype, block, warps, st, sketch, kp)
     k = _layernorm_kernel[(persistent_grid(key, n_rows, x2.device, per_sm),)](
         x2, x2.stride(0), weight, bias, y2, y2.stride(0), buf if sketch else y2, f, i,
-        n_rows, n, eps, CAP=RATIO_CAP, BLOCK=block, SKETCH=sketch, STAGES=st, EXACT_AFTER=after, LANE_MAX=lmax,
-        VEC=vec, LANES=lanes, KEEP=kp, SLOTS=slt,
+        n_rows, n, eps, CAP=RATIO_CAP, BLOCK=block, SKETCH=sketch, STAGES=st, VEC=vec, LANES=lanes, KEEP=kp,
         num_warps=warps, enable_fp_fusion=False,
     )
     note_occupancy(key, k, warps)

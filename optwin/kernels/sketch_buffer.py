@@ -43,7 +43,7 @@ WORKSPACE: dict[str, tuple[tuple[tuple[str, float], ...], tuple[str, ...]]] = {
         ("ticket", "nonfinite", "neginf", "masked_rows", "peaked_rows", "eligible_rows"),
     ),
     "layernorm": (
-        (("absmax", 0.0), ("sumsq", 0.0), ("max_ratio", 0.0), ("min_std", INF)),
+        (("absmax", 0.0), ("sumsq", 0.0), ("max_ratio", 0.0), ("min_std", INF), ("const_absmax", 0.0)),
         ("ticket", "nonfinite", "param_nonfinite"),
     ),
     "rope": ((("absmax", 0.0), ("sumsq", 0.0), ("max_pos", 0.0)), ("ticket", "nonfinite")),

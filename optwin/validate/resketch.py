@@ -36,16 +36,26 @@ def _cpu_sketch(op: str, inputs: dict[str, torch.Tensor], params: dict[str, Any]
     return dict(zip(names, values.tolist()))
 
 
+# Features whose definition changed when another was added: a sketch without the new feature (key)
+# was taken under the old definition of these, so they are replaced along with it. layernorm's
+# max_mean_over_std left the exactly constant rows to const_absmax (stop 12): an old sketch holds the
+# 1e30 cap for any input with a constant row.
+REDEFINED: dict[str, tuple[str, tuple[str, ...]]] = {"layernorm": ("const_absmax", ("max_mean_over_std",))}
+
+
 def _fill(op: str, stored: dict[str, float], fresh: dict[str, float], where: str) -> list[str]:
-    """Add fresh's features missing from stored (in place); refuse when the inputs differ."""
+    """Add fresh's features missing from stored (in place), and replace the ones REDEFINED with them;
+    refuse when the inputs differ."""
     a, b = stored.get("absmax"), fresh["absmax"]
     if a is not None and not math.isclose(a, b, rel_tol=1e-3, abs_tol=1e-30):
         raise InputError(f"{where}: regenerated inputs do not match the collection (absmax {b:.6g} vs stored "
                          f"{a:.6g}): it was drawn by another generator version; collect it again")
     added = [f for f in SKETCH_FEATURES[op] if f not in stored]
-    for f in added:
+    new, old_defs = REDEFINED.get(op, ("", ()))
+    replaced = [f for f in old_defs if new in added]
+    for f in added + replaced:
         stored[f] = fresh[f]
-    return added
+    return added + replaced
 
 
 def resketch(data: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:
