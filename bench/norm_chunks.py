@@ -42,14 +42,16 @@ TWIN_ROWS = 8 if SMOKE else 16
 
 # chunk widths of the sweep (BENCH_CHUNKS=1024,2048,4096 was the first run's, with stages 1 and 2:
 # bench/results/norm_chunks_h200_s12.md; the chunked kernels keep 1 stage since)
-SWEEP_CHUNKS = tuple(int(c) for c in os.environ.get("BENCH_CHUNKS", "4096").split(","))
+SWEEP_CHUNKS = tuple(int(c) for c in os.environ.get("BENCH_CHUNKS", "").split(",") if c)
 
 
 def _norm_configs(small: bool) -> list[dict[str, Any]]:
-    """The shipped launch (the row in registers) first, then chunk x warps."""
+    """The shipped launch (the row in registers) first, its warps x stages neighbours, then chunk x warps
+    (BENCH_CHUNKS=4096 for the chunked kernels)."""
     if small:
         return [{}, {"chunk": 256, "num_warps": 4}]
-    return [{}] + [{"chunk": c, "num_warps": w} for c in SWEEP_CHUNKS for w in (4, 8, 16) if c // (32 * w) >= 2]
+    whole = [{}, {"num_warps": 8, "stages": 1}, {"num_warps": 8, "stages": 2}, {"num_warps": 4, "stages": 1}]
+    return whole + [{"chunk": c, "num_warps": w} for c in SWEEP_CHUNKS for w in (4, 8, 16) if c // (32 * w) >= 2]
 
 
 CONFIGS: dict[str, Callable[[bool], list[dict[str, Any]]]] = {

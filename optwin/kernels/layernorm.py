@@ -22,10 +22,12 @@ The sketch (y is bit-identical with and without it: the op's sums stay tl.sum's)
   with the tree sum of h*h to float32 rounding), row mean/std = m, sqrt(var);
 - exactly constant rows (all entries equal) leave max_mean_over_std to `const_absmax` (their |c|).
   A constant row has all d equal, so var = d*d and |m|/std >= ~2^20 (m is c to a few ulps), or
-  var = 0: only rows with var == 0 or m*m >= var * 2^32 (|m|/std >= 2^16) take the rare branch that
-  reads the row again and compares max(d) with min(d) (d = c - m is exact for a constant row, so c = m + d);
-- rows with NaN/±inf (or overflowing squares) get exact finite-only partials after the loop: a second
-  read of that program's rows, which also recomputes the program's max |x| (the lanes saw those rows).
+  var = 0. Rows with var == 0 or m*m >= var * 2^32 (|m|/std >= 2^16) leave their ratio to the pass
+  after the loop, which compares the row's max with its min (exact, as ingest does);
+- that pass re-reads the program's rows when it had such a row or one with NaN/±inf (or overflowing
+  squares: exact finite-only partials), and recomputes the program's max |x| (the lanes saw those
+  rows). A test inside the row loop instead (a branch that re-read the row) cost +7 % on every call
+  (H200, stop 12: 92.2 against 87.1 µs with the sketch, bench/results/norm_chunks_h200_s12c.md).
 Memory: read rows*n (x, evict-first) + 2n per row (weight, bias: L1/L2 hits), write rows*n (y);
 persistent programs; with the sketch a few scalar atomics per program and the feature vector.
 Layouts measured and dropped (stop 11, bench/results/sketch_lanes_h200_s11b.md, 4096x16384 bf16, 4 warps
@@ -87,13 +89,19 @@ def _ratio(mf, sf, cabs, cap):
 
 
 @triton.jit
+def _could_be_constant(m, var):
+    """A constant row has every d = c - m equal: var = d*d with |m|/std >= ~2^20 (m is c to a few
+    ulps), or var = 0. Rows past |m|/std = 2^16 (or var = 0) are tested exactly after the loop."""
+    return (var == 0.0) | (m * m >= var * SUSPECT)
+
+
+@triton.jit
 def _const_abs(X_row, cols, n_cols, m, var, CHUNK: tl.constexpr):
-    """|c| if the row is constant (every d = h - m equal: d = c - m is exact there, so c = m + d), else
-    -1.0. Only rows that could be constant (var == 0, or |mean|/std >= 2^16) pay: the row is read
-    again (L2) in CHUNK pieces inside the branch. With the registers' d instead, LLVM hoisted the
-    selects and in-thread min/max chains out of the branch: +35 % on every row (H200, stop 12)."""
+    """The chunked kernel's per-row test: |c| if the row is constant (every d = h - m equal: d = c - m
+    is exact there, so c = m + d), else -1.0. Only rows that could be constant pay: the row is read
+    again (L2) in CHUNK pieces inside the branch."""
     cabs = tl.full((), -1.0, tl.float32)
-    if (var == 0.0) | (m * m >= var * SUSPECT):
+    if _could_be_constant(m, var):
         dmax = tl.full((), -float("inf"), tl.float32)
         dmin = tl.full((), float("inf"), tl.float32)
         for c0 in tl.range(0, n_cols, CHUNK):
@@ -131,31 +139,41 @@ def _merge_row(p_amax, p_ratio, p_minstd, p_sq, p_nf, p_const, amax, sq, nf, mf,
 
 
 @triton.jit
-def _slot_partials(sl_m, sl_var, sl_c, valid, n_cols, cap):
-    """Sketch partials of up to LANES rows held one per lane (mean, variance, constant |c| or -1),
-    computed lane-parallel: (max ratio, min std, float64 sum of squares, largest constant |c|, rows
-    with NaN/±inf or overflow) over the `valid` lanes whose row is finite (sq = n * (var + mean^2) <= FMAX)."""
+def _slot_partials(sl_m, sl_var, valid, n_cols, cap):
+    """Sketch partials of up to LANES rows held one per lane (mean, variance), computed lane-parallel:
+    (max ratio, min std, float64 sum of squares, rows left to the pass after the loop) over the `valid`
+    lanes whose row is finite (sq = n * (var + mean^2) <= FMAX). Rows that could be constant leave
+    their ratio to that pass, and so do rows with NaN/±inf or overflow (all of their partials)."""
     sq = (sl_var + sl_m * sl_m) * n_cols  # = sum h*h over the row, from the two sums already done
     ok = valid & (sq <= FMAX)  # every entry finite (NaN/±inf make mean, var NaN)
     sf = tl.sqrt(sl_var)
-    return (tl.max(tl.where(ok, _ratio(sl_m, sf, sl_c, cap), 0.0), 0), tl.min(tl.where(ok, sf, float("inf")), 0),
-            tl.sum(tl.where(ok, sq, 0.0).to(tl.float64), 0), tl.max(tl.where(ok, sl_c, -1.0), 0),
-            tl.sum((valid & ~ok).to(tl.int32), 0))
+    later = ok & _could_be_constant(sl_m, sl_var)
+    ratio = _ratio(sl_m, sf, tl.where(later, 0.0, -1.0), cap)  # 0 for the rows tested later
+    return (tl.max(tl.where(ok, ratio, 0.0), 0), tl.min(tl.where(ok, sf, float("inf")), 0),
+            tl.sum(tl.where(ok, sq, 0.0).to(tl.float64), 0), tl.sum(((valid & ~ok) | later).to(tl.int32), 0))
 
 
 @triton.jit
-def _param_partials(W_ptr, B_ptr, S_ptr, I_ptr, cols, n_cols, BLOCK: tl.constexpr):
-    """Weight and bias features (largest finite |w|, |b|) and their NaN/±inf count, BLOCK at a time."""
-    wmax = tl.zeros((), dtype=tl.float32)
-    bmax = tl.zeros((), dtype=tl.float32)
-    nf = tl.zeros((), dtype=tl.float32)
-    for c0 in tl.range(0, n_cols, BLOCK):
-        cm = c0 + cols < n_cols
-        wa, _, wnf = finite_partials(tl.load(W_ptr + c0 + cols, mask=cm, other=0.0).to(tl.float32), cm)
-        ba, _, bnf = finite_partials(tl.load(B_ptr + c0 + cols, mask=cm, other=0.0).to(tl.float32), cm)
-        wmax = tl.maximum(wmax, wa)
-        bmax = tl.maximum(bmax, ba)
-        nf += wnf + bnf
+def _param_partials(W_ptr, B_ptr, S_ptr, I_ptr, cols, n_cols, BLOCK: tl.constexpr, WHOLE: tl.constexpr):
+    """Weight and bias features (largest finite |w|, |b|) and their NaN/±inf count: in one piece when
+    WHOLE (BLOCK >= n), else BLOCK at a time. The whole-row kernel must not take the loop: with it, ptxas
+    kept a 2 KiB stack frame for the whole kernel (280 bytes without; offline sm_90 compile)."""
+    if WHOLE:
+        mask = cols < n_cols
+        wmax, _, wnf = finite_partials(tl.load(W_ptr + cols, mask=mask, other=0.0).to(tl.float32), mask)
+        bmax, _, bnf = finite_partials(tl.load(B_ptr + cols, mask=mask, other=0.0).to(tl.float32), mask)
+        nf = wnf + bnf
+    else:
+        wmax = tl.zeros((), dtype=tl.float32)
+        bmax = tl.zeros((), dtype=tl.float32)
+        nf = tl.zeros((), dtype=tl.float32)
+        for c0 in tl.range(0, n_cols, BLOCK):
+            cm = c0 + cols < n_cols
+            wa, _, wnf = finite_partials(tl.load(W_ptr + c0 + cols, mask=cm, other=0.0).to(tl.float32), cm)
+            ba, _, bnf = finite_partials(tl.load(B_ptr + c0 + cols, mask=cm, other=0.0).to(tl.float32), cm)
+            wmax = tl.maximum(wmax, wa)
+            bmax = tl.maximum(bmax, ba)
+            nf += wnf + bnf
     tl.store(S_ptr + 8, wmax.to(tl.float64))
     tl.store(S_ptr + 9, bmax.to(tl.float64))
     tl.atomic_add(I_ptr + 2, nf.to(tl.int64), sem="relaxed")
@@ -226,12 +244,11 @@ def _layernorm_kernel(
         p_sq = tl.zeros((), dtype=tl.float64)
         p_nf = tl.zeros((), dtype=tl.int64)
         p_const = tl.full((), -1.0, tl.float32)  # largest |c| of a constant row, -1 when none
-        p_bad = tl.zeros((), dtype=tl.int32)  # rows left to the exact pass after the loop
+        p_later = tl.zeros((), dtype=tl.int32)  # rows left to the pass after the loop (bad, or maybe constant)
         a_amax = tl.zeros([LANES, KEEP], dtype=tl.float32)  # per lane: max |h| over the program's rows
         lane_id = tl.arange(0, LANES)
         sl_m = tl.zeros([LANES], dtype=tl.float32)
         sl_var = tl.zeros([LANES], dtype=tl.float32)
-        sl_c = tl.zeros([LANES], dtype=tl.float32)
         k = tl.zeros((), dtype=tl.int32)  # rows held in the slots
     for r in tl.range(pid, n_rows, tl.num_programs(0), num_stages=STAGES):
         row = tl.cast(r, tl.int64)  # 64-bit offsets for tensors past 2^31 elements
@@ -251,43 +268,45 @@ def _layernorm_kernel(
         tl.store(Y_ptr + row * Y_row_stride + cols, y.to(Y_ptr.dtype.element_ty), mask=mask,
                  eviction_policy="evict_first")  # write n
         if SKETCH:  # the per-row scalar work (sqrt, divide, float64 add) off each row's path
-            cabs = _const_abs(X_ptr + row * X_row_stride, cols, n_cols, m, var, BLOCK)
             sel = lane_id == k
             sl_m = tl.where(sel, m, sl_m)
             sl_var = tl.where(sel, var, sl_var)
-            sl_c = tl.where(sel, cabs, sl_c)
             k += 1
             if k == LANES:
-                r_ratio, r_std, r_sq, r_const, r_bad = _slot_partials(sl_m, sl_var, sl_c, lane_id < LANES, n_cols, CAP)
+                r_ratio, r_std, r_sq, r_later = _slot_partials(sl_m, sl_var, lane_id < LANES, n_cols, CAP)
                 p_ratio = tl.maximum(p_ratio, r_ratio)
                 p_minstd = tl.minimum(p_minstd, r_std)
                 p_sq += r_sq
-                p_const = tl.maximum(p_const, r_const)
-                p_bad += r_bad
+                p_later += r_later
                 k = 0
     if SKETCH:
-        r_ratio, r_std, r_sq, r_const, r_bad = _slot_partials(sl_m, sl_var, sl_c, lane_id < k, n_cols, CAP)
+        r_ratio, r_std, r_sq, r_later = _slot_partials(sl_m, sl_var, lane_id < k, n_cols, CAP)
         p_ratio = tl.maximum(p_ratio, r_ratio)
         p_minstd = tl.minimum(p_minstd, r_std)
         p_sq += r_sq
-        p_const = tl.maximum(p_const, r_const)
-        p_bad += r_bad
+        p_later += r_later
         p_amax = tl.max(a_amax).to(tl.float32)
-        if p_bad > 0:  # re-read this program's rows with NaN/±inf (or overflow)
-            p_amax = tl.zeros((), dtype=tl.float32)  # the lanes saw the NaN/±inf rows too: from scratch
+        if p_later > 0:  # rare: re-read this program's rows; no load or branch of it sits in the row loop
+            p_amax = tl.zeros((), dtype=tl.float32)  # the lanes may have seen NaN/±inf rows: from scratch
             for r2 in tl.range(pid, n_rows, tl.num_programs(0)):
                 h2 = tl.load(X_ptr + tl.cast(r2, tl.int64) * X_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
-                m2 = tl.math.div_rn(tl.sum(h2, axis=0), tl.cast(n_cols, tl.float32))  # the loop's own values and test
+                m2 = tl.math.div_rn(tl.sum(h2, axis=0), tl.cast(n_cols, tl.float32))  # the loop's own values and tests
                 d2 = tl.where(mask, h2 - m2, 0.0)
                 var2 = tl.math.div_rn(tl.sum(d2 * d2, axis=0), tl.cast(n_cols, tl.float32))
-                if not ((var2 + m2 * m2) * n_cols <= FMAX):
+                if not ((var2 + m2 * m2) * n_cols <= FMAX):  # NaN/±inf or overflow: exact partials
                     amax2, sq2, nf2, mf2, sf2, c2 = _exact_row(h2, mask, n_cols)
                     p_amax, p_ratio, p_minstd, p_sq, p_nf, p_const = _merge_row(
                         p_amax, p_ratio, p_minstd, p_sq, p_nf, p_const, amax2, sq2, nf2, mf2, sf2, c2, CAP)
-                else:
-                    p_amax = tl.maximum(p_amax, tl.max(tl.abs(h2), axis=0))  # padding is 0
+                else:  # trees over h2 only (d2 is dead here: h2 and d2 live together spilled 2 KiB)
+                    hmax = tl.max(tl.where(mask, h2, -float("inf")), axis=0)
+                    hmin = tl.min(tl.where(mask, h2, float("inf")), axis=0)
+                    p_amax = tl.maximum(p_amax, tl.maximum(tl.abs(hmax), tl.abs(hmin)))
+                    if _could_be_constant(m2, var2):  # its ratio was left out of the slots
+                        c2 = tl.where(hmax == hmin, tl.abs(hmax), -1.0)
+                        p_ratio = tl.maximum(p_ratio, _ratio(m2, tl.sqrt(var2), c2, CAP))
+                        p_const = tl.maximum(p_const, c2)
         if pid == 0:
-            _param_partials(W_ptr, B_ptr, S_ptr, I_ptr, cols, n_cols, BLOCK)
+            _param_partials(W_ptr, B_ptr, S_ptr, I_ptr, cols, n_cols, BLOCK, True)
         _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ratio, p_minstd, p_nf, p_const, n_rows, n_cols, CAP)
 
 
@@ -405,7 +424,7 @@ def _layernorm_chunked_kernel(
                         hc = tl.load(x_row + c0 + cols, mask=c0 + cols < n_cols, other=0.0).to(tl.float32)
                         p_amax = tl.maximum(p_amax, tl.max(tl.abs(hc), axis=0))  # padding is 0
         if pid == 0:
-            _param_partials(W_ptr, B_ptr, S_ptr, I_ptr, cols, n_cols, CHUNK)
+            _param_partials(W_ptr, B_ptr, S_ptr, I_ptr, cols, n_cols, CHUNK, False)
         _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ratio, p_minstd, p_nf, p_const, n_rows, n_cols, CAP)
 
 
