@@ -43,3 +43,32 @@ def softmax_layout(x: torch.Tensor, variant: int) -> tuple[dict[str, float], boo
     _softmax_launch(x2, y1, buf, variant=variant)
     _softmax_launch(x2, y0, None)
     return read_sketch("softmax", buf, x.shape), bool(torch.equal(bits(y1), bits(y0)))
+
+
+def norm_inputs(op: str, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """rmsnorm / layernorm inputs around x: seeded weight (and bias) of x's width and dtype."""
+    g = seed("norm-params", op, x.shape[-1])
+    n = x.shape[-1]
+    inp = {"x": x, "weight": (1 + 0.2 * torch.randn(n, generator=g)).to(x.dtype)}
+    if op == "layernorm":
+        inp["bias"] = (0.1 * torch.randn(n, generator=g)).to(x.dtype)
+    return inp
+
+
+def run_norm(op: str, inp: dict[str, torch.Tensor], sketch: bool = True, **kw) -> tuple[torch.Tensor, dict[str, float] | None]:
+    """(y, sketch or None) of the Triton rmsnorm / layernorm on 2-D inputs; kw are launch overrides."""
+    from optwin.kernels import read_sketch
+    from optwin.kernels.sketch_buffer import new_buffer
+
+    x = inp["x"]
+    y = torch.empty_like(x)
+    buf = new_buffer(op, x.device) if sketch else None
+    if op == "layernorm":
+        from optwin.kernels.layernorm import EPS, _layernorm_launch
+
+        _layernorm_launch(x, inp["weight"], inp["bias"], y, buf, EPS, **kw)
+    else:
+        from optwin.kernels.rmsnorm import EPS, _rmsnorm_launch
+
+        _rmsnorm_launch(x, inp["weight"], y, buf, EPS, **kw)
+    return y, (read_sketch(op, buf, x.shape) if sketch else None)

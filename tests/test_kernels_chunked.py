@@ -13,36 +13,10 @@ os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (the kernels r
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from _kernel_checks import close, seed
+from _kernel_checks import close, norm_inputs, run_norm, seed
 
 from optwin import twin  # noqa: E402
 from optwin.ingest import sketch as ingest_sketch  # noqa: E402
-from optwin.kernels import read_sketch  # noqa: E402
-from optwin.kernels.sketch_buffer import new_buffer  # noqa: E402
-
-
-def _inputs(op: str, x: torch.Tensor) -> dict[str, torch.Tensor]:
-    g = seed("chunked-params", op, x.shape[-1])
-    n = x.shape[-1]
-    inp = {"x": x, "weight": (1 + 0.2 * torch.randn(n, generator=g)).to(x.dtype)}
-    if op == "layernorm":
-        inp["bias"] = (0.1 * torch.randn(n, generator=g)).to(x.dtype)
-    return inp
-
-
-def _run(op: str, inp: dict[str, torch.Tensor], sketch: bool, **kw) -> tuple[torch.Tensor, dict[str, float] | None]:
-    x = inp["x"]
-    y = torch.empty_like(x)
-    buf = new_buffer(op, x.device) if sketch else None
-    if op == "layernorm":
-        from optwin.kernels.layernorm import EPS, _layernorm_launch
-
-        _layernorm_launch(x, inp["weight"], inp["bias"], y, buf, EPS, **kw)
-    else:
-        from optwin.kernels.rmsnorm import EPS, _rmsnorm_launch
-
-        _rmsnorm_launch(x, inp["weight"], y, buf, EPS, **kw)
-    return y, (read_sketch(op, buf, x.shape) if sketch else None)
 
 
 def _ulps(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -72,10 +46,10 @@ def test_chunked_rows_match_whole_rows_and_ingest(op, poison):
         x[1, 2] = -float("inf")
     elif poison == "constant":
         x[5] = 2.5
-    inp = _inputs(op, x)
-    y, s = _run(op, inp, True, chunk=64)
-    y0, _ = _run(op, inp, False, chunk=64)
-    yw, sw = _run(op, inp, True)  # 300 <= MAX_BLOCK: the row in registers
+    inp = norm_inputs(op, x)
+    y, s = run_norm(op, inp, True, chunk=64)
+    y0, _ = run_norm(op, inp, False, chunk=64)
+    yw, sw = run_norm(op, inp, True)  # 300 <= MAX_BLOCK: the row in registers
     torch.testing.assert_close(y, y0, rtol=0, atol=0, equal_nan=True)
     assert torch.equal(torch.isfinite(yw), torch.isfinite(y))
     assert _ulps(y, yw) <= 2.0
@@ -92,8 +66,8 @@ def test_rows_past_the_register_limit_take_the_chunked_kernel_and_match_the_twin
     sum order (per-lane sums over TRITON_CHUNK pieces, then a tree) the triton twin models."""
     g = seed("chunked-long", op, str(dtype))
     x = (0.5 + 2 * torch.randn(2, 70000, generator=g)).to(dtype)
-    inp = _inputs(op, x)
-    y, s = _run(op, inp, True)
+    inp = norm_inputs(op, x)
+    y, s = run_norm(op, inp, True)
     emu = twin.run(op, "triton", str(dtype).removeprefix("torch."), inp).emulated
     assert _ulps(y, emu) <= 2.0
     close(s, ingest_sketch(op, inp))

@@ -14,7 +14,7 @@ os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (the kernels r
 
 import pytest
 import torch
-from _kernel_checks import close, seed, softmax_layout
+from _kernel_checks import close, norm_inputs, run_norm, seed, softmax_layout
 
 from optwin.ingest import sketch as ingest_sketch
 from optwin.kernels import read_sketch
@@ -131,31 +131,7 @@ def test_rope_lane_accumulators_match_per_element_and_ingest(poison, dtype):
 
 def _norm(op: str, x: torch.Tensor, **kw) -> tuple[torch.Tensor, dict[str, float]]:
     """(y, sketch) of the Triton norm; kw are launch overrides."""
-    g = seed("norm-params", op, x.shape[-1])
-    n = x.shape[-1]
-    w = (1 + 0.2 * torch.randn(n, generator=g)).to(x.dtype)
-    y = torch.empty_like(x)
-    if op == "layernorm":
-        from optwin.kernels.layernorm import EPS, _layernorm_launch
-
-        b = (0.1 * torch.randn(n, generator=g)).to(x.dtype)
-        buf = new_buffer("layernorm", x.device)
-        _layernorm_launch(x, w, b, y, buf, EPS, **kw)
-        return y, read_sketch("layernorm", buf, x.shape)
-    from optwin.kernels.rmsnorm import EPS, _rmsnorm_launch
-
-    buf = new_buffer("rmsnorm", x.device)
-    _rmsnorm_launch(x, w, y, buf, EPS, **kw)
-    return y, read_sketch("rmsnorm", buf, x.shape)
-
-
-def _norm_inputs(op: str, x: torch.Tensor) -> dict[str, torch.Tensor]:
-    g = seed("norm-params", op, x.shape[-1])
-    n = x.shape[-1]
-    inp = {"x": x, "weight": (1 + 0.2 * torch.randn(n, generator=g)).to(x.dtype)}
-    if op == "layernorm":
-        inp["bias"] = (0.1 * torch.randn(n, generator=g)).to(x.dtype)
-    return inp
+    return run_norm(op, norm_inputs(op, x), **kw)
 
 
 @pytest.mark.parametrize("op", ["layernorm", "rmsnorm"])
@@ -174,7 +150,7 @@ def test_norm_bad_rows_and_lane_max_match_ingest(op, poison, shape):
         x[0, 1] = float("inf")
         x[1, 2] = -float("inf")
     y1, s1 = _norm(op, x)
-    want = ingest_sketch(op, _norm_inputs(op, x))
+    want = ingest_sketch(op, norm_inputs(op, x))
     assert s1["absmax"] == 40.0
     close(s1, want)
 
@@ -193,7 +169,7 @@ def test_layernorm_row_slots_cover_constant_rows_min_std_and_bad_rows():
     x[55, 2] = float("nan")
     x = x.float()
     _, s1 = _norm("layernorm", x)
-    want = ingest_sketch("layernorm", _norm_inputs("layernorm", x))
+    want = ingest_sketch("layernorm", norm_inputs("layernorm", x))
     assert s1["const_absmax"] == 96.0 and s1["nonfinite"] == 1 and s1["min_row_std"] == 0.0
     assert 300 < s1["max_mean_over_std"] < 500
     close(s1, want)

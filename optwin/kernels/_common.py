@@ -189,6 +189,22 @@ def finite_partials(h, mask):
     return reduce_partials(a, q, nf)
 
 
+@triton.jit
+def finite_partials_chunked(ptr, cols, n_cols, CHUNK: tl.constexpr):
+    """finite_partials of the n_cols values at ptr, read CHUNK (= cols' width) at a time: (largest
+    finite |v|, sum of finite v*v, NaN/±inf count). For rows and parameter vectors past one block."""
+    a = tl.zeros((), dtype=tl.float32)
+    q = tl.zeros((), dtype=tl.float32)
+    nf = tl.zeros((), dtype=tl.float32)
+    for c0 in tl.range(0, n_cols, CHUNK):
+        cm = c0 + cols < n_cols
+        ca, cq, cnf = finite_partials(tl.load(ptr + c0 + cols, mask=cm, other=0.0).to(tl.float32), cm)
+        a = tl.maximum(a, ca)
+        q += cq
+        nf += cnf
+    return a, q, nf
+
+
 # ------------------------------------------------------------------ per-thread (lane) partials
 #
 # A 1-D block of BLOCK elements loaded with 16-byte vectors is laid out as REPS x THREADS x VEC
@@ -242,6 +258,21 @@ def last_program(T_ptr):
     ticket and the finalizing reads are scalar atomics, issued by one thread of the program."""
     t = tl.atomic_add(T_ptr, 1, sem="acq_rel")
     return t == tl.num_programs(0) - 1
+
+
+@triton.jit
+def store_norm_features(S_ptr, n_rows, n_cols, g_amax, g_sq, g_nf, g_param_nf):
+    """The features rmsnorm and layernorm share, at the head of their buffers: numel, rows, absmax, rms
+    (over the finite entries: g_sq is their float64 sum of squares), nonfinite (x's g_nf plus the
+    parameters'), hidden."""
+    numel = tl.cast(n_rows, tl.int64) * n_cols
+    cnt = tl.maximum(numel - g_nf, 1).to(tl.float64)
+    tl.store(S_ptr + 0, numel.to(tl.float64))
+    tl.store(S_ptr + 1, tl.cast(n_rows, tl.float64))
+    tl.store(S_ptr + 2, g_amax)
+    tl.store(S_ptr + 3, tl.sqrt(g_sq / cnt))
+    tl.store(S_ptr + 4, (g_nf + g_param_nf).to(tl.float64))
+    tl.store(S_ptr + 5, tl.cast(n_cols, tl.float64))
 
 
 # float64 bit patterns of the workspace identities (the slots are exchanged as int64: one atomic

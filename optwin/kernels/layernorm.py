@@ -49,6 +49,7 @@ from optwin.kernels._common import (
     ZERO_BITS,
     check_device,
     finite_partials,
+    finite_partials_chunked,
     lane_max,
     lane_shape,
     last_program,
@@ -56,6 +57,7 @@ from optwin.kernels._common import (
     note_occupancy,
     persistent_grid,
     rows_view,
+    store_norm_features,
     take,
 )
 from optwin.kernels.sketch_buffer import (
@@ -164,16 +166,9 @@ def _param_partials(W_ptr, B_ptr, S_ptr, I_ptr, cols, n_cols, BLOCK: tl.constexp
         bmax, _, bnf = finite_partials(tl.load(B_ptr + cols, mask=mask, other=0.0).to(tl.float32), mask)
         nf = wnf + bnf
     else:
-        wmax = tl.zeros((), dtype=tl.float32)
-        bmax = tl.zeros((), dtype=tl.float32)
-        nf = tl.zeros((), dtype=tl.float32)
-        for c0 in tl.range(0, n_cols, BLOCK):
-            cm = c0 + cols < n_cols
-            wa, _, wnf = finite_partials(tl.load(W_ptr + c0 + cols, mask=cm, other=0.0).to(tl.float32), cm)
-            ba, _, bnf = finite_partials(tl.load(B_ptr + c0 + cols, mask=cm, other=0.0).to(tl.float32), cm)
-            wmax = tl.maximum(wmax, wa)
-            bmax = tl.maximum(bmax, ba)
-            nf += wnf + bnf
+        wmax, _, wnf = finite_partials_chunked(W_ptr, cols, n_cols, BLOCK)
+        bmax, _, bnf = finite_partials_chunked(B_ptr, cols, n_cols, BLOCK)
+        nf = wnf + bnf
     tl.store(S_ptr + 8, wmax.to(tl.float64))
     tl.store(S_ptr + 9, bmax.to(tl.float64))
     tl.atomic_add(I_ptr + 2, nf.to(tl.int64), sem="relaxed")
@@ -197,14 +192,7 @@ def _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ratio, p_minstd, p_nf, p_const
         g_nf = tl.atomic_xchg(I_ptr + 1, 0, sem="relaxed")
         g_pnf = tl.atomic_xchg(I_ptr + 2, 0, sem="relaxed")
         tl.atomic_xchg(I_ptr + 0, 0, sem="relaxed")
-        numel = tl.cast(n_rows, tl.int64) * n_cols
-        cnt = tl.maximum(numel - g_nf, 1).to(tl.float64)
-        tl.store(S_ptr + 0, numel.to(tl.float64))
-        tl.store(S_ptr + 1, tl.cast(n_rows, tl.float64))
-        tl.store(S_ptr + 2, g_amax)
-        tl.store(S_ptr + 3, tl.sqrt(g_sq / cnt))
-        tl.store(S_ptr + 4, (g_nf + g_pnf).to(tl.float64))
-        tl.store(S_ptr + 5, tl.cast(n_cols, tl.float64))
+        store_norm_features(S_ptr, n_rows, n_cols, g_amax, g_sq, g_nf, g_pnf)
         cap64 = tl.full((), CAP, tl.float64)  # the fp32 cap rounds up; the feature is exactly CAP
         tl.store(S_ptr + 6, tl.where(g_ratio >= cap64, cap64, g_ratio))
         tl.store(S_ptr + 7, tl.where(n_rows > 0, g_minstd, 0.0))

@@ -36,11 +36,13 @@ from optwin.kernels._common import (
     ZERO_BITS,
     check_device,
     finite_partials,
+    finite_partials_chunked,
     last_program,
     launch_config,
     note_occupancy,
     persistent_grid,
     rows_view,
+    store_norm_features,
     sum_and_max,
     take,
 )
@@ -72,14 +74,7 @@ def _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ms, p_nf, n_rows, n_cols):
         g_nf = tl.atomic_xchg(I_ptr + 1, 0, sem="relaxed")
         g_wnf = tl.atomic_xchg(I_ptr + 2, 0, sem="relaxed")
         tl.atomic_xchg(I_ptr + 0, 0, sem="relaxed")  # the ticket
-        numel = tl.cast(n_rows, tl.int64) * n_cols
-        cnt = tl.maximum(numel - g_nf, 1).to(tl.float64)
-        tl.store(S_ptr + 0, numel.to(tl.float64))
-        tl.store(S_ptr + 1, tl.cast(n_rows, tl.float64))
-        tl.store(S_ptr + 2, g_amax)
-        tl.store(S_ptr + 3, tl.sqrt(g_sq / cnt))
-        tl.store(S_ptr + 4, (g_nf + g_wnf).to(tl.float64))
-        tl.store(S_ptr + 5, tl.cast(n_cols, tl.float64))
+        store_norm_features(S_ptr, n_rows, n_cols, g_amax, g_sq, g_nf, g_wnf)
         tl.store(S_ptr + 6, tl.sqrt(g_ms))
 
 
@@ -215,27 +210,13 @@ def _rmsnorm_chunked_kernel(
                 x_row = X_ptr + tl.cast(r2, tl.int64) * X_row_stride
                 ss2, _ = _row_sumsq_chunked(x_row, cols, n_cols, CHUNK, False)
                 if not (ss2 <= FMAX):  # the loop's own test, same order: same rows
-                    a = tl.zeros((), dtype=tl.float32)
-                    q = tl.zeros((), dtype=tl.float32)
-                    nf = tl.zeros((), dtype=tl.float32)
-                    for c0 in tl.range(0, n_cols, CHUNK):
-                        cm = c0 + cols < n_cols
-                        ca, cq, cnf = finite_partials(tl.load(x_row + c0 + cols, mask=cm, other=0.0).to(tl.float32), cm)
-                        a = tl.maximum(a, ca)
-                        q += cq
-                        nf += cnf
+                    a, q, nf = finite_partials_chunked(x_row, cols, n_cols, CHUNK)
                     p_amax = tl.maximum(p_amax, a)
                     p_ms = tl.maximum(p_ms, q / tl.maximum(n_cols - nf, 1.0))
                     p_sq += q.to(tl.float64)
                     p_nf += nf.to(tl.int64)
         if pid == 0:  # the weight's partials, CHUNK at a time
-            wmax = tl.zeros((), dtype=tl.float32)
-            wnf = tl.zeros((), dtype=tl.float32)
-            for c0 in tl.range(0, n_cols, CHUNK):
-                cm = c0 + cols < n_cols
-                ca, _, cnf = finite_partials(tl.load(W_ptr + c0 + cols, mask=cm, other=0.0).to(tl.float32), cm)
-                wmax = tl.maximum(wmax, ca)
-                wnf += cnf
+            wmax, _, wnf = finite_partials_chunked(W_ptr, cols, n_cols, CHUNK)
             tl.store(S_ptr + 7, wmax.to(tl.float64))
             tl.atomic_add(I_ptr + 2, wnf.to(tl.int64), sem="relaxed")
         _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ms, p_nf, n_rows, n_cols)
