@@ -43,6 +43,8 @@ TWIN_ROWS = 8 if SMOKE else 16
 # chunk widths of the sweep (BENCH_CHUNKS=1024,2048,4096 was the first run's, with stages 1 and 2:
 # bench/results/norm_chunks_h200_s12.md; the chunked kernels keep 1 stage since)
 SWEEP_CHUNKS = tuple(int(c) for c in os.environ.get("BENCH_CHUNKS", "").split(",") if c)
+# programs per SM of the persistent grid to try (BENCH_PER_SM=4,32: 32 gives one program per row at 4096 rows)
+SWEEP_PER_SM = tuple(int(c) for c in os.environ.get("BENCH_PER_SM", "").split(",") if c)
 
 
 def _norm_configs(small: bool) -> list[dict[str, Any]]:
@@ -51,6 +53,7 @@ def _norm_configs(small: bool) -> list[dict[str, Any]]:
     if small:
         return [{}, {"chunk": 256, "num_warps": 4}]
     whole = [{}, {"num_warps": 8, "stages": 1}, {"num_warps": 8, "stages": 2}, {"num_warps": 4, "stages": 1}]
+    whole += [{"per_sm": k} for k in SWEEP_PER_SM]
     return whole + [{"chunk": c, "num_warps": w} for c in SWEEP_CHUNKS for w in (4, 8, 16) if c // (32 * w) >= 2]
 
 
