@@ -77,3 +77,16 @@ def test_fingerprints_binned_on_older_region_features_are_refused():
 
     with pytest.raises(DatabaseError, match="softmax on other region features.*optwin build"):
         Matcher.from_rows(rows, build_id="old")
+
+
+@pytest.mark.parametrize("noisy, warns", [(1.0, True), (0.8, False)])
+def test_default_threshold_warns_when_every_noisy_replay_faults(noisy, warns):
+    """The default threshold is 1 - det_weight: a cell whose deterministic emulation never faults
+    still warns when all of its noisy replays do (run-to-run variation is real elsewhere), and no
+    longer when only most of them do."""
+    rows = _rows(_sk(2.0, 0.1), {"nonfinite": noisy, "precision_loss": 0.0, "low_entropy": 0.0}, n_cases=10,
+                 det={"nonfinite": 0})
+    cfg = MatcherConfig()
+    assert cfg.threshold == pytest.approx(1.0 - cfg.det_weight)
+    r = Matcher.from_rows(rows, config=cfg).assess("softmax", "torch", "float16", sketch=_sk(2.0, 0.1))
+    assert r.warn is warns

@@ -80,7 +80,7 @@ class MatcherConfig:
     # warn when some fault probability >= this. 0.25 = (1 - det_weight): a cell warns when every noisy
     # replay faults even where the deterministic emulation does not, and no longer when only 80-99 %
     # do. Chosen on the seed-0 H200 labels (stop 12: recall 0.970, precision 0.954 against 0.974 /
-    # 0.944 at 0.2; bench/RESULTS.md), then scored on the seed-1 labels.
+    # 0.944 at 0.2; bench/RESULTS.md), then scored on a seed-2 collection made after the choice.
     threshold: float = 0.25
     near_bins: int = 1  # rule 3: how far (in bins) a replayed neighbour may stand in for a sketch
     beyond_prior: float = 1.0  # rule 2: probability beyond the replayed range in the fault direction
