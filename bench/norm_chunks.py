@@ -143,10 +143,9 @@ def _constant_rows_check(shape: tuple[int, int], dt: torch.dtype) -> str:
 
 def main() -> str:
     t0 = time.monotonic()
-    from optwin.twin import layernorm as ln_twin
-    from optwin.twin import rmsnorm as rms_twin
+    from optwin.twin.numerics import TRITON_CHUNK
 
-    twin_chunk = {"rmsnorm": rms_twin.TRITON_CHUNK, "layernorm": ln_twin.TRITON_CHUNK}
+    twin_chunk = {"rmsnorm": TRITON_CHUNK, "layernorm": TRITON_CHUNK}
     name = torch.cuda.get_device_name() if DEV == "cuda" else "CPU (TRITON_INTERPRET smoke run)"
     x0 = torch.randn(*SHAPE, device=DEV).to(torch.bfloat16)
     yc = torch.empty_like(x0)

@@ -16,9 +16,11 @@ import triton
 import triton.language as tl
 
 from optwin.errors import InputError
+from optwin.twin.numerics import TRITON_WHOLE_ROW_MAX
 
-# Largest row a single program holds in registers (BLOCK >= n, next power of two).
-MAX_BLOCK = 65536
+# Largest row a single program holds in registers (BLOCK >= n, next power of two). The norms read
+# longer rows in TRITON_CHUNK pieces; both numbers are part of their numerics, so the twin owns them.
+MAX_BLOCK = TRITON_WHOLE_ROW_MAX
 
 # Under TRITON_INTERPRET=1 (CPU tests) the kernels use one tl.max/tl.sum per partial instead of a
 # combined multi-operand tl.reduce: same values (same reduction per partial), numpy-fast.

@@ -67,7 +67,7 @@ from optwin.kernels.sketch_buffer import (
     new_buffer,
     workspace,
 )
-from optwin.twin.layernorm import TRITON_CHUNK, TRITON_WHOLE_ROW_MAX
+from optwin.twin.numerics import TRITON_CHUNK
 
 EPS = CATALOG["layernorm"].constants["eps"]
 KEEP = 1  # max |x| chains per lane: [LANES, KEEP] registers (KEEP 8 measured the same, 89.3 µs)
@@ -78,7 +78,6 @@ assert feature_names("layernorm") == (
     "bias_absmax", "const_absmax")
 assert [n for n, _ in WORKSPACE["layernorm"][0]] == ["absmax", "sumsq", "max_ratio", "min_std", "const_absmax"]
 assert WORKSPACE["layernorm"][1] == ("ticket", "nonfinite", "param_nonfinite")
-assert TRITON_WHOLE_ROW_MAX == MAX_BLOCK  # the twin's switch to the chunked order is this kernel's
 
 
 @triton.jit
@@ -98,21 +97,26 @@ def _could_be_constant(m, var):
 
 
 @triton.jit
+def _const_of(hmax, hmin):
+    """|c| of a row whose finite max equals its finite min (a constant row: exact, as ingest tests it),
+    else -1.0 (also for a row with no finite entry: -inf != inf)."""
+    return tl.where(hmax == hmin, tl.abs(hmax), -1.0)
+
+
+@triton.jit
 def _const_abs(X_row, cols, n_cols, m, var, CHUNK: tl.constexpr):
-    """The chunked kernel's per-row test: |c| if the row is constant (every d = h - m equal: d = c - m
-    is exact there, so c = m + d), else -1.0. Only rows that could be constant pay: the row is read
-    again (L2) in CHUNK pieces inside the branch."""
+    """The chunked kernel's per-row test: _const_of the row if it could be constant, else -1.0. Only
+    rows that could be constant pay: the row is read again (L2) in CHUNK pieces inside the branch."""
     cabs = tl.full((), -1.0, tl.float32)
-    if _could_be_constant(m, var):
-        dmax = tl.full((), -float("inf"), tl.float32)
-        dmin = tl.full((), float("inf"), tl.float32)
+    if _could_be_constant(m, var):  # m, var finite here: the row has no NaN/±inf
+        hmax = tl.full((), -float("inf"), tl.float32)
+        hmin = tl.full((), float("inf"), tl.float32)
         for c0 in tl.range(0, n_cols, CHUNK):
             cm = c0 + cols < n_cols
-            d = tl.load(X_row + c0 + cols, mask=cm, other=0.0).to(tl.float32) - m
-            dmax = tl.maximum(dmax, tl.max(tl.where(cm, d, -float("inf")), axis=0))
-            dmin = tl.minimum(dmin, tl.min(tl.where(cm, d, float("inf")), axis=0))
-        if dmax == dmin:
-            cabs = tl.abs(m + dmax)
+            h = tl.load(X_row + c0 + cols, mask=cm, other=0.0).to(tl.float32)
+            hmax = tl.maximum(hmax, tl.max(tl.where(cm, h, -float("inf")), axis=0))
+            hmin = tl.minimum(hmin, tl.min(tl.where(cm, h, float("inf")), axis=0))
+        cabs = _const_of(hmax, hmin)
     return cabs
 
 
@@ -128,8 +132,7 @@ def _exact_row(h, mask, n_cols):
     sf = tl.sqrt(tl.sum(df * df, axis=0) / cnt)
     hmax = tl.max(tl.where(fin, h, -float("inf")), axis=0)
     hmin = tl.min(tl.where(fin, h, float("inf")), axis=0)
-    cabs = tl.where(hmax == hmin, tl.abs(hmax), -1.0)  # no finite entry: -inf != inf
-    return amax, sq, nf, mf, sf, cabs
+    return amax, sq, nf, mf, sf, _const_of(hmax, hmin)
 
 
 @triton.jit
@@ -158,8 +161,9 @@ def _slot_partials(sl_m, sl_var, valid, n_cols, cap):
 @triton.jit
 def _param_partials(W_ptr, B_ptr, S_ptr, I_ptr, cols, n_cols, BLOCK: tl.constexpr, WHOLE: tl.constexpr):
     """Weight and bias features (largest finite |w|, |b|) and their NaN/±inf count: in one piece when
-    WHOLE (BLOCK >= n), else BLOCK at a time. The whole-row kernel must not take the loop: with it, ptxas
-    kept a 2 KiB stack frame for the whole kernel (280 bytes without; offline sm_90 compile)."""
+    WHOLE (BLOCK >= n), else BLOCK at a time. The whole-row kernel takes the one piece, the form its
+    H200 timings were measured with. An offline sm_90a compile (triton 3.6's ptxas-blackwell) gives it
+    1.8 KB of spills that way and 216 bytes with the loop form: untimed, the next thing to measure."""
     if WHOLE:
         mask = cols < n_cols
         wmax, _, wnf = finite_partials(tl.load(W_ptr + cols, mask=mask, other=0.0).to(tl.float32), mask)
@@ -290,7 +294,7 @@ def _layernorm_kernel(
                     hmin = tl.min(tl.where(mask, h2, float("inf")), axis=0)
                     p_amax = tl.maximum(p_amax, tl.maximum(tl.abs(hmax), tl.abs(hmin)))
                     if _could_be_constant(m2, var2):  # its ratio was left out of the slots
-                        c2 = tl.where(hmax == hmin, tl.abs(hmax), -1.0)
+                        c2 = _const_of(hmax, hmin)
                         p_ratio = tl.maximum(p_ratio, _ratio(m2, tl.sqrt(var2), c2, CAP))
                         p_const = tl.maximum(p_const, c2)
         if pid == 0:
@@ -347,7 +351,7 @@ def _chunked_exact_row(X_row, cols, n_cols, CHUNK: tl.constexpr):
         h = tl.load(X_row + c0 + cols, mask=cm, other=0.0).to(tl.float32)
         d = tl.where(cm & (tl.abs(h) <= FMAX), h - mf, 0.0)
         ss += tl.sum(d * d, axis=0)
-    return amax, sq, nf, mf, tl.sqrt(ss / cnt), tl.where(hmax == hmin, tl.abs(hmax), -1.0)
+    return amax, sq, nf, mf, tl.sqrt(ss / cnt), _const_of(hmax, hmin)
 
 
 @triton.jit

@@ -47,7 +47,7 @@ from optwin.kernels._common import (
     take,
 )
 from optwin.kernels.sketch_buffer import WORKSPACE, feature_names, new_buffer, workspace
-from optwin.twin.rmsnorm import TRITON_CHUNK, TRITON_WHOLE_ROW_MAX
+from optwin.twin.numerics import TRITON_CHUNK
 
 EPS = CATALOG["rmsnorm"].constants["eps"]
 # max |x| stays a per-row tree: per-lane maxima across the row loop (_common.lane_max, as layernorm
@@ -57,7 +57,6 @@ assert feature_names("rmsnorm") == (
     "numel", "rows", "absmax", "rms", "nonfinite", "hidden", "max_row_rms", "weight_absmax")
 assert [n for n, _ in WORKSPACE["rmsnorm"][0]] == ["absmax", "sumsq", "max_row_ms"]
 assert WORKSPACE["rmsnorm"][1] == ("ticket", "nonfinite", "weight_nonfinite")
-assert TRITON_WHOLE_ROW_MAX == MAX_BLOCK  # the twin's switch to the chunked order is this kernel's
 
 
 @triton.jit
@@ -76,6 +75,22 @@ def _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ms, p_nf, n_rows, n_cols):
         tl.atomic_xchg(I_ptr + 0, 0, sem="relaxed")  # the ticket
         store_norm_features(S_ptr, n_rows, n_cols, g_amax, g_sq, g_nf, g_wnf)
         tl.store(S_ptr + 6, tl.sqrt(g_ms))
+
+
+@triton.jit
+def _merge_row(p_amax, p_ms, p_sq, p_bad, ss, amax, v):
+    """One row's sketch partials from the op's own sums (ss = sum h*h, v = its mean) when every entry
+    is finite (ss <= FMAX); a row with NaN/±inf (or h*h overflow) only counts as left to the exact pass."""
+    ok = ss <= FMAX
+    return (tl.maximum(p_amax, tl.where(ok, amax, 0.0)), tl.maximum(p_ms, tl.where(ok, v, 0.0)),
+            p_sq + tl.where(ok, ss, 0.0).to(tl.float64), p_bad + tl.where(ok, 0, 1))
+
+
+@triton.jit
+def _merge_exact(p_amax, p_ms, p_sq, p_nf, a, q, nf, n_cols):
+    """One row's exact finite-only partials (finite_partials: max |h|, sum h*h, NaN/±inf count) merged."""
+    return (tl.maximum(p_amax, a), tl.maximum(p_ms, q / tl.maximum(n_cols - nf, 1.0)), p_sq + q.to(tl.float64),
+            p_nf + nf.to(tl.int64))
 
 
 @triton.jit
@@ -122,21 +137,14 @@ def _rmsnorm_kernel(
         tl.store(Y_ptr + row * Y_row_stride + cols, y.to(Y_ptr.dtype.element_ty), mask=mask,
                  eviction_policy="evict_first")  # write n
         if SKETCH:  # scalars only: h dies here, so the sketch costs no registers across the row
-            ok = ss <= FMAX  # every entry finite: the op's sums are the sketch's
-            p_amax = tl.maximum(p_amax, tl.where(ok, amax, 0.0))
-            p_ms = tl.maximum(p_ms, tl.where(ok, v, 0.0))
-            p_sq += tl.where(ok, ss, 0.0).to(tl.float64)
-            p_bad += tl.where(ok, 0, 1)
+            p_amax, p_ms, p_sq, p_bad = _merge_row(p_amax, p_ms, p_sq, p_bad, ss, amax, v)
     if SKETCH:  # noqa: SIM102 - a constexpr branch: p_bad exists only with the sketch
         if p_bad > 0:  # rare: re-read this program's rows with NaN/±inf (or h*h overflow), exact partials
             for r2 in tl.range(pid, n_rows, tl.num_programs(0)):
                 h2 = tl.load(X_ptr + tl.cast(r2, tl.int64) * X_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
                 if not (tl.sum(h2 * h2, axis=0) <= FMAX):  # the loop's own test, same tree: same rows
                     a, q, nf = finite_partials(h2, mask)
-                    p_amax = tl.maximum(p_amax, a)
-                    p_ms = tl.maximum(p_ms, q / tl.maximum(n_cols - nf, 1.0))
-                    p_sq += q.to(tl.float64)
-                    p_nf += nf.to(tl.int64)
+                    p_amax, p_ms, p_sq, p_nf = _merge_exact(p_amax, p_ms, p_sq, p_nf, a, q, nf, n_cols)
     if SKETCH:
         if pid == 0:  # the weight's partials
             wv = tl.load(W_ptr + cols, mask=mask, other=0.0).to(tl.float32)
@@ -199,11 +207,7 @@ def _rmsnorm_chunked_kernel(
             tl.store(Y_ptr + row * Y_row_stride + c0 + cols, (h * rs * w).to(Y_ptr.dtype.element_ty), mask=cm,
                      eviction_policy="evict_first")
         if SKETCH:
-            ok = ss <= FMAX
-            p_amax = tl.maximum(p_amax, tl.where(ok, amax, 0.0))
-            p_ms = tl.maximum(p_ms, tl.where(ok, v, 0.0))
-            p_sq += tl.where(ok, ss, 0.0).to(tl.float64)
-            p_bad += tl.where(ok, 0, 1)
+            p_amax, p_ms, p_sq, p_bad = _merge_row(p_amax, p_ms, p_sq, p_bad, ss, amax, v)
     if SKETCH:
         if p_bad > 0:  # rare: exact partials of this program's rows with NaN/±inf (or overflow)
             for r2 in tl.range(pid, n_rows, tl.num_programs(0)):
@@ -211,10 +215,7 @@ def _rmsnorm_chunked_kernel(
                 ss2, _ = _row_sumsq_chunked(x_row, cols, n_cols, CHUNK, False)
                 if not (ss2 <= FMAX):  # the loop's own test, same order: same rows
                     a, q, nf = finite_partials_chunked(x_row, cols, n_cols, CHUNK)
-                    p_amax = tl.maximum(p_amax, a)
-                    p_ms = tl.maximum(p_ms, q / tl.maximum(n_cols - nf, 1.0))
-                    p_sq += q.to(tl.float64)
-                    p_nf += nf.to(tl.int64)
+                    p_amax, p_ms, p_sq, p_nf = _merge_exact(p_amax, p_ms, p_sq, p_nf, a, q, nf, n_cols)
         if pid == 0:  # the weight's partials, CHUNK at a time
             wmax, _, wnf = finite_partials_chunked(W_ptr, cols, n_cols, CHUNK)
             tl.store(S_ptr + 7, wmax.to(tl.float64))

@@ -13,18 +13,12 @@ from __future__ import annotations
 import torch
 
 from optwin.catalog import CATALOG
-from optwin.twin.numerics import FORMATS, Numerics, round_nearest
+from optwin.twin.numerics import FORMATS, Numerics, round_nearest, triton_row_lanes
 
 EPS = CATALOG["layernorm"].constants["eps"]
 F32 = "float32"
 # `var + eps` in float32 code adds eps cast to float32 (a python scalar becomes the op's type).
 EPS32 = float(round_nearest(torch.tensor(EPS, dtype=torch.float64), FORMATS[F32]))
-# optwin.kernels.layernorm holds a row of up to TRITON_WHOLE_ROW_MAX elements in registers: each
-# sum is one tree. Longer rows are read in TRITON_CHUNK-wide pieces: one fp32 accumulator per lane
-# (lane l: elements l, l + CHUNK, ... in sequence), then a tree over the lanes. Part of the
-# numerics, so it lives here (the kernel asserts its own limit is this one).
-TRITON_WHOLE_ROW_MAX = 65536
-TRITON_CHUNK = 4096
 
 
 def reference(inputs: dict[str, torch.Tensor], params: dict) -> torch.Tensor:
@@ -95,7 +89,7 @@ def twin(num: Numerics, variant: str, dtype: str, inputs: dict[str, torch.Tensor
         return num.round(_normalize(num, h, m, var, w, b), dtype)
     if variant == "triton":
         # one tl.sum tree per sum, or per-lane sums over the kernel's chunks and then the tree
-        lanes = n if n <= TRITON_WHOLE_ROW_MAX else TRITON_CHUNK
+        lanes = triton_row_lanes(n)
         m = num.round(num.sum(h, order="blocked", lanes=lanes, keepdim=True) / n, F32)
         dev = num.round(h - m, F32)
         var = num.round(num.sum(num.round(dev * dev, F32), order="blocked", lanes=lanes, keepdim=True) / n, F32)

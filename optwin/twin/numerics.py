@@ -28,6 +28,18 @@ import torch
 
 NOISE_MODES = ("none", "stochastic", "mca", "order")
 
+# The row order of our Triton norms (optwin.kernels.rmsnorm / layernorm), part of their numerics: a
+# row of up to TRITON_WHOLE_ROW_MAX elements is held in registers and each sum is one tree; a longer
+# row is read in TRITON_CHUNK-wide pieces, each sum one fp32 accumulator per lane (lane l: elements
+# l, l + CHUNK, ... in sequence), then a tree over the lanes. The kernels take both from here.
+TRITON_WHOLE_ROW_MAX = 65536
+TRITON_CHUNK = 4096
+
+
+def triton_row_lanes(n: int) -> int:
+    """The `lanes` of Numerics.sum(order="blocked") that is a Triton norm's sum over a row of n."""
+    return n if n <= TRITON_WHOLE_ROW_MAX else TRITON_CHUNK
+
 
 @dataclass(frozen=True)
 class Format:

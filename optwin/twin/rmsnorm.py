@@ -9,16 +9,10 @@ from __future__ import annotations
 import torch
 
 from optwin.catalog import CATALOG
-from optwin.twin.numerics import Numerics
+from optwin.twin.numerics import Numerics, triton_row_lanes
 
 EPS = CATALOG["rmsnorm"].constants["eps"]
 F32 = "float32"
-# optwin.kernels.rmsnorm holds a row of up to TRITON_WHOLE_ROW_MAX elements in registers: its sum
-# of squares is one tree. Longer rows are read in two passes over TRITON_CHUNK-wide pieces: one fp32
-# accumulator per lane (lane l: elements l, l + CHUNK, ... in sequence), then a tree over the lanes.
-# Part of the numerics, so it lives here (the kernel asserts its own limit is this one).
-TRITON_WHOLE_ROW_MAX = 65536
-TRITON_CHUNK = 4096
 
 
 def reference(inputs: dict[str, torch.Tensor], params: dict) -> torch.Tensor:
@@ -43,8 +37,7 @@ def twin(num: Numerics, variant: str, dtype: str, inputs: dict[str, torch.Tensor
     if variant == "triton":
         n = x.shape[-1]
         # one tl.sum tree, or per-lane sums over the kernel's chunks and then the tree
-        lanes = n if n <= TRITON_WHOLE_ROW_MAX else TRITON_CHUNK
-        s = num.sum(num.round(x * x, F32), order="blocked", lanes=lanes, keepdim=True)
+        s = num.sum(num.round(x * x, F32), order="blocked", lanes=triton_row_lanes(n), keepdim=True)
         v = num.round(s / n, F32)
         r = num.round(torch.rsqrt(num.round(v + EPS, F32)), F32)
         y = num.round(num.round(x * r, F32) * w, F32)
