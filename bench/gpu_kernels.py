@@ -18,6 +18,7 @@ float64 sketch).
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
 import statistics
@@ -364,25 +365,20 @@ SWEEP: dict[str, list[dict[str, Any]]] = {
 
 
 def _sweep_launcher(op: str, inp: dict[str, Tensor], params: dict[str, Any], y: Tensor, cfg: dict[str, Any]):
-    """fn(buf) launching op with the overrides in cfg."""
+    """fn(buf) launching op with the overrides in cfg; cfg's `pkg` names the package whose kernels to
+    launch (a frozen revision from bench/ab_snapshot.py, e.g. "optwin_base"; default the live one)."""
+    cfg = dict(cfg)
+    mod = importlib.import_module(f"{cfg.pop('pkg', 'optwin')}.kernels.{op}")
     if op == "rmsnorm":
-        from optwin.kernels.rmsnorm import EPS, _rmsnorm_launch
-
-        return lambda bb: _rmsnorm_launch(inp["x"], inp["weight"], y, bb, EPS, **cfg)
+        return lambda bb: mod._rmsnorm_launch(inp["x"], inp["weight"], y, bb, mod.EPS, **cfg)
     if op == "layernorm":
-        from optwin.kernels.layernorm import EPS, _layernorm_launch
-
-        return lambda bb: _layernorm_launch(inp["x"], inp["weight"], inp["bias"], y, bb, EPS, **cfg)
+        return lambda bb: mod._layernorm_launch(inp["x"], inp["weight"], inp["bias"], y, bb, mod.EPS, **cfg)
     if op == "softmax":
-        from optwin.kernels.softmax import _softmax_launch
-
-        return lambda bb: _softmax_launch(inp["x"], y, bb, **cfg)
-    from optwin.kernels.rope import _inv_freq, _rope_launch
-
+        return lambda bb: mod._softmax_launch(inp["x"], y, bb, **cfg)
     x = inp["x"]
-    inv = _inv_freq(x.shape[-1], float(params["base"]), x.device)
-    return lambda bb: _rope_launch(x.unsqueeze(0), y.unsqueeze(0), bb, positions=inp["positions"].unsqueeze(0),
-                                   inv=inv, base=float(params["base"]), **cfg)
+    inv = mod._inv_freq(x.shape[-1], float(params["base"]), x.device)
+    return lambda bb: mod._rope_launch(x.unsqueeze(0), y.unsqueeze(0), bb, positions=inp["positions"].unsqueeze(0),
+                                       inv=inv, base=float(params["base"]), **cfg)
 
 
 def _sweep_launchers(op: str, inp: dict[str, Tensor], params: dict[str, Any], y: Tensor, y0: Tensor,

@@ -3,6 +3,8 @@ as torch.compile), timed side by side in interleaved rounds, with torch.compile 
 
     BENCH_ROUNDS=7 python bench/norm_chunks.py              # on a CUDA machine; writes $OUT/norm_chunks.md
     BENCH_OPS=rope python bench/norm_chunks.py               # rope's lane-accumulator chains only
+    BENCH_AB=base BENCH_OPS=rmsnorm,softmax python bench/norm_chunks.py  # also time bench/.ab/optwin_base
+    BENCH_CONFIGS='{"layernorm": [{"num_warps": 8, "maxnreg": 128}]}' python bench/norm_chunks.py
     TRITON_INTERPRET=1 python bench/norm_chunks.py --smoke   # CPU dry run of the script, small shapes
 
 Last runs: bench/results/norm_chunks_h200_s12.md (the chunk sweep), norm_chunks_h200_s12b.md.
@@ -17,6 +19,7 @@ deterministic emulation on the first rows, in output ulps.
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import sys
@@ -26,6 +29,7 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for `optwin`
 sys.path.insert(1, str(Path(__file__).resolve().parent))  # bench/, for the modules below
+sys.path.insert(2, str(Path(__file__).resolve().parent / ".ab"))  # frozen revisions (bench/ab_snapshot.py)
 
 import torch
 from _bench_common import config_name, report_tail, worst_diff, write_report
@@ -45,6 +49,11 @@ TWIN_ROWS = 8 if SMOKE else 16
 SWEEP_CHUNKS = tuple(int(c) for c in os.environ.get("BENCH_CHUNKS", "").split(",") if c)
 # programs per SM of the persistent grid to try (BENCH_PER_SM=4,32: 32 gives one program per row at 4096 rows)
 SWEEP_PER_SM = tuple(int(c) for c in os.environ.get("BENCH_PER_SM", "").split(",") if c)
+# frozen revisions to time beside the live package, each as a config `pkg=optwin_<name>` of every op
+# (python bench/ab_snapshot.py <name> --rev <rev> makes them; carry bench/.ab to the device)
+AB = tuple(f"optwin_{n}" for n in os.environ.get("BENCH_AB", "").split(",") if n)
+# more launch overrides per op, as JSON: BENCH_CONFIGS='{"rmsnorm": [{"num_warps": 8, "maxnreg": 128}]}'
+EXTRA: dict[str, list[dict[str, Any]]] = json.loads(os.environ.get("BENCH_CONFIGS") or "{}")
 
 
 def _norm_configs(small: bool) -> list[dict[str, Any]]:
@@ -63,8 +72,9 @@ CONFIGS: dict[str, Callable[[bool], list[dict[str, Any]]]] = {
     # rope's sketch cost read +6 % to +33 % between runs at the shipped KEEP 2 (issue #6, stop 11);
     # in interleaved rounds KEEP 1, 2, 4 read the same (bench/results/norm_chunks_h200_s12.md)
     "rope": lambda small: [{}, {"lane_acc": True, "num_warps": 8, "keep": 1}],
+    "softmax": lambda small: [{}],
 }
-PRODUCTION = {"rmsnorm": "fp32-acc", "layernorm": "torch", "rope": "fp32-angles"}
+PRODUCTION = {"rmsnorm": "fp32-acc", "layernorm": "torch", "rope": "fp32-angles", "softmax": "torch"}
 
 
 def _bench(fn: Callable[[], Any]) -> float:
@@ -163,7 +173,7 @@ def main() -> str:
             fn = torch.compile(b.eager, dynamic=False)
             fn(inp, params)
             entries.append((op, f"torch.compile ({PRODUCTION[op]})", lambda fn=fn, inp=inp, params=params: fn(inp, params)))
-        for cfg in CONFIGS[op](SMOKE):
+        for cfg in CONFIGS[op](SMOKE) + EXTRA.get(op, []) + [{"pkg": pkg} for pkg in AB]:
             cname = config_name(cfg)
             y, y0 = torch.empty_like(x2["x"]), torch.empty_like(x2["x"])
             buf = new_buffer(op, DEV)
@@ -176,6 +186,10 @@ def main() -> str:
                                __import__("optwin.ingest.sketch", fromlist=["sketch"]).sketch(op, inp, params))
                 chunk = cfg.get("chunk")
                 tw = _twin_ulps(op, x2, params, y0) if chunk in (None, twin_chunk.get(op)) else "-"
+                if not cfg:
+                    live_y = y0.clone()  # the live default's output: a frozen revision's must match it
+                elif "pkg" in cfg:
+                    tw += " (y = live's)" if torch.equal(y0, live_y) else " (y NOT live's)"
                 checks[(op, cname)] = f"{'yes' if same else 'NO'} | {d} | {tw}"
             except Exception as e:  # noqa: BLE001 - report and go on
                 checks[(op, cname)] = f"{type(e).__name__}: {str(e)[:90]} | | "

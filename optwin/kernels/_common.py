@@ -9,7 +9,7 @@ Imports triton: only the kernel modules import this one.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import triton
@@ -102,7 +102,7 @@ TUNED: dict[tuple[str, int], tuple[int, int]] = {
     # 79.0/123.2; softmax 16 warps 81.4/182.7 -> 32 warps 81.7/144.2. The second run's sweep:
     # layernorm 4 warps, 2 stages, exact pass after the loop 80.6/90.2 (8 warps 80.0/123.8)
     ("rmsnorm", 16384): (8, 2),
-    ("layernorm", 16384): (4, 2),
+    ("layernorm", 16384): (8, 2),  # with REG_CAP and SKETCH_STAGES below
     # softmax: 16 warps once the NaN/inf recompute went to 256-column pieces (bench/softmax_sketch.py):
     # the sketch fits 64 registers (2 programs per SM), 121.7 µs vs 144.2 at 32 warps; no sketch 82.1 vs 81.1.
     # Layout 4 (lane accumulators, capped at 64 registers: softmax.MAXNREG) 82.2/115.8 (8 warps at 128
@@ -116,14 +116,36 @@ TUNED: dict[tuple[str, int], tuple[int, int]] = {
 }
 
 
+# Register caps (maxnreg) per (op, BLOCK) at the tuned num_warps, and the sketched launch's own loop
+# stages where they differ from TUNED's (stages do not change the numerics; num_warps does, so both
+# launches keep the same warps). H200, 4096x16384 bf16, 5 interleaved rounds
+# (bench/results/norm_chunks_h200_s13.md), µs without / with the sketch: layernorm 4 warps 2 stages
+# 80.1/90.1; 8 warps capped at 128 registers (2 programs per SM instead of 1) 78.8 at 2 stages,
+# 85.2 with the sketch at 1 stage (95.7 at 2).
+REG_CAP: dict[tuple[str, int], int] = {("layernorm", 16384): 128}
+SKETCH_STAGES: dict[tuple[str, int], int] = {("layernorm", 16384): 1}
+
+
+class Launch(NamedTuple):
+    block: int
+    warps: int
+    stages: int
+    maxnreg: int | None  # registers per thread; None: the compiler's choice
+
+
 def launch_config(op: str, n: int, num_warps: int | None = None, stages: int | None = None,
-                  chunk: int | None = None) -> tuple[int, int, int]:
-    """(BLOCK, num_warps, stages) for `op` over rows of n: launch_settings, then TUNED, then the
-    caller's overrides (the bench's sweep). A kernel that reads rows in pieces passes its `chunk`:
-    BLOCK is then the chunk (any row length)."""
+                  chunk: int | None = None, sketch: bool = False, maxnreg: int | None = None) -> Launch:
+    """(BLOCK, num_warps, stages, maxnreg) for `op` over rows of n: launch_settings, then TUNED,
+    SKETCH_STAGES and REG_CAP, then the caller's overrides (the bench's sweep; maxnreg=0: no cap). A
+    kernel that reads rows in pieces passes its `chunk`: BLOCK is then the chunk (any row length).
+    A register cap applies only at the warps it was measured with."""
     block, warps = launch_settings(chunk or n)
-    warps, st = TUNED.get((op, block), (warps, 1))
-    return block, num_warps or warps, stages or st
+    tuned_warps, st = TUNED.get((op, block), (warps, 1))
+    if sketch:
+        st = SKETCH_STAGES.get((op, block), st)
+    warps = num_warps or tuned_warps
+    cap = REG_CAP.get((op, block)) if warps == tuned_warps else None
+    return Launch(block, warps, stages or st, (cap if maxnreg is None else maxnreg) or None)
 
 
 def check_device(*tensors: torch.Tensor) -> None:
@@ -277,15 +299,32 @@ def store_norm_features(S_ptr, n_rows, n_cols, g_amax, g_sq, g_nf, g_param_nf):
     tl.store(S_ptr + 5, tl.cast(n_cols, tl.float64))
 
 
-# float64 bit patterns of the workspace identities (the slots are exchanged as int64: one atomic
-# reads a slot and restores its identity for the next launch)
-ZERO_BITS: tl.constexpr = tl.constexpr(0)
-NEG_INF_BITS: tl.constexpr = tl.constexpr(-4503599627370496)  # 0xFFF0000000000000
-POS_INF_BITS: tl.constexpr = tl.constexpr(9218868437227405312)  # 0x7FF0000000000000
+@triton.jit
+def read_slot(ptr):
+    """A workspace slot's merged value, read by the last program (after last_program's acquire).
+
+    A volatile load (bypasses L1), not an atomic exchange: Triton hands a scalar atomic's result to
+    the whole program through shared memory between two barriers, so a chain of exchanges was one
+    L2 round trip after another at the end of every launch (PTX of an offline sm_90 compile); the
+    loads are in flight together. reset_workspace then restores the identities."""
+    return tl.load(ptr, volatile=True)
+
+
+def workspace_slots(op: str) -> tuple[tl.constexpr, tl.constexpr]:
+    """(float64 slots, int64 slots) of `op`'s workspace as constexprs, for reset_workspace."""
+    from optwin.kernels.sketch_buffer import WORKSPACE
+
+    return tl.constexpr(len(WORKSPACE[op][0])), tl.constexpr(len(WORKSPACE[op][1]))
 
 
 @triton.jit
-def take(ptr, IDENT_BITS: tl.constexpr):
-    """Value of the float64 slot at `ptr`, leaving IDENT_BITS (its identity) there."""
-    bits = tl.atomic_xchg(ptr.to(tl.pointer_type(tl.int64), bitcast=True), IDENT_BITS, sem="relaxed")
-    return tl.cast(bits, tl.float64, bitcast=True)
+def reset_workspace(F_ptr, I_ptr, NF: tl.constexpr, NI: tl.constexpr):
+    """Put the NF float64 slots back to their identities (stored after them: sketch_buffer.workspace)
+    and the NI int64 slots (ticket and counts) to 0, ready for the next launch on this stream.
+    The barrier comes first: a scalar load is done by every thread but a scalar store by one, and no
+    warp may read a slot after another has reset it."""
+    k = tl.arange(0, 8)
+    idents = tl.load(F_ptr + NF + k, mask=k < NF)
+    tl.debug_barrier()
+    tl.store(F_ptr + k, idents, mask=k < NF)
+    tl.store(I_ptr + k, tl.zeros([8], dtype=tl.int64), mask=k < NI)

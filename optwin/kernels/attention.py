@@ -52,16 +52,17 @@ from optwin.errors import InputError
 from optwin.kernels._common import (
     FMAX,
     INTERPRET,
-    NEG_INF_BITS,
-    ZERO_BITS,
     check_device,
     finite_lanes,
     last_program,
-    take,
+    read_slot,
+    reset_workspace,
+    workspace_slots,
 )
 from optwin.kernels.sketch_buffer import WORKSPACE, feature_names, new_buffer, workspace
 from optwin.twin.attention import triton_block_n, triton_qk_scale
 
+WS_F, WS_I = workspace_slots("attention")  # for reset_workspace
 assert feature_names("attention") == (
     "numel", "rows", "absmax", "rms", "nonfinite", "batch", "heads", "seq_q", "seq_k", "d", "causal",
     "score_bound", "v_absmax", "peaked_frac", "max_score")
@@ -238,17 +239,17 @@ def _attention_kernel(
         tl.atomic_add(I_ptr + 3, n_peak, sem="relaxed")
         tl.atomic_add(I_ptr + 4, n_fin, sem="relaxed")
         if last_program(I_ptr):  # read back and reset the workspace, write the features
-            g_amax = take(F_ptr + 0, ZERO_BITS)
-            g_sq = take(F_ptr + 1, ZERO_BITS)
-            g_vmax = take(F_ptr + 2, ZERO_BITS)
-            g_qn2 = take(F_ptr + 3, ZERO_BITS)
-            g_kn2 = take(F_ptr + 4, ZERO_BITS)
-            g_mmax = take(F_ptr + 5, NEG_INF_BITS)
-            g_nf = tl.atomic_xchg(I_ptr + 1, 0, sem="relaxed")
-            g_vnf = tl.atomic_xchg(I_ptr + 2, 0, sem="relaxed")
-            g_peak = tl.atomic_xchg(I_ptr + 3, 0, sem="relaxed")
-            g_fin = tl.atomic_xchg(I_ptr + 4, 0, sem="relaxed")
-            tl.atomic_xchg(I_ptr + 0, 0, sem="relaxed")  # the ticket
+            g_amax = read_slot(F_ptr + 0)
+            g_sq = read_slot(F_ptr + 1)
+            g_vmax = read_slot(F_ptr + 2)
+            g_qn2 = read_slot(F_ptr + 3)
+            g_kn2 = read_slot(F_ptr + 4)
+            g_mmax = read_slot(F_ptr + 5)
+            g_nf = read_slot(I_ptr + 1)
+            g_vnf = read_slot(I_ptr + 2)
+            g_peak = read_slot(I_ptr + 3)
+            g_fin = read_slot(I_ptr + 4)
+            reset_workspace(F_ptr, I_ptr, WS_F, WS_I)
             rows = tl.cast(n_bh, tl.int64) * seq_q
             numel_q = rows * D
             numel_k = tl.cast(n_bh, tl.int64) * seq_k * D

@@ -45,8 +45,6 @@ from optwin.catalog import CATALOG
 from optwin.kernels._common import (
     FMAX,
     MAX_BLOCK,
-    POS_INF_BITS,
-    ZERO_BITS,
     check_device,
     finite_partials,
     finite_partials_chunked,
@@ -56,9 +54,11 @@ from optwin.kernels._common import (
     launch_config,
     note_occupancy,
     persistent_grid,
+    read_slot,
+    reset_workspace,
     rows_view,
     store_norm_features,
-    take,
+    workspace_slots,
 )
 from optwin.kernels.sketch_buffer import (
     RATIO_CAP,
@@ -73,6 +73,7 @@ EPS = CATALOG["layernorm"].constants["eps"]
 KEEP = 1  # max |x| chains per lane: [LANES, KEEP] registers (KEEP 8 measured the same, 89.3 µs)
 # A row whose |mean|/std reaches 2^16 (or whose var is 0) is tested for being constant: m*m >= var * SUSPECT.
 SUSPECT: tl.constexpr = tl.constexpr(2.0**32)
+WS_F, WS_I = workspace_slots("layernorm")  # for reset_workspace
 assert feature_names("layernorm") == (
     "numel", "rows", "absmax", "rms", "nonfinite", "hidden", "max_mean_over_std", "min_row_std", "weight_absmax",
     "bias_absmax", "const_absmax")
@@ -159,23 +160,15 @@ def _slot_partials(sl_m, sl_var, valid, n_cols, cap):
 
 
 @triton.jit
-def _param_partials(W_ptr, B_ptr, S_ptr, I_ptr, cols, n_cols, BLOCK: tl.constexpr, WHOLE: tl.constexpr):
-    """Weight and bias features (largest finite |w|, |b|) and their NaN/±inf count: in one piece when
-    WHOLE (BLOCK >= n), else BLOCK at a time. The whole-row kernel takes the one piece, the form its
-    H200 timings were measured with. An offline sm_90a compile (triton 3.6's ptxas-blackwell) gives it
-    1.8 KB of spills that way and 216 bytes with the loop form: untimed, the next thing to measure."""
-    if WHOLE:
-        mask = cols < n_cols
-        wmax, _, wnf = finite_partials(tl.load(W_ptr + cols, mask=mask, other=0.0).to(tl.float32), mask)
-        bmax, _, bnf = finite_partials(tl.load(B_ptr + cols, mask=mask, other=0.0).to(tl.float32), mask)
-        nf = wnf + bnf
-    else:
-        wmax, _, wnf = finite_partials_chunked(W_ptr, cols, n_cols, BLOCK)
-        bmax, _, bnf = finite_partials_chunked(B_ptr, cols, n_cols, BLOCK)
-        nf = wnf + bnf
+def _param_partials(W_ptr, B_ptr, S_ptr, I_ptr, cols, n_cols, BLOCK: tl.constexpr):
+    """Weight and bias features (largest finite |w|, |b|) and their NaN/±inf count, BLOCK at a time.
+    Also the whole-row kernel's form (one piece there): taking w and b whole instead left it 368
+    bytes of spills at 8 warps / 128 registers (760 at 4 warps), offline sm_90a compile."""
+    wmax, _, wnf = finite_partials_chunked(W_ptr, cols, n_cols, BLOCK)
+    bmax, _, bnf = finite_partials_chunked(B_ptr, cols, n_cols, BLOCK)
     tl.store(S_ptr + 8, wmax.to(tl.float64))
     tl.store(S_ptr + 9, bmax.to(tl.float64))
-    tl.atomic_add(I_ptr + 2, nf.to(tl.int64), sem="relaxed")
+    tl.atomic_add(I_ptr + 2, (wnf + bnf).to(tl.int64), sem="relaxed")
 
 
 @triton.jit
@@ -188,14 +181,14 @@ def _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ratio, p_minstd, p_nf, p_const
     tl.atomic_max(F_ptr + 4, tl.maximum(p_const, 0.0).to(tl.float64), sem="relaxed")
     tl.atomic_add(I_ptr + 1, p_nf, sem="relaxed")
     if last_program(I_ptr):
-        g_amax = take(F_ptr + 0, ZERO_BITS)
-        g_sq = take(F_ptr + 1, ZERO_BITS)
-        g_ratio = take(F_ptr + 2, ZERO_BITS)
-        g_minstd = take(F_ptr + 3, POS_INF_BITS)
-        g_const = take(F_ptr + 4, ZERO_BITS)
-        g_nf = tl.atomic_xchg(I_ptr + 1, 0, sem="relaxed")
-        g_pnf = tl.atomic_xchg(I_ptr + 2, 0, sem="relaxed")
-        tl.atomic_xchg(I_ptr + 0, 0, sem="relaxed")
+        g_amax = read_slot(F_ptr + 0)
+        g_sq = read_slot(F_ptr + 1)
+        g_ratio = read_slot(F_ptr + 2)
+        g_minstd = read_slot(F_ptr + 3)
+        g_const = read_slot(F_ptr + 4)
+        g_nf = read_slot(I_ptr + 1)
+        g_pnf = read_slot(I_ptr + 2)
+        reset_workspace(F_ptr, I_ptr, WS_F, WS_I)
         store_norm_features(S_ptr, n_rows, n_cols, g_amax, g_sq, g_nf, g_pnf)
         cap64 = tl.full((), CAP, tl.float64)  # the fp32 cap rounds up; the feature is exactly CAP
         tl.store(S_ptr + 6, tl.where(g_ratio >= cap64, cap64, g_ratio))
@@ -298,7 +291,7 @@ def _layernorm_kernel(
                         p_ratio = tl.maximum(p_ratio, _ratio(m2, tl.sqrt(var2), c2, CAP))
                         p_const = tl.maximum(p_const, c2)
         if pid == 0:
-            _param_partials(W_ptr, B_ptr, S_ptr, I_ptr, cols, n_cols, BLOCK, True)
+            _param_partials(W_ptr, B_ptr, S_ptr, I_ptr, cols, n_cols, BLOCK)
         _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ratio, p_minstd, p_nf, p_const, n_rows, n_cols, CAP)
 
 
@@ -416,19 +409,19 @@ def _layernorm_chunked_kernel(
                         hc = tl.load(x_row + c0 + cols, mask=c0 + cols < n_cols, other=0.0).to(tl.float32)
                         p_amax = tl.maximum(p_amax, tl.max(tl.abs(hc), axis=0))  # padding is 0
         if pid == 0:
-            _param_partials(W_ptr, B_ptr, S_ptr, I_ptr, cols, n_cols, CHUNK, False)
+            _param_partials(W_ptr, B_ptr, S_ptr, I_ptr, cols, n_cols, CHUNK)
         _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ratio, p_minstd, p_nf, p_const, n_rows, n_cols, CAP)
 
 
 def _layernorm_launch(
     x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2: torch.Tensor,
     buf: torch.Tensor | None, eps: float, num_warps: int | None = None, stages: int | None = None,
-    per_sm: int | None = None, keep: int | None = None, chunk: int | None = None,
+    per_sm: int | None = None, keep: int | None = None, chunk: int | None = None, maxnreg: int | None = None,
 ) -> None:
     """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows.
     Rows longer than MAX_BLOCK (or than `chunk`, the bench's comparison) go to the three-pass chunked
     kernel, TRITON_CHUNK wide by default (part of the numerics: the twin's lanes).
-    num_warps / stages / per_sm / keep / chunk override the tuned launch (the bench's sweep;
+    num_warps / stages / per_sm / keep / chunk / maxnreg (registers per thread) override the tuned launch (the bench's sweep;
     num_warps changes the tl.sum trees)."""
     n_rows, n = x2.shape
     sketch = buf is not None
@@ -436,7 +429,7 @@ def _layernorm_launch(
         return
     f, i = workspace("layernorm", x2.device) if sketch else (y2, y2)
     if n > MAX_BLOCK or (chunk is not None and n > chunk):
-        block, warps, _ = launch_config("layernorm-chunked", n, num_warps, 1, chunk=chunk or TRITON_CHUNK)
+        block, warps, _, _ = launch_config("layernorm-chunked", n, num_warps, 1, chunk=chunk or TRITON_CHUNK)
         key = ("layernorm-chunked", x2.dtype, block, warps, sketch)
         k = _layernorm_chunked_kernel[(persistent_grid(key, n_rows, x2.device, per_sm),)](
             x2, x2.stride(0), weight, bias, y2, y2.stride(0), buf if sketch else y2, f, i,
@@ -444,14 +437,15 @@ def _layernorm_launch(
         )
         note_occupancy(key, k, warps)
         return
-    block, warps, st = launch_config("layernorm", n, num_warps, stages)
+    block, warps, st, cap = launch_config("layernorm", n, num_warps, stages, sketch=sketch, maxnreg=maxnreg)
     vec, lanes = lane_shape(block, x2.element_size(), warps)
     kp = min(KEEP if keep is None else keep, vec)
-    key = ("layernorm", x2.dtype, block, warps, st, sketch, kp)
+    key = ("layernorm", x2.dtype, block, warps, st, cap, sketch, kp)
+    regs = {"maxnreg": cap} if cap and x2.device.type == "cuda" else {}  # registers per thread
     k = _layernorm_kernel[(persistent_grid(key, n_rows, x2.device, per_sm),)](
         x2, x2.stride(0), weight, bias, y2, y2.stride(0), buf if sketch else y2, f, i,
         n_rows, n, eps, CAP=RATIO_CAP, BLOCK=block, SKETCH=sketch, STAGES=st, VEC=vec, LANES=lanes, KEEP=kp,
-        num_warps=warps, enable_fp_fusion=False,
+        num_warps=warps, enable_fp_fusion=False, **regs,
     )
     note_occupancy(key, k, warps)
 

@@ -33,7 +33,6 @@ from optwin.catalog import CATALOG
 from optwin.kernels._common import (
     FMAX,
     MAX_BLOCK,
-    ZERO_BITS,
     check_device,
     finite_partials,
     finite_partials_chunked,
@@ -41,10 +40,12 @@ from optwin.kernels._common import (
     launch_config,
     note_occupancy,
     persistent_grid,
+    read_slot,
+    reset_workspace,
     rows_view,
     store_norm_features,
     sum_and_max,
-    take,
+    workspace_slots,
 )
 from optwin.kernels.sketch_buffer import WORKSPACE, feature_names, new_buffer, workspace
 from optwin.twin.numerics import TRITON_CHUNK
@@ -53,6 +54,7 @@ EPS = CATALOG["rmsnorm"].constants["eps"]
 # max |x| stays a per-row tree: per-lane maxima across the row loop (_common.lane_max, as layernorm
 # has) were measured and dropped. 4096x16384 bf16, 8 warps 2 stages, µs without/with the sketch
 # (bench/results/sketch_lanes_h200_s11b.md): per-row tree 75.9/78.5, lane max 75.9/79.3 (KEEP 8: 75.3/79.5).
+WS_F, WS_I = workspace_slots("rmsnorm")  # for reset_workspace
 assert feature_names("rmsnorm") == (
     "numel", "rows", "absmax", "rms", "nonfinite", "hidden", "max_row_rms", "weight_absmax")
 assert [n for n, _ in WORKSPACE["rmsnorm"][0]] == ["absmax", "sumsq", "max_row_ms"]
@@ -67,12 +69,12 @@ def _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ms, p_nf, n_rows, n_cols):
     tl.atomic_max(F_ptr + 2, p_ms.to(tl.float64), sem="relaxed")
     tl.atomic_add(I_ptr + 1, p_nf, sem="relaxed")
     if last_program(I_ptr):  # read back and reset the workspace, write the features
-        g_amax = take(F_ptr + 0, ZERO_BITS)
-        g_sq = take(F_ptr + 1, ZERO_BITS)
-        g_ms = take(F_ptr + 2, ZERO_BITS)
-        g_nf = tl.atomic_xchg(I_ptr + 1, 0, sem="relaxed")
-        g_wnf = tl.atomic_xchg(I_ptr + 2, 0, sem="relaxed")
-        tl.atomic_xchg(I_ptr + 0, 0, sem="relaxed")  # the ticket
+        g_amax = read_slot(F_ptr + 0)
+        g_sq = read_slot(F_ptr + 1)
+        g_ms = read_slot(F_ptr + 2)
+        g_nf = read_slot(I_ptr + 1)
+        g_wnf = read_slot(I_ptr + 2)
+        reset_workspace(F_ptr, I_ptr, WS_F, WS_I)
         store_norm_features(S_ptr, n_rows, n_cols, g_amax, g_sq, g_nf, g_wnf)
         tl.store(S_ptr + 6, tl.sqrt(g_ms))
 
@@ -226,19 +228,19 @@ def _rmsnorm_chunked_kernel(
 def _rmsnorm_launch(
     x2: torch.Tensor, weight: torch.Tensor, y2: torch.Tensor, buf: torch.Tensor | None, eps: float,
     num_warps: int | None = None, stages: int | None = None, per_sm: int | None = None,
-    chunk: int | None = None,
+    chunk: int | None = None, maxnreg: int | None = None,
 ) -> None:
     """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows.
     Rows longer than MAX_BLOCK (or than `chunk`, the bench's comparison) go to the two-pass chunked
     kernel, TRITON_CHUNK wide by default (part of the numerics: the twin's lanes).
-    num_warps / stages / per_sm / chunk override the tuned launch (the bench's sweep; num_warps changes the tl.sum tree)."""
+    num_warps / stages / per_sm / chunk / maxnreg (registers per thread) override the tuned launch (the bench's sweep; num_warps changes the tl.sum tree)."""
     n_rows, n = x2.shape
     sketch = buf is not None
     if n_rows == 0 and not sketch:
         return
     f, i = workspace("rmsnorm", x2.device) if sketch else (y2, y2)
     if n > MAX_BLOCK or (chunk is not None and n > chunk):
-        block, warps, _ = launch_config("rmsnorm-chunked", n, num_warps, 1, chunk=chunk or TRITON_CHUNK)
+        block, warps, _, _ = launch_config("rmsnorm-chunked", n, num_warps, 1, chunk=chunk or TRITON_CHUNK)
         key = ("rmsnorm-chunked", x2.dtype, block, warps, sketch)
         k = _rmsnorm_chunked_kernel[(persistent_grid(key, n_rows, x2.device, per_sm),)](
             x2, x2.stride(0), weight, y2, y2.stride(0), buf if sketch else y2, f, i,
@@ -246,12 +248,13 @@ def _rmsnorm_launch(
         )
         note_occupancy(key, k, warps)
         return
-    block, warps, st = launch_config("rmsnorm", n, num_warps, stages)
-    key = ("rmsnorm", x2.dtype, block, warps, st, sketch)
+    block, warps, st, cap = launch_config("rmsnorm", n, num_warps, stages, sketch=sketch, maxnreg=maxnreg)
+    key = ("rmsnorm", x2.dtype, block, warps, st, cap, sketch)
+    regs = {"maxnreg": cap} if cap and x2.device.type == "cuda" else {}  # registers per thread
     k = _rmsnorm_kernel[(persistent_grid(key, n_rows, x2.device, per_sm),)](
         x2, x2.stride(0), weight, y2, y2.stride(0), buf if sketch else y2, f, i,
         n_rows, n, eps, BLOCK=block, SKETCH=sketch, STAGES=st,
-        num_warps=warps, enable_fp_fusion=False,
+        num_warps=warps, enable_fp_fusion=False, **regs,
     )
     note_occupancy(key, k, warps)
 

@@ -39,7 +39,6 @@ from optwin.catalog import CATALOG
 from optwin.errors import InputError
 from optwin.kernels._common import (
     MAX_BLOCK,
-    ZERO_BITS,
     check_device,
     finite_lanes,
     lane_max,
@@ -48,12 +47,15 @@ from optwin.kernels._common import (
     last_program,
     note_occupancy,
     persistent_grid,
-    take,
+    read_slot,
+    reset_workspace,
+    workspace_slots,
 )
 from optwin.kernels.production import rope_inv_freq
 from optwin.kernels.sketch_buffer import WORKSPACE, feature_names, new_buffer, workspace
 
 BASE = float(CATALOG["rope"].params["base"])
+WS_F, WS_I = workspace_slots("rope")  # for reset_workspace
 assert feature_names("rope") == ("numel", "rows", "absmax", "rms", "nonfinite", "seq", "heads", "d", "max_pos", "base")
 assert [n for n, _ in WORKSPACE["rope"][0]] == ["absmax", "sumsq", "max_pos"]
 assert WORKSPACE["rope"][1] == ("ticket", "nonfinite")
@@ -185,11 +187,11 @@ def _rope_kernel(
         tl.atomic_max(F_ptr + 2, p_pos.to(tl.float64), sem="relaxed")
         tl.atomic_add(I_ptr + 1, p_nf, sem="relaxed")
         if last_program(I_ptr):
-            g_amax = take(F_ptr + 0, ZERO_BITS)
-            g_sq = take(F_ptr + 1, ZERO_BITS)
-            g_pos = take(F_ptr + 2, ZERO_BITS)
-            g_nf = tl.atomic_xchg(I_ptr + 1, 0, sem="relaxed")
-            tl.atomic_xchg(I_ptr + 0, 0, sem="relaxed")
+            g_amax = read_slot(F_ptr + 0)
+            g_sq = read_slot(F_ptr + 1)
+            g_pos = read_slot(F_ptr + 2)
+            g_nf = read_slot(I_ptr + 1)
+            reset_workspace(F_ptr, I_ptr, WS_F, WS_I)
             d = 2 * tl.cast(half, tl.int64)
             numel = tl.cast(n_rows, tl.int64) * n_heads * d
             cnt = tl.maximum(numel - g_nf, 1).to(tl.float64)

@@ -5,8 +5,8 @@ they merge into.
 
 One launch does everything: each persistent kernel program accumulates its rows' partials in
 registers, merges them once into a small per-(op, device, stream) workspace with scalar atomics
-(max / min / add), and the last program to finish (an acq_rel ticket) reads the workspace back,
-resets it for the next launch, and writes the contract's features, in optwin.ingest's order, as
+(max / min / add), and the last program to finish (an acq_rel ticket) reads the workspace back
+(plain loads, all in flight at once), resets it for the next launch, and writes the contract's features, in optwin.ingest's order, as
 float64 into the call's buffer. The buffer is final when the kernel completes: no second launch,
 no zero-fill, no host sync. `read_sketch` is one `.tolist()`.
 
@@ -78,7 +78,10 @@ def workspace(op: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor
     key = (op, str(device), int(stream))
     if key not in _WS:
         fslots, islots = WORKSPACE[op]
-        f = torch.tensor([v for _, v in fslots], dtype=torch.float64, device=device)
+        idents = [v for _, v in fslots]
+        assert len(fslots) <= 8 and len(islots) <= 8  # _common.reset_workspace's width
+        # the slots, then their identities (read-only: the last program copies them back)
+        f = torch.tensor(idents + idents, dtype=torch.float64, device=device)
         i = torch.zeros(len(islots), dtype=torch.int64, device=device)
         _WS[key] = (f, i)
     return _WS[key]

@@ -47,9 +47,6 @@ from optwin.errors import InputError
 from optwin.kernels._common import (
     FMAX,
     INTERPRET,
-    NEG_INF_BITS,
-    POS_INF_BITS,
-    ZERO_BITS,
     check_device,
     lane_min,
     lane_shape,
@@ -58,11 +55,14 @@ from optwin.kernels._common import (
     launch_config,
     note_occupancy,
     persistent_grid,
+    read_slot,
+    reset_workspace,
     rows_view,
-    take,
+    workspace_slots,
 )
 from optwin.kernels.sketch_buffer import WORKSPACE, feature_names, new_buffer, workspace
 
+WS_F, WS_I = workspace_slots("softmax")  # for reset_workspace
 assert feature_names("softmax") == (
     "numel", "rows", "absmax", "rms", "nonfinite", "n", "max", "min", "max_row_range", "masked_rows", "masked_frac",
     "peaked_frac",
@@ -476,18 +476,18 @@ def _softmax_kernel(
         tl.atomic_add(I_ptr + 4, p_peak.to(tl.int64), sem="relaxed")
         tl.atomic_add(I_ptr + 5, p_elig.to(tl.int64), sem="relaxed")
         if last_program(I_ptr):
-            g_amax = take(F_ptr + 0, ZERO_BITS)
-            g_sq = take(F_ptr + 1, ZERO_BITS)
-            g_max = take(F_ptr + 2, NEG_INF_BITS)
-            g_min = take(F_ptr + 3, POS_INF_BITS)
-            g_rng = take(F_ptr + 4, ZERO_BITS)
-            g_rmx = take(F_ptr + 5, POS_INF_BITS)
-            g_nf = tl.atomic_xchg(I_ptr + 1, 0, sem="relaxed")
-            g_neg = tl.atomic_xchg(I_ptr + 2, 0, sem="relaxed")
-            g_masked = tl.atomic_xchg(I_ptr + 3, 0, sem="relaxed")
-            g_peak = tl.atomic_xchg(I_ptr + 4, 0, sem="relaxed")
-            g_elig = tl.atomic_xchg(I_ptr + 5, 0, sem="relaxed")
-            tl.atomic_xchg(I_ptr + 0, 0, sem="relaxed")
+            g_amax = read_slot(F_ptr + 0)
+            g_sq = read_slot(F_ptr + 1)
+            g_max = read_slot(F_ptr + 2)
+            g_min = read_slot(F_ptr + 3)
+            g_rng = read_slot(F_ptr + 4)
+            g_rmx = read_slot(F_ptr + 5)
+            g_nf = read_slot(I_ptr + 1)
+            g_neg = read_slot(I_ptr + 2)
+            g_masked = read_slot(I_ptr + 3)
+            g_peak = read_slot(I_ptr + 4)
+            g_elig = read_slot(I_ptr + 5)
+            reset_workspace(F_ptr, I_ptr, WS_F, WS_I)
             numel = tl.cast(n_rows, tl.int64) * n_cols
             cnt = tl.maximum(numel - g_nf - g_neg, 1).to(tl.float64)
             any_fin = g_max >= g_min
@@ -518,7 +518,7 @@ def _softmax_launch(
     sketch = buf is not None
     if n_rows == 0 and not sketch:
         return
-    block, warps, st = launch_config("softmax", n, num_warps, stages)
+    block, warps, st, _ = launch_config("softmax", n, num_warps, stages)
     f, i = workspace("softmax", x2.device) if sketch else (y2, y2)
     var = (VARIANT if variant is None else variant) if sketch else 0  # no sketch: one kernel
     if var not in LAYOUTS and sketch:
