@@ -13,7 +13,7 @@ from typing import Any
 
 from optwin.kernels.production import run_variant
 
-__all__ = ["run_variant", "patch", "read_sketch"]
+__all__ = ["patch", "read_sketch", "run_variant"]
 
 
 def patch(model: Any, **kwargs: Any) -> Any:

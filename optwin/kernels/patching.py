@@ -100,7 +100,7 @@ def _rotary(handle: Patch, original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _eager_attention(handle: Patch, mod: ModuleType) -> Callable[..., Any]:
     """HF's eager_attention_forward (transformers 5.x) with our softmax in place of F.softmax."""
-    repeat_kv = getattr(mod, "repeat_kv")
+    repeat_kv = mod.repeat_kv
 
     def eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
         key_states = repeat_kv(key, module.num_key_value_groups)  # (B, H, S, D)

@@ -54,6 +54,10 @@ EPS = CATALOG["rmsnorm"].constants["eps"]
 # max |x| stays a per-row tree: per-lane maxima across the row loop (_common.lane_max, as layernorm
 # has) were measured and dropped. 4096x16384 bf16, 8 warps 2 stages, µs without/with the sketch
 # (bench/results/sketch_lanes_h200_s11b.md): per-row tree 75.9/78.5, lane max 75.9/79.3 (KEEP 8: 75.3/79.5).
+# The sketch kernel takes 205 registers at 8 warps (1 program per SM; 114 without the sketch): its
+# cold paths (the weight's partials, the exact pass) hold a whole row of partials. Taking them in
+# 256-wide pieces shared across the programs brings it to 124 (2 per SM), and measured the same:
+# 75.7 against 75.8 µs with the sketch (bench/results/norm_chunks_h200_s13d.md); not kept.
 WS_F, WS_I = workspace_slots("rmsnorm")  # for reset_workspace
 assert feature_names("rmsnorm") == (
     "numel", "rows", "absmax", "rms", "nonfinite", "hidden", "max_row_rms", "weight_absmax")
