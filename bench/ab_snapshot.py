@@ -33,12 +33,13 @@ def _files(rev: str | None) -> dict[str, bytes]:
         return {m.name: tf.extractfile(m).read() for m in tf.getmembers() if m.isfile() and m.name.endswith(".py")}
 
 
-def snapshot(name: str, rev: str | None) -> Path:
-    """Write bench/.ab/optwin_<name>/ and return it."""
+def snapshot(name: str, rev: str | None, ab_dir: Path = AB_DIR) -> Path:
+    """Write <ab_dir>/optwin_<name>/ (bench/.ab by default) and return it; put ab_dir on sys.path to
+    import it."""
     if not re.fullmatch(r"[a-z0-9_]+", name):
         raise SystemExit(f"error: snapshot name {name!r}: use lower-case letters, digits and _")
     pkg = f"optwin_{name}"
-    dest = AB_DIR / pkg
+    dest = ab_dir / pkg
     shutil.rmtree(dest, ignore_errors=True)
     for rel, data in _files(rev).items():
         text = re.sub(r"\boptwin(?=[.\s])", pkg, data.decode())
