@@ -102,7 +102,7 @@ TUNED: dict[tuple[str, int], tuple[int, int]] = {
     # 79.0/123.2; softmax 16 warps 81.4/182.7 -> 32 warps 81.7/144.2. The second run's sweep:
     # layernorm 4 warps, 2 stages, exact pass after the loop 80.6/90.2 (8 warps 80.0/123.8)
     ("rmsnorm", 16384): (8, 2),
-    ("layernorm", 16384): (8, 2),  # with REG_CAP and SKETCH_STAGES below
+    ("layernorm", 16384): (8, 2),  # with REG_CAP below
     # softmax: 16 warps once the NaN/inf recompute went to 256-column pieces (bench/softmax_sketch.py):
     # the sketch fits 64 registers (2 programs per SM), 121.7 µs vs 144.2 at 32 warps; no sketch 82.1 vs 81.1.
     # Layout 4 (lane accumulators, capped at 64 registers: softmax.MAXNREG) 82.2/115.8 (8 warps at 128
@@ -116,14 +116,12 @@ TUNED: dict[tuple[str, int], tuple[int, int]] = {
 }
 
 
-# Register caps (maxnreg) per (op, BLOCK) at the tuned num_warps, and the sketched launch's own loop
-# stages where they differ from TUNED's (stages do not change the numerics; num_warps does, so both
-# launches keep the same warps). H200, 4096x16384 bf16, 5 interleaved rounds
-# (bench/results/norm_chunks_h200_s13.md), µs without / with the sketch: layernorm 4 warps 2 stages
-# 80.1/90.1; 8 warps capped at 128 registers (2 programs per SM instead of 1) 78.8 at 2 stages,
-# 85.2 with the sketch at 1 stage (95.7 at 2).
+# Register caps (maxnreg) per (op, BLOCK) at the tuned num_warps. H200, 4096x16384 bf16, interleaved rounds, µs without / with the
+# sketch: layernorm 4 warps 2 stages 80.1/90.1 (stop 12's launch); 8 warps capped at 128 registers
+# (2 programs per SM instead of 1) 78.8/95.7 at 2 stages, 80.4/85.2 at 1 (norm_chunks_h200_s13.md);
+# with the parameters' partials moved from program 0 to the last program, 79.3/82.0 at 2 stages
+# (norm_chunks_h200_s13f.md). The sketched launch keeps the same warps (they set the tl.sum trees).
 REG_CAP: dict[tuple[str, int], int] = {("layernorm", 16384): 128}
-SKETCH_STAGES: dict[tuple[str, int], int] = {("layernorm", 16384): 1}
 
 
 class Launch(NamedTuple):
@@ -134,15 +132,13 @@ class Launch(NamedTuple):
 
 
 def launch_config(op: str, n: int, num_warps: int | None = None, stages: int | None = None,
-                  chunk: int | None = None, sketch: bool = False, maxnreg: int | None = None) -> Launch:
+                  chunk: int | None = None, maxnreg: int | None = None) -> Launch:
     """(BLOCK, num_warps, stages, maxnreg) for `op` over rows of n: launch_settings, then TUNED,
-    SKETCH_STAGES and REG_CAP, then the caller's overrides (the bench's sweep; maxnreg=0: no cap). A
+    and REG_CAP, then the caller's overrides (the bench's sweep; maxnreg=0: no cap). A
     kernel that reads rows in pieces passes its `chunk`: BLOCK is then the chunk (any row length).
     A register cap applies only at the warps it was measured with."""
     block, warps = launch_settings(chunk or n)
     tuned_warps, st = TUNED.get((op, block), (warps, 1))
-    if sketch:
-        st = SKETCH_STAGES.get((op, block), st)
     warps = num_warps or tuned_warps
     cap = REG_CAP.get((op, block)) if warps == tuned_warps else None
     return Launch(block, warps, stages or st, (cap if maxnreg is None else maxnreg) or None)

@@ -30,6 +30,11 @@ The sketch (y is bit-identical with and without it: the op's sums stay tl.sum's)
   (H200, stop 12: 92.2 against 87.1 µs with the sketch, bench/results/norm_chunks_h200_s12c.md).
 Memory: read rows*n (x, evict-first) + 2n per row (weight, bias: L1/L2 hits), write rows*n (y);
 persistent programs; with the sketch a few scalar atomics per program and the feature vector.
+Launch at BLOCK 16384 (_common.TUNED, REG_CAP): 8 warps capped at 128 registers (2 programs per SM;
+uncapped 1), 2 loop stages: H200 79.3 / 82.0 µs without / with the sketch, against 80.1 / 90.1 at the 4
+warps of stop 12 (bench/results/norm_chunks_h200_s13*.md). The weight/bias partials are taken by the
+last program, which has the fewest rows: in program 0 (one of the most) the sketched launch at 2 stages
+read 96.2 µs, at 1 stage 85.4.
 Layouts measured and dropped (stop 11, bench/results/sketch_lanes_h200_s11b.md, 4096x16384 bf16, 4 warps
 2 stages, µs without / with the sketch): a max tree per row 80.4/90.1, lane max without slots 80.3/90.0,
 exact partials inline in the loop (h live across it) 80.6/90.2 (the shipped layout 80.9/88.8).
@@ -290,7 +295,7 @@ def _layernorm_kernel(
                         c2 = _const_of(hmax, hmin)
                         p_ratio = tl.maximum(p_ratio, _ratio(m2, tl.sqrt(var2), c2, CAP))
                         p_const = tl.maximum(p_const, c2)
-        if pid == 0:
+        if pid == tl.num_programs(0) - 1:  # the parameters' partials: the last program has the fewest rows
             _param_partials(W_ptr, B_ptr, S_ptr, I_ptr, cols, n_cols, BLOCK)
         _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ratio, p_minstd, p_nf, p_const, n_rows, n_cols, CAP)
 
@@ -408,7 +413,7 @@ def _layernorm_chunked_kernel(
                     for c0 in tl.range(0, n_cols, CHUNK):
                         hc = tl.load(x_row + c0 + cols, mask=c0 + cols < n_cols, other=0.0).to(tl.float32)
                         p_amax = tl.maximum(p_amax, tl.max(tl.abs(hc), axis=0))  # padding is 0
-        if pid == 0:
+        if pid == tl.num_programs(0) - 1:  # the parameters' partials: the last program has the fewest rows
             _param_partials(W_ptr, B_ptr, S_ptr, I_ptr, cols, n_cols, CHUNK)
         _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ratio, p_minstd, p_nf, p_const, n_rows, n_cols, CAP)
 
@@ -437,7 +442,7 @@ def _layernorm_launch(
         )
         note_occupancy(key, k, warps)
         return
-    block, warps, st, cap = launch_config("layernorm", n, num_warps, stages, sketch=sketch, maxnreg=maxnreg)
+    block, warps, st, cap = launch_config("layernorm", n, num_warps, stages, maxnreg=maxnreg)
     vec, lanes = lane_shape(block, x2.element_size(), warps)
     kp = min(KEEP if keep is None else keep, vec)
     key = ("layernorm", x2.dtype, block, warps, st, cap, sketch, kp)

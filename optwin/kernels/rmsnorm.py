@@ -152,7 +152,7 @@ def _rmsnorm_kernel(
                     a, q, nf = finite_partials(h2, mask)
                     p_amax, p_ms, p_sq, p_nf = _merge_exact(p_amax, p_ms, p_sq, p_nf, a, q, nf, n_cols)
     if SKETCH:
-        if pid == 0:  # the weight's partials
+        if pid == tl.num_programs(0) - 1:  # the weight's partials (the last program: the fewest rows)
             wv = tl.load(W_ptr + cols, mask=mask, other=0.0).to(tl.float32)
             wmax, _, wnf = finite_partials(wv, mask)
             tl.store(S_ptr + 7, wmax.to(tl.float64))
@@ -222,7 +222,7 @@ def _rmsnorm_chunked_kernel(
                 if not (ss2 <= FMAX):  # the loop's own test, same order: same rows
                     a, q, nf = finite_partials_chunked(x_row, cols, n_cols, CHUNK)
                     p_amax, p_ms, p_sq, p_nf = _merge_exact(p_amax, p_ms, p_sq, p_nf, a, q, nf, n_cols)
-        if pid == 0:  # the weight's partials, CHUNK at a time
+        if pid == tl.num_programs(0) - 1:  # the weight's partials, CHUNK at a time, in the last program (the fewest rows)
             wmax, _, wnf = finite_partials_chunked(W_ptr, cols, n_cols, CHUNK)
             tl.store(S_ptr + 7, wmax.to(tl.float64))
             tl.atomic_add(I_ptr + 2, wnf.to(tl.int64), sem="relaxed")
@@ -252,7 +252,7 @@ def _rmsnorm_launch(
         )
         note_occupancy(key, k, warps)
         return
-    block, warps, st, cap = launch_config("rmsnorm", n, num_warps, stages, sketch=sketch, maxnreg=maxnreg)
+    block, warps, st, cap = launch_config("rmsnorm", n, num_warps, stages, maxnreg=maxnreg)
     key = ("rmsnorm", x2.dtype, block, warps, st, cap, sketch)
     regs = {"maxnreg": cap} if cap and x2.device.type == "cuda" else {}  # registers per thread
     k = _rmsnorm_kernel[(persistent_grid(key, n_rows, x2.device, per_sm),)](
