@@ -1,7 +1,8 @@
 """Shared helpers of the kernel tests (tests/test_kernels_*.py): seeds, sketch comparison, output bits,
-and a softmax launch by sketch layout. Not a test module; the tests import it as `_kernel_checks`.
+a softmax launch by sketch layout, and loading a bench script as a module. Not a test module; the
+tests import it as `_kernel_checks`.
 
-    from _kernel_checks import bits, close, seed, softmax_layout
+    from _kernel_checks import bench_script, bits, close, seed, softmax_layout
 
 Kernel modules are imported inside the functions, so a test module sets TRITON_INTERPRET=1 before
 anything imports triton, whatever the order of its imports.
@@ -9,9 +10,25 @@ anything imports triton, whatever the order of its imports.
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import sys
+from pathlib import Path
+from types import ModuleType
 
 import torch
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def bench_script(name: str) -> ModuleType:
+    """bench/<name>.py loaded as the module `name` (registered in sys.modules: dataclasses look their
+    module up)."""
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def seed(*key: object) -> torch.Generator:

@@ -7,24 +7,19 @@ results, its own workspace), and every sketched launch leaves the workspace at i
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
 
-ROOT = Path(__file__).resolve().parents[1]
+from _kernel_checks import bench_script  # after TRITON_INTERPRET
 
 
 def _ab_module():
-    spec = importlib.util.spec_from_file_location("ab_snapshot", ROOT / "bench" / "ab_snapshot.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_script("ab_snapshot")
 
 
 @pytest.mark.parametrize("rev", [None, "HEAD"])

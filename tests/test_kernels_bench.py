@@ -6,23 +6,17 @@ and bench/bench_kernels.py's no-GPU message.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
 
-ROOT = Path(__file__).resolve().parents[1]
+from _kernel_checks import BENCH, bench_script  # after TRITON_INTERPRET
 
 
 def _load_bench():
-    spec = importlib.util.spec_from_file_location("gpu_kernels", ROOT / "bench" / "gpu_kernels.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_kernels"] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_script("gpu_kernels")
 
 
 def test_bench_checks_and_times_every_kernel_on_cpu():
@@ -57,7 +51,7 @@ def test_check_finds_an_unwritten_element():
 
 def test_bench_entry_without_gpu_says_so():
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_kernels.py")], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, str(BENCH / "bench_kernels.py")], capture_output=True, text=True,
                          env=env, check=True)
     assert "needs a CUDA GPU" in out.stdout
 
