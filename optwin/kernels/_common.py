@@ -116,15 +116,18 @@ TUNED: dict[tuple[str, int], tuple[int, int]] = {
 }
 
 
-# Register caps (maxnreg) per (op, BLOCK) at the tuned num_warps. H200, 4096x16384 bf16, interleaved rounds, µs without / with the
-# sketch: layernorm 4 warps 2 stages 80.1/90.1 (stop 12's launch); 8 warps capped at 128 registers
-# (2 programs per SM instead of 1) 78.8/95.7 at 2 stages, 80.4/85.2 at 1 (norm_chunks_h200_s13.md);
-# with the parameters' partials moved from program 0 to the last program, 79.3/82.0 at 2 stages
-# (norm_chunks_h200_s13f.md). The sketched launch keeps the same warps (they set the tl.sum trees).
+# Register caps (maxnreg) per (op, BLOCK) at the tuned num_warps. H200, 4096x16384 bf16, interleaved
+# rounds, µs without / with the sketch: layernorm 4 warps 2 stages 80.1/90.1 (stop 12's launch); 8
+# warps capped at 128 registers (2 programs per SM instead of 1) 78.8/95.7 at 2 stages, 80.4/85.2 at
+# 1 (norm_chunks_h200_s13.md); with the parameters' partials moved from program 0 to the last
+# program, 79.3/82.0 at 2 stages (norm_chunks_h200_s13f.md). The sketched launch keeps the same
+# warps (they set the tl.sum trees).
 REG_CAP: dict[tuple[str, int], int] = {("layernorm", 16384): 128}
 
 
 class Launch(NamedTuple):
+    """A row kernel's launch: BLOCK, num_warps, loop stages and register cap."""
+
     block: int
     warps: int
     stages: int
@@ -133,10 +136,10 @@ class Launch(NamedTuple):
 
 def launch_config(op: str, n: int, num_warps: int | None = None, stages: int | None = None,
                   chunk: int | None = None, maxnreg: int | None = None) -> Launch:
-    """(BLOCK, num_warps, stages, maxnreg) for `op` over rows of n: launch_settings, then TUNED,
-    and REG_CAP, then the caller's overrides (the bench's sweep; maxnreg=0: no cap). A
-    kernel that reads rows in pieces passes its `chunk`: BLOCK is then the chunk (any row length).
-    A register cap applies only at the warps it was measured with."""
+    """(BLOCK, num_warps, stages, maxnreg) for `op` over rows of n: launch_settings, then TUNED and
+    REG_CAP, then the caller's overrides (the bench's sweep; maxnreg=0: no cap). A kernel that reads
+    rows in pieces passes its `chunk`: BLOCK is then the chunk (any row length). A register cap
+    applies only at the warps it was measured with."""
     block, warps = launch_settings(chunk or n)
     tuned_warps, st = TUNED.get((op, block), (warps, 1))
     warps = num_warps or tuned_warps

@@ -426,8 +426,8 @@ def _layernorm_launch(
     """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows.
     Rows longer than MAX_BLOCK (or than `chunk`, the bench's comparison) go to the three-pass chunked
     kernel, TRITON_CHUNK wide by default (part of the numerics: the twin's lanes).
-    num_warps / stages / per_sm / keep / chunk / maxnreg (registers per thread) override the tuned launch (the bench's sweep;
-    num_warps changes the tl.sum trees)."""
+    num_warps / stages / per_sm / keep / chunk / maxnreg (registers per thread) override the tuned
+    launch (the bench's sweep; num_warps changes the tl.sum trees)."""
     n_rows, n = x2.shape
     sketch = buf is not None
     if n_rows == 0 and not sketch:

@@ -152,7 +152,7 @@ def _rmsnorm_kernel(
                     a, q, nf = finite_partials(h2, mask)
                     p_amax, p_ms, p_sq, p_nf = _merge_exact(p_amax, p_ms, p_sq, p_nf, a, q, nf, n_cols)
     if SKETCH:
-        if pid == tl.num_programs(0) - 1:  # the weight's partials (the last program: the fewest rows)
+        if pid == tl.num_programs(0) - 1:  # the weight's partials: the last program has the fewest rows
             wv = tl.load(W_ptr + cols, mask=mask, other=0.0).to(tl.float32)
             wmax, _, wnf = finite_partials(wv, mask)
             tl.store(S_ptr + 7, wmax.to(tl.float64))
@@ -222,7 +222,7 @@ def _rmsnorm_chunked_kernel(
                 if not (ss2 <= FMAX):  # the loop's own test, same order: same rows
                     a, q, nf = finite_partials_chunked(x_row, cols, n_cols, CHUNK)
                     p_amax, p_ms, p_sq, p_nf = _merge_exact(p_amax, p_ms, p_sq, p_nf, a, q, nf, n_cols)
-        if pid == tl.num_programs(0) - 1:  # the weight's partials, CHUNK at a time, in the last program (the fewest rows)
+        if pid == tl.num_programs(0) - 1:  # the weight's partials (CHUNK pieces): the last program has the fewest rows
             wmax, _, wnf = finite_partials_chunked(W_ptr, cols, n_cols, CHUNK)
             tl.store(S_ptr + 7, wmax.to(tl.float64))
             tl.atomic_add(I_ptr + 2, wnf.to(tl.int64), sem="relaxed")
@@ -237,7 +237,8 @@ def _rmsnorm_launch(
     """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows.
     Rows longer than MAX_BLOCK (or than `chunk`, the bench's comparison) go to the two-pass chunked
     kernel, TRITON_CHUNK wide by default (part of the numerics: the twin's lanes).
-    num_warps / stages / per_sm / chunk / maxnreg (registers per thread) override the tuned launch (the bench's sweep; num_warps changes the tl.sum tree)."""
+    num_warps / stages / per_sm / chunk / maxnreg (registers per thread) override the tuned launch
+    (the bench's sweep; num_warps changes the tl.sum tree)."""
     n_rows, n = x2.shape
     sketch = buf is not None
     if n_rows == 0 and not sketch:

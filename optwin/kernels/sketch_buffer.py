@@ -6,9 +6,9 @@ they merge into.
 One launch does everything: each persistent kernel program accumulates its rows' partials in
 registers, merges them once into a small per-(op, device, stream) workspace with scalar atomics
 (max / min / add), and the last program to finish (an acq_rel ticket) reads the workspace back
-(plain loads, all in flight at once), resets it for the next launch, and writes the contract's features, in optwin.ingest's order, as
-float64 into the call's buffer. The buffer is final when the kernel completes: no second launch,
-no zero-fill, no host sync. `read_sketch` is one `.tolist()`.
+(plain loads, all in flight at once), resets it for the next launch, and writes the contract's
+features, in optwin.ingest's order, as float64 into the call's buffer. The buffer is final when
+the kernel completes: no second launch, no zero-fill, no host sync. `read_sketch` is one `.tolist()`.
 
 Definitions follow optwin.ingest.sketch exactly (magnitudes over finite elements, counts of
 non-finite values; softmax's -inf is a mask, not a non-finite). Per-row values are float32 (the
