@@ -24,7 +24,14 @@ MAX_BLOCK = TRITON_WHOLE_ROW_MAX
 
 # Under TRITON_INTERPRET=1 (CPU tests) the kernels use one tl.max/tl.sum per partial instead of a
 # combined multi-operand tl.reduce: same values (same reduction per partial), numpy-fast.
-INTERPRET: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+INTERPRET: tl.constexpr = tl.constexpr(INTERPRETED)
+
+
+def register_cap(cap: int | None) -> dict[str, int]:
+    """The launch option capping registers per thread, or none: the interpreter takes no maxnreg
+    (bench/offline_compile.py compiles with it on a machine without a GPU)."""
+    return {"maxnreg": cap} if cap and not INTERPRETED else {}
 
 # Largest finite float32; |h| <= FMAX is false for NaN and ±inf, so it is the finiteness test.
 FMAX: tl.constexpr = tl.constexpr(3.4028234663852886e38)

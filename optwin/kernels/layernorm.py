@@ -60,6 +60,7 @@ from optwin.kernels._common import (
     note_occupancy,
     persistent_grid,
     read_slot,
+    register_cap,
     reset_workspace,
     rows_view,
     store_norm_features,
@@ -168,7 +169,7 @@ def _slot_partials(sl_m, sl_var, valid, n_cols, cap):
 def _param_partials(W_ptr, B_ptr, S_ptr, I_ptr, cols, n_cols, BLOCK: tl.constexpr):
     """Weight and bias features (largest finite |w|, |b|) and their NaN/±inf count, BLOCK at a time.
     Also the whole-row kernel's form (one piece there): taking w and b whole instead left it 368
-    bytes of spills at 8 warps / 128 registers (760 at 4 warps), offline sm_90a compile."""
+    bytes of spills at 8 warps / 128 registers (760 at 4 warps): bench/offline_compile.py, triton 3.9."""
     wmax, _, wnf = finite_partials_chunked(W_ptr, cols, n_cols, BLOCK)
     bmax, _, bnf = finite_partials_chunked(B_ptr, cols, n_cols, BLOCK)
     tl.store(S_ptr + 8, wmax.to(tl.float64))
@@ -446,7 +447,7 @@ def _layernorm_launch(
     vec, lanes = lane_shape(block, x2.element_size(), warps)
     kp = min(KEEP if keep is None else keep, vec)
     key = ("layernorm", x2.dtype, block, warps, st, cap, sketch, kp)
-    regs = {"maxnreg": cap} if cap and x2.device.type == "cuda" else {}  # registers per thread
+    regs = register_cap(cap)  # registers per thread
     k = _layernorm_kernel[(persistent_grid(key, n_rows, x2.device, per_sm),)](
         x2, x2.stride(0), weight, bias, y2, y2.stride(0), buf if sketch else y2, f, i,
         n_rows, n, eps, CAP=RATIO_CAP, BLOCK=block, SKETCH=sketch, STAGES=st, VEC=vec, LANES=lanes, KEEP=kp,

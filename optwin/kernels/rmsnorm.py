@@ -41,6 +41,7 @@ from optwin.kernels._common import (
     note_occupancy,
     persistent_grid,
     read_slot,
+    register_cap,
     reset_workspace,
     rows_view,
     store_norm_features,
@@ -54,10 +55,11 @@ EPS = CATALOG["rmsnorm"].constants["eps"]
 # max |x| stays a per-row tree: per-lane maxima across the row loop (_common.lane_max, as layernorm
 # has) were measured and dropped. 4096x16384 bf16, 8 warps 2 stages, µs without/with the sketch
 # (bench/results/sketch_lanes_h200_s11b.md): per-row tree 75.9/78.5, lane max 75.9/79.3 (KEEP 8: 75.3/79.5).
-# The sketch kernel takes 205 registers at 8 warps (1 program per SM; 114 without the sketch): its
-# cold paths (the weight's partials, the exact pass) hold a whole row of partials. Taking them in
-# 256-wide pieces shared across the programs brings it to 124 (2 per SM), and measured the same:
-# 75.7 against 75.8 µs with the sketch (bench/results/norm_chunks_h200_s13d.md); not kept.
+# Offline (triton 3.9, bench/offline_compile.py) the sketch kernel takes 173-205 registers at 8 warps,
+# 114 without the sketch: its cold paths (the weight's partials, the exact pass) hold a whole row of
+# partials. In 256-wide pieces shared across the programs it takes 124 offline, and measured the same
+# on the H200: 75.7 against 75.8 µs with the sketch (bench/results/norm_chunks_h200_s13d.md), because
+# the device's triton 3.6 already fits the shipped kernel in 2 programs per SM; not kept.
 WS_F, WS_I = workspace_slots("rmsnorm")  # for reset_workspace
 assert feature_names("rmsnorm") == (
     "numel", "rows", "absmax", "rms", "nonfinite", "hidden", "max_row_rms", "weight_absmax")
@@ -255,7 +257,7 @@ def _rmsnorm_launch(
         return
     block, warps, st, cap = launch_config("rmsnorm", n, num_warps, stages, maxnreg=maxnreg)
     key = ("rmsnorm", x2.dtype, block, warps, st, cap, sketch)
-    regs = {"maxnreg": cap} if cap and x2.device.type == "cuda" else {}  # registers per thread
+    regs = register_cap(cap)  # registers per thread
     k = _rmsnorm_kernel[(persistent_grid(key, n_rows, x2.device, per_sm),)](
         x2, x2.stride(0), weight, y2, y2.stride(0), buf if sketch else y2, f, i,
         n_rows, n, eps, BLOCK=block, SKETCH=sketch, STAGES=st,

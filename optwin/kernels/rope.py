@@ -48,6 +48,7 @@ from optwin.kernels._common import (
     note_occupancy,
     persistent_grid,
     read_slot,
+    register_cap,
     reset_workspace,
     workspace_slots,
 )
@@ -293,7 +294,7 @@ def _rope_launch(
     kp = min(KEEP if keep is None else keep, vec) if lacc else 1
     cap = (ROPE_MAXNREG.get((block_h, block_d, warps)) if maxnreg is None else maxnreg) if lacc else None
     key = ("rope", x4.dtype, block_h, block_d, warps, st, tables, sketch, lacc, cap, kp)
-    extra = {"maxnreg": cap} if cap and x4.device.type == "cuda" else {}
+    extra = register_cap(cap)
     base_bits = struct.unpack("<q", struct.pack("<d", float(base)))[0]
     k = _rope_kernel[(persistent_grid(key, batch * seq * n_hb, x4.device, per_sm),)](
         x4, x4.stride(0), x4.stride(1), x4.stride(2),

@@ -56,6 +56,7 @@ from optwin.kernels._common import (
     note_occupancy,
     persistent_grid,
     read_slot,
+    register_cap,
     reset_workspace,
     rows_view,
     workspace_slots,
@@ -529,7 +530,7 @@ def _softmax_launch(
     cap = (MAXNREG.get((block, warps)) if maxnreg is None else maxnreg) if sketch and var >= 4 else None
     even = var == 8 and block == n  # VARIANT 8's select-free branch needs no column mask
     key = ("softmax", x2.dtype, y2.dtype, block, warps, st, sketch, var, fuse, cap, kp, even)
-    extra = {"maxnreg": cap} if cap and x2.device.type == "cuda" else {}
+    extra = register_cap(cap)
     k = _softmax_kernel[(persistent_grid(key, n_rows, x2.device, per_sm),)](
         x2, x2.stride(0), y2, y2.stride(0), buf if sketch else y2, f, i, n_rows, n, PEAK_NATS,
         BLOCK=block, SKETCH=sketch, STAGES=st, VARIANT=var,

@@ -1,0 +1,173 @@
+"""Compile our Triton kernels for the H200 (sm_90a) on a machine without a GPU, and report what the
+compiler made of them: registers, spills, barriers, SASS instructions.
+
+    python bench/offline_compile.py rmsnorm layernorm                  # bf16 4096x16384, shipped launch
+    python bench/offline_compile.py layernorm --cfg '{"num_warps": 8, "maxnreg": 128}' --dtype float16
+
+Each op's real launcher runs on CPU tensors of the shape (bench/gpu_kernels.py's `_sweep_launcher`)
+with the kernel call intercepted, so the compiled kernel gets the launcher's own arguments, constexprs
+and options. Arguments are specialized as Triton specializes them at launch: 16-byte aligned pointers
+and integers divisible by 16 get the divisibility attribute, an integer equal to 1 becomes a
+constant. Without the alignment the loads compile to one element per instruction, with registers and
+spills that say nothing of the real kernel (stop 12's offline numbers were wrong that way).
+
+Registers and spills come from this machine's triton and the ptxas bundled with it (ptxas-blackwell
+where present: it knows sm_90a), which need not be the device's: triton 3.9 here read rmsnorm's
+sketch kernel at 173 registers, where the H200's triton 3.6 fit it in 128 (2 programs per SM, its
+recorded occupancy). The device's occupancy table (note_occupancy, at the end of every GPU bench
+report) is the fact; this is a look at register pressure before spending device time, and it says
+nothing of time (bench/norm_chunks.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+os.environ.pop("TRITON_INTERPRET", None)  # compile for the GPU, not the interpreter
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for `optwin`
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # bench/
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
+
+TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64",
+         torch.int64: "i64", torch.int32: "i32"}
+OPTIONS = ("num_warps", "num_stages", "enable_fp_fusion", "maxnreg")
+
+
+class _Captured(Exception):
+    """Raised by the intercepted kernel call: carries the kernel and its arguments."""
+
+    def __init__(self, fn: JITFunction, args: tuple[Any, ...], kwargs: dict[str, Any]):
+        super().__init__(fn.__name__)
+        self.fn, self.args, self.kwargs = fn, args, kwargs
+
+
+def capture(op: str, shape: tuple[int, ...], dtype: torch.dtype, cfg: dict[str, Any], sketch: bool) -> _Captured:
+    """The kernel call op's launcher makes for CPU inputs of `shape` (the call is not run)."""
+    from gpu_kernels import OPS, _sweep_launcher
+
+    from optwin.kernels.sketch_buffer import new_buffer
+
+    inp, params = OPS[op].make(shape, dtype, "cpu", torch.Generator().manual_seed(0))
+    x2 = {k: (v.reshape(-1, v.shape[-1]) if k == "x" and op != "rope" else v) for k, v in inp.items()}
+    y = torch.empty_like(x2["x"])
+    launch = _sweep_launcher(op, x2, params, y, cfg)
+
+    def intercept(self: JITFunction, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
+        raise _Captured(self, args, kwargs)
+
+    saved = JITFunction.run
+    JITFunction.run = intercept  # type: ignore[method-assign]
+    try:
+        launch(new_buffer(op, "cpu") if sketch else None)
+    except _Captured as call:
+        return call
+    finally:
+        JITFunction.run = saved  # type: ignore[method-assign]
+    raise RuntimeError(f"{op}: the launcher made no kernel call")
+
+
+def compile_call(call: _Captured) -> Any:
+    """triton.compile of the captured call for sm_90a, specialized as a launch would be."""
+    fn, names = call.fn, call.fn.arg_names
+    values = dict(zip(names, call.args))
+    values.update({k: v for k, v in call.kwargs.items() if k in names})
+    options = {k: v for k, v in call.kwargs.items() if k in OPTIONS}
+    sig: dict[str, str] = {}
+    constexprs: dict[tuple[int, ...], Any] = {}
+    attrs: dict[tuple[int, ...], list[list[Any]]] = {}
+    for i, name in enumerate(names):
+        v = values.get(name, fn.params[i].default)
+        if fn.params[i].is_constexpr or isinstance(v, (bool, str)) or v is None:
+            sig[name], constexprs[(i,)] = "constexpr", v
+        elif isinstance(v, torch.Tensor):
+            sig[name] = "*" + TYPES[v.dtype]
+            if v.data_ptr() % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(v, int):
+            if v == 1:
+                sig[name], constexprs[(i,)] = "constexpr", 1
+                continue
+            sig[name] = "i64" if abs(v) >= 2**31 else "i32"
+            if v % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            sig[name] = "fp32"
+    src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def ptxas_report(ptx: str) -> dict[str, Any]:
+    """Registers, spill bytes and barriers of the PTX assembled for sm_90a by triton's bundled ptxas."""
+    bindir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    ptxas = bindir / "ptxas-blackwell" if (bindir / "ptxas-blackwell").exists() else bindir / "ptxas"
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "k.ptx").write_text(ptx)
+        out = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", "k.ptx", "-o", "k.cubin"], cwd=d,
+                             capture_output=True, text=True, check=True).stderr
+        regs = re.search(r"Used (\d+) registers", out)
+        spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out)
+        sass = subprocess.run([str(bindir / "cuobjdump"), "-sass", "k.cubin"], cwd=d, capture_output=True, check=False,
+                              text=True).stdout
+    return {
+        "registers": int(regs.group(1)) if regs else None,
+        "spill_stores": int(spills.group(1)) if spills else None,
+        "spill_loads": int(spills.group(2)) if spills else None,
+        "bar_sync_ptx": ptx.count("bar.sync"),
+        "sass_instructions": sum(1 for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line)),
+    }
+
+
+def report(op: str, shape: tuple[int, ...], dtype: torch.dtype, cfg: dict[str, Any], sketch: bool) -> dict[str, Any]:
+    """One row: the kernel, its launch and what ptxas made of it (vector_loads: the PTX has 16-byte
+    global loads, i.e. the alignment specialization took)."""
+    call = capture(op, shape, dtype, cfg, sketch)
+    ptx = compile_call(call).asm["ptx"]
+    launch = {k: v for k, v in call.kwargs.items() if k in OPTIONS or k == "STAGES"}
+    return {"op": op, "kernel": call.fn.__name__, "sketch": sketch, **launch, **ptxas_report(ptx),
+            "vector_loads": bool(re.search(r"ld\.global[.\w:]*\.v4\.b32", ptx))}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("ops", nargs="+", choices=["rmsnorm", "layernorm", "softmax", "rope"])
+    ap.add_argument("--shape", default="4096x16384", help="rows x n (rope: seq x heads x d)")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ap.add_argument("--cfg", default="{}", help="launch overrides as JSON, e.g. '{\"num_warps\": 8}'")
+    ap.add_argument("--sketch", default="both", choices=["both", "yes", "no"], help="which launches to compile")
+    ap.add_argument("--json", action="store_true", help="one JSON object per kernel instead of the table")
+    args = ap.parse_args()
+    shape = tuple(int(v) for v in args.shape.split("x"))
+    cfg = json.loads(args.cfg)
+    sketches = {"both": (False, True), "yes": (True,), "no": (False,)}[args.sketch]
+    if args.json:
+        for op in args.ops:
+            for sketch in sketches:
+                print(json.dumps(report(op, shape, getattr(torch, args.dtype), cfg, sketch)))
+        return
+    print(f"triton {triton.__version__}, sm_90a, {args.dtype} {args.shape}, cfg {cfg or 'the shipped launch'}\n")
+    print("| op | kernel | sketch | num_warps | stages | maxnreg | registers | spill bytes (st/ld) | bar.sync (PTX) | SASS |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for op in args.ops:
+        for sketch in sketches:
+            r = report(op, shape, getattr(torch, args.dtype), cfg, sketch)
+            print(f"| {op} | {r['kernel']} | {'yes' if sketch else 'no'} | {r.get('num_warps', '-')} | "
+                  f"{r.get('STAGES', '-')} | {r.get('maxnreg') or '-'} | {r['registers']} | "
+                  f"{r['spill_stores']}/{r['spill_loads']} | {r['bar_sync_ptx']} | {r['sass_instructions']} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""bench/offline_compile.py: our kernels compiled for sm_90a without a GPU, specialized as a launch is
+(16-byte vector loads), with the launch's register cap. Runs the script in a subprocess: the test
+session imports the kernels under TRITON_INTERPRET=1, the script must not.
+
+    python -m pytest -q tests/test_kernels_offline.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "offline_compile.py"
+
+
+def _compile(*args: str) -> list[dict]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, str(SCRIPT), *args, "--json"], capture_output=True, text=True, env=env, check=False,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+
+
+def test_layernorm_compiles_with_its_register_cap_and_vector_loads():
+    capped, = _compile("layernorm", "--shape", "4096x16384", "--sketch", "yes")
+    uncapped, = _compile("layernorm", "--shape", "4096x16384", "--sketch", "yes", "--cfg", '{"maxnreg": 0}')
+    assert capped["kernel"] == "_layernorm_kernel" and capped["num_warps"] == 8
+    assert capped["maxnreg"] == 128 and capped["registers"] <= 128  # _common.REG_CAP at the tuned warps
+    assert "maxnreg" not in uncapped and uncapped["registers"] > 128
+    assert capped["vector_loads"] and uncapped["vector_loads"]  # aligned pointers: 16-byte loads
+    assert capped["bar_sync_ptx"] > 0 and capped["sass_instructions"] > 100
+
+
+def test_every_norm_kernel_compiles_with_and_without_the_sketch():
+    rows = _compile("rmsnorm", "softmax", "--shape", "64x1024")
+    assert [(r["op"], r["sketch"]) for r in rows] == [("rmsnorm", False), ("rmsnorm", True),
+                                                      ("softmax", False), ("softmax", True)]
+    for r in rows:
+        assert r["registers"] > 0 and r["vector_loads"], r
+    # the sketch adds work: more instructions than the same kernel without it
+    assert rows[1]["sass_instructions"] > rows[0]["sass_instructions"]
