@@ -7,7 +7,8 @@ as torch.compile), timed side by side in interleaved rounds, with torch.compile 
     BENCH_CONFIGS='{"layernorm": [{"num_warps": 8, "maxnreg": 128}]}' python bench/norm_chunks.py
     TRITON_INTERPRET=1 python bench/norm_chunks.py --smoke   # CPU dry run of the script, small shapes
 
-Last runs: bench/results/norm_chunks_h200_s12.md (the chunk sweep), norm_chunks_h200_s12b.md.
+Last runs: bench/results/norm_chunks_h200_s12.md (the chunk sweep), norm_chunks_h200_s13b.md (A/B against
+stop 12), norm_chunks_h200_s13g.md (the shipped launches).
 
 Every round times every entry once (triton.testing.do_bench, median of its repetitions, L2
 flushed), so a slow spell of the machine hits all entries alike; the table gives the median, min and
