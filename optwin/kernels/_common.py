@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from optwin.errors import InputError
+from optwin.kernels.sketch_buffer import SLOTS
 from optwin.twin.numerics import TRITON_WHOLE_ROW_MAX
 
 # Largest row a single program holds in registers (BLOCK >= n, next power of two). The norms read
@@ -32,6 +33,8 @@ def register_cap(cap: int | None) -> dict[str, int]:
     """The launch option capping registers per thread, or none: the interpreter takes no maxnreg
     (bench/offline_compile.py compiles with it on a machine without a GPU)."""
     return {"maxnreg": cap} if cap and not INTERPRETED else {}
+
+WS_SLOTS: tl.constexpr = tl.constexpr(SLOTS)  # slots of each kind per workspace (sketch_buffer)
 
 # Largest finite float32; |h| <= FMAX is false for NaN and ±inf, so it is the finiteness test.
 FMAX: tl.constexpr = tl.constexpr(3.4028234663852886e38)
@@ -316,21 +319,14 @@ def read_slot(ptr):
     return tl.load(ptr, volatile=True)
 
 
-def workspace_slots(op: str) -> tuple[tl.constexpr, tl.constexpr]:
-    """(float64 slots, int64 slots) of `op`'s workspace as constexprs, for reset_workspace."""
-    from optwin.kernels.sketch_buffer import WORKSPACE
-
-    return tl.constexpr(len(WORKSPACE[op][0])), tl.constexpr(len(WORKSPACE[op][1]))
-
-
 @triton.jit
-def reset_workspace(F_ptr, I_ptr, NF: tl.constexpr, NI: tl.constexpr):
-    """Put the NF float64 slots back to their identities (stored after them: sketch_buffer.workspace)
-    and the NI int64 slots (ticket and counts) to 0, ready for the next launch on this stream.
+def reset_workspace(F_ptr, I_ptr):
+    """Put the float64 slots back to their identities (the next sketch_buffer.SLOTS values) and the
+    int64 slots (ticket and counts) to 0, ready for the next launch on this stream.
     The barrier comes first: a scalar load is done by every thread but a scalar store by one, and no
     warp may read a slot after another has reset it."""
-    k = tl.arange(0, 8)
-    idents = tl.load(F_ptr + NF + k, mask=k < NF)
+    k = tl.arange(0, WS_SLOTS)
+    idents = tl.load(F_ptr + WS_SLOTS + k)
     tl.debug_barrier()
-    tl.store(F_ptr + k, idents, mask=k < NF)
-    tl.store(I_ptr + k, tl.zeros([8], dtype=tl.int64), mask=k < NI)
+    tl.store(F_ptr + k, idents)
+    tl.store(I_ptr + k, tl.zeros([WS_SLOTS], dtype=tl.int64))

@@ -57,12 +57,10 @@ from optwin.kernels._common import (
     last_program,
     read_slot,
     reset_workspace,
-    workspace_slots,
 )
 from optwin.kernels.sketch_buffer import WORKSPACE, feature_names, new_buffer, workspace
 from optwin.twin.attention import triton_block_n, triton_qk_scale
 
-WS_F, WS_I = workspace_slots("attention")  # for reset_workspace
 assert feature_names("attention") == (
     "numel", "rows", "absmax", "rms", "nonfinite", "batch", "heads", "seq_q", "seq_k", "d", "causal",
     "score_bound", "v_absmax", "peaked_frac", "max_score")
@@ -249,7 +247,7 @@ def _attention_kernel(
             g_vnf = read_slot(I_ptr + 2)
             g_peak = read_slot(I_ptr + 3)
             g_fin = read_slot(I_ptr + 4)
-            reset_workspace(F_ptr, I_ptr, WS_F, WS_I)
+            reset_workspace(F_ptr, I_ptr)
             rows = tl.cast(n_bh, tl.int64) * seq_q
             numel_q = rows * D
             numel_k = tl.cast(n_bh, tl.int64) * seq_k * D

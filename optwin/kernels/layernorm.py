@@ -64,7 +64,6 @@ from optwin.kernels._common import (
     reset_workspace,
     rows_view,
     store_norm_features,
-    workspace_slots,
 )
 from optwin.kernels.sketch_buffer import (
     RATIO_CAP,
@@ -79,7 +78,6 @@ EPS = CATALOG["layernorm"].constants["eps"]
 KEEP = 1  # max |x| chains per lane: [LANES, KEEP] registers (KEEP 8 measured the same, 89.3 µs)
 # A row whose |mean|/std reaches 2^16 (or whose var is 0) is tested for being constant: m*m >= var * SUSPECT.
 SUSPECT: tl.constexpr = tl.constexpr(2.0**32)
-WS_F, WS_I = workspace_slots("layernorm")  # for reset_workspace
 assert feature_names("layernorm") == (
     "numel", "rows", "absmax", "rms", "nonfinite", "hidden", "max_mean_over_std", "min_row_std", "weight_absmax",
     "bias_absmax", "const_absmax")
@@ -194,7 +192,7 @@ def _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ratio, p_minstd, p_nf, p_const
         g_const = read_slot(F_ptr + 4)
         g_nf = read_slot(I_ptr + 1)
         g_pnf = read_slot(I_ptr + 2)
-        reset_workspace(F_ptr, I_ptr, WS_F, WS_I)
+        reset_workspace(F_ptr, I_ptr)
         store_norm_features(S_ptr, n_rows, n_cols, g_amax, g_sq, g_nf, g_pnf)
         cap64 = tl.full((), CAP, tl.float64)  # the fp32 cap rounds up; the feature is exactly CAP
         tl.store(S_ptr + 6, tl.where(g_ratio >= cap64, cap64, g_ratio))

@@ -46,7 +46,6 @@ from optwin.kernels._common import (
     rows_view,
     store_norm_features,
     sum_and_max,
-    workspace_slots,
 )
 from optwin.kernels.sketch_buffer import WORKSPACE, feature_names, new_buffer, workspace
 from optwin.twin.numerics import TRITON_CHUNK
@@ -60,7 +59,6 @@ EPS = CATALOG["rmsnorm"].constants["eps"]
 # partials. In 256-wide pieces shared across the programs it takes 124 offline, and measured the same
 # on the H200: 75.7 against 75.8 µs with the sketch (bench/results/norm_chunks_h200_s13d.md), because
 # the device's triton 3.6 already fits the shipped kernel in 2 programs per SM; not kept.
-WS_F, WS_I = workspace_slots("rmsnorm")  # for reset_workspace
 assert feature_names("rmsnorm") == (
     "numel", "rows", "absmax", "rms", "nonfinite", "hidden", "max_row_rms", "weight_absmax")
 assert [n for n, _ in WORKSPACE["rmsnorm"][0]] == ["absmax", "sumsq", "max_row_ms"]
@@ -80,7 +78,7 @@ def _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ms, p_nf, n_rows, n_cols):
         g_ms = read_slot(F_ptr + 2)
         g_nf = read_slot(I_ptr + 1)
         g_wnf = read_slot(I_ptr + 2)
-        reset_workspace(F_ptr, I_ptr, WS_F, WS_I)
+        reset_workspace(F_ptr, I_ptr)
         store_norm_features(S_ptr, n_rows, n_cols, g_amax, g_sq, g_nf, g_wnf)
         tl.store(S_ptr + 6, tl.sqrt(g_ms))
 

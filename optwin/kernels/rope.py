@@ -50,13 +50,11 @@ from optwin.kernels._common import (
     read_slot,
     register_cap,
     reset_workspace,
-    workspace_slots,
 )
 from optwin.kernels.production import rope_inv_freq
 from optwin.kernels.sketch_buffer import WORKSPACE, feature_names, new_buffer, workspace
 
 BASE = float(CATALOG["rope"].params["base"])
-WS_F, WS_I = workspace_slots("rope")  # for reset_workspace
 assert feature_names("rope") == ("numel", "rows", "absmax", "rms", "nonfinite", "seq", "heads", "d", "max_pos", "base")
 assert [n for n, _ in WORKSPACE["rope"][0]] == ["absmax", "sumsq", "max_pos"]
 assert WORKSPACE["rope"][1] == ("ticket", "nonfinite")
@@ -192,7 +190,7 @@ def _rope_kernel(
             g_sq = read_slot(F_ptr + 1)
             g_pos = read_slot(F_ptr + 2)
             g_nf = read_slot(I_ptr + 1)
-            reset_workspace(F_ptr, I_ptr, WS_F, WS_I)
+            reset_workspace(F_ptr, I_ptr)
             d = 2 * tl.cast(half, tl.int64)
             numel = tl.cast(n_rows, tl.int64) * n_heads * d
             cnt = tl.maximum(numel - g_nf, 1).to(tl.float64)

@@ -53,6 +53,10 @@ WORKSPACE: dict[str, tuple[tuple[tuple[str, float], ...], tuple[str, ...]]] = {
     ),
 }
 
+# Slots of each kind in every op's workspace (its own, then unused ones), and the offset of the float
+# identities: _common.reset_workspace copies and zeroes this many without knowing the op.
+SLOTS = 8
+
 _WS: dict[tuple[str, str, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
 
@@ -78,11 +82,11 @@ def workspace(op: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor
     key = (op, str(device), int(stream))
     if key not in _WS:
         fslots, islots = WORKSPACE[op]
-        idents = [v for _, v in fslots]
-        assert len(fslots) <= 8 and len(islots) <= 8  # _common.reset_workspace's width
+        assert len(fslots) <= SLOTS and len(islots) <= SLOTS
+        idents = [v for _, v in fslots] + [0.0] * (SLOTS - len(fslots))  # unused slots: 0, never read
         # the slots, then their identities (read-only: the last program copies them back)
         f = torch.tensor(idents + idents, dtype=torch.float64, device=device)
-        i = torch.zeros(len(islots), dtype=torch.int64, device=device)
+        i = torch.zeros(SLOTS, dtype=torch.int64, device=device)
         _WS[key] = (f, i)
     return _WS[key]
 

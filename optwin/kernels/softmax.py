@@ -59,11 +59,9 @@ from optwin.kernels._common import (
     register_cap,
     reset_workspace,
     rows_view,
-    workspace_slots,
 )
 from optwin.kernels.sketch_buffer import WORKSPACE, feature_names, new_buffer, workspace
 
-WS_F, WS_I = workspace_slots("softmax")  # for reset_workspace
 assert feature_names("softmax") == (
     "numel", "rows", "absmax", "rms", "nonfinite", "n", "max", "min", "max_row_range", "masked_rows", "masked_frac",
     "peaked_frac",
@@ -488,7 +486,7 @@ def _softmax_kernel(
             g_masked = read_slot(I_ptr + 3)
             g_peak = read_slot(I_ptr + 4)
             g_elig = read_slot(I_ptr + 5)
-            reset_workspace(F_ptr, I_ptr, WS_F, WS_I)
+            reset_workspace(F_ptr, I_ptr)
             numel = tl.cast(n_rows, tl.int64) * n_cols
             cnt = tl.maximum(numel - g_nf - g_neg, 1).to(tl.float64)
             any_fin = g_max >= g_min
