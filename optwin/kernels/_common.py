@@ -179,11 +179,6 @@ def _max_sum_sum(a0, a1, a2, b0, b1, b2):
 
 
 @triton.jit
-def _sum_max(a0, a1, b0, b1):
-    return a0 + b0, tl.maximum(a1, b1)
-
-
-@triton.jit
 def sum_and_max(s, m):
     """(tl.sum(s), tl.max(m)) over axis 0 as two separate trees. A combined tl.reduce((s, m)) saves
     a cross-warp exchange but its sum is NOT always bit-identical to tl.sum's: the H200 run of
