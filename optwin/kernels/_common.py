@@ -112,7 +112,7 @@ TUNED: dict[tuple[str, int], tuple[int, int]] = {
     # 79.0/123.2; softmax 16 warps 81.4/182.7 -> 32 warps 81.7/144.2. The second run's sweep:
     # layernorm 4 warps, 2 stages, exact pass after the loop 80.6/90.2 (8 warps 80.0/123.8)
     ("rmsnorm", 16384): (8, 2),
-    ("layernorm", 16384): (8, 2),  # with REG_CAP below
+    ("layernorm", 16384): (8, 1),  # with REG_CAP below; the sketched launch: SKETCH_STAGES
     # softmax: 16 warps once the NaN/inf recompute went to 256-column pieces (bench/softmax_sketch.py):
     # the sketch fits 64 registers (2 programs per SM), 121.7 µs vs 144.2 at 32 warps; no sketch 82.1 vs 81.1.
     # Layout 4 (lane accumulators, capped at 64 registers: softmax.MAXNREG) 82.2/115.8 (8 warps at 128
@@ -134,6 +134,12 @@ TUNED: dict[tuple[str, int], tuple[int, int]] = {
 # warps (they set the tl.sum trees).
 REG_CAP: dict[tuple[str, int], int] = {("layernorm", 16384): 128}
 
+# Loop stages of the sketched launch where they differ from TUNED's (stages only change how far loads
+# run ahead, never y). layernorm with the FMA-folded variance and FMA epilogue (stop 14), H200 at
+# 4096x16384 bf16, µs without / with the sketch: 2 stages 86.4 / 79.7, 1 stage 79.6 / 84.8
+# (bench/results/norm_chunks_h200_s14e.md).
+SKETCH_STAGES: dict[tuple[str, int], int] = {("layernorm", 16384): 2}
+
 
 class Launch(NamedTuple):
     """A row kernel's launch: BLOCK, num_warps, loop stages and register cap."""
@@ -145,13 +151,15 @@ class Launch(NamedTuple):
 
 
 def launch_config(op: str, n: int, num_warps: int | None = None, stages: int | None = None,
-                  chunk: int | None = None, maxnreg: int | None = None) -> Launch:
-    """(BLOCK, num_warps, stages, maxnreg) for `op` over rows of n: launch_settings, then TUNED and
-    REG_CAP, then the caller's overrides (the bench's sweep; maxnreg=0: no cap). A kernel that reads
-    rows in pieces passes its `chunk`: BLOCK is then the chunk (any row length). A register cap
-    applies only at the warps it was measured with."""
+                  chunk: int | None = None, maxnreg: int | None = None, sketch: bool = False) -> Launch:
+    """(BLOCK, num_warps, stages, maxnreg) for `op` over rows of n: launch_settings, then TUNED,
+    SKETCH_STAGES (a sketched launch) and REG_CAP, then the caller's overrides (the bench's sweep;
+    maxnreg=0: no cap). A kernel that reads rows in pieces passes its `chunk`: BLOCK is then the chunk
+    (any row length). A register cap applies only at the warps it was measured with."""
     block, warps = launch_settings(chunk or n)
     tuned_warps, st = TUNED.get((op, block), (warps, 1))
+    if sketch:
+        st = SKETCH_STAGES.get((op, block), st)
     warps = num_warps or tuned_warps
     cap = REG_CAP.get((op, block)) if warps == tuned_warps else None
     return Launch(block, warps, stages or st, (cap if maxnreg is None else maxnreg) or None)
@@ -185,6 +193,22 @@ def sum_and_max(s, m):
     2026-11 showed different y bits at BLOCK 1024 (4 warps) and 2048 (8 warps, fp32), identical at
     16384. The op's sum must be tl.sum's, so the max gets its own tree."""
     return tl.sum(s, axis=0), tl.max(m, axis=0)
+
+
+@triton.jit
+def sum_squares(h, BLOCK: tl.constexpr):
+    """sum of h*h over a [BLOCK] row: the squares of each 4 neighbours (4k..4k+3, one thread's
+    registers) folded with explicit FMAs, fma(h0, h0, fma(h1, h1, fma(h2, h2, h3*h3))), then one
+    tl.sum tree over the BLOCK/4 partials. The kernels compile without FMA contraction (the twin must
+    know every rounding); explicit FMAs give Inductor's instruction count (1.25 instead of 2 per
+    element) with a fixed order, the same with and without the sketch (optwin.twin.numerics.sum_squares)."""
+    if BLOCK >= 4:
+        even, odd = tl.split(tl.reshape(h, [BLOCK // 4, 2, 2]))  # [BLOCK/4, 2]: 4k + 2i, 4k + 2i + 1
+        h0, h2 = tl.split(even)
+        h1, h3 = tl.split(odd)
+        return tl.sum(tl.fma(h0, h0, tl.fma(h1, h1, tl.fma(h2, h2, h3 * h3))), axis=0)
+    else:
+        return tl.sum(h * h, axis=0)
 
 
 @triton.jit

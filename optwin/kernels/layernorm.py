@@ -7,14 +7,17 @@ Numerics (what optwin.twin's layernorm/triton models), per row of n = hidden ele
     h = x.float()                              # exact
     m = tl.sum(h) / n                          # fp32 reduction tree, IEEE fp32 divide (div_rn)
     d = h - m                                  # fp32
-    var = tl.sum(d * d) / n                    # two-pass: fp32 tree, IEEE fp32 divide (no E[x^2]-m^2 cancellation)
+    var = sum_squares(d) / n                   # two-pass (no E[x^2]-m^2 cancellation): each 4 neighbours' squares
+                                               # folded with FMAs, an fp32 tree over the partials, IEEE fp32 divide
     r = rsqrt(var + eps)                       # eps as fp32 scalar; approximate rsqrt (rsqrt.approx.f32)
-    y = (d * r * w.float() + b.float()).to(dtype)   # fp32, left to right, every product rounded, one rounding to dtype
+    y = fma(d * r, w.float(), b.float()).to(dtype)  # fp32: d*r rounded, then one FMA, one rounding to dtype
 Rows longer than MAX_BLOCK (65536) go to a three-pass kernel over TRITON_CHUNK-wide pieces: each sum
-is then one fp32 accumulator per lane over the pieces, then the tree (the twin's order "blocked").
-Compiled without FMA contraction (enable_fp_fusion=False): with it, LLVM fused a different set of
-the d*d products into FMAs once the sketch added uses of h (H200, 2026-11: y changed at 1823x781
-and at 7x1025 float32), so the sketch changed y; now every product rounds, as the twin models.
+is then one fp32 accumulator per lane over the pieces, then the tree (the twin's order "blocked"), and
+every product rounds (no FMA).
+Compiled without FMA contraction (enable_fp_fusion=False), the FMAs written out: with contraction on,
+LLVM fused a different set of the d*d products into FMAs once the sketch added uses of h (H200,
+2026-11: y changed at 1823x781 and at 7x1025 float32), so the sketch changed y. Written out they are
+the same with and without the sketch, and the twin models each rounding.
 The sketch (y is bit-identical with and without it: the op's sums stay tl.sum's):
 - max |h| is a per-lane running max across the row loop (no tree per row);
 - each row's (mean, var, constant-row |c|) waits in a slot, one per lane, and the slots' partials
@@ -30,9 +33,11 @@ The sketch (y is bit-identical with and without it: the op's sums stay tl.sum's)
   (H200, stop 12: 92.2 against 87.1 µs with the sketch, bench/results/norm_chunks_h200_s12c.md).
 Memory: read rows*n (x, evict-first) + 2n per row (weight, bias: L1/L2 hits), write rows*n (y);
 persistent programs; with the sketch a few scalar atomics per program and the feature vector.
-Launch at BLOCK 16384 (_common.TUNED, REG_CAP): 8 warps capped at 128 registers (2 programs per SM;
-uncapped 1), 2 loop stages: H200 79.3 / 82.0 µs without / with the sketch, against 80.1 / 90.1 at the 4
-warps of stop 12 (bench/results/norm_chunks_h200_s13*.md). The weight/bias partials are taken by the
+Launch at BLOCK 16384 (_common.TUNED, SKETCH_STAGES, REG_CAP): 8 warps capped at 128 registers (2
+programs per SM; uncapped 1); 1 loop stage without the sketch, 2 with it. H200, 4096x16384 bf16, µs
+without / with the sketch: 79.8 / 80.1 (bench/results/norm_chunks_h200_s14f.md), against 79.2 / 82.5
+for stop 13's code (products rounded, both launches at 2 stages) in the same rounds and 80.1 / 90.1 at
+the 4 warps of stop 12 (bench/results/norm_chunks_h200_s13*.md). The weight/bias partials are taken by the
 last program, which has the fewest rows: in program 0 (one of the most) the sketched launch at 2 stages
 read 96.2 µs, at 1 stage 85.4.
 Layouts measured and dropped (stop 11, bench/results/sketch_lanes_h200_s11b.md, 4096x16384 bf16, 4 warps
@@ -64,6 +69,7 @@ from optwin.kernels._common import (
     reset_workspace,
     rows_view,
     store_norm_features,
+    sum_squares,
 )
 from optwin.kernels.sketch_buffer import (
     RATIO_CAP,
@@ -249,11 +255,11 @@ def _layernorm_kernel(
         # constant row's mean one ulp off made h - m nonzero: y = bias became (h-m)*rsqrt(eps) on the H200
         m = tl.math.div_rn(tl.sum(h, axis=0), tl.cast(n_cols, tl.float32))  # first pass (registers)
         d = tl.where(mask, h - m, 0.0)
-        var = tl.math.div_rn(tl.sum(d * d, axis=0), tl.cast(n_cols, tl.float32))  # second pass over registers, not memory
+        var = tl.math.div_rn(sum_squares(d, BLOCK), tl.cast(n_cols, tl.float32))  # second pass over registers, not memory
         rs = tl.math.rsqrt(var + eps)  # approximate rsqrt
         w = tl.load(W_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
         b = tl.load(B_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        y = d * rs * w + b
+        y = tl.fma(d * rs, w, b)  # one rounding for the last product and the add
         tl.store(Y_ptr + row * Y_row_stride + cols, y.to(Y_ptr.dtype.element_ty), mask=mask,
                  eviction_policy="evict_first")  # write n
         if SKETCH:  # the per-row scalar work (sqrt, divide, float64 add) off each row's path
@@ -281,7 +287,7 @@ def _layernorm_kernel(
                 h2 = tl.load(X_ptr + tl.cast(r2, tl.int64) * X_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
                 m2 = tl.math.div_rn(tl.sum(h2, axis=0), tl.cast(n_cols, tl.float32))  # the loop's own values and tests
                 d2 = tl.where(mask, h2 - m2, 0.0)
-                var2 = tl.math.div_rn(tl.sum(d2 * d2, axis=0), tl.cast(n_cols, tl.float32))
+                var2 = tl.math.div_rn(sum_squares(d2, BLOCK), tl.cast(n_cols, tl.float32))
                 if not ((var2 + m2 * m2) * n_cols <= FMAX):  # NaN/±inf or overflow: exact partials
                     amax2, sq2, nf2, mf2, sf2, c2 = _exact_row(h2, mask, n_cols)
                     p_amax, p_ratio, p_minstd, p_sq, p_nf, p_const = _merge_row(
@@ -441,7 +447,7 @@ def _layernorm_launch(
         )
         note_occupancy(key, k, warps)
         return
-    block, warps, st, cap = launch_config("layernorm", n, num_warps, stages, maxnreg=maxnreg)
+    block, warps, st, cap = launch_config("layernorm", n, num_warps, stages, maxnreg=maxnreg, sketch=sketch)
     vec, lanes = lane_shape(block, x2.element_size(), warps)
     kp = min(KEEP if keep is None else keep, vec)
     key = ("layernorm", x2.dtype, block, warps, st, cap, sketch, kp)

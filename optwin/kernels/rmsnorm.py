@@ -5,19 +5,23 @@ print(rmsnorm(torch.randn(3, 8), torch.ones(8))[1])"
 
 Numerics (what optwin.twin's rmsnorm/triton models), per row of n = hidden elements:
     h = x.float()                      # exact
-    v = tl.sum(h * h) / n              # fp32 products, fp32 reduction tree (tl.sum), IEEE fp32 division
+    v = sum_squares(h) / n             # each 4 neighbours' squares folded with FMAs (one rounding per step),
+                                       # then an fp32 tree (tl.sum) over the BLOCK/4 partials; IEEE fp32 division
     r = rsqrt(v + eps)                 # eps as an fp32 scalar; rsqrt is approximate (rsqrt.approx.f32
                                        # on NVIDIA, ~2 ulp), the interpreter uses 1/sqrt in numpy
     y = (h * r * w.float()).to(dtype)  # fp32 products left to right, one rounding to dtype
 Rows longer than MAX_BLOCK (65536) go to a two-pass kernel over TRITON_CHUNK-wide pieces: v is then
 one fp32 accumulator per lane summed over the pieces, then the tree (the twin's order "blocked").
-Compiled without FMA contraction (enable_fp_fusion=False): every h*h is rounded before the tree
-adds it, as the twin models. With contraction on, LLVM fused a different half of the tree's
-products into FMAs once the sketch added uses of h (H200, 2026-11: y changed at 1823x781), so the
-sketch changed y; without it the sum's instructions are the same in both variants.
-With the sketch on, max |h| is one extra tl.max per row (a separate tree: the op's sum stays
-tl.sum's, so y is bit-identical with and without the sketch).
-Sketch per row from the op's own sums: sumsq = tl.sum(h*h), row mean square = v; only a row whose
+Compiled without FMA contraction (enable_fp_fusion=False), with the FMAs written out
+(_common.sum_squares): with contraction on, LLVM fused a different half of the tree's products into
+FMAs once the sketch added uses of h (H200, 2026-11: y changed at 1823x781), so the sketch changed y.
+Written out, the FMAs are the same in both variants and the twin knows each rounding; they cut the
+sum's instructions from 2 to 1.25 per element: H200, 4096x16384 bf16, 73.7 -> 73.0 µs without the
+sketch, 76.0 -> 75.0 with it (bench/results/norm_chunks_h200_s14f.md; Inductor's own kernel lost
+1.9 µs with contraction off, bench/results/rmsnorm_bisect_h200_s14.md).
+With the sketch on, max |h| is one extra tl.max per row (a separate tree: the op's sum is the same,
+so y is bit-identical with and without the sketch).
+Sketch per row from the op's own sums: sumsq = sum_squares(h), row mean square = v; only a row whose
 sum is not finite (NaN/±inf, or h*h overflow) recomputes exact finite-only partials.
 Memory: read rows*n (x, evict-first) + n per row (weight, an L1/L2 hit), write rows*n (y); with
 the sketch a few scalar atomics per program and the feature vector.
@@ -46,6 +50,7 @@ from optwin.kernels._common import (
     rows_view,
     store_norm_features,
     sum_and_max,
+    sum_squares,
 )
 from optwin.kernels.sketch_buffer import WORKSPACE, feature_names, new_buffer, workspace
 from optwin.twin.numerics import TRITON_CHUNK
@@ -131,10 +136,9 @@ def _rmsnorm_kernel(
         row = tl.cast(r, tl.int64)  # 64-bit offsets for tensors past 2^31 elements
         x = tl.load(X_ptr + row * X_row_stride + cols, mask=mask, other=0.0, eviction_policy="evict_first")
         h = x.to(tl.float32)
+        ss = sum_squares(h, BLOCK)  # FMA-folded neighbours, then the fp32 tree
         if SKETCH:
-            ss, amax = sum_and_max(h * h, tl.abs(h))  # ss is tl.sum(h * h)
-        else:
-            ss = tl.sum(h * h, axis=0)  # fp32 tree sum
+            amax = tl.max(tl.abs(h), axis=0)  # its own tree: ss is the same with and without the sketch
         v = tl.math.div_rn(ss, tl.cast(n_cols, tl.float32))  # IEEE divide, as the twin models (`/` is div.full.f32)
         rs = tl.math.rsqrt(v + eps)  # approximate rsqrt
         # the weight per row (L1/L2 hit): holding it in registers across rows halves occupancy
@@ -148,7 +152,7 @@ def _rmsnorm_kernel(
         if p_bad > 0:  # rare: re-read this program's rows with NaN/±inf (or h*h overflow), exact partials
             for r2 in tl.range(pid, n_rows, tl.num_programs(0)):
                 h2 = tl.load(X_ptr + tl.cast(r2, tl.int64) * X_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
-                if not (tl.sum(h2 * h2, axis=0) <= FMAX):  # the loop's own test, same tree: same rows
+                if not (sum_squares(h2, BLOCK) <= FMAX):  # the loop's own test, same sum: same rows
                     a, q, nf = finite_partials(h2, mask)
                     p_amax, p_ms, p_sq, p_nf = _merge_exact(p_amax, p_ms, p_sq, p_nf, a, q, nf, n_cols)
     if SKETCH:

@@ -84,8 +84,13 @@ def workspace(op: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor
         fslots, islots = WORKSPACE[op]
         assert len(fslots) <= SLOTS and len(islots) <= SLOTS
         idents = [v for _, v in fslots] + [0.0] * (SLOTS - len(fslots))  # unused slots: 0, never read
-        # the slots, then their identities (read-only: the last program copies them back)
-        f = torch.tensor(idents + idents, dtype=torch.float64, device=device)
+        # the slots, then their identities (read-only: the last program copies them back). Filled on
+        # the device, not copied from a host list: a first launch inside CUDA graph capture (a new
+        # stream) may not copy from pageable host memory
+        f = torch.zeros(2 * SLOTS, dtype=torch.float64, device=device)
+        for k, v in enumerate(idents + idents):
+            if v != 0.0:
+                f[k].fill_(v)
         i = torch.zeros(SLOTS, dtype=torch.int64, device=device)
         _WS[key] = (f, i)
     return _WS[key]

@@ -13,7 +13,14 @@ from __future__ import annotations
 import torch
 
 from optwin.catalog import CATALOG
-from optwin.twin.numerics import FORMATS, Numerics, round_nearest, triton_row_lanes
+from optwin.twin.numerics import (
+    FORMATS,
+    TRITON_WHOLE_ROW_MAX,
+    Numerics,
+    round_nearest,
+    sum_squares,
+    triton_row_lanes,
+)
 
 EPS = CATALOG["layernorm"].constants["eps"]
 F32 = "float32"
@@ -29,11 +36,12 @@ def reference(inputs: dict[str, torch.Tensor], params: dict) -> torch.Tensor:
 
 
 def _normalize(num: Numerics, h: torch.Tensor, m: torch.Tensor, var: torch.Tensor, w: torch.Tensor,
-               b: torch.Tensor) -> torch.Tensor:
-    """((h - m) * rsqrt(var + eps)) * w + b, every operation rounded to float32."""
+               b: torch.Tensor, fused: bool = False) -> torch.Tensor:
+    """((h - m) * rsqrt(var + eps)) * w + b, every operation rounded to float32 (`fused`: the last
+    product and the add are one FMA, one rounding)."""
     r = num.round(torch.rsqrt(num.round(var + EPS32, F32)), F32)  # rsqrt(neg) = NaN, as on the GPU
     y = num.round(num.round(h - m, F32) * r, F32)
-    return num.round(num.round(y * w, F32) + b, F32)
+    return num.round(y * w + b, F32) if fused else num.round(num.round(y * w, F32) + b, F32)
 
 
 def welford(num: Numerics, h: torch.Tensor, lanes: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,6 +100,7 @@ def twin(num: Numerics, variant: str, dtype: str, inputs: dict[str, torch.Tensor
         lanes = triton_row_lanes(n)
         m = num.round(num.sum(h, order="blocked", lanes=lanes, keepdim=True) / n, F32)
         dev = num.round(h - m, F32)
-        var = num.round(num.sum(num.round(dev * dev, F32), order="blocked", lanes=lanes, keepdim=True) / n, F32)
-        return num.round(_normalize(num, h, m, var, w, b), dtype)
+        var = num.round(sum_squares(num, dev) / n, F32)
+        # rows held whole end in an explicit FMA, ((h - m) * r) * w + b with one rounding
+        return num.round(_normalize(num, h, m, var, w, b, fused=n <= TRITON_WHOLE_ROW_MAX), dtype)
     raise ValueError(f"layernorm: no twin for variant {variant!r}")

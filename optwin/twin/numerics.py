@@ -36,6 +36,22 @@ TRITON_WHOLE_ROW_MAX = 65536
 TRITON_CHUNK = 4096
 
 
+def sum_squares(num: Numerics, x: torch.Tensor) -> torch.Tensor:
+    """The Triton norms' row sum of x*x (keepdim, float32), optwin.kernels._common.sum_squares: rows held
+    whole fold each 4 neighbours with FMAs (one rounding per step), fma(x0, x0, fma(x1, x1, fma(x2, x2,
+    x3*x3))), zero-padded to a multiple of 4, then a tree over the partials; rows read in chunks round
+    every product and sum per lane over the chunks (the order "blocked")."""
+    n = x.shape[-1]
+    if n > TRITON_WHOLE_ROW_MAX or n <= 2:
+        return num.sum(num.round(x * x, "float32"), order="blocked", lanes=triton_row_lanes(n), keepdim=True)
+    pad = -n % 4
+    g = torch.nn.functional.pad(x, (0, pad)).reshape(*x.shape[:-1], (n + pad) // 4, 4)
+    q = num.round(g[..., 3] * g[..., 3], "float32")  # a float32 square is exact in float64
+    for j in (2, 1, 0):
+        q = num.round(g[..., j] * g[..., j] + q, "float32")  # fma: one rounding
+    return num.sum(q, order="pairwise", keepdim=True)
+
+
 def triton_row_lanes(n: int) -> int:
     """The `lanes` of Numerics.sum(order="blocked") that is a Triton norm's sum over a row of n."""
     return n if n <= TRITON_WHOLE_ROW_MAX else TRITON_CHUNK

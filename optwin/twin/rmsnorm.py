@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from optwin.catalog import CATALOG
-from optwin.twin.numerics import Numerics, triton_row_lanes
+from optwin.twin.numerics import Numerics, sum_squares
 
 EPS = CATALOG["rmsnorm"].constants["eps"]
 F32 = "float32"
@@ -36,8 +36,7 @@ def twin(num: Numerics, variant: str, dtype: str, inputs: dict[str, torch.Tensor
         return num.round(w * num.round(x * r, dtype), dtype)
     if variant == "triton":
         n = x.shape[-1]
-        # one tl.sum tree, or per-lane sums over the kernel's chunks and then the tree
-        s = num.sum(num.round(x * x, F32), order="blocked", lanes=triton_row_lanes(n), keepdim=True)
+        s = sum_squares(num, x)  # FMA-folded neighbours and a tree, or per-lane sums over chunks
         v = num.round(s / n, F32)
         r = num.round(torch.rsqrt(num.round(v + EPS, F32)), F32)
         y = num.round(num.round(x * r, F32) * w, F32)
