@@ -313,21 +313,6 @@ def last_program(T_ptr):
 
 
 @triton.jit
-def store_norm_features(S_ptr, n_rows, n_cols, g_amax, g_sq, g_nf, g_param_nf):
-    """The features rmsnorm and layernorm share, at the head of their buffers: numel, rows, absmax, rms
-    (over the finite entries: g_sq is their float64 sum of squares), nonfinite (x's g_nf plus the
-    parameters'), hidden."""
-    numel = tl.cast(n_rows, tl.int64) * n_cols
-    cnt = tl.maximum(numel - g_nf, 1).to(tl.float64)
-    tl.store(S_ptr + 0, numel.to(tl.float64))
-    tl.store(S_ptr + 1, tl.cast(n_rows, tl.float64))
-    tl.store(S_ptr + 2, g_amax)
-    tl.store(S_ptr + 3, tl.sqrt(g_sq / cnt))
-    tl.store(S_ptr + 4, (g_nf + g_param_nf).to(tl.float64))
-    tl.store(S_ptr + 5, tl.cast(n_cols, tl.float64))
-
-
-@triton.jit
 def read_slot(ptr):
     """A workspace slot's merged value, read by the last program (after last_program's acquire).
 
@@ -349,3 +334,24 @@ def reset_workspace(F_ptr, I_ptr):
     tl.debug_barrier()
     tl.store(F_ptr + k, idents)
     tl.store(I_ptr + k, tl.zeros([WS_SLOTS], dtype=tl.int64))
+
+
+@triton.jit
+def finish_norm_sketch(S_ptr, F_ptr, I_ptr, n_rows, n_cols):
+    """The last program's common end of rmsnorm and layernorm, whose workspaces share their head
+    (float absmax, sumsq; int ticket, nonfinite x, nonfinite parameters): read those slots, reset the
+    workspace, store the shared features numel, rows, absmax, rms (over the finite entries), nonfinite
+    (x's plus the parameters'), hidden. The op reads its own slots before calling it."""
+    g_amax = read_slot(F_ptr + 0)
+    g_sq = read_slot(F_ptr + 1)
+    g_nf = read_slot(I_ptr + 1)
+    g_param_nf = read_slot(I_ptr + 2)
+    reset_workspace(F_ptr, I_ptr)
+    numel = tl.cast(n_rows, tl.int64) * n_cols
+    cnt = tl.maximum(numel - g_nf, 1).to(tl.float64)
+    tl.store(S_ptr + 0, numel.to(tl.float64))
+    tl.store(S_ptr + 1, tl.cast(n_rows, tl.float64))
+    tl.store(S_ptr + 2, g_amax)
+    tl.store(S_ptr + 3, tl.sqrt(g_sq / cnt))
+    tl.store(S_ptr + 4, (g_nf + g_param_nf).to(tl.float64))
+    tl.store(S_ptr + 5, tl.cast(n_cols, tl.float64))

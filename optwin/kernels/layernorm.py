@@ -18,7 +18,7 @@ Compiled without FMA contraction (enable_fp_fusion=False), the FMAs written out:
 LLVM fused a different set of the d*d products into FMAs once the sketch added uses of h (H200,
 2026-11: y changed at 1823x781 and at 7x1025 float32), so the sketch changed y. Written out they are
 the same with and without the sketch, and the twin models each rounding.
-The sketch (y is bit-identical with and without it: the op's sums stay tl.sum's):
+The sketch (y is bit-identical with and without it: the op's sums are the same code in both):
 - max |h| is a per-lane running max across the row loop (no tree per row);
 - each row's (mean, var, constant-row |c|) waits in a slot, one per lane, and the slots' partials
   are computed LANES rows at a time: sumsq = n*(var + m*m) (positive terms, no cancellation, agrees
@@ -56,6 +56,7 @@ from optwin.kernels._common import (
     FMAX,
     MAX_BLOCK,
     check_device,
+    finish_norm_sketch,
     finite_partials,
     finite_partials_chunked,
     lane_max,
@@ -66,9 +67,7 @@ from optwin.kernels._common import (
     persistent_grid,
     read_slot,
     register_cap,
-    reset_workspace,
     rows_view,
-    store_norm_features,
     sum_squares,
 )
 from optwin.kernels.sketch_buffer import (
@@ -191,15 +190,10 @@ def _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ratio, p_minstd, p_nf, p_const
     tl.atomic_max(F_ptr + 4, tl.maximum(p_const, 0.0).to(tl.float64), sem="relaxed")
     tl.atomic_add(I_ptr + 1, p_nf, sem="relaxed")
     if last_program(I_ptr):
-        g_amax = read_slot(F_ptr + 0)
-        g_sq = read_slot(F_ptr + 1)
         g_ratio = read_slot(F_ptr + 2)
         g_minstd = read_slot(F_ptr + 3)
         g_const = read_slot(F_ptr + 4)
-        g_nf = read_slot(I_ptr + 1)
-        g_pnf = read_slot(I_ptr + 2)
-        reset_workspace(F_ptr, I_ptr)
-        store_norm_features(S_ptr, n_rows, n_cols, g_amax, g_sq, g_nf, g_pnf)
+        finish_norm_sketch(S_ptr, F_ptr, I_ptr, n_rows, n_cols)
         cap64 = tl.full((), CAP, tl.float64)  # the fp32 cap rounds up; the feature is exactly CAP
         tl.store(S_ptr + 6, tl.where(g_ratio >= cap64, cap64, g_ratio))
         tl.store(S_ptr + 7, tl.where(n_rows > 0, g_minstd, 0.0))

@@ -38,6 +38,7 @@ from optwin.kernels._common import (
     FMAX,
     MAX_BLOCK,
     check_device,
+    finish_norm_sketch,
     finite_partials,
     finite_partials_chunked,
     last_program,
@@ -46,9 +47,7 @@ from optwin.kernels._common import (
     persistent_grid,
     read_slot,
     register_cap,
-    reset_workspace,
     rows_view,
-    store_norm_features,
     sum_and_max,
     sum_squares,
 )
@@ -78,13 +77,8 @@ def _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ms, p_nf, n_rows, n_cols):
     tl.atomic_max(F_ptr + 2, p_ms.to(tl.float64), sem="relaxed")
     tl.atomic_add(I_ptr + 1, p_nf, sem="relaxed")
     if last_program(I_ptr):  # read back and reset the workspace, write the features
-        g_amax = read_slot(F_ptr + 0)
-        g_sq = read_slot(F_ptr + 1)
         g_ms = read_slot(F_ptr + 2)
-        g_nf = read_slot(I_ptr + 1)
-        g_wnf = read_slot(I_ptr + 2)
-        reset_workspace(F_ptr, I_ptr)
-        store_norm_features(S_ptr, n_rows, n_cols, g_amax, g_sq, g_nf, g_wnf)
+        finish_norm_sketch(S_ptr, F_ptr, I_ptr, n_rows, n_cols)
         tl.store(S_ptr + 6, tl.sqrt(g_ms))
 
 
