@@ -1,0 +1,117 @@
+r"""Launch each kernel of issue #6 once inside a profiler range, for Nsight Compute: torch.compile of the
+production variant, our kernel without the sketch, our kernel with it (bf16 4096x16384; rope 4096x128x128).
+Timings say how much the sketch costs; the hardware counters say why (issue stalls, occupancy, DRAM
+throughput), where differences of variants (bench/norm_chunks.py) can only locate it.
+
+    ncu --clock-control none --profile-from-start off --section SpeedOfLight --section WarpStateStats \
+        --section Occupancy --section LaunchStats --csv --page details --log-file $OUT/ncu.csv \
+        python bench/ncu_kernels.py
+    ncu --clock-control none --profile-from-start off --csv --page raw --log-file $OUT/ncu_stalls.csv \
+        --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' python bench/ncu_kernels.py
+    python bench/ncu_kernels.py --summary ncu.csv      # anywhere: the table of the log, in markdown
+    python bench/ncu_kernels.py --stalls ncu_stalls.csv   # the largest stall reasons per launch
+    TRITON_INTERPRET=1 python bench/ncu_kernels.py --smoke   # CPU dry run of the launches
+
+Everything is compiled, autotuned and run once before the range starts, so the range holds exactly
+the launches listed (their order is printed: ncu names kernels, not our configs).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for `optwin`
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # bench/
+
+# the counters worth a column, by ncu's names in the details page (section, metric name)
+COLUMNS = (
+    "Duration", "Memory Throughput", "DRAM Throughput", "Registers Per Thread", "Achieved Occupancy",
+    "Theoretical Occupancy", "Warp Cycles Per Issued Instruction", "Issue Slots Busy", "Executed Ipc Active",
+    "Avg. Active Threads Per Warp",
+)
+
+
+def summary(path: str) -> str:
+    """The ncu details log (CSV) as one markdown row per launch and the COLUMNS that it holds."""
+    rows: dict[str, dict[str, str]] = {}
+    names: dict[str, str] = {}
+    with open(path, newline="") as f:
+        lines = [ln for ln in f if ln.startswith('"')]  # ncu prints its own lines before the CSV
+    for r in csv.DictReader(lines):
+        key = r["ID"]
+        names[key] = r["Kernel Name"][:40]
+        if r["Metric Name"] in COLUMNS:
+            rows.setdefault(key, {})[r["Metric Name"]] = f"{r['Metric Value']} {r['Metric Unit']}".strip()
+    out = ["| # | kernel | " + " | ".join(COLUMNS) + " |", "|---|---|" + "---:|" * len(COLUMNS)]
+    for key in sorted(rows, key=int):
+        out.append(f"| {key} | {names[key]} | " + " | ".join(rows[key].get(c, "-") for c in COLUMNS) + " |")
+    return "\n".join(out)
+
+
+def stalls(path: str, top: int = 6) -> str:
+    """The raw-page log of stall metrics as one markdown row per launch: its `top` stall reasons in
+    warps stalled per issued instruction (summed, they are the cycles between two issues of a warp)."""
+    with open(path, newline="") as f:
+        lines = [ln for ln in f if ln.startswith('"')]
+    reader = csv.reader(lines)
+    head = next(reader)
+    next(reader)  # units
+    out = ["| # | kernel | stalls per issued instruction (largest first) |", "|---|---|---|"]
+    for r in reader:
+        rec = dict(zip(head, r))
+        vals = {k.removeprefix("smsp__average_warps_issue_stalled_").removesuffix("_per_issue_active.ratio"): float(v)
+                for k, v in rec.items() if k.startswith("smsp__average_warps_issue_stalled_") and v}
+        tot = sum(vals.values())
+        best = sorted(vals.items(), key=lambda kv: -kv[1])[:top]
+        out.append(f"| {rec['ID']} | {rec['Kernel Name'][:40]} | total {tot:.1f}: "
+                   + ", ".join(f"{k} {v:.2f}" for k, v in best) + " |")
+    return "\n".join(out)
+
+
+def main() -> None:
+    import torch
+    from gpu_kernels import OPS, _sweep_launchers
+
+    from optwin.kernels.sketch_buffer import new_buffer
+
+    smoke = "--smoke" in sys.argv
+    dev = "cpu" if smoke else "cuda"
+    shape = (8, 300) if smoke else (4096, 16384)
+    ops = os.environ.get("BENCH_OPS", "rmsnorm,layernorm,softmax,rope").split(",")
+    launches = []  # (label, fn)
+    for op in ops:
+        g = torch.Generator().manual_seed(2)
+        inp, params = OPS[op].make(shape, torch.bfloat16, dev, g)
+        x2 = {k: (v.reshape(-1, v.shape[-1]) if k == "x" and op != "rope" else v) for k, v in inp.items()}
+        y, y0 = torch.empty_like(x2["x"]), torch.empty_like(x2["x"])
+        buf = new_buffer(op, dev)
+        f, f0 = _sweep_launchers(op, x2, params, y, y0, {})
+        if not smoke:
+            comp = torch.compile(OPS[op].eager, dynamic=False)
+            launches.append((f"{op} torch.compile", lambda c=comp, i=inp, p=params: c(i, p)))
+        launches.append((f"{op} ours", lambda f0=f0: f0(None)))
+        launches.append((f"{op} ours +sketch", lambda f=f, b=buf: f(b)))
+    for _, fn in launches:  # compile, autotune, allocate outside the range
+        fn()
+        fn()
+    if not smoke:
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
+    for i, (label, fn) in enumerate(launches):
+        print(f"launch {i}: {label}", flush=True)
+        fn()
+    if not smoke:
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+
+
+if __name__ == "__main__":
+    if "--summary" in sys.argv:
+        print(summary(sys.argv[sys.argv.index("--summary") + 1]))
+    elif "--stalls" in sys.argv:
+        print(stalls(sys.argv[sys.argv.index("--stalls") + 1]))
+    else:
+        main()
