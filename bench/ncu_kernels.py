@@ -10,6 +10,8 @@ throughput), where differences of variants (bench/norm_chunks.py) can only locat
         --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' python bench/ncu_kernels.py
     python bench/ncu_kernels.py --summary ncu.csv      # anywhere: the table of the log, in markdown
     python bench/ncu_kernels.py --stalls ncu_stalls.csv   # the largest stall reasons per launch
+    ncu ... --section SourceCounters --page source --print-source sass --log-file $OUT/ncu_source.csv ...
+    python bench/ncu_kernels.py --sass ncu_source.csv 67108864   # executed SASS per element, by opcode
     TRITON_INTERPRET=1 python bench/ncu_kernels.py --smoke   # CPU dry run of the launches
 
 Everything is compiled, autotuned and run once before the range starts, so the range holds exactly
@@ -19,6 +21,7 @@ the launches listed (their order is printed: ncu names kernels, not our configs)
 from __future__ import annotations
 
 import csv
+import json
 import os
 import sys
 from pathlib import Path
@@ -28,26 +31,30 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))  # bench/
 
 # the counters worth a column, by ncu's names in the details page (section, metric name)
 COLUMNS = (
-    "Duration", "Memory Throughput", "DRAM Throughput", "Registers Per Thread", "Achieved Occupancy",
-    "Theoretical Occupancy", "Warp Cycles Per Issued Instruction", "Issue Slots Busy", "Executed Ipc Active",
-    "Avg. Active Threads Per Warp",
+    "Duration", "DRAM Throughput", "Registers Per Thread", "Achieved Occupancy", "Theoretical Occupancy",
+    "Warp Cycles Per Issued Instruction",
 )
+
+
+def _num(v: str) -> float:
+    """An ncu CSV value as a float: ncu writes thousands separators ("1,980,000"); empty is 0."""
+    return float(v.replace(",", "") or 0)
 
 
 def summary(path: str) -> str:
     """The ncu details log (CSV) as one markdown row per launch and the COLUMNS that it holds."""
     rows: dict[str, dict[str, str]] = {}
-    names: dict[str, str] = {}
+    launch: dict[str, str] = {}
     with open(path, newline="") as f:
         lines = [ln for ln in f if ln.startswith('"')]  # ncu prints its own lines before the CSV
     for r in csv.DictReader(lines):
         key = r["ID"]
-        names[key] = r["Kernel Name"][:40]
+        launch[key] = f"{r['Kernel Name'][:40]} | {r['Block Size']} | {r['Grid Size']}"
         if r["Metric Name"] in COLUMNS:
             rows.setdefault(key, {})[r["Metric Name"]] = f"{r['Metric Value']} {r['Metric Unit']}".strip()
-    out = ["| # | kernel | " + " | ".join(COLUMNS) + " |", "|---|---|" + "---:|" * len(COLUMNS)]
+    out = ["| # | kernel | block | grid | " + " | ".join(COLUMNS) + " |", "|---|---|---|---|" + "---:|" * len(COLUMNS)]
     for key in sorted(rows, key=int):
-        out.append(f"| {key} | {names[key]} | " + " | ".join(rows[key].get(c, "-") for c in COLUMNS) + " |")
+        out.append(f"| {key} | {launch[key]} | " + " | ".join(rows[key].get(c, "-") for c in COLUMNS) + " |")
     return "\n".join(out)
 
 
@@ -62,12 +69,43 @@ def stalls(path: str, top: int = 6) -> str:
     out = ["| # | kernel | stalls per issued instruction (largest first) |", "|---|---|---|"]
     for r in reader:
         rec = dict(zip(head, r))
-        vals = {k.removeprefix("smsp__average_warps_issue_stalled_").removesuffix("_per_issue_active.ratio"): float(v)
+        vals = {k.removeprefix("smsp__average_warps_issue_stalled_").removesuffix("_per_issue_active.ratio"): _num(v)
                 for k, v in rec.items() if k.startswith("smsp__average_warps_issue_stalled_") and v}
         tot = sum(vals.values())
         best = sorted(vals.items(), key=lambda kv: -kv[1])[:top]
         out.append(f"| {rec['ID']} | {rec['Kernel Name'][:40]} | total {tot:.1f}: "
                    + ", ".join(f"{k} {v:.2f}" for k, v in best) + " |")
+    return "\n".join(out)
+
+
+def sass(path: str, elements: int, top: int = 16) -> str:
+    """The source-page log (SASS with counters) as one markdown row per kernel: warp instructions
+    executed per element of the input (x 32 threads / `elements`) by opcode, and the opcodes where
+    the stall samples fall (a stall is charged to the instruction that waits: the first user of a load
+    collects the memory latency)."""
+    out = ["| # | kernel | SASS per element | by opcode | stall samples by opcode |", "|---|---|---:|---|---|"]
+    sections: list[tuple[str, list[dict[str, str]]]] = []
+    head: list[str] = []
+    with open(path, newline="") as f:
+        for r in csv.reader(ln for ln in f if ln.startswith('"')):
+            if r[0] == "Kernel Name":
+                sections.append((r[1], []))
+            elif r[0] == "Address":
+                head = r
+            elif sections:
+                sections[-1][1].append(dict(zip(head, r)))
+    for i, (name, rows) in enumerate(sections):
+        ops: dict[str, float] = {}
+        stall: dict[str, float] = {}
+        for r in rows:
+            words = r["Source"].split()
+            op = (words[1] if words[0].startswith("@") and len(words) > 1 else words[0]).split(".")[0]
+            ops[op] = ops.get(op, 0.0) + _num(r["Instructions Executed"]) * 32 / elements
+            stall[op] = stall.get(op, 0.0) + _num(r["Warp Stall Sampling (All Samples)"])
+        n_samples = sum(stall.values()) or 1.0
+        by_op = ", ".join(f"{k} {v:.2f}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1])[:top])
+        by_stall = ", ".join(f"{k} {100 * v / n_samples:.0f}%" for k, v in sorted(stall.items(), key=lambda kv: -kv[1])[:6])
+        out.append(f"| {i} | {name} | {sum(ops.values()):.1f} | {by_op} | {by_stall} |")
     return "\n".join(out)
 
 
@@ -81,6 +119,8 @@ def main() -> None:
     dev = "cpu" if smoke else "cuda"
     shape = (8, 300) if smoke else (4096, 16384)
     ops = os.environ.get("BENCH_OPS", "rmsnorm,layernorm,softmax,rope").split(",")
+    # more launches per op, as bench/norm_chunks.py takes them: BENCH_CONFIGS='{"rmsnorm": [{"num_warps": 32}]}'
+    extra = json.loads(os.environ.get("BENCH_CONFIGS") or "{}")
     launches = []  # (label, fn)
     for op in ops:
         g = torch.Generator().manual_seed(2)
@@ -88,12 +128,14 @@ def main() -> None:
         x2 = {k: (v.reshape(-1, v.shape[-1]) if k == "x" and op != "rope" else v) for k, v in inp.items()}
         y, y0 = torch.empty_like(x2["x"]), torch.empty_like(x2["x"])
         buf = new_buffer(op, dev)
-        f, f0 = _sweep_launchers(op, x2, params, y, y0, {})
         if not smoke:
             comp = torch.compile(OPS[op].eager, dynamic=False)
             launches.append((f"{op} torch.compile", lambda c=comp, i=inp, p=params: c(i, p)))
-        launches.append((f"{op} ours", lambda f0=f0: f0(None)))
-        launches.append((f"{op} ours +sketch", lambda f=f, b=buf: f(b)))
+        for cfg in [{}] + extra.get(op, []):  # the shipped launch, then BENCH_CONFIGS' overrides
+            f, f0 = _sweep_launchers(op, x2, params, y, y0, cfg)
+            label = f"{op} ours" + (f" {cfg}" if cfg else "")
+            launches.append((label, lambda f0=f0: f0(None)))
+            launches.append((f"{label} +sketch", lambda f=f, b=buf: f(b)))
     for _, fn in launches:  # compile, autotune, allocate outside the range
         fn()
         fn()
@@ -111,6 +153,9 @@ def main() -> None:
 if __name__ == "__main__":
     if "--summary" in sys.argv:
         print(summary(sys.argv[sys.argv.index("--summary") + 1]))
+    elif "--sass" in sys.argv:
+        at = sys.argv.index("--sass")
+        print(sass(sys.argv[at + 1], int(sys.argv[at + 2])))
     elif "--stalls" in sys.argv:
         print(stalls(sys.argv[sys.argv.index("--stalls") + 1]))
     else:
