@@ -61,3 +61,21 @@ def write_report(md: str, name: str) -> None:
     out = os.environ.get("OUT")
     if out:
         Path(out, name).write_text(md)
+
+
+def graph_ms(fn: Callable[[], Any], calls: int = 10, replays: int = 20) -> float:
+    """ms per call of fn replayed from a CUDA graph of `calls` calls: no host cost and no L2 flush
+    between calls, as a serving loop's graphs run (do_bench flushes L2 before each call; the two
+    methods ranked some launches differently on the H200: bench/results/timings_h200_s15.md)."""
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    g.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        g.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / (replays * calls)

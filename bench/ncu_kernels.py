@@ -12,6 +12,7 @@ throughput), where differences of variants (bench/norm_chunks.py) can only locat
     python bench/ncu_kernels.py --stalls ncu_stalls.csv   # the largest stall reasons per launch
     ncu ... --section SourceCounters --page source --print-source sass --log-file $OUT/ncu_source.csv ...
     python bench/ncu_kernels.py --sass ncu_source.csv 67108864   # executed SASS per element, by opcode
+    python bench/ncu_kernels.py --time      # the same launches by do_bench and CUDA graph replay (no ncu)
     TRITON_INTERPRET=1 python bench/ncu_kernels.py --smoke   # CPU dry run of the launches
 
 Everything is compiled, autotuned and run once before the range starts, so the range holds exactly
@@ -109,6 +110,24 @@ def sass(path: str, elements: int, top: int = 16) -> str:
     return "\n".join(out)
 
 
+def timings(launches) -> str:
+    """Markdown: each launch's µs by do_bench (median, L2 flushed before each call, as bench/norm_chunks.py)
+    and by CUDA graph replay (_bench_common.graph_ms: no flush, no host cost), so the profiler's
+    durations can be set against the benches' for the same launches."""
+    import triton.testing
+    from _bench_common import graph_ms
+
+    out = ["| # | launch | do_bench µs | CUDA graph µs |", "|---|---|---:|---:|"]
+    for i, (label, fn) in enumerate(launches):
+        bench = triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
+        try:
+            graphed = f"{graph_ms(fn) * 1e3:.1f}"
+        except Exception as e:  # noqa: BLE001 - a launch that cannot be captured: say so, time the rest
+            graphed = f"{type(e).__name__}"
+        out.append(f"| {i} | {label} | {bench * 1e3:.1f} | {graphed} |")
+    return "\n".join(out)
+
+
 def main() -> None:
     import torch
     from gpu_kernels import OPS, _sweep_launchers
@@ -139,6 +158,9 @@ def main() -> None:
     for _, fn in launches:  # compile, autotune, allocate outside the range
         fn()
         fn()
+    if "--time" in sys.argv:  # the same launches timed as the benches time them, no profiler
+        print(timings(launches))
+        return
     if not smoke:
         torch.cuda.synchronize()
         torch.cuda.profiler.start()

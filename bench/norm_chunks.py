@@ -5,6 +5,7 @@ as torch.compile), timed side by side in interleaved rounds, with torch.compile 
     BENCH_OPS=rope python bench/norm_chunks.py               # rope's lane-accumulator chains only
     BENCH_AB=base BENCH_OPS=rmsnorm,softmax python bench/norm_chunks.py  # also time bench/.ab/optwin_base
     BENCH_CONFIGS='{"layernorm": [{"num_warps": 8, "maxnreg": 128}]}' python bench/norm_chunks.py
+    BENCH_METHOD=graph python bench/norm_chunks.py           # CUDA graph replays instead of do_bench
     TRITON_INTERPRET=1 python bench/norm_chunks.py --smoke   # CPU dry run of the script, small shapes
 
 Last runs: bench/results/norm_chunks_h200_s12.md (the chunk sweep), norm_chunks_h200_s13b.md (A/B against
@@ -33,7 +34,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))  # bench/, for the modu
 sys.path.insert(2, str(Path(__file__).resolve().parent / ".ab"))  # frozen revisions (bench/ab_snapshot.py)
 
 import torch
-from _bench_common import config_name, report_tail, worst_diff, write_report
+from _bench_common import config_name, graph_ms, report_tail, worst_diff, write_report
 from gpu_kernels import OPS, _sweep_launchers
 
 from optwin.kernels.sketch_buffer import new_buffer, read_sketch
@@ -42,6 +43,7 @@ SMOKE = "--smoke" in sys.argv
 DEV = "cpu" if SMOKE else "cuda"
 SHAPE = (64, 700) if SMOKE else (4096, 16384)
 ROUNDS = 1 if SMOKE else int(os.environ.get("BENCH_ROUNDS", "7"))
+METHOD = os.environ.get("BENCH_METHOD", "do_bench")  # or "graph": CUDA graph replays
 TWIN_ROWS = 8 if SMOKE else 16
 
 
@@ -79,11 +81,14 @@ PRODUCTION = {"rmsnorm": "fp32-acc", "layernorm": "torch", "rope": "fp32-angles"
 
 
 def _bench(fn: Callable[[], Any]) -> float:
-    """Median ms of one entry in one round."""
+    """ms of one entry in one round: do_bench's median (L2 flushed before each call), or with
+    BENCH_METHOD=graph the mean of CUDA graph replays (no flush, no host cost; _bench_common.graph_ms)."""
     if SMOKE:
         t = time.perf_counter()
         fn()
         return 1e3 * (time.perf_counter() - t)
+    if METHOD == "graph":
+        return graph_ms(fn)
     import triton.testing
 
     return float(triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median"))
@@ -160,8 +165,8 @@ def main() -> str:
     name = torch.cuda.get_device_name() if DEV == "cuda" else "CPU (TRITON_INTERPRET smoke run)"
     x0 = torch.randn(*SHAPE, device=DEV).to(torch.bfloat16)
     yc = torch.empty_like(x0)
-    lines = [f"# rmsnorm / layernorm chunked rows, rope lane chains; {name}, bf16 {SHAPE[0]}x{SHAPE[1]}, "
-             f"{ROUNDS} interleaved rounds", ""]
+    lines = [(f"# rmsnorm / layernorm chunked rows, rope lane chains; {name}, bf16 {SHAPE[0]}x{SHAPE[1]}, "
+              f"{ROUNDS} interleaved rounds, timed by {METHOD}"), ""]
     sel = os.environ.get("BENCH_OPS", "rmsnorm,layernorm,rope").split(",")
     entries: list[tuple[str, str, Callable[[], Any]]] = [("copy", "y.copy_(x)", lambda: yc.copy_(x0))]
     checks: dict[tuple[str, str], str] = {}
@@ -201,7 +206,11 @@ def main() -> str:
     print(f"{len(entries)} entries, {ROUNDS} rounds; compiled in {time.monotonic() - t0:.0f} s", flush=True)
     for _ in range(ROUNDS):
         for o, c, fn in entries:
-            times[(o, c)].append(_bench(fn))
+            try:
+                times[(o, c)].append(_bench(fn))
+            except Exception as e:  # noqa: BLE001 - e.g. a launch that cannot be graph-captured: nan, go on
+                print(f"{o} {c}: {type(e).__name__}: {str(e)[:80]}", flush=True)
+                times[(o, c)].append(float("nan"))
     med = {k: statistics.median(v) for k, v in times.items()}
     copy = med[("copy", "y.copy_(x)")]
     lines += [f"copy: {copy * 1e3:.1f} µs (median of rounds)", "",

@@ -134,6 +134,11 @@ TUNED: dict[tuple[str, int], tuple[int, int]] = {
 # warps (they set the tl.sum trees).
 REG_CAP: dict[tuple[str, int], int] = {("layernorm", 16384): 128}
 
+# Eviction policy of the chunked kernels' first passes (rows past MAX_BLOCK, read twice or three times:
+# the later passes must find the row in L2). "" is the default policy; torch.compile's two-loop norms
+# load the first pass evict_last.
+CHUNK_EVICT = ""
+
 # Loop stages of the sketched launch where they differ from TUNED's (stages only change how far loads
 # run ahead, never y). layernorm with the FMA-folded variance and FMA epilogue (stop 14), H200 at
 # 4096x16384 bf16, µs without / with the sketch: 2 stages 86.4 / 79.7, 1 stage 79.6 / 84.8
