@@ -1,7 +1,6 @@
-"""Balanced launches (_common.BALANCED): rows claimed one at a time by persistent programs
-(_common.claim_row) give the static loop's y and sketch, leave the workspace (claim counter
-included) ready for the next launch, and cover every row exactly once; without the sketch a
-program per row gives the same y. Interpreter (TRITON_INTERPRET=1), 2 programs.
+"""One program per row for the launches without the sketch that _common.ROW_GRID lists: the grid
+never changes y (each row is one program's tree either way), the sketched launch stays persistent,
+and the bench's per_sm still overrides. Interpreter (TRITON_INTERPRET=1).
 
     python -m pytest -q tests/test_kernels_balance.py
 """
@@ -15,53 +14,47 @@ os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
 import pytest
 import torch
 
-from optwin.ingest.sketch import sketch as ingest_sketch
-from optwin.kernels._common import balance_plan
-from optwin.kernels.sketch_buffer import new_buffer, read_sketch, workspace
+from optwin.kernels._common import (
+    ROW_GRID,
+    ROW_PER_PROGRAM,
+    grid_per_sm,
+    persistent_grid,
+)
 
 
-def _rows(n_rows: int, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n_rows, n, generator=g) * torch.logspace(-1, 1, n_rows)[:, None]
-    x[5 % n_rows, 3] = float("nan")
-    x[(n_rows - 1) if n_rows < 21 else 20, 7] = float("inf")
-    return x.to(torch.bfloat16), torch.randn(n, generator=g).to(torch.bfloat16)
+def test_grid_is_a_program_per_row_only_without_the_sketch():
+    for op, block in ROW_GRID:
+        assert grid_per_sm(op, block, sketch=False) == ROW_PER_PROGRAM
+        assert persistent_grid(("k",), 4096, torch.device("cpu"), ROW_PER_PROGRAM) == 4096
+        assert grid_per_sm(op, block, sketch=True) is None  # the occupancy's persistent grid
+        assert grid_per_sm(op, block, sketch=False, per_sm=3) == 3  # the bench's override
+    assert grid_per_sm("rmsnorm", 1024, sketch=False) is None  # not measured: persistent
 
 
-@pytest.mark.parametrize("n_rows,n", [(37, 300), (3, 64), (64, 1000)])
-def test_claimed_rows_give_the_static_loops_output_and_sketch(n_rows, n):
-    from optwin.kernels.rmsnorm import EPS, _rmsnorm_launch
+def _launch(op: str, x: torch.Tensor, y: torch.Tensor, per_sm: int | None) -> None:
+    g = torch.Generator().manual_seed(1)
+    n = x.shape[1]
+    if op == "rmsnorm":
+        from optwin.kernels.rmsnorm import EPS, _rmsnorm_launch
 
-    x, w = _rows(n_rows, n, n_rows)
-    out = {}
-    for bal in (False, True):
-        y, buf = torch.empty_like(x), new_buffer("rmsnorm", x.device)
-        _rmsnorm_launch(x, w, y, buf, EPS, balance=bal)
-        out[bal] = (y, read_sketch("rmsnorm", buf))
-        assert workspace("rmsnorm", x.device)[1].tolist() == [0] * 8  # ticket, counts, claim counter reset
-    assert torch.equal(out[True][0].view(torch.int16), out[False][0].view(torch.int16))
-    assert out[True][1] == pytest.approx(out[False][1], rel=1e-6)
-    want = ingest_sketch("rmsnorm", {"x": x, "weight": w})
-    assert out[True][1]["nonfinite"] == want["nonfinite"] == 2
-    assert out[True][1]["rms"] == pytest.approx(want["rms"], rel=1e-5)
+        _rmsnorm_launch(x, torch.randn(n, generator=g).to(x.dtype), y, None, EPS, per_sm=per_sm)
+    elif op == "layernorm":
+        from optwin.kernels.layernorm import EPS, _layernorm_launch
 
+        w, b = torch.randn(n, generator=g).to(x.dtype), torch.randn(n, generator=g).to(x.dtype)
+        _layernorm_launch(x, w, b, y, None, EPS, per_sm=per_sm)
+    else:
+        from optwin.kernels.softmax import _softmax_launch
 
-def test_every_row_is_written_once_by_claims():
-    """A row the claims skipped would keep the poison; one claimed twice is harmless for y, so the
-    sketch's row count (sum of squares over rows) is checked too."""
-    from optwin.kernels.rmsnorm import EPS, _rmsnorm_launch
-
-    x = torch.ones(41, 128, dtype=torch.float32)
-    w = torch.ones(128)
-    y = torch.full_like(x, float("nan"))
-    buf = new_buffer("rmsnorm", x.device)
-    _rmsnorm_launch(x, w, y, buf, EPS, balance=True, per_sm=3)  # 6 programs claim 35 rows
-    assert not torch.isnan(y).any()
-    assert read_sketch("rmsnorm", buf)["rms"] == pytest.approx(1.0)  # sum of squares / numel: each row once
+        _softmax_launch(x, y, None, per_sm=per_sm)
 
 
-def test_balance_plan_is_a_program_per_row_without_the_sketch():
-    assert balance_plan("rmsnorm", 16384, sketch=False, balance=True)[1] is False
-    assert balance_plan("rmsnorm", 16384, sketch=False, balance=True)[0] > 1 << 16
-    assert balance_plan("rmsnorm", 16384, sketch=True, balance=True) == (None, True)
-    assert balance_plan("rmsnorm", 16384, sketch=True, balance=False) == (None, False)
+@pytest.mark.parametrize("op", ["rmsnorm", "layernorm", "softmax"])
+def test_a_program_per_row_writes_the_persistent_loops_y(op):
+    x = (torch.randn(5, 16384, generator=torch.Generator().manual_seed(0)) * 3).to(torch.bfloat16)
+    assert (op, 16384) in ROW_GRID
+    rows, persistent = torch.full_like(x, float("nan")), torch.full_like(x, float("nan"))
+    _launch(op, x, rows, None)  # ROW_GRID: 5 programs
+    _launch(op, x, persistent, 1)  # 2 programs (the interpreter's 2 SMs), rows pid, pid + 2, ...
+    assert not torch.isnan(rows.float()).any()
+    assert torch.equal(rows.view(torch.int16), persistent.view(torch.int16))

@@ -64,13 +64,12 @@ def persistent_grid(key: tuple[Any, ...], n_rows: int, device: torch.device, per
     return max(1, min(n_rows, occ * _sms(device)))
 
 
-def balance_plan(op: str, block: int, sketch: bool, balance: bool | None = None) -> tuple[int | None, bool]:
-    """(per_sm for persistent_grid, claim rows in the kernel) of a launch: BALANCED's rule (a program
-    per row without the sketch, claimed rows with it), else (None, False): the static persistent loop.
-    `balance` overrides BALANCED (the bench's sweep)."""
-    if not ((op, block) in BALANCED if balance is None else balance):
-        return None, False
-    return (None, True) if sketch else (ROW_PER_PROGRAM, False)
+def grid_per_sm(op: str, block: int, sketch: bool, per_sm: int | None = None) -> int | None:
+    """persistent_grid's per_sm for a launch: the caller's (the bench's sweep), else ROW_GRID's one
+    program per row for the launches without the sketch it lists, else None (the occupancy)."""
+    if per_sm is not None:
+        return per_sm
+    return ROW_PER_PROGRAM if not sketch and (op, block) in ROW_GRID else None
 
 
 def note_occupancy(key: tuple[Any, ...], compiled: Any, num_warps: int) -> None:
@@ -143,13 +142,15 @@ TUNED: dict[tuple[str, int], tuple[int, int]] = {
 # warps (they set the tl.sum trees).
 REG_CAP: dict[tuple[str, int], int] = {("layernorm", 16384): 128}
 
-# Launches balanced across programs, per (op, BLOCK): without the sketch one program per row (the
-# hardware hands rows to SMs as they free up), with it persistent programs that claim rows one at a
-# time (_common.claim_row) instead of walking pid, pid + grid, ...: a static share leaves the
-# programs that met slow memory finishing last. H200, 4096x16384 bf16: a program per row without the
-# sketch, rmsnorm 73.4 -> 72.0 µs, layernorm 80.1 -> 76.9, softmax 80.5 -> 77.0
-# (bench/results/norm_chunks_h200_s15d.md); with the sketch a program per row costs +23 to +74 %.
-BALANCED: set[tuple[str, int]] = set()
+# Launches without the sketch that run one program per row, per (op, BLOCK): the hardware hands each
+# row to the SM that frees up first, where a persistent program's static share (rows pid, pid + grid,
+# ...) leaves the programs that met slow memory finishing last. H200, 4096x16384 bf16, µs persistent
+# -> a program per row: rmsnorm 73.4 -> 72.0, layernorm 80.1 -> 76.9, softmax 80.5 -> 77.0
+# (bench/results/norm_chunks_h200_s15d.md). The sketched launches stay persistent: a program per row
+# costs them +23 to +74 % (each program's merge atomics and ticket), and persistent programs that
+# claim rows one at a time were slower than the static share (rmsnorm 77.6 against 75.2 µs,
+# norm_chunks_h200_s15e.md; the code is in git history, commit 52b2a7d).
+ROW_GRID: set[tuple[str, int]] = {("rmsnorm", 16384), ("layernorm", 16384), ("softmax", 16384)}
 ROW_PER_PROGRAM = 1 << 20  # per_sm that makes persistent_grid give one program per row
 
 # Eviction policy of the chunked kernels' first passes (rows past MAX_BLOCK, read twice or three times:
@@ -333,25 +334,6 @@ def last_program(T_ptr):
     ticket and the finalizing reads are scalar atomics, issued by one thread of the program."""
     t = tl.atomic_add(T_ptr, 1, sem="acq_rel")
     return t == tl.num_programs(0) - 1
-
-
-@triton.jit
-def claim_row(I_ptr, THREADS: tl.constexpr):
-    """Start claiming the next row of a balanced persistent loop (BALANCED): one thread's relaxed
-    atomic add on the workspace's claim counter (int slot WS_SLOTS - 1, which reset_workspace zeroes
-    with the others). The old value stays in that thread's register, so the round trip to L2 overlaps
-    the current row; claimed_row hands it to the whole program at the row's end. (A scalar atomic
-    would be broadcast through shared memory at once, waiting out the round trip.)"""
-    t = tl.arange(0, THREADS)
-    return tl.atomic_add(I_ptr + (WS_SLOTS - 1) + t * 0, 1, mask=t == 0, sem="relaxed")
-
-
-@triton.jit
-def claimed_row(c, THREADS: tl.constexpr):
-    """The row claim_row took: rows pid < grid are each program's first, claims number the rest.
-    Every program claims once per row it runs, so it stops at its first claim past the last row."""
-    t = tl.arange(0, THREADS)
-    return tl.max(tl.where(t == 0, c, 0), axis=0).to(tl.int32) + tl.num_programs(0)  # < 2**31 rows
 
 
 @triton.jit

@@ -60,6 +60,7 @@ from optwin.kernels._common import (
     finish_norm_sketch,
     finite_partials,
     finite_partials_chunked,
+    grid_per_sm,
     lane_max,
     lane_shape,
     last_program,
@@ -451,7 +452,8 @@ def _layernorm_launch(
     kp = min(KEEP if keep is None else keep, vec)
     key = ("layernorm", x2.dtype, block, warps, st, cap, sketch, kp)
     regs = register_cap(cap)  # registers per thread
-    k = _layernorm_kernel[(persistent_grid(key, n_rows, x2.device, per_sm),)](
+    grid = persistent_grid(key, n_rows, x2.device, grid_per_sm("layernorm", block, sketch, per_sm))
+    k = _layernorm_kernel[(grid,)](
         x2, x2.stride(0), weight, bias, y2, y2.stride(0), buf if sketch else y2, f, i,
         n_rows, n, eps, CAP=RATIO_CAP, BLOCK=block, SKETCH=sketch, STAGES=st, VEC=vec, LANES=lanes, KEEP=kp,
         num_warps=warps, enable_fp_fusion=False, **regs,

@@ -38,13 +38,11 @@ from optwin.kernels._common import (
     CHUNK_EVICT,
     FMAX,
     MAX_BLOCK,
-    balance_plan,
     check_device,
-    claim_row,
-    claimed_row,
     finish_norm_sketch,
     finite_partials,
     finite_partials_chunked,
+    grid_per_sm,
     last_program,
     launch_config,
     note_occupancy,
@@ -103,34 +101,6 @@ def _merge_exact(p_amax, p_ms, p_sq, p_nf, a, q, nf, n_cols):
 
 
 @triton.jit
-def _rms_row(X_ptr, X_row_stride, W_ptr, Y_ptr, Y_row_stride, r, cols, mask, n_cols, eps,
-             p_amax, p_ms, p_sq, p_nf, p_bad, BLOCK: tl.constexpr, SKETCH: tl.constexpr, INLINE_EXACT: tl.constexpr):
-    """Row r: y written, the program's sketch partials (unchanged without the sketch) returned. A row
-    with NaN/±inf (or h*h overflow) counts in p_bad for the exact pass after the loop, or with
-    INLINE_EXACT (claimed rows: no pass after the loop knows them) gets its exact partials here."""
-    row = tl.cast(r, tl.int64)  # 64-bit offsets for tensors past 2^31 elements
-    x = tl.load(X_ptr + row * X_row_stride + cols, mask=mask, other=0.0, eviction_policy="evict_first")
-    h = x.to(tl.float32)
-    ss = sum_squares(h, BLOCK)  # FMA-folded neighbours, then the fp32 tree
-    if SKETCH:
-        amax = tl.max(tl.abs(h), axis=0)  # its own tree: ss is the same with and without the sketch
-    v = tl.math.div_rn(ss, tl.cast(n_cols, tl.float32))  # IEEE divide, as the twin models (`/` is div.full.f32)
-    rs = tl.math.rsqrt(v + eps)  # approximate rsqrt
-    # the weight per row (L1/L2 hit): holding it in registers across rows halves occupancy
-    w = tl.load(W_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-    y = h * rs * w  # (h*r)*w in fp32
-    tl.store(Y_ptr + row * Y_row_stride + cols, y.to(Y_ptr.dtype.element_ty), mask=mask,
-             eviction_policy="evict_first")  # write n
-    if SKETCH:  # scalars only: h dies here, so the sketch costs no registers across the row
-        if INLINE_EXACT and not (ss <= FMAX):  # rare: exact finite-only partials of h, held here
-            a, q, nf = finite_partials(h, mask)
-            p_amax, p_ms, p_sq, p_nf = _merge_exact(p_amax, p_ms, p_sq, p_nf, a, q, nf, n_cols)
-        else:
-            p_amax, p_ms, p_sq, p_bad = _merge_row(p_amax, p_ms, p_sq, p_bad, ss, amax, v)
-    return p_amax, p_ms, p_sq, p_nf, p_bad
-
-
-@triton.jit
 def _rmsnorm_kernel(
     X_ptr,  # x as (n_rows, n_cols) in dtype, last dim contiguous
     X_row_stride,
@@ -146,34 +116,34 @@ def _rmsnorm_kernel(
     BLOCK: tl.constexpr,
     SKETCH: tl.constexpr,
     STAGES: tl.constexpr,  # loads in flight in the row loop (1: none ahead; >1: async copies)
-    BALANCE: tl.constexpr,  # claim rows one at a time (_common.BALANCED; with the sketch: its workspace)
-    THREADS: tl.constexpr,  # 32 * num_warps (claim_row's one-per-thread vector)
 ):
-    # Persistent: one program per resident slot walks rows pid, pid + grid, ... (or claims them,
-    # BALANCE); each row is still reduced by one program in one tree, so the numerics do not depend
-    # on the grid.
+    # Persistent: one program per resident slot walks rows pid, pid + grid, ...; each row is still
+    # reduced by one program in one tree, so the numerics do not depend on the grid.
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
-    # the sketch's partials (left untouched, and compiled away, without it)
-    p_amax = tl.zeros((), dtype=tl.float32)  # largest finite |x| of this program's rows
-    p_ms = tl.zeros((), dtype=tl.float32)  # largest row mean square (finite entries)
-    p_sq = tl.zeros((), dtype=tl.float64)  # sum of finite x^2
-    p_nf = tl.zeros((), dtype=tl.int64)  # NaN/±inf count
-    p_bad = tl.zeros((), dtype=tl.int32)  # rows left to the exact pass after the loop
-    if BALANCE:  # rows claimed one at a time (_common.claim_row): no program is left with the slow ones
-        r = pid
-        while r < n_rows:
-            c = claim_row(I_ptr, THREADS)  # the next row, in flight during this one
-            p_amax, p_ms, p_sq, p_nf, p_bad = _rms_row(X_ptr, X_row_stride, W_ptr, Y_ptr, Y_row_stride, r, cols,
-                                                       mask, n_cols, eps, p_amax, p_ms, p_sq, p_nf, p_bad,
-                                                       BLOCK, SKETCH, True)
-            r = claimed_row(c, THREADS)
-    else:
-        for r in tl.range(pid, n_rows, tl.num_programs(0), num_stages=STAGES):
-            p_amax, p_ms, p_sq, p_nf, p_bad = _rms_row(X_ptr, X_row_stride, W_ptr, Y_ptr, Y_row_stride, r, cols,
-                                                       mask, n_cols, eps, p_amax, p_ms, p_sq, p_nf, p_bad,
-                                                       BLOCK, SKETCH, False)
+    if SKETCH:
+        p_amax = tl.zeros((), dtype=tl.float32)  # largest finite |x| of this program's rows
+        p_ms = tl.zeros((), dtype=tl.float32)  # largest row mean square (finite entries)
+        p_sq = tl.zeros((), dtype=tl.float64)  # sum of finite x^2
+        p_nf = tl.zeros((), dtype=tl.int64)  # NaN/±inf count
+        p_bad = tl.zeros((), dtype=tl.int32)  # rows left to the exact pass after the loop
+    for r in tl.range(pid, n_rows, tl.num_programs(0), num_stages=STAGES):
+        row = tl.cast(r, tl.int64)  # 64-bit offsets for tensors past 2^31 elements
+        x = tl.load(X_ptr + row * X_row_stride + cols, mask=mask, other=0.0, eviction_policy="evict_first")
+        h = x.to(tl.float32)
+        ss = sum_squares(h, BLOCK)  # FMA-folded neighbours, then the fp32 tree
+        if SKETCH:
+            amax = tl.max(tl.abs(h), axis=0)  # its own tree: ss is the same with and without the sketch
+        v = tl.math.div_rn(ss, tl.cast(n_cols, tl.float32))  # IEEE divide, as the twin models (`/` is div.full.f32)
+        rs = tl.math.rsqrt(v + eps)  # approximate rsqrt
+        # the weight per row (L1/L2 hit): holding it in registers across rows halves occupancy
+        w = tl.load(W_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        y = h * rs * w  # (h*r)*w in fp32
+        tl.store(Y_ptr + row * Y_row_stride + cols, y.to(Y_ptr.dtype.element_ty), mask=mask,
+                 eviction_policy="evict_first")  # write n
+        if SKETCH:  # scalars only: h dies here, so the sketch costs no registers across the row
+            p_amax, p_ms, p_sq, p_bad = _merge_row(p_amax, p_ms, p_sq, p_bad, ss, amax, v)
     if SKETCH:  # noqa: SIM102 - a constexpr branch: p_bad exists only with the sketch
         if p_bad > 0:  # rare: re-read this program's rows with NaN/±inf (or h*h overflow), exact partials
             for r2 in tl.range(pid, n_rows, tl.num_programs(0)):
@@ -264,14 +234,13 @@ def _rmsnorm_chunked_kernel(
 def _rmsnorm_launch(
     x2: torch.Tensor, weight: torch.Tensor, y2: torch.Tensor, buf: torch.Tensor | None, eps: float,
     num_warps: int | None = None, stages: int | None = None, per_sm: int | None = None,
-    chunk: int | None = None, maxnreg: int | None = None, evict: str | None = None, balance: bool | None = None,
+    chunk: int | None = None, maxnreg: int | None = None, evict: str | None = None,
 ) -> None:
     """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows.
     Rows longer than MAX_BLOCK (or than `chunk`, the bench's comparison) go to the two-pass chunked
     kernel, TRITON_CHUNK wide by default (part of the numerics: the twin's lanes).
     num_warps / stages / per_sm / chunk / maxnreg (registers per thread) / evict (the chunked kernel's
-    first pass) / balance (_common.BALANCED) override the tuned launch (the bench's sweep; num_warps
-    changes the tl.sum tree)."""
+    first pass) override the tuned launch (the bench's sweep; num_warps changes the tl.sum tree)."""
     n_rows, n = x2.shape
     sketch = buf is not None
     if n_rows == 0 and not sketch:
@@ -288,12 +257,12 @@ def _rmsnorm_launch(
         note_occupancy(key, k, warps)
         return
     block, warps, st, cap = launch_config("rmsnorm", n, num_warps, stages, maxnreg=maxnreg)
-    row_grid, claim = balance_plan("rmsnorm", block, sketch, balance)
-    key = ("rmsnorm", x2.dtype, block, warps, st, cap, sketch, claim)
+    key = ("rmsnorm", x2.dtype, block, warps, st, cap, sketch)
     regs = register_cap(cap)  # registers per thread
-    k = _rmsnorm_kernel[(persistent_grid(key, n_rows, x2.device, per_sm or row_grid),)](
+    grid = persistent_grid(key, n_rows, x2.device, grid_per_sm("rmsnorm", block, sketch, per_sm))
+    k = _rmsnorm_kernel[(grid,)](
         x2, x2.stride(0), weight, y2, y2.stride(0), buf if sketch else y2, f, i,
-        n_rows, n, eps, BLOCK=block, SKETCH=sketch, STAGES=st, BALANCE=claim, THREADS=32 * warps,
+        n_rows, n, eps, BLOCK=block, SKETCH=sketch, STAGES=st,
         num_warps=warps, enable_fp_fusion=False, **regs,
     )
     note_occupancy(key, k, warps)

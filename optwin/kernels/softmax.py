@@ -48,6 +48,7 @@ from optwin.kernels._common import (
     FMAX,
     INTERPRET,
     check_device,
+    grid_per_sm,
     lane_min,
     lane_shape,
     lane_sum,
@@ -529,7 +530,8 @@ def _softmax_launch(
     even = var == 8 and block == n  # VARIANT 8's select-free branch needs no column mask
     key = ("softmax", x2.dtype, y2.dtype, block, warps, st, sketch, var, fuse, cap, kp, even)
     extra = register_cap(cap)
-    k = _softmax_kernel[(persistent_grid(key, n_rows, x2.device, per_sm),)](
+    grid = persistent_grid(key, n_rows, x2.device, grid_per_sm("softmax", block, sketch, per_sm))
+    k = _softmax_kernel[(grid,)](
         x2, x2.stride(0), y2, y2.stride(0), buf if sketch else y2, f, i, n_rows, n, PEAK_NATS,
         BLOCK=block, SKETCH=sketch, STAGES=st, VARIANT=var,
         CHUNK=min(CHUNK, block), VEC=vec, LANES=lanes, KEEP=kp, FLUSH=FLUSH, EVEN=even, num_warps=warps,
