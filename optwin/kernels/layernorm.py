@@ -32,7 +32,8 @@ The sketch (y is bit-identical with and without it: the op's sums are the same c
   rows). A test inside the row loop instead (a branch that re-read the row) cost +7 % on every call
   (H200, stop 12: 92.2 against 87.1 µs with the sketch, bench/results/norm_chunks_h200_s12c.md).
 Memory: read rows*n (x, evict-first) + 2n per row (weight, bias: L1/L2 hits), write rows*n (y);
-persistent programs; with the sketch a few scalar atomics per program and the feature vector.
+persistent programs (without the sketch a program per row: _common.ROW_GRID); with the sketch a
+few scalar atomics per program and the feature vector.
 Launch at BLOCK 16384 (_common.TUNED, SKETCH_STAGES, REG_CAP): 8 warps capped at 128 registers (2
 programs per SM; uncapped 1); 1 loop stage without the sketch, 2 with it. H200, 4096x16384 bf16, µs
 without / with the sketch: 79.8 / 80.1 (bench/results/norm_chunks_h200_s14f.md), against 79.2 / 82.5
@@ -427,7 +428,8 @@ def _layernorm_launch(
     per_sm: int | None = None, keep: int | None = None, chunk: int | None = None, maxnreg: int | None = None,
     evict: str | None = None,
 ) -> None:
-    """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows.
+    """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows;
+    without the sketch one program per row where _common.ROW_GRID lists the launch.
     Rows longer than MAX_BLOCK (or than `chunk`, the bench's comparison) go to the three-pass chunked
     kernel, TRITON_CHUNK wide by default (part of the numerics: the twin's lanes).
     num_warps / stages / per_sm / keep / chunk / maxnreg (registers per thread) / evict (the chunked

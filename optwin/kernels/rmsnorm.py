@@ -236,7 +236,8 @@ def _rmsnorm_launch(
     num_warps: int | None = None, stages: int | None = None, per_sm: int | None = None,
     chunk: int | None = None, maxnreg: int | None = None, evict: str | None = None,
 ) -> None:
-    """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows.
+    """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows;
+    without the sketch one program per row where _common.ROW_GRID lists the launch.
     Rows longer than MAX_BLOCK (or than `chunk`, the bench's comparison) go to the two-pass chunked
     kernel, TRITON_CHUNK wide by default (part of the numerics: the twin's lanes).
     num_warps / stages / per_sm / chunk / maxnreg (registers per thread) / evict (the chunked kernel's

@@ -33,7 +33,8 @@ squares (peaked/eligible stay the loop's, per row).
 Launch: BLOCK = next_pow2(n); warps and stages from _common.TUNED (16 warps at BLOCK 16384, measured);
 the layout-4 sketch kernel is capped at MAXNREG registers where listed (2 programs per SM).
 Memory: read rows*n (x), write rows*n (y, in x's dtype or the requested out dtype); persistent
-programs; with the sketch a few scalar atomics per program and the feature vector.
+programs (without the sketch a program per row: _common.ROW_GRID); with the sketch a few scalar
+atomics per program and the feature vector.
 """
 
 from __future__ import annotations
@@ -511,7 +512,8 @@ def _softmax_launch(
     stages: int | None = None, per_sm: int | None = None,
     variant: int | None = None, fusion: bool | None = None, maxnreg: int | None = None, keep: int | None = None,
 ) -> None:
-    """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows.
+    """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows;
+    without the sketch one program per row where _common.ROW_GRID lists the launch.
     num_warps / stages / per_sm / variant / fusion / maxnreg / keep override the tuned launch (the
     bench's sweep; maxnreg caps registers per thread, so a kernel keeps 2 programs per SM)."""
     n_rows, n = x2.shape
