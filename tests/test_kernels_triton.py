@@ -378,8 +378,25 @@ def test_layernorm_exact_pass_after_the_loop():
     got = read_sketch("layernorm", buf, x.shape)
     want = ingest_sketch("layernorm", inp)
     assert got["nonfinite"] == 2 and got["absmax"] == float(torch.tensor(3e20))  # float32 of 3e20
-    assert got["rms"] == math.inf  # known limit: per-row sums of squares are fp32
-    close({k: v for k, v in got.items() if k != "rms"}, {k: v for k, v in want.items() if k != "rms"})
+    assert math.isfinite(got["rms"])  # the exact pass squares in float64: (3e20)^2 does not overflow
+    close(got, want)
+
+
+@pytest.mark.parametrize("n", [45, 5000])
+def test_rmsnorm_exact_pass_squares_past_fp32(n):
+    """A finite |x| past 1.8e19 overflows an fp32 square: the row takes the exact pass, whose float64
+    squares give ingest's rms and max row rms (before: inf). 5000 columns with chunk 1024: the chunked kernel."""
+    from optwin.kernels.rmsnorm import EPS, _rmsnorm_launch
+    from optwin.kernels.sketch_buffer import new_buffer
+
+    g = seed("rms-big", n)
+    x, w = torch.randn(6, n, generator=g), torch.randn(n, generator=g)
+    x[1, 3], x[4, 0], x[4, 7] = float("nan"), 3e20, -2e19
+    buf = new_buffer("rmsnorm", x.device)
+    _rmsnorm_launch(x, w, torch.empty_like(x), buf, EPS, chunk=1024 if n > 1024 else None)
+    got, want = read_sketch("rmsnorm", buf, x.shape), ingest_sketch("rmsnorm", {"x": x, "weight": w})
+    assert math.isfinite(got["rms"]) and math.isfinite(got["max_row_rms"]) and got["nonfinite"] == 1
+    close(got, want)
 
 
 def test_rope_head_blocks_match_one_tile_per_position():

@@ -255,22 +255,25 @@ def reduce_partials(a, q, nf):
 
 @triton.jit
 def finite_partials(h, mask):
-    """(largest finite |h|, sum of finite h*h, count of NaN/±inf) over the lanes in `mask`.
+    """(largest finite |h|, sum of finite h*h (float64), count of NaN/±inf) over the lanes in `mask`.
 
-    h is a float32 block of any rank; fp32, one combined tree reduction. Non-finite lanes are
-    zeroed before squaring, so one NaN does not erase the row's magnitude. The kernels call it only
-    on the rare slow path (a row whose op sums came out non-finite) and for parameter vectors.
+    h is a float32 block of any rank; one combined tree reduction. Non-finite lanes are zeroed
+    before squaring, so one NaN does not erase the row's magnitude; the squares are float64, so a
+    finite |h| up to FMAX does not overflow them (fp32 squares overflow past 1.8e19: the sketch read
+    rms = inf where optwin.ingest has the value). The kernels call it only on the rare slow path (a
+    row whose op sums came out non-finite) and for parameter vectors.
     """
-    a, q, nf = finite_lanes(h, mask)
-    return reduce_partials(a, q, nf)
+    a, _, nf = finite_lanes(h, mask)
+    a64 = a.to(tl.float64)
+    return reduce_partials(a, a64 * a64, nf)
 
 
 @triton.jit
 def finite_partials_chunked(ptr, cols, n_cols, CHUNK: tl.constexpr):
     """finite_partials of the n_cols values at ptr, read CHUNK (= cols' width) at a time: (largest
-    finite |v|, sum of finite v*v, NaN/±inf count). For rows and parameter vectors past one block."""
+    finite |v|, sum of finite v*v (float64), NaN/±inf count). For rows and parameter vectors past one block."""
     a = tl.zeros((), dtype=tl.float32)
-    q = tl.zeros((), dtype=tl.float32)
+    q = tl.zeros((), dtype=tl.float64)
     nf = tl.zeros((), dtype=tl.float32)
     for c0 in tl.range(0, n_cols, CHUNK):
         cm = c0 + cols < n_cols

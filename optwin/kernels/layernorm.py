@@ -82,6 +82,9 @@ from optwin.kernels.sketch_buffer import (
 )
 from optwin.twin.numerics import TRITON_CHUNK
 
+# Columns per piece of the exact pass after the row loop: small, so the rare pass adds few registers
+# to the kernel (the loop's row is not held for it).
+EXACT_CHUNK = 256
 EPS = CATALOG["layernorm"].constants["eps"]
 KEEP = 1  # max |x| chains per lane: [LANES, KEEP] registers (KEEP 8 measured the same, 89.3 µs)
 # A row whose |mean|/std reaches 2^16 (or whose var is 0) is tested for being constant: m*m >= var * SUSPECT.
@@ -131,21 +134,6 @@ def _const_abs(X_row, cols, n_cols, m, var, CHUNK: tl.constexpr):
             hmin = tl.minimum(hmin, tl.min(tl.where(cm, h, float("inf")), axis=0))
         cabs = _const_of(hmax, hmin)
     return cabs
-
-
-@triton.jit
-def _exact_row(h, mask, n_cols):
-    """Slow path (a row with NaN/±inf or overflowing squares): (absmax, sumsq, nonfinite count, mean,
-    population std, constant |c| or -1) over the finite entries, fp32."""
-    amax, sq, nf = finite_partials(h, mask)
-    fin = mask & (tl.abs(h) <= FMAX)
-    cnt = tl.maximum(n_cols - nf, 1.0)
-    mf = tl.sum(tl.where(fin, h, 0.0), axis=0) / cnt
-    df = tl.where(fin, h - mf, 0.0)
-    sf = tl.sqrt(tl.sum(df * df, axis=0) / cnt)
-    hmax = tl.max(tl.where(fin, h, -float("inf")), axis=0)
-    hmin = tl.min(tl.where(fin, h, float("inf")), axis=0)
-    return amax, sq, nf, mf, sf, _const_of(hmax, hmin)
 
 
 @triton.jit
@@ -224,6 +212,7 @@ def _layernorm_kernel(
     VEC: tl.constexpr,  # elements per 16-byte vector of x
     LANES: tl.constexpr,  # lanes of the accumulator (_common.lane_shape)
     KEEP: tl.constexpr,  # independent accumulator chains per lane (divides VEC; _common's lane partials)
+    EXACT_CHUNK: tl.constexpr,  # columns per piece of the exact pass after the loop (few registers)
 ):
     # Persistent: programs walk rows pid, pid + grid, ...; each row is still reduced by one program
     # in one tree (numerics independent of the grid).
@@ -285,8 +274,10 @@ def _layernorm_kernel(
                 m2 = tl.math.div_rn(tl.sum(h2, axis=0), tl.cast(n_cols, tl.float32))  # the loop's own values and tests
                 d2 = tl.where(mask, h2 - m2, 0.0)
                 var2 = tl.math.div_rn(sum_squares(d2, BLOCK), tl.cast(n_cols, tl.float32))
-                if not ((var2 + m2 * m2) * n_cols <= FMAX):  # NaN/±inf or overflow: exact partials
-                    amax2, sq2, nf2, mf2, sf2, c2 = _exact_row(h2, mask, n_cols)
+                if not ((var2 + m2 * m2) * n_cols <= FMAX):  # NaN/±inf or overflow: exact partials,
+                    # re-read in EXACT_CHUNK pieces (float64 squares over a held row spilled 200 bytes)
+                    amax2, sq2, nf2, mf2, sf2, c2 = _chunked_exact_row(
+                        X_ptr + tl.cast(r2, tl.int64) * X_row_stride, tl.arange(0, EXACT_CHUNK), n_cols, EXACT_CHUNK)
                     p_amax, p_ratio, p_minstd, p_sq, p_nf, p_const = _merge_row(
                         p_amax, p_ratio, p_minstd, p_sq, p_nf, p_const, amax2, sq2, nf2, mf2, sf2, c2, CAP)
                 else:  # trees over h2 only (d2 is dead here: h2 and d2 live together spilled 2 KiB)
@@ -328,7 +319,7 @@ def _chunked_exact_row(X_row, cols, n_cols, CHUNK: tl.constexpr):
     """_exact_row over CHUNK pieces: (absmax, sumsq, nonfinite count, mean, std, constant |c| or -1) of
     the finite entries."""
     amax = tl.zeros((), dtype=tl.float32)
-    sq = tl.zeros((), dtype=tl.float32)
+    sq = tl.zeros((), dtype=tl.float64)  # squares in float64, as _exact_row
     nf = tl.zeros((), dtype=tl.float32)
     sh = tl.zeros((), dtype=tl.float32)
     hmax = tl.full((), -float("inf"), tl.float32)
@@ -346,13 +337,13 @@ def _chunked_exact_row(X_row, cols, n_cols, CHUNK: tl.constexpr):
         hmin = tl.minimum(hmin, tl.min(tl.where(fin, h, float("inf")), axis=0))
     cnt = tl.maximum(n_cols - nf, 1.0)
     mf = sh / cnt
-    ss = tl.zeros((), dtype=tl.float32)
+    ss = tl.zeros((), dtype=tl.float64)
     for c0 in tl.range(0, n_cols, CHUNK):
         cm = c0 + cols < n_cols
         h = tl.load(X_row + c0 + cols, mask=cm, other=0.0).to(tl.float32)
-        d = tl.where(cm & (tl.abs(h) <= FMAX), h - mf, 0.0)
+        d = tl.where(cm & (tl.abs(h) <= FMAX), h - mf, 0.0).to(tl.float64)
         ss += tl.sum(d * d, axis=0)
-    return amax, sq, nf, mf, tl.sqrt(ss / cnt), _const_of(hmax, hmin)
+    return amax, sq, nf, mf, tl.sqrt(ss / cnt).to(tl.float32), _const_of(hmax, hmin)
 
 
 @triton.jit
@@ -458,6 +449,7 @@ def _layernorm_launch(
     k = _layernorm_kernel[(grid,)](
         x2, x2.stride(0), weight, bias, y2, y2.stride(0), buf if sketch else y2, f, i,
         n_rows, n, eps, CAP=RATIO_CAP, BLOCK=block, SKETCH=sketch, STAGES=st, VEC=vec, LANES=lanes, KEEP=kp,
+        EXACT_CHUNK=min(EXACT_CHUNK, block),
         num_warps=warps, enable_fp_fusion=False, **regs,
     )
     note_occupancy(key, k, warps)

@@ -89,13 +89,14 @@ def _merge_row(p_amax, p_ms, p_sq, p_bad, ss, amax, v):
     """One row's sketch partials from the op's own sums (ss = sum h*h, v = its mean) when every entry
     is finite (ss <= FMAX); a row with NaN/±inf (or h*h overflow) only counts as left to the exact pass."""
     ok = ss <= FMAX
-    return (tl.maximum(p_amax, tl.where(ok, amax, 0.0)), tl.maximum(p_ms, tl.where(ok, v, 0.0)),
+    return (tl.maximum(p_amax, tl.where(ok, amax, 0.0)), tl.maximum(p_ms, tl.where(ok, v, 0.0).to(tl.float64)),
             p_sq + tl.where(ok, ss, 0.0).to(tl.float64), p_bad + tl.where(ok, 0, 1))
 
 
 @triton.jit
 def _merge_exact(p_amax, p_ms, p_sq, p_nf, a, q, nf, n_cols):
-    """One row's exact finite-only partials (finite_partials: max |h|, sum h*h, NaN/±inf count) merged."""
+    """One row's exact finite-only partials (finite_partials: max |h|, sum h*h in float64, NaN/±inf
+    count) merged; the mean square stays float64 (a finite row's can pass FMAX)."""
     return (tl.maximum(p_amax, a), tl.maximum(p_ms, q / tl.maximum(n_cols - nf, 1.0)), p_sq + q.to(tl.float64),
             p_nf + nf.to(tl.int64))
 
@@ -124,7 +125,7 @@ def _rmsnorm_kernel(
     mask = cols < n_cols
     if SKETCH:
         p_amax = tl.zeros((), dtype=tl.float32)  # largest finite |x| of this program's rows
-        p_ms = tl.zeros((), dtype=tl.float32)  # largest row mean square (finite entries)
+        p_ms = tl.zeros((), dtype=tl.float64)  # largest row mean square (finite entries; float64: it can pass FMAX)
         p_sq = tl.zeros((), dtype=tl.float64)  # sum of finite x^2
         p_nf = tl.zeros((), dtype=tl.int64)  # NaN/±inf count
         p_bad = tl.zeros((), dtype=tl.int32)  # rows left to the exact pass after the loop
@@ -198,7 +199,7 @@ def _rmsnorm_chunked_kernel(
     cols = tl.arange(0, CHUNK)
     if SKETCH:
         p_amax = tl.zeros((), dtype=tl.float32)
-        p_ms = tl.zeros((), dtype=tl.float32)
+        p_ms = tl.zeros((), dtype=tl.float64)
         p_sq = tl.zeros((), dtype=tl.float64)
         p_nf = tl.zeros((), dtype=tl.int64)
         p_bad = tl.zeros((), dtype=tl.int32)
