@@ -118,7 +118,9 @@ CATALOG: dict[str, Operator] = {
             Variant("fp32-acc", "h = x.float(); v = mean(h*h) fp32; y = weight * (h*rsqrt(v+eps)).to(dtype), product in dtype"),
             Variant("native-dtype", "v = mean(x*x) with x*x rounded to dtype, mean fp32-accumulated then rounded to dtype; "
                     "v+eps, rsqrt, x*r and weight*(.) each rounded to dtype"),
-            Variant("triton", "fp32 compute: v = tree-sum(h*h)/n; r = rsqrt(v+eps); y = (h*r*w.float()).to(dtype)", production=False),
+            Variant("triton", "fp32 compute: v = tree-sum(fma-folded h*h, 4 neighbours per fold)/n; r = rsqrt(v+eps); "
+                    "y = (h*r*w.float()).to(dtype); rows > 65536: per-lane sums of rounded h*h over 4096-wide chunks",
+                    production=False),
         ),
         dtypes=_FLOATS,
         fault_types=_PLAIN,
@@ -184,7 +186,9 @@ CATALOG: dict[str, Operator] = {
         variants=(
             Variant("torch", "fp32 Welford mean/var; y = (h-m)*rsqrt(var+eps)*w+b in fp32, rounded to dtype"),
             Variant("one-pass", "h = x.float(); m = mean(h); var = mean(h*h) - m*m; y = (h-m)*rsqrt(var+eps)*w+b fp32, rounded to dtype"),
-            Variant("triton", "fp32 two-pass: m = tree-sum(h)/n; var = tree-sum((h-m)^2)/n; y = ((h-m)*rsqrt(var+eps)*w+b).to(dtype)", production=False),
+            Variant("triton", "fp32 two-pass: m = tree-sum(h)/n; var = tree-sum(fma-folded (h-m)^2, 4 neighbours per fold)/n; "
+                    "y = fma((h-m)*rsqrt(var+eps), w, b).to(dtype); rows > 65536: per-lane sums over 4096-wide "
+                    "chunks, rounded products, y = ((h-m)*r*w + b)", production=False),
         ),
         dtypes=_FLOATS,
         fault_types=_PLAIN,

@@ -1,5 +1,5 @@
 """bench/ncu_kernels.py: its launch list on the CPU (interpreter), and its three readers of Nsight
-Compute logs on excerpts of the H200 run of stop 15 (tests/artifacts/ncu: torch.compile's rmsnorm and
+Compute logs on excerpts of the H200 run of stop 15 (tests/data/ncu: torch.compile's rmsnorm and
 our softmax without and with the sketch; the source page holds the first 60 SASS lines of two kernels).
 
     python -m pytest -q tests/test_ncu_summaries.py
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from _kernel_checks import BENCH, bench_script
 
-ART = Path(__file__).parent / "artifacts" / "ncu"
+ART = Path(__file__).parent / "data" / "ncu"
 
 
 def test_details_summary_has_one_row_per_launch_with_its_registers():
