@@ -73,22 +73,29 @@ def test_rows_past_the_register_limit_take_the_chunked_kernel_and_match_the_twin
     close(s, ingest_sketch(op, inp))
 
 
+@pytest.mark.parametrize("op", ["rmsnorm", "layernorm"])
 @pytest.mark.parametrize("n,chunk", [(2048, 512), (3000, 1000)])
-def test_rmsnorm_chunked_compile_time_row_length_changes_nothing(n, chunk):
-    """const_n compiles the chunked rmsnorm for the row length (no masks, a known trip count: 75.6 ->
-    70.9 µs on the H200, norm_chunks_h200_s15h.md): same y bits and sketch; a length that is not a
-    multiple of the chunk falls back to the masked loops."""
+def test_chunked_compile_time_row_length_changes_nothing(op, n, chunk):
+    """const_n compiles the chunked kernel for the row length (no masks, a known trip count: rmsnorm
+    75.6 -> 70.9 µs on the H200, norm_chunks_h200_s15h.md): same y bits and sketch; a length that is
+    not a multiple of the chunk falls back to the masked loops."""
+    from optwin.kernels.layernorm import _layernorm_launch
     from optwin.kernels.rmsnorm import EPS, _rmsnorm_launch
     from optwin.kernels.sketch_buffer import new_buffer, read_sketch
 
-    g = seed("const-n", n)
+    g = seed("const-n", op, n)
     x, w = torch.randn(7, n, generator=g).to(torch.bfloat16), torch.randn(n, generator=g).to(torch.bfloat16)
+    b = torch.randn(n, generator=g).to(torch.bfloat16)
     x[2, 5] = float("nan")
+    x[4] = 1.5  # a constant row: layernorm's exact constant test
     out = []
     for const_n in (False, True):
-        y, buf = torch.empty_like(x), new_buffer("rmsnorm", x.device)
-        _rmsnorm_launch(x, w, y, buf, EPS, chunk=chunk, const_n=const_n)
-        out.append((y, read_sketch("rmsnorm", buf)))
+        y, buf = torch.empty_like(x), new_buffer(op, x.device)
+        if op == "rmsnorm":
+            _rmsnorm_launch(x, w, y, buf, EPS, chunk=chunk, const_n=const_n)
+        else:
+            _layernorm_launch(x, w, b, y, buf, EPS, chunk=chunk, const_n=const_n)
+        out.append((y, read_sketch(op, buf)))
     assert torch.equal(out[0][0].view(torch.int16), out[1][0].view(torch.int16))
     assert out[0][1] == out[1][1]
     assert out[1][1]["nonfinite"] == 1
