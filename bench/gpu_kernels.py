@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, f
 sys.path.insert(1, str(Path(__file__).resolve().parent))  # bench/, for `_bench_common`
 
 import torch
-from _bench_common import within_budget, write_report
+from _bench_common import graph_ms, within_budget, write_report
 
 from optwin.kernels import production as P
 from optwin.kernels.compare import mismatch_report
@@ -296,6 +296,20 @@ def time_op(op: str, shape: tuple[int, ...], dtype: str, device: str, copy_ms: f
             r["compiled_ms"] = t(lambda: fn(inp, params))
         except Exception as e:  # noqa: BLE001
             r["compiled_error"] = f"{type(e).__name__}: {str(e)[:80]}"
+    # the same launches replayed from CUDA graphs (no L2 flush, no host cost): do_bench's flush moved some
+    # ratios by several points on the H200 (bench/results/timings_h200_s15.md)
+    graphed = {"kernel_graph_ms": lambda: b.launch(inp, params, y, None),
+               "kernel_sketch_graph_ms": lambda: b.launch(inp, params, y, buf)}
+    if not math.isnan(r["compiled_ms"]):
+        graphed["compiled_graph_ms"] = lambda: fn(inp, params)
+    for key, call in graphed.items():
+        r[key] = float("nan")
+        if device == "cuda":
+            try:
+                r[key] = graph_ms(call)
+            except Exception as e:  # noqa: BLE001 - a launch that cannot be captured: n/a, time the rest
+                r.setdefault("graph_error", f"{key}: {type(e).__name__}: {str(e)[:80]}")
+    r.setdefault("compiled_graph_ms", float("nan"))
     r["gbps"] = nbytes / (r["kernel_ms"] * 1e-3) / 1e9
     r["copy_frac"] = copy_ms / r["kernel_ms"]  # same bytes: kernel bandwidth / copy bandwidth
     r["sketch_overhead"] = r["kernel_sketch_ms"] / r["kernel_ms"] - 1
@@ -331,19 +345,24 @@ def report(checks: list[dict[str, Any]], copies: dict[str, tuple[float, float]],
     lines += ["", "## Copy bandwidth (y.copy_(x), same run)", "", "| dtype | ms | GB/s |", "|---|---|---|"]
     for dt, (ms, gbps) in copies.items():
         lines.append(f"| {dt} | {ms * 1e3:.1f} µs | {gbps:.0f} |")
-    lines += ["", "## Timing (median µs; bandwidth = read + write bytes / time)", "",
+    lines += ["", "## Timing (median µs; bandwidth = read + write bytes / time; graph: CUDA graph replays)", "",
               ("| op | dtype | shape | kernel | GB/s | % of copy | eager | compiled | kernel+sketch | sketch cost "
-               "| extra launches | unfused minimal sketch | ingest sketch (fp64) |"),
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+               "| extra launches | unfused minimal sketch | ingest sketch (fp64) | graph: kernel | graph: compiled "
+               "| graph: sketch cost |"),
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     us = lambda v: _fmt(v * 1e3, 4)
     for r in times:
+        g_cost = r["kernel_sketch_graph_ms"] / r["kernel_graph_ms"] - 1
         lines.append(
             f"| {r['op']} | {r['dtype']} | {r['shape']} | {us(r['kernel_ms'])} | {r['gbps']:.0f} | "
             f"{100 * r['copy_frac']:.0f}% | {us(r['eager_ms'])} | {us(r['compiled_ms'])} | {us(r['kernel_sketch_ms'])} | "
             f"{100 * r['sketch_overhead']:+.1f}% | 0 | {us(r['minimal_sketch_ms'])} | "
-            f"{us(r['ingest_sketch_ms'])} |")
+            f"{us(r['ingest_sketch_ms'])} | {us(r['kernel_graph_ms'])} | {us(r['compiled_graph_ms'])} | "
+            f"{'n/a' if math.isnan(g_cost) else f'{100 * g_cost:+.1f}%'} |")
         if "compiled_error" in r:
             notes.append(f"{r['op']}/{r['dtype']} torch.compile failed: {r['compiled_error']}")
+        if "graph_error" in r:
+            notes.append(f"{r['op']}/{r['dtype']} CUDA graph: {r['graph_error']}")
     if notes:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
     return "\n".join(lines) + "\n"
