@@ -161,3 +161,14 @@ def test_arrow_reads_work_as_the_first_query_of_a_fresh_store(tmp_path):
             table = getattr(s, method)(as_arrow=True)
             assert table.num_rows == len(getattr(s, method)()), method
             assert s.latest_build_id() == "only"
+
+
+def test_migrate_refuses_a_file_that_is_not_duckdb_and_leaves_it(tmp_path):
+    """The error names the file itself (not migrate's private copy) and the file is unchanged."""
+    path = tmp_path / "notes.duckdb"
+    path.write_bytes(b"not a database, just text\n" * 4)
+    with pytest.raises(DatabaseError, match=r"notes.duckdb: not a DuckDB file") as err:
+        migrate_database(str(path))
+    assert ".tmp-" not in str(err.value)
+    assert path.read_bytes() == b"not a database, just text\n" * 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.duckdb"]  # no copy left behind

@@ -246,10 +246,22 @@ def copy_for_write(src: str, dst: str) -> None:
         raise driver_error(e, dst, "copying the database") from None
 
 
+def is_duckdb_file(path: str) -> bool:
+    """True if the file starts with DuckDB's header (bytes 8-12 read "DUCK"); an empty or short
+    file, or another format, is not one."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(12)[8:12] == b"DUCK"
+    except OSError:
+        return False
+
+
 def migrate_file(path: str) -> tuple[int, int]:
     """Upgrade `path` to the current schema on a private copy, then swap it in with os.replace."""
     if not os.path.exists(path):
         raise DatabaseError(f"no fingerprint database at {path}: run `optwin build`")
+    if not is_duckdb_file(path):  # checked here: the driver's own error would name the private copy
+        raise DatabaseError(f"{path}: not a DuckDB file, so not a fingerprint database (left unchanged)")
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         copy_for_write(path, tmp)
