@@ -37,6 +37,8 @@ def test_capture_writes_a_profile(tmp_path: Path) -> None:
 @pytest.mark.parametrize("args,match", [
     (["--model", "gpt-17"], "unknown model 'gpt-17'"),
     (["--model", "no.such.module:factory"], "cannot load model factory"),
+    (["--model", "os.path:join"], "model factory 'os.path:join' raised TypeError: join() missing"),
+    (["--model", "os:sep"], "model factory 'os:sep' is a str, not a function"),
     (["--model", "llama-tiny", "--texts", "/no/such/file.txt"], "no such file"),
 ])
 def test_bad_input_is_a_one_line_optwin_error(tmp_path: Path, args: list[str], match: str) -> None:

@@ -114,7 +114,13 @@ def load_model(spec: str) -> LoadedModel:
         factory = getattr(importlib.import_module(modname), attr)
     except (ImportError, AttributeError) as e:
         raise ModelError(f"cannot load model factory {spec!r}: {e}") from None
-    out = factory()
+    if not callable(factory):
+        raise ModelError(f"model factory {spec!r} is a {type(factory).__name__}, not a function of no arguments")
+    try:
+        out = factory()
+    except Exception as e:  # noqa: BLE001 - the user's code: one line here, the traceback when they call it themselves
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ModelError(f"model factory {spec!r} raised {type(e).__name__}: {first}") from None
     if isinstance(out, LoadedModel):
         return out
     if isinstance(out, nn.Module):
