@@ -153,11 +153,6 @@ REG_CAP: dict[tuple[str, int], int] = {("layernorm", 16384): 128}
 ROW_GRID: set[tuple[str, int]] = {("rmsnorm", 16384), ("layernorm", 16384), ("softmax", 16384)}
 ROW_PER_PROGRAM = 1 << 20  # per_sm that makes persistent_grid give one program per row
 
-# Eviction policy of the chunked kernels' first passes (rows past MAX_BLOCK, read twice or three times:
-# the later passes must find the row in L2). "" is the default policy; torch.compile's two-loop norms
-# load the first pass evict_last.
-CHUNK_EVICT = ""
-
 # Loop stages of the sketched launch where they differ from TUNED's (stages only change how far loads
 # run ahead, never y). layernorm with the FMA-folded variance and FMA epilogue (stop 14), H200 at
 # 4096x16384 bf16, µs without / with the sketch: 2 stages 86.4 / 79.7, 1 stage 79.6 / 84.8

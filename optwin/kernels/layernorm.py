@@ -54,7 +54,6 @@ import triton.language as tl
 
 from optwin.catalog import CATALOG
 from optwin.kernels._common import (
-    CHUNK_EVICT,
     FMAX,
     MAX_BLOCK,
     check_device,
@@ -297,36 +296,35 @@ def _layernorm_kernel(
 
 
 @triton.jit
-def _chunked_mean_var(X_row, cols, n_cols, CHUNK: tl.constexpr, EVICT: tl.constexpr, CONST_N: tl.constexpr):
+def _chunked_mean_var(X_row, cols, n_cols, CHUNK: tl.constexpr, CONST_N: tl.constexpr):
     """(mean, population variance) of one row read in CHUNK pieces, as the twin's order "blocked"
     (lanes = CHUNK): per-lane fp32 sums in sequence over the chunks, one tl.sum tree, IEEE divide.
-    Pass 1 reads DRAM, pass 2 re-reads L2; EVICT is their loads' eviction policy (the row must stay
-    in L2 for pass 2 and the normalizing pass: "" or "evict_last"). CONST_N > 0: the row length as a
-    compile-time multiple of CHUNK (no masks, a known trip count; the bench's option)."""
+    Pass 1 reads DRAM (default eviction: the row stays in L2), pass 2 re-reads L2. CONST_N > 0: the
+    row length as a compile-time multiple of CHUNK (no masks, a known trip count; the bench's option)."""
     n_loop = CONST_N if CONST_N > 0 else n_cols
     acc = tl.zeros([CHUNK], dtype=tl.float32)
     for c0 in tl.range(0, n_loop, CHUNK):
         cm = None if CONST_N > 0 else c0 + cols < n_cols  # no mask with CONST_N
-        acc += tl.load(X_row + c0 + cols, mask=cm, other=None if CONST_N > 0 else 0.0,
-                       eviction_policy=EVICT).to(tl.float32)
+        acc += tl.load(X_row + c0 + cols, mask=cm, other=None if CONST_N > 0 else 0.0).to(tl.float32)
     m = tl.math.div_rn(tl.sum(acc, axis=0), tl.cast(n_cols, tl.float32))
     acc = tl.zeros([CHUNK], dtype=tl.float32)
     for c0 in tl.range(0, n_loop, CHUNK):
         if CONST_N > 0:
-            d = tl.load(X_row + c0 + cols, eviction_policy=EVICT).to(tl.float32) - m
+            d = tl.load(X_row + c0 + cols).to(tl.float32) - m
         else:
             cm = c0 + cols < n_cols
-            d = tl.where(cm, tl.load(X_row + c0 + cols, mask=cm, other=0.0, eviction_policy=EVICT).to(tl.float32) - m, 0.0)
+            d = tl.where(cm, tl.load(X_row + c0 + cols, mask=cm, other=0.0).to(tl.float32) - m, 0.0)
         acc += d * d
     return m, tl.math.div_rn(tl.sum(acc, axis=0), tl.cast(n_cols, tl.float32))
 
 
 @triton.jit
 def _chunked_exact_row(X_row, cols, n_cols, CHUNK: tl.constexpr):
-    """_exact_row over CHUNK pieces: (absmax, sumsq, nonfinite count, mean, std, constant |c| or -1) of
-    the finite entries."""
+    """Slow path (a row with NaN/±inf or overflowing squares), re-read in CHUNK pieces: (absmax, sumsq,
+    nonfinite count, mean, population std, constant |c| or -1) over the finite entries: fp32, the
+    squares in float64 (a finite |h| past 1.8e19 overflows an fp32 square; the std still fits fp32)."""
     amax = tl.zeros((), dtype=tl.float32)
-    sq = tl.zeros((), dtype=tl.float64)  # squares in float64, as _exact_row
+    sq = tl.zeros((), dtype=tl.float64)
     nf = tl.zeros((), dtype=tl.float32)
     sh = tl.zeros((), dtype=tl.float32)
     hmax = tl.full((), -float("inf"), tl.float32)
@@ -362,7 +360,6 @@ def _layernorm_chunked_kernel(
     CAP: tl.constexpr,
     CHUNK: tl.constexpr,  # elements per load; rows are read in ceil(n / CHUNK) pieces, three times
     SKETCH: tl.constexpr,
-    EVICT: tl.constexpr,  # eviction policy of the first two passes' loads (_chunked_mean_var)
     CONST_N: tl.constexpr,  # 0, or n_cols as a compile-time multiple of CHUNK (_chunked_mean_var)
 ):
     # Three passes per row (sum; squared deviations; normalize and store): the first from DRAM, the
@@ -380,7 +377,7 @@ def _layernorm_chunked_kernel(
         a_amax = tl.zeros([CHUNK], dtype=tl.float32)  # per lane: max |h| over the program's rows
     for r in tl.range(pid, n_rows, tl.num_programs(0)):
         x_row = X_ptr + tl.cast(r, tl.int64) * X_row_stride
-        m, var = _chunked_mean_var(x_row, cols, n_cols, CHUNK, EVICT, CONST_N)
+        m, var = _chunked_mean_var(x_row, cols, n_cols, CHUNK, CONST_N)
         rs = tl.math.rsqrt(var + eps)  # approximate rsqrt
         for c0 in tl.range(0, CONST_N if CONST_N > 0 else n_cols, CHUNK):
             cm = None if CONST_N > 0 else c0 + cols < n_cols  # no mask with CONST_N
@@ -408,7 +405,7 @@ def _layernorm_chunked_kernel(
             p_amax = tl.zeros((), dtype=tl.float32)
             for r2 in tl.range(pid, n_rows, tl.num_programs(0)):
                 x_row = X_ptr + tl.cast(r2, tl.int64) * X_row_stride
-                m2, var2 = _chunked_mean_var(x_row, cols, n_cols, CHUNK, EVICT, CONST_N)  # the loop's own values and test
+                m2, var2 = _chunked_mean_var(x_row, cols, n_cols, CHUNK, CONST_N)  # the loop's own values and test
                 if not ((var2 + m2 * m2) * n_cols <= FMAX):
                     amax2, sq2, nf2, mf2, sf2, c2 = _chunked_exact_row(x_row, cols, n_cols, CHUNK)
                     p_amax, p_ratio, p_minstd, p_sq, p_nf, p_const = _merge_row(
@@ -426,14 +423,15 @@ def _layernorm_launch(
     x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2: torch.Tensor,
     buf: torch.Tensor | None, eps: float, num_warps: int | None = None, stages: int | None = None,
     per_sm: int | None = None, keep: int | None = None, chunk: int | None = None, maxnreg: int | None = None,
-    evict: str | None = None, const_n: bool = False,
+    const_n: bool = False,
 ) -> None:
     """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows;
     without the sketch one program per row where _common.ROW_GRID lists the launch.
     Rows longer than MAX_BLOCK (or than `chunk`, the bench's comparison) go to the three-pass chunked
     kernel, TRITON_CHUNK wide by default (part of the numerics: the twin's lanes).
-    num_warps / stages / per_sm / keep / chunk / maxnreg (registers per thread) / evict (the chunked
-    kernel's first passes) / const_n (the chunked kernel compiled for this row length) override the tuned launch (the bench's sweep; num_warps changes the tl.sum trees)."""
+    num_warps / stages / per_sm / keep / chunk / maxnreg (registers per thread) / const_n (the chunked
+    kernel compiled for this row length) override the tuned launch (the bench's sweep; num_warps
+    changes the tl.sum trees)."""
     n_rows, n = x2.shape
     sketch = buf is not None
     if n_rows == 0 and not sketch:
@@ -441,11 +439,11 @@ def _layernorm_launch(
     f, i = workspace("layernorm", x2.device) if sketch else (y2, y2)
     if n > MAX_BLOCK or (chunk is not None and n > chunk):
         block, warps, _, _ = launch_config("layernorm-chunked", n, num_warps, 1, chunk=chunk or TRITON_CHUNK)
-        key = ("layernorm-chunked", x2.dtype, block, warps, sketch, evict, const_n)
+        key = ("layernorm-chunked", x2.dtype, block, warps, sketch, const_n)
         k = _layernorm_chunked_kernel[(persistent_grid(key, n_rows, x2.device, per_sm),)](
             x2, x2.stride(0), weight, bias, y2, y2.stride(0), buf if sketch else y2, f, i,
-            n_rows, n, eps, CAP=RATIO_CAP, CHUNK=block, SKETCH=sketch, EVICT=CHUNK_EVICT if evict is None else evict,
-            CONST_N=n if const_n and n % block == 0 else 0, num_warps=warps, enable_fp_fusion=False,
+            n_rows, n, eps, CAP=RATIO_CAP, CHUNK=block, SKETCH=sketch, CONST_N=n if const_n and n % block == 0 else 0,
+            num_warps=warps, enable_fp_fusion=False,
         )
         note_occupancy(key, k, warps)
         return

@@ -35,7 +35,6 @@ import triton.language as tl
 
 from optwin.catalog import CATALOG
 from optwin.kernels._common import (
-    CHUNK_EVICT,
     FMAX,
     MAX_BLOCK,
     check_device,
@@ -165,18 +164,18 @@ def _rmsnorm_kernel(
 
 
 @triton.jit
-def _row_sumsq_chunked(X_row, cols, n_cols, CHUNK: tl.constexpr, SKETCH: tl.constexpr, EVICT: tl.constexpr,
-                       CONST_N: tl.constexpr):
+def _row_sumsq_chunked(X_row, cols, n_cols, CHUNK: tl.constexpr, SKETCH: tl.constexpr, CONST_N: tl.constexpr):
     """(sum of h*h, max |h|) of one row read in CHUNK pieces: a [CHUNK] accumulator per lane summed in
     sequence over the chunks, then one tl.sum tree (the twin's order "blocked", lanes = CHUNK).
-    The row must stay in L2 for the second pass (EVICT: the loads' eviction policy, "" or
-    "evict_last"); the max is 0.0 without the sketch. CONST_N > 0: the row length as a compile-time
-    constant, a multiple of CHUNK (no masks, a known trip count; the bench's option)."""
+    The row stays in L2 (default eviction) for the second pass (evict_last, as Inductor loads its
+    first pass, measured no faster: bench/results/norm_chunks_h200_s15c.md); the max is 0.0 without
+    the sketch. CONST_N > 0: the row length as a compile-time multiple of CHUNK (no masks, a known
+    trip count; the bench's option)."""
     acc = tl.zeros([CHUNK], dtype=tl.float32)
     amx = tl.zeros([CHUNK], dtype=tl.float32)
     for c0 in tl.range(0, CONST_N if CONST_N > 0 else n_cols, CHUNK):
         cm = None if CONST_N > 0 else c0 + cols < n_cols  # no mask with CONST_N
-        h = tl.load(X_row + c0 + cols, mask=cm, other=None if CONST_N > 0 else 0.0, eviction_policy=EVICT).to(tl.float32)
+        h = tl.load(X_row + c0 + cols, mask=cm, other=None if CONST_N > 0 else 0.0).to(tl.float32)
         acc += h * h  # rounded product, then the lane's add (no FMA contraction)
         if SKETCH:
             amx = tl.maximum(amx, tl.abs(h))
@@ -194,7 +193,6 @@ def _rmsnorm_chunked_kernel(
     eps,  # fp32 scalar
     CHUNK: tl.constexpr,  # elements per load; rows are read in ceil(n / CHUNK) pieces, twice
     SKETCH: tl.constexpr,
-    EVICT: tl.constexpr,  # eviction policy of the first pass's loads (_row_sumsq_chunked)
     CONST_N: tl.constexpr,  # 0, or n_cols as a compile-time multiple of CHUNK (_row_sumsq_chunked)
 ):
     # Two passes per row: sum of squares (DRAM), then normalize and store (an L2 re-read). Slower
@@ -209,7 +207,7 @@ def _rmsnorm_chunked_kernel(
         p_bad = tl.zeros((), dtype=tl.int32)
     for r in tl.range(pid, n_rows, tl.num_programs(0)):
         row = tl.cast(r, tl.int64)
-        ss, amax = _row_sumsq_chunked(X_ptr + row * X_row_stride, cols, n_cols, CHUNK, SKETCH, EVICT, CONST_N)
+        ss, amax = _row_sumsq_chunked(X_ptr + row * X_row_stride, cols, n_cols, CHUNK, SKETCH, CONST_N)
         v = tl.math.div_rn(ss, tl.cast(n_cols, tl.float32))
         rs = tl.math.rsqrt(v + eps)
         for c0 in tl.range(0, CONST_N if CONST_N > 0 else n_cols, CHUNK):
@@ -226,7 +224,7 @@ def _rmsnorm_chunked_kernel(
         if p_bad > 0:  # rare: exact partials of this program's rows with NaN/±inf (or overflow)
             for r2 in tl.range(pid, n_rows, tl.num_programs(0)):
                 x_row = X_ptr + tl.cast(r2, tl.int64) * X_row_stride
-                ss2, _ = _row_sumsq_chunked(x_row, cols, n_cols, CHUNK, False, EVICT, CONST_N)
+                ss2, _ = _row_sumsq_chunked(x_row, cols, n_cols, CHUNK, False, CONST_N)
                 if not (ss2 <= FMAX):  # the loop's own test, same order: same rows
                     a, q, nf = finite_partials_chunked(x_row, cols, n_cols, CHUNK)
                     p_amax, p_ms, p_sq, p_nf = _merge_exact(p_amax, p_ms, p_sq, p_nf, a, q, nf, n_cols)
@@ -240,14 +238,15 @@ def _rmsnorm_chunked_kernel(
 def _rmsnorm_launch(
     x2: torch.Tensor, weight: torch.Tensor, y2: torch.Tensor, buf: torch.Tensor | None, eps: float,
     num_warps: int | None = None, stages: int | None = None, per_sm: int | None = None,
-    chunk: int | None = None, maxnreg: int | None = None, evict: str | None = None, const_n: bool = False,
+    chunk: int | None = None, maxnreg: int | None = None, const_n: bool = False,
 ) -> None:
     """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows;
     without the sketch one program per row where _common.ROW_GRID lists the launch.
     Rows longer than MAX_BLOCK (or than `chunk`, the bench's comparison) go to the two-pass chunked
     kernel, TRITON_CHUNK wide by default (part of the numerics: the twin's lanes).
-    num_warps / stages / per_sm / chunk / maxnreg (registers per thread) / evict (the chunked kernel's
-    first pass) / const_n (the chunked kernel compiled for this row length) override the tuned launch (the bench's sweep; num_warps changes the tl.sum tree)."""
+    num_warps / stages / per_sm / chunk / maxnreg (registers per thread) / const_n (the chunked kernel
+    compiled for this row length) override the tuned launch (the bench's sweep; num_warps changes the
+    tl.sum tree)."""
     n_rows, n = x2.shape
     sketch = buf is not None
     if n_rows == 0 and not sketch:
@@ -255,11 +254,11 @@ def _rmsnorm_launch(
     f, i = workspace("rmsnorm", x2.device) if sketch else (y2, y2)
     if n > MAX_BLOCK or (chunk is not None and n > chunk):
         block, warps, _, _ = launch_config("rmsnorm-chunked", n, num_warps, 1, chunk=chunk or TRITON_CHUNK)
-        key = ("rmsnorm-chunked", x2.dtype, block, warps, sketch, evict, const_n)
+        key = ("rmsnorm-chunked", x2.dtype, block, warps, sketch, const_n)
         k = _rmsnorm_chunked_kernel[(persistent_grid(key, n_rows, x2.device, per_sm),)](
             x2, x2.stride(0), weight, y2, y2.stride(0), buf if sketch else y2, f, i,
-            n_rows, n, eps, CHUNK=block, SKETCH=sketch, EVICT=CHUNK_EVICT if evict is None else evict,
-            CONST_N=n if const_n and n % block == 0 else 0, num_warps=warps, enable_fp_fusion=False,
+            n_rows, n, eps, CHUNK=block, SKETCH=sketch, CONST_N=n if const_n and n % block == 0 else 0,
+            num_warps=warps, enable_fp_fusion=False,
         )
         note_occupancy(key, k, warps)
         return

@@ -2,7 +2,7 @@
 never changes y (each row is one program's tree either way), the sketched launch stays persistent,
 and the bench's per_sm still overrides. Interpreter (TRITON_INTERPRET=1).
 
-    python -m pytest -q tests/test_kernels_balance.py
+    python -m pytest -q tests/test_kernels_row_grid.py
 """
 
 from __future__ import annotations
