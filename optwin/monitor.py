@@ -45,6 +45,7 @@ from optwin.catalog import CATALOG
 from optwin.errors import CatalogError, OptwinError
 import optwin.ingest as _ingest
 from optwin.ingest.sketch import SKETCH_FEATURES, sketch_tensor
+from optwin.kernels import sketch_sink
 
 # Importing the submodule binds it over the package's lazy `optwin.ingest.capture` function
 # (the import system sets the parent attribute); put the public function back.
@@ -80,9 +81,28 @@ class _MonitorRecorder(_cap.Recorder):
         self.mon = mon
         self.action: str | None = None
         self.fallback_modules: set[int] = set()
+        # "warn" reads verdicts after the call, so it can use the sketch a patched kernel makes in the
+        # call; "fallback"/"raise" need it before the call and sketch the inputs themselves
+        self.takes_fused = mon.policy == "warn"
+
+    # -- optwin.kernels.sketch_sink.Sink: patched kernels hand over their fused sketch
+
+    def watches(self, op: str) -> bool:
+        return self.mon.ops is None or op in self.mon.ops
+
+    def wants(self, op: str, variant: str, dtype: torch.dtype, suffix: str = "") -> Any:
+        if not self.watches(op):
+            return None
+        site = f"{self.stream}:{suffix}" if suffix else self.stream
+        return self.mon._sampled(op, variant, str(dtype).removeprefix("torch."), site)
+
+    def take(self, token: Any, buf: torch.Tensor, params: dict[str, Any]) -> None:
+        self.mon._take_fused(self, token, buf, params)
 
     def record(self, op: str, variant: str, inputs: dict[str, torch.Tensor], params: dict[str, Any] | None = None,
                dtype: str | None = None, stream: str | None = None) -> None:
+        if not self.watches(op):  # the monitor's `ops`: calls of other ops cost nothing
+            return
         self.mon._check(self, op, variant, inputs, params or {}, dtype, self.stream if stream is None else stream)
 
 
@@ -166,6 +186,7 @@ class Monitor:
             self.client = SidecarClient(sidecar, token=token, on_warning=self._sidecar_warning)
         self.streams: dict[tuple[str, str, str, str], Any] = {}
         self.warnings: list[dict[str, Any]] = []
+        self.last_sketches: dict[tuple[str, str, str, str], dict[str, float]] = {}  # per stream key: the latest assessed
         self.stats = MonitorStats()
         self._pending: deque[tuple[Any, tuple[str, ...], torch.Tensor, Any, float, dict]] = deque()
         self._rec: _MonitorRecorder | None = None
@@ -184,6 +205,8 @@ class Monitor:
         self._undo = _cap._patch_transformers(rec)
         self._mode = _MonitorMode(rec)
         self._mode.__enter__()
+        if rec.takes_fused:
+            sketch_sink.push(rec)
         return self
 
     def stop(self) -> None:
@@ -193,6 +216,8 @@ class Monitor:
             self._mode.__exit__(None, None, None)
         finally:
             self._mode = None
+            if self._rec is not None:
+                sketch_sink.remove(self._rec)
             for h in self._handles:
                 h.remove()
             for mod, fname, fn in self._undo:
@@ -227,19 +252,22 @@ class Monitor:
             self.streams[key] = s
         return s
 
-    def _check(self, rec: _MonitorRecorder, op: str, variant: str, inputs: dict[str, torch.Tensor],
-               params: dict[str, Any], dtype: str | None, site: str) -> None:
+    def _sampled(self, op: str, variant: str, dt: str, site: str) -> Any:
+        """The call's stream if its sampling picks this call for a sketch, else None."""
         self.stats.calls += 1
         if self._pending:
             self._drain(block=False)
-        main = next(iter(inputs.values()))
-        dt = dtype or str(main.dtype).removeprefix("torch.")
-        variant = self.variants.get(op, variant)
         if dt not in CATALOG[op].dtypes:
             self.stats.skipped += 1  # e.g. float64 calls: not a catalog variant
-            return
+            return None
         s = self._stream(f"{site}:{op}" if site else op, op, variant, dt)
-        if not s.should_check():
+        return s if s.should_check() else None
+
+    def _check(self, rec: _MonitorRecorder, op: str, variant: str, inputs: dict[str, torch.Tensor],
+               params: dict[str, Any], dtype: str | None, site: str) -> None:
+        main = next(iter(inputs.values()))
+        s = self._sampled(op, self.variants.get(op, variant), dtype or str(main.dtype).removeprefix("torch."), site)
+        if s is None:
             return
         try:
             with torch._C.DisableTorchFunction(), torch.no_grad():  # no re-entry into the mode, no graph
@@ -248,6 +276,26 @@ class Monitor:
             rec.skipped[f"{op}: {type(e).__name__}: {str(e)[:120]}"] += 1
             self.stats.skipped += 1
             return
+        self._submit(rec, s, names, values, params)
+
+    def _take_fused(self, rec: _MonitorRecorder, s: Any, buf: torch.Tensor, params: dict[str, Any]) -> None:
+        """A patched kernel's sketch buffer (the features in ingest's order, float64 on the device)."""
+        if s.op == "rope":  # from HF's tables: the positions and base come from the rotary module
+            if rec.last_positions is None:
+                rec.skipped["rope: positions unknown (no rotary-embedding module ran)"] += 1
+                self.stats.skipped += 1
+                return
+            base = rec.last_base or 10000.0
+            with torch._C.DisableTorchFunction(), torch.no_grad():
+                buf[8:9].copy_(rec.last_positions.abs().amax().reshape(1))  # max_pos, on the device
+                buf[9] = base
+            params = {**params, "base": base}
+        self._submit(rec, s, SKETCH_FEATURES[s.op], buf, params)
+
+    def _submit(self, rec: _MonitorRecorder, s: Any, names: tuple[str, ...], values: torch.Tensor,
+                params: dict[str, Any]) -> None:
+        """Assess one sketched call now, or queue it behind its device copy (warn on CUDA)."""
+        op, variant, dt = s.op, s.variant, s.dtype
         self.stats.checked += 1
         t = self.clock()
         asyncr = self.async_readback if self.async_readback is not None else values.is_cuda
@@ -281,6 +329,7 @@ class Monitor:
             log.info("%s: running in float32", msg)
 
     def _assess(self, s: Any, sk: dict[str, float], t: float, params: dict[str, Any]) -> Any:
+        self.last_sketches[(s.name, s.op, s.variant, s.dtype)] = sk
         if self.client is not None:
             self.client.observe(s.name, s.op, s.variant, s.dtype, sk, params=_jsonable(params), t=t)
         if self.matcher is None:

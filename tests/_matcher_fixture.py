@@ -66,6 +66,14 @@ def softmax_true_p(sk: dict[str, float]) -> float:
     return _sigmoid(6.0 * (sk["max"] - 11.09))
 
 
+def twin_case(op: str, variant: str, dtype: str, inputs: dict[str, torch.Tensor], seed: int) -> dict:
+    """One case from a real twin run (stochastic noise, REPLAYS replays): sketch, outcome counts."""
+    r = twin.run(op, variant, dtype, inputs, noise="stochastic", replays=REPLAYS, seed=seed)
+    counts = {ft: int(v.sum()) for ft, v in r.replay_faults.items()}
+    return {"op": op, "variant": variant, "dtype": dtype, "params": {}, "sketch": sketch(op, inputs),
+            "det": dict(r.faults), "counts": counts, "rel": float(r.rel_error)}
+
+
 def generate_cases(seed: int = 0, n_rms: int = 140, n_syn: int = 140) -> list[dict]:
     """Cases with sketch, params and outcome counts, before aggregation."""
     torch.set_num_threads(1)  # tiny tensors: threads only contend
@@ -76,11 +84,7 @@ def generate_cases(seed: int = 0, n_rms: int = 140, n_syn: int = 140) -> list[di
         for i in range(n_rms):
             absmax = 2.0 ** (-3.0 + 13.0 * float(torch.rand((), generator=g)))
             hidden = (64, 256)[i % 2]
-            inputs = _rmsnorm_case(g, absmax, hidden)
-            r = twin.run("rmsnorm", variant, "float16", inputs, noise="stochastic", replays=REPLAYS, seed=seed + i)
-            counts = {ft: int(v.sum()) for ft, v in r.replay_faults.items()}
-            out.append(dict(op="rmsnorm", variant=variant, dtype="float16", params={}, sketch=sketch("rmsnorm", inputs),
-                            det=dict(r.faults), counts=counts, rel=float(r.rel_error)))
+            out.append(twin_case("rmsnorm", variant, "float16", _rmsnorm_case(g, absmax, hidden), seed + i))
     for i in range(n_syn):
         max_pos = 2.0 ** (4.0 + 12.0 * float(torch.rand((), generator=g)))
         sk = sketch("rope", _rope_case(g, max_pos))

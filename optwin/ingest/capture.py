@@ -15,6 +15,9 @@ Two interception paths, one per kind of call site:
   `F.linear(x, W, b)` -> matmul "torch" with a = x.reshape(-1, in), b = W.T;
   `torch.matmul`/`@`/`mm` -> matmul "torch" when b is 2-D (a's leading dims folded into m;
   batched products of two >2-D tensors are not catalog matmuls and are skipped).
+* modules that optwin.kernels.patch swapped for our kernels -> their op's "triton" variant (rmsnorm,
+  layernorm); under a monitor that takes fused sketches (optwin.kernels.sketch_sink) they, and the
+  patched rotary, record nothing here: the kernel hands the monitor its own sketch.
 * modules and functions whose *numerics* make them a variant, through module forward hooks and,
   where the tensors never cross a module boundary, by wrapping the transformers function for the
   duration of the capture: `*RMSNorm` / `T5LayerNorm` modules -> rmsnorm, variant by reading the
@@ -61,6 +64,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from optwin.ingest.sketch import SKETCH_FEATURES, WeightCache, sketch_tensor
+from optwin.kernels import sketch_sink
 
 
 @dataclass(frozen=True)
@@ -135,6 +139,9 @@ class Recorder:
         self.last_base: float | None = None
         self._records: list[dict[str, Any]] | None = None
         self._weights = _WEIGHTS  # weight statistics are reduced once, not on every call
+        # True in a recorder that takes the fused sketches of patched kernels (optwin.monitor's, under
+        # policy "warn"): their modules and functions then record nothing themselves
+        self.takes_fused = False
 
     # -- context ------------------------------------------------------------------------------
 
@@ -372,31 +379,45 @@ def _rope_base(mod: nn.Module) -> float | None:
     return None
 
 
+def _call_kind(m: nn.Module, kind: tuple[str, str] | None) -> tuple[str, str] | None:
+    """The module's kind for this call: a module optwin.kernels.patch swapped runs the op's `triton`
+    kernel (checked per call: a patch can come and go while the hooks stay)."""
+    fused = sketch_sink.fused_op(m)
+    return (fused, "triton") if fused is not None else kind
+
+
 def _install_module_hooks(rec: Recorder, model: nn.Module,
                           overrides: dict[Any, tuple[str, str]]) -> list[Any]:
     handles: list[Any] = []
     for path, mod in model.named_modules():
-        kind = overrides.get(type(mod), overrides.get(type(mod).__name__)) or classify_module(mod)
+        kind0 = overrides.get(type(mod), overrides.get(type(mod).__name__)) or classify_module(mod)
 
-        def pre(m: nn.Module, args: tuple, kwargs: dict, path: str = path, kind: Any = kind) -> None:
+        def pre(m: nn.Module, args: tuple, kwargs: dict, path: str = path, kind0: Any = kind0) -> None:
             rec._stack.append((path, m))
+            kind = _call_kind(m, kind0)
             if kind is None or rec.suppress:
                 if kind is not None:
                     rec.suppress += 1
                 return
             op, variant = kind
-            if op == "rmsnorm" and args:
+            fused_here = variant == "triton" and rec.takes_fused  # the kernel hands its own sketch over
+            if op == "rmsnorm" and args and not fused_here:
                 x = args[0]
                 w = getattr(m, "weight", None)
                 rec.record("rmsnorm", variant, {"x": x, "weight": _vec(w, x.shape[-1], x, 1.0)})
+            elif op == "layernorm" and args and not fused_here:
+                x = args[0]
+                h = x.shape[-1]
+                w, b = getattr(m, "weight", None), getattr(m, "bias", None)
+                rec.record("layernorm", variant, {"x": x, "weight": _vec(w, h, x, 1.0), "bias": _vec(b, h, x, 0.0)})
             elif op == "rope-tables":
                 pos = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
                 rec.last_positions = pos if isinstance(pos, torch.Tensor) else None
                 rec.last_base = _rope_base(m)
             rec.suppress += 1
 
-        def post(m: nn.Module, args: tuple, kwargs: dict, out: Any, kind: Any = kind) -> None:
-            if kind is not None:
+        def post(m: nn.Module, args: tuple, kwargs: dict, out: Any, kind0: Any = kind0) -> None:
+            if _call_kind(m, kind0) is not None:
                 rec.suppress -= 1
             if rec._stack:
                 rec._stack.pop()
@@ -429,8 +450,11 @@ def _wrap_eager(rec: Recorder, orig: Callable) -> Callable:
 
 
 def _wrap_rope(rec: Recorder, orig: Callable) -> Callable:
+    # our patched rotary (optwin.kernels.patch) hands a monitor its fused sketch itself
+    fused = rec.takes_fused and sketch_sink.fused_function(orig) == "rope"
+
     def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):  # noqa: ANN001
-        if rec.suppress == 0:
+        if rec.suppress == 0 and not fused:
             unsq = kwargs.get("unsqueeze_dim", args[1] if len(args) > 1 else 1)
             pos = rec.last_positions
             if pos is None or q.ndim != 4:

@@ -8,6 +8,12 @@ Like Liger-Kernel's model patches: RMSNorm modules (any class named *RMSNorm wit
 (the softmax lives there; it runs when the model uses attn_implementation="eager"). Everything is
 undone by the returned handle (`handle.undo()`, or use it as a context manager). `handle.calls`
 counts kernel launches per op, so a caller can see that the swap took effect.
+
+The kernels launch without their sketch unless a monitor is running (optwin.kernels.sketch_sink):
+then each call asks it whether to sketch (its per-stream sampling) and hands it the fused buffer,
+and the monitor computes no sketch of its own for the call. `handle.sketched` counts those launches.
+Patch first, then start the monitor: a monitor started earlier keeps its wrappers around the
+functions the patch then replaces.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from optwin.kernels import sketch_sink
 from optwin.kernels.layernorm import layernorm
 from optwin.kernels.rmsnorm import rmsnorm
 from optwin.kernels.rope import rope_from_tables
@@ -33,6 +40,7 @@ class Patch:
     """Undo handle: restores every swapped forward and module global, in reverse order."""
 
     calls: Counter = field(default_factory=Counter)
+    sketched: Counter = field(default_factory=Counter)  # launches with the fused sketch (a monitor's samples)
     _undo: list[Callable[[], None]] = field(default_factory=list)
 
     def undo(self) -> None:
@@ -60,19 +68,40 @@ def _set_forward(handle: Patch, module: nn.Module, fwd: Callable[..., Any]) -> N
     handle._undo.append(restore)
 
 
+def _set_fused(handle: Patch, module: nn.Module, op: str, fwd: Callable[..., Any]) -> None:
+    """_set_forward, and list the module in sketch_sink.FUSED (it runs op's `triton` variant) until undo."""
+    _set_forward(handle, module, fwd)
+    sketch_sink.FUSED[module] = op
+    handle._undo.append(lambda: sketch_sink.FUSED.pop(module, None))
+
+
 def _set_global(handle: Patch, mod: ModuleType, name: str, value: Any) -> None:
     old = getattr(mod, name)
     setattr(mod, name, value)
     handle._undo.append(lambda: setattr(mod, name, old))
 
 
+def _launch(handle: Patch, op: str, dtype: torch.dtype, run: Callable[[bool], tuple[torch.Tensor, Any]],
+            suffix: str = "", variant: str = "triton") -> torch.Tensor:
+    """run(sketch) -> (y, buffer): with the sketch only when the active monitor samples this call,
+    whose buffer then goes to it."""
+    handle.calls[op] += 1
+    sink = sketch_sink.active()
+    token = sink.wants(op, variant, dtype, suffix) if sink is not None else None
+    y, buf = run(token is not None)
+    if token is not None:
+        handle.sketched[op] += 1
+        sink.take(token, buf, {})
+    return y
+
+
 def _rmsnorm_forward(handle: Patch, m: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
     eps = float(getattr(m, "variance_epsilon", getattr(m, "eps", 1e-6)))
 
     def forward(hidden_states: torch.Tensor) -> torch.Tensor:
-        handle.calls["rmsnorm"] += 1
         w = m.weight
-        y, _ = rmsnorm(hidden_states, w.to(hidden_states.dtype), eps, sketch=False)
+        y = _launch(handle, "rmsnorm", hidden_states.dtype,
+                    lambda sk: rmsnorm(hidden_states, w.to(hidden_states.dtype), eps, sketch=sk))
         return y.to(torch.promote_types(hidden_states.dtype, w.dtype))  # HF: weight * h.to(input dtype)
 
     return forward
@@ -80,9 +109,8 @@ def _rmsnorm_forward(handle: Patch, m: nn.Module) -> Callable[[torch.Tensor], to
 
 def _layernorm_forward(handle: Patch, m: nn.LayerNorm) -> Callable[[torch.Tensor], torch.Tensor]:
     def forward(x: torch.Tensor) -> torch.Tensor:
-        handle.calls["layernorm"] += 1
-        y, _ = layernorm(x, m.weight.to(x.dtype), m.bias.to(x.dtype), float(m.eps), sketch=False)
-        return y
+        return _launch(handle, "layernorm", x.dtype,
+                       lambda sk: layernorm(x, m.weight.to(x.dtype), m.bias.to(x.dtype), float(m.eps), sketch=sk))
 
     return forward
 
@@ -92,9 +120,13 @@ def _rotary(handle: Patch, original: Callable[..., Any]) -> Callable[..., Any]:
         unsqueeze_dim = kwargs.get("unsqueeze_dim", args[-1] if args else 1)
         if unsqueeze_dim != 1 or cos.ndim != 3 or q.ndim != 4:  # layouts the kernel does not take
             return original(q, k, cos, sin, *args, **kwargs)
-        handle.calls["rope"] += 2
-        return rope_from_tables(q, cos, sin), rope_from_tables(k, cos, sin)
+        # variant: HF's tables are fp32 angles cast to dtype, rope's fault driver; only the final
+        # combine differs (fp32, one rounding, where HF rounds each product): fp32-angles, as capture names it
+        return tuple(_launch(handle, "rope", x.dtype, lambda sk, x=x: rope_from_tables(x, cos, sin, sketch=sk), name,
+                             variant="fp32-angles")
+                     for name, x in (("q", q), ("k", k)))
 
+    setattr(apply_rotary_pos_emb, sketch_sink.FUSED_ATTR, "rope")
     return apply_rotary_pos_emb
 
 
@@ -108,9 +140,10 @@ def _eager_attention(handle: Patch, mod: ModuleType) -> Callable[..., Any]:
         attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling  # (B, H, Sq, Sk)
         if attention_mask is not None:
             attn_weights = attn_weights + attention_mask
-        handle.calls["softmax"] += 1
         # HF: softmax(..., dtype=float32).to(query.dtype): fp32 out, as our kernel's out_dtype
-        attn_weights = softmax(attn_weights, sketch=False, out_dtype=torch.float32)[0].to(query.dtype)
+        scores = attn_weights
+        attn_weights = _launch(handle, "softmax", scores.dtype,
+                               lambda sk: softmax(scores, sketch=sk, out_dtype=torch.float32)).to(query.dtype)
         attn_weights = nn.functional.dropout(attn_weights, p=dropout, training=module.training)
         attn_output = torch.matmul(attn_weights, value_states)  # (B, H, Sq, D)
         return attn_output.transpose(1, 2).contiguous(), attn_weights
@@ -128,9 +161,9 @@ def patch(model: nn.Module, rmsnorm: bool = True, layernorm: bool = True, softma
         if mod is not None and mod.__name__.startswith("transformers.models."):
             modeling[mod.__name__] = mod
         if rmsnorm and type(m).__name__.endswith("RMSNorm") and isinstance(getattr(m, "weight", None), torch.Tensor):
-            _set_forward(handle, m, _rmsnorm_forward(handle, m))
+            _set_fused(handle, m, "rmsnorm", _rmsnorm_forward(handle, m))
         elif layernorm and isinstance(m, nn.LayerNorm) and m.weight is not None and m.bias is not None and len(m.normalized_shape) == 1:
-            _set_forward(handle, m, _layernorm_forward(handle, m))
+            _set_fused(handle, m, "layernorm", _layernorm_forward(handle, m))
     for mod in modeling.values():
         if rope and callable(getattr(mod, "apply_rotary_pos_emb", None)):
             _set_global(handle, mod, "apply_rotary_pos_emb", _rotary(handle, mod.apply_rotary_pos_emb))

@@ -199,7 +199,7 @@ def _rope_kernel(
             tl.store(S_ptr + 2, g_amax)
             tl.store(S_ptr + 3, tl.sqrt(g_sq / cnt))
             tl.store(S_ptr + 4, g_nf.to(tl.float64))
-            tl.store(S_ptr + 5, tl.cast(n_seq, tl.float64))
+            tl.store(S_ptr + 5, tl.cast(n_rows, tl.float64))  # batch * seq, as ingest flattens x
             tl.store(S_ptr + 6, tl.cast(n_heads, tl.float64))
             tl.store(S_ptr + 7, d.to(tl.float64))
             tl.store(S_ptr + 8, g_pos)
@@ -330,10 +330,15 @@ def rope(
     return y, buf
 
 
-def rope_from_tables(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """y = x*cos + rotate_half(x)*sin for HF layouts: x (batch, heads, seq, d), cos/sin (batch|1, seq, d).
+def rope_from_tables(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                     sketch: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(y, sketch buffer or None): y = x*cos + rotate_half(x)*sin for HF layouts: x (batch, heads, seq,
+    d), cos/sin (batch|1, seq, d).
 
-    fp32 inside, one rounding to x's dtype (HF eager rounds each product to dtype). No sketch.
+    fp32 inside, one rounding to x's dtype (HF eager rounds each product to dtype). The sketch covers
+    x (absmax, rms, nonfinite, shapes, with seq = batch * seq as optwin.ingest flattens it); the
+    tables carry no positions, so max_pos and base read 0: the caller that knows them fills them in
+    (optwin.monitor does, from the rotary module).
     """
     check_device(x, cos, sin)
     x4 = x.transpose(1, 2)  # (batch, seq, heads, d) view, no copy
@@ -344,5 +349,6 @@ def rope_from_tables(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
     sin = sin.expand(x.shape[0], -1, -1) if sin.shape[0] == 1 else sin
     if cos.stride(-1) != 1 or cos.stride() != sin.stride():
         cos, sin = cos.contiguous(), sin.contiguous()
-    _rope_launch(x4, y.transpose(1, 2), None, cos=cos, sin=sin)
-    return y
+    buf = new_buffer("rope", x.device) if sketch else None
+    _rope_launch(x4, y.transpose(1, 2), buf, cos=cos, sin=sin)
+    return y, buf
