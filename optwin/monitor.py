@@ -25,6 +25,12 @@ Policies:
   before the call, so it reads the sketch synchronously.
 - "raise": raises FaultPredicted (an OptwinError) before the faulting call runs.
 "raise"/"fallback" need a local database (db=...); a sidecar answers asynchronously.
+
+On a model patched with our kernels (optwin.kernels.patch, before the monitor starts), a "warn"
+monitor takes the kernels' fused sketch (optwin.kernels.sketch_sink): a patched call asks the
+monitor's sampling whether to launch with the sketch and hands over the buffer, and the monitor
+sketches nothing itself. Those streams carry the variant the kernel runs ("triton"; rotary from HF's
+tables "fp32-angles"). "fallback"/"raise" sketch the inputs before the call, as without the patch.
 """
 
 from __future__ import annotations
