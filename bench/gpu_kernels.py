@@ -104,6 +104,18 @@ def _softmax_make_unmasked(shape, dtype, device, g):
     return inp, params
 
 
+def _softmax_make_hf_mask(shape, dtype, device, g):
+    # attention scores masked as HF's eager attention masks them: a causal band of finfo.min (finite;
+    # its square overflows float32: softmax.HUGE's branch), row r keeping its first (r+1)/rows of columns
+    inp, params = _softmax_make_unmasked(shape, dtype, device, g)
+    x = inp["x"]
+    rows, n = math.prod(x.shape[:-1]) or 1, x.shape[-1]
+    keep = ((torch.arange(rows, device=x.device) + 1) * n + rows - 1) // rows  # (rows,) columns kept
+    causal = torch.arange(n, device=x.device)[None, :] >= keep[:, None]  # (rows, n)
+    inp["x"] = x.reshape(rows, n).masked_fill(causal, torch.finfo(x.dtype).min).reshape(x.shape)
+    return inp, params
+
+
 def _softmax_launch(inp, params, y, buf):
     from optwin.kernels.softmax import _softmax_launch
 
@@ -182,6 +194,9 @@ BASE_OPS = tuple(OPS)
 OPS["softmax (no mask)"] = OpBench("softmax", "torch", _softmax_make_unmasked, _softmax_launch,
                                    lambda i, p: torch.softmax(i["x"].double(), -1), lambda i, p: P.softmax_torch(i["x"]),
                                    _rows2, label="softmax (no mask)")
+OPS["softmax (hf mask)"] = OpBench("softmax", "torch", _softmax_make_hf_mask, _softmax_launch,
+                                   lambda i, p: torch.softmax(i["x"].double(), -1), lambda i, p: P.softmax_torch(i["x"]),
+                                   _rows2, label="softmax (hf mask)")
 
 
 # ------------------------------------------------------------------------------ correctness

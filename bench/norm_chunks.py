@@ -4,6 +4,7 @@ as torch.compile), timed side by side in interleaved rounds, with torch.compile 
     BENCH_ROUNDS=7 python bench/norm_chunks.py              # on a CUDA machine; writes $OUT/norm_chunks.md
     BENCH_OPS=rope python bench/norm_chunks.py               # rope's lane-accumulator chains only
     BENCH_AB=base BENCH_OPS=rmsnorm,softmax python bench/norm_chunks.py  # also time bench/.ab/optwin_base
+    BENCH_OPS="softmax,softmax (hf mask)" python bench/norm_chunks.py   # any bench/gpu_kernels.py OPS entry
     BENCH_CONFIGS='{"layernorm": [{"num_warps": 8, "maxnreg": 128}]}' python bench/norm_chunks.py
     BENCH_METHOD=graph python bench/norm_chunks.py           # CUDA graph replays instead of do_bench
     TRITON_INTERPRET=1 python bench/norm_chunks.py --smoke   # CPU dry run of the script, small shapes
@@ -170,28 +171,29 @@ def main() -> str:
     sel = os.environ.get("BENCH_OPS", "rmsnorm,layernorm,rope").split(",")
     entries: list[tuple[str, str, Callable[[], Any]]] = [("copy", "y.copy_(x)", lambda: yc.copy_(x0))]
     checks: dict[tuple[str, str], str] = {}
-    for op in sel:
+    for op in sel:  # an OPS entry: "softmax (hf mask)" is softmax's kernel on another input
         b = OPS[op]
+        kop = b.op  # the kernel's op
         g = torch.Generator().manual_seed(2)
         inp, params = b.make(SHAPE, torch.bfloat16, DEV, g)
-        x2 = {k: (v.reshape(-1, v.shape[-1]) if k == "x" and op != "rope" else v) for k, v in inp.items()}
+        x2 = {k: (v.reshape(-1, v.shape[-1]) if k == "x" and kop != "rope" else v) for k, v in inp.items()}
         if not SMOKE:
             fn = torch.compile(b.eager, dynamic=False)
             fn(inp, params)
-            entries.append((op, f"torch.compile ({PRODUCTION[op]})", lambda fn=fn, inp=inp, params=params: fn(inp, params)))
-        for cfg in CONFIGS[op](SMOKE) + EXTRA.get(op, []) + [{"pkg": pkg} for pkg in AB]:
+            entries.append((op, f"torch.compile ({PRODUCTION[kop]})", lambda fn=fn, inp=inp, params=params: fn(inp, params)))
+        for cfg in CONFIGS[kop](SMOKE) + EXTRA.get(op, []) + [{"pkg": pkg} for pkg in AB]:
             cname = config_name(cfg)
             y, y0 = torch.empty_like(x2["x"]), torch.empty_like(x2["x"])
-            buf = new_buffer(op, DEV)
+            buf = new_buffer(kop, DEV)
             try:
-                f, f0 = _sweep_launchers(op, x2, params, y, y0, cfg)
+                f, f0 = _sweep_launchers(kop, x2, params, y, y0, cfg)
                 f(buf)
                 f0(None)
                 same = torch.equal(y.view(torch.int16), y0.view(torch.int16))
-                d = worst_diff(read_sketch(op, buf, inp["x"].shape, params),
-                               __import__("optwin.ingest.sketch", fromlist=["sketch"]).sketch(op, inp, params))
+                d = worst_diff(read_sketch(kop, buf, inp["x"].shape, params),
+                               __import__("optwin.ingest.sketch", fromlist=["sketch"]).sketch(kop, inp, params))
                 chunk = cfg.get("chunk")
-                tw = _twin_ulps(op, x2, params, y0) if chunk in (None, twin_chunk.get(op)) else "-"
+                tw = _twin_ulps(kop, x2, params, y0) if chunk in (None, twin_chunk.get(kop)) else "-"
                 if not cfg:
                     live_y = y0.clone()  # the live default's output: a frozen revision's must match it
                 elif "pkg" in cfg:

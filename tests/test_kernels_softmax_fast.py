@@ -1,6 +1,7 @@
 """Softmax layout 8 (a select-free branch for rows without -inf, issue #6) under TRITON_INTERPRET=1:
 both branches, padding (odd widths) and EVEN widths, NaN/+inf/huge rows, fully and partly masked
-rows, against optwin.ingest.sketch and layout 4, with y bit-identical to the kernel without the sketch.
+rows, against optwin.ingest.sketch and layout 4, with y bit-identical to the kernel without the sketch;
+and layout 4 (the default) on HF-style finite causal masks (finfo.min).
 
     python -m pytest -q tests/test_kernels_softmax_fast.py
 """
@@ -106,3 +107,30 @@ def test_a_row_range_past_float32_max_is_exact(variant, dtype):
     got, same = _run(x, variant)
     assert same and math.isfinite(got["max_row_range"])
     close(got, ingest_sketch("softmax", {"x": x}))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_hf_finite_causal_masks_stay_in_the_main_loop_and_match_ingest(dtype):
+    """Layout 4 (the default) on attention scores masked as HF's eager attention masks them: the
+    causal positions hold finfo.min (finite, its square overflows float32). Such rows sum squares
+    scaled by 2^-72 (softmax.HUGE); mixed with plain rows, a fully masked (-inf) row, a NaN row and a
+    +inf row (those two still send their program to the exact pass)."""
+    g = seed("hf-mask", dtype)
+    n = 300
+    x = torch.randn(40, n, generator=g) * 4
+    causal = torch.arange(n)[None, :] > torch.arange(40)[:, None] * 7  # (rows, n): HF's upper triangle
+    x = x.masked_fill(causal, torch.finfo(DT[dtype]).min).to(DT[dtype])  # score + min == min
+    x[3] = torch.randn(n, generator=g).to(DT[dtype])  # a plain row between masked ones
+    x[5] = -math.inf
+    got, same = _run(x, 4)
+    assert same
+    want = ingest_sketch("softmax", {"x": x})
+    assert want["absmax"] == pytest.approx(3.39e38, rel=1e-2)
+    for k, w in want.items():
+        assert math.isclose(got[k], w, rel_tol=1e-5, abs_tol=1e-30), f"{k}: kernel {got[k]} != want {w}"
+    x[11, 2], x[30, 250] = float("nan"), float("inf")
+    got, same = _run(x, 4)
+    want = ingest_sketch("softmax", {"x": x})
+    assert same and got["nonfinite"] == want["nonfinite"] == 2
+    for k, w in want.items():
+        assert math.isclose(got[k], w, rel_tol=1e-5, abs_tol=1e-30), f"{k}: kernel {got[k]} != want {w}"

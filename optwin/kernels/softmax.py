@@ -27,9 +27,13 @@ lanes and tree are tl.sum's: y is bit-identical with and without the sketch; a l
 entropy H = log(s) - t/s, tested as s < exp(low_entropy_nats + t/s) (approximate exp); `peaked_frac`
 counts rows below the catalog's low_entropy_nats among rows with s finite (a finite entry and no
 NaN/+inf: NaN/+inf and fully masked rows make s NaN). No per-row finiteness test: a NaN/+inf makes
-the lane sum of squares non-finite, and so does a square (or lane sum) overflowing fp32; such a
-program then re-reads its rows in CHUNK-column pieces for exact max/min/counts and float64 sums of
-squares (peaked/eligible stay the loop's, per row).
+the lane sum of squares non-finite; such a program then re-reads its rows in CHUNK-column pieces for
+exact max/min/counts and float64 sums of squares (peaked/eligible stay the loop's, per row). A row
+whose finite |h| reaches HUGE (HF's eager attention masks with finfo.min = -3.4e38, whose square
+overflows fp32) stays in the loop: one scalar test after the max tree takes back its plain squares
+and adds them scaled by 2^-72 to a second lane accumulator; the widest range is kept halved, so 3e38 -
+(-3e38) fits float32. H200, 4096x16384 bf16 HF-masked scores with the sketch: 1527 -> 124 µs (the
+exact pass before); other inputs +1.5 µs (bench/results/norm_chunks_h200_s16d.md).
 Launch: BLOCK = next_pow2(n); warps and stages from _common.TUNED (16 warps at BLOCK 16384, measured);
 the layout-4 sketch kernel is capped at MAXNREG registers where listed (2 programs per SM).
 Memory: read rows*n (x), write rows*n (y, in x's dtype or the requested out dtype); persistent
@@ -76,6 +80,16 @@ PEAK_NATS = float(DEFAULT_TOLERANCES.low_entropy_nats)
 # Finite |h| at or above this goes to layout 3's slow path: below it a row's fp32 sum of squares
 # cannot overflow (2**16 lanes * 2**110 < FMAX), so the main loop's test is lane-wise exact.
 BIG: tl.constexpr = tl.constexpr(2.0**55)
+# VARIANT 4: a row whose finite |h| reaches HUGE (HF masks with finfo.min, -3.4e38; or +inf) sums its
+# squares scaled by HUGE_SCALE in its own lane accumulator instead of the plain one (whose squares
+# overflow), and its range in float64, so such rows stay in the main loop: before, every program
+# holding one re-read all its rows in the exact pass, on every call of a masked HF attention. Below
+# HUGE a lane's FLUSH * BLOCK/LANES squares stay < 2^(9 + 112) < FMAX; scaled, |h| <= FMAX gives
+# squares <= 2^112 too. What underflows in the scaled squares is |h| < 2^-2: < 2^-100 of such a
+# row's sum (which holds a square >= 2^112 before scaling).
+HUGE: tl.constexpr = tl.constexpr(2.0**56)
+HUGE_SCALE: tl.constexpr = tl.constexpr(2.0**-72)
+HUGE_UNSCALE: tl.constexpr = tl.constexpr(2.0**144)
 # Sketch layouts (VARIANT), timed against each other by bench/softmax_sketch.py on an H200
 # (bench/results/softmax_sketch_h200*.md, 4096x16384 bf16, 16 warps, µs without / with the sketch;
 # SASS counts from an offline sm_90 compile with triton 3.6, per thread and row of 32 elements):
@@ -178,6 +192,17 @@ def _sub_opaque(h, m):
         return h - m
     else:
         return tl.inline_asm_elementwise("sub.rn.f32 $0, $1, $2;", "=r,r,r", [h, m], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+
+
+@triton.jit
+def _mul_opaque(h, c):
+    """h * c (mul.rn.f32) that LLVM cannot merge with the selects before the max tree: VARIANT 4's
+    rare HUGE branch must not keep the row's zero-masked copy alive across the tree (32 registers)."""
+    if INTERPRET:
+        return h * c
+    else:
+        return tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=r,r,r", [h, c], dtype=tl.float32,
                                          is_pure=True, pack=1)
 
 
@@ -298,7 +323,7 @@ def _softmax_kernel(
     if SKETCH:
         p_max = tl.full((), -float("inf"), tl.float32)
         p_min = tl.full((), float("inf"), tl.float32)
-        p_rng = tl.zeros((), dtype=tl.float32)
+        p_rng = tl.zeros((), dtype=tl.float32)  # VARIANT >= 4: half the widest row range
         p_rmx = tl.full((), float("inf"), tl.float32)  # smallest row max (rows with a finite entry)
         p_sq = tl.zeros((), dtype=tl.float64)
         p_nf = tl.zeros((), dtype=tl.int64)
@@ -311,6 +336,7 @@ def _softmax_kernel(
         if VARIANT >= 4:
             a_sq = tl.zeros([LANES, KEEP], dtype=tl.float32)  # per lane: sum of h*h over non-(-inf) entries
             a_neg = tl.zeros([LANES, KEEP], dtype=tl.float32)  # per lane: -inf count (padding included; exact, flushed)
+            a_huge = tl.zeros([LANES, KEEP], dtype=tl.float32)  # VARIANT 4: sum of (h * 2^-72)^2 over rows with |h| >= HUGE
             n_left = tl.full((), FLUSH, tl.int32)  # rows until the next flush of a_sq
             n_fast = tl.zeros((), dtype=tl.int32)  # VARIANT 8: rows of the fast branch (their padding is not in a_neg)
     for r in tl.range(pid, n_rows, tl.num_programs(0), num_stages=STAGES):
@@ -358,6 +384,10 @@ def _softmax_kernel(
         elif SKETCH and VARIANT >= 4:  # VARIANT 4
             ninf = h == -float("inf")
             hz = tl.where(ninf, 0.0, h)
+            a_prev = a_sq  # kept for a HUGE row, whose plain squares overflow (one register)
+            # the squares before the max tree, as without the HUGE branch: added after it (the branch
+            # choosing) the lane sums lost their overlap with the tree, 124.3 against 114.9 µs with
+            # the sketch on the H200 (bench/results/norm_chunks_h200_s16d.md)
             a_sq += lane_sum(hz * hz, BLOCK, LANES, VEC, KEEP)  # NaN/+inf/overflow: non-finite, caught after the loop
             # as a float select, not ninf.to(int32): an i1 vector used twice was packed into bitmasks
             # and unpacked lane by lane (+2 instructions per element in the SASS)
@@ -367,6 +397,11 @@ def _softmax_kernel(
                 m, rmin = tl.max(h, 0), tl.min(lo, 0)
             else:
                 m, rmin = tl.reduce((h, lo), 0, _max_min)
+            if tl.maximum(m, -rmin) >= HUGE:  # a finite |h| >= HUGE (every HF-masked row) or +inf
+                a_sq = a_prev  # its squares go scaled by 2^-72 to their own lanes instead (see HUGE)
+                hs = _mul_opaque(h, HUGE_SCALE)
+                hs = tl.where(hs == -float("inf"), 0.0, hs)
+                a_huge += lane_sum(hs * hs, BLOCK, LANES, VEC, KEEP)  # +inf stays non-finite: the exact pass
             e, s, t = _exp_sums_clamped(h, m)
         elif SKETCH:  # VARIANT 3
             # one tree: the op's max and the sketch's sum of squares (-inf lanes, incl. padding, add
@@ -390,7 +425,9 @@ def _softmax_kernel(
                  eviction_policy="evict_first")  # write n
         if SKETCH and VARIANT >= 4:  # scalars only; a program with NaN/+inf rows redoes them after the loop
             p_min = tl.minimum(p_min, rmin)  # fully masked rows: rmin = +inf
-            p_rng = tl.maximum(p_rng, m - rmin)  # fully masked rows: -inf - inf = -inf
+            # half the range, in float32: a row can hold 3e38 and -3e38, whose difference is inf in
+            # float32 but not its half (halving commutes with the rounding); fully masked rows: -inf
+            p_rng = tl.maximum(p_rng, 0.5 * m - 0.5 * rmin)
             p_max = tl.maximum(p_max, m)  # fully masked rows: m = -inf
             p_rmx = tl.minimum(p_rmx, tl.where(m > -float("inf"), m, float("inf")))
             p_masked += (m == -float("inf")).to(tl.int32)
@@ -399,9 +436,10 @@ def _softmax_kernel(
         if SKETCH and VARIANT >= 4:
             n_left -= 1
             if n_left == 0:
-                p_sq += tl.sum(a_sq).to(tl.float64)
+                p_sq += tl.sum(a_sq).to(tl.float64) + tl.sum(a_huge.to(tl.float64)) * HUGE_UNSCALE
                 p_neg += tl.sum(a_neg).to(tl.int64)  # <= FLUSH * BLOCK: exact in fp32
                 a_sq = tl.zeros([LANES, KEEP], dtype=tl.float32)
+                a_huge = tl.zeros([LANES, KEEP], dtype=tl.float32)
                 a_neg = tl.zeros([LANES, KEEP], dtype=tl.float32)
                 n_left = FLUSH
         elif SKETCH:  # scalars only, so h dies at the store; rows with NaN/+inf wait for the exact pass
@@ -419,7 +457,7 @@ def _softmax_kernel(
             p_peak += tl.where(has, _peaked(s, t, peak_nats), 0)
             p_bad += tl.where(ok, 0, 1)
     if SKETCH and VARIANT >= 4:
-        p_sq += tl.sum(a_sq).to(tl.float64)
+        p_sq += tl.sum(a_sq).to(tl.float64) + tl.sum(a_huge.to(tl.float64)) * HUGE_UNSCALE
         mine = tl.cdiv(n_rows - pid, tl.num_programs(0))  # rows of this program
         if VARIANT == 8:
             mine -= n_fast  # fast-branch rows added no padding to a_neg
@@ -427,7 +465,7 @@ def _softmax_kernel(
         if not (p_sq <= 1e308):  # rare: NaN/+inf (or squares overflowed): exact statistics of every row
             p_max = tl.full((), -float("inf"), tl.float32)
             p_min = tl.full((), float("inf"), tl.float32)
-            p_rng = tl.zeros((), dtype=tl.float32)
+            p_rng = tl.zeros((), dtype=tl.float32)  # VARIANT >= 4: half the widest row range
             p_rmx = tl.full((), float("inf"), tl.float32)
             p_sq = tl.zeros((), dtype=tl.float64)
             p_neg = tl.zeros((), dtype=tl.int64)
@@ -469,7 +507,7 @@ def _softmax_kernel(
         tl.atomic_add(F_ptr + 1, p_sq, sem="relaxed")
         tl.atomic_max(F_ptr + 2, p_max.to(tl.float64), sem="relaxed")
         tl.atomic_min(F_ptr + 3, p_min.to(tl.float64), sem="relaxed")
-        tl.atomic_max(F_ptr + 4, p_rng.to(tl.float64), sem="relaxed")
+        tl.atomic_max(F_ptr + 4, p_rng.to(tl.float64) * (2.0 if VARIANT >= 4 else 1.0), sem="relaxed")
         tl.atomic_min(F_ptr + 5, p_rmx.to(tl.float64), sem="relaxed")
         tl.atomic_add(I_ptr + 1, p_nf, sem="relaxed")
         tl.atomic_add(I_ptr + 2, p_neg, sem="relaxed")
