@@ -179,6 +179,25 @@ def check_fused(model: torch.nn.Module, db: str, ids: torch.Tensor) -> list[str]
     return rows
 
 
+def profile(model: torch.nn.Module, db: str, ids: torch.Tensor, config: str, forwards: int) -> list[str]:
+    """Host time of one config under cProfile (functions by own time), after its warm-up: where a
+    monitored forward spends the host's time."""
+    import cProfile
+    import io
+    import pstats
+
+    go = _configs(model, db, ids, forwards)[config]
+    with torch.no_grad():
+        go()  # compile, warm up
+        prof = cProfile.Profile()
+        prof.enable()
+        ms = go()
+        prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
+    return [f"## cProfile of `{config}` ({forwards} forwards, {ms:.2f} ms each)", "", "```", buf.getvalue(), "```"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", required=True, help="a fingerprint database (optwin build --quick makes one)")
@@ -188,6 +207,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--report", default="monitor_fused.md", help="file name of the report under $OUT")
+    ap.add_argument("--profile", metavar="CONFIG", help="instead: cProfile the host side of one config")
     args = ap.parse_args()
     t0 = time.monotonic()
     device = "cpu" if args.smoke else "cuda"
@@ -203,6 +223,9 @@ def main() -> None:
              f"{model.config.num_attention_heads} heads, eager attention, {str(dtype).removeprefix('torch.')}, "
              f"batch {batch} x seq {seq}; {rounds} interleaved rounds of {forwards} forwards; watched: "
              f"{', '.join(OPS)} (softmax where named)", ""]
+    if args.profile:
+        write_report("\n".join(lines + profile(model, args.db, ids, args.profile, forwards)) + "\n", args.report)
+        return
     lines += timings(model, args.db, ids, rounds, forwards)
     lines += ["", "Fused sketches of one forward against optwin.ingest on the same inputs:", ""]
     lines += check_fused(model, args.db, ids)

@@ -61,6 +61,7 @@ _ingest.capture = _cap.capture
 log = logging.getLogger("optwin.monitor")
 
 POLICIES = ("warn", "fallback", "raise")
+HOST_SLOTS = 256  # device sketches in flight at once (rows of the pinned host buffer)
 _LOW = (torch.float16, torch.bfloat16)
 
 
@@ -194,7 +195,11 @@ class Monitor:
         self.warnings: list[dict[str, Any]] = []
         self.last_sketches: dict[tuple[str, str, str, str], dict[str, float]] = {}  # per stream key: the latest assessed
         self.stats = MonitorStats()
-        self._pending: deque[tuple[Any, tuple[str, ...], torch.Tensor, Any, float, dict]] = deque()
+        # device sketches in flight: (stream, names, pinned row or values, event, t, params, row)
+        self._pending: deque[tuple[Any, tuple[str, ...], torch.Tensor, Any, float, dict, int | None]] = deque()
+        self._host: torch.Tensor | None = None  # pinned (HOST_SLOTS, widest sketch) float64, on first use
+        self._events: list[Any] = []
+        self._free: list[int] = []
         self._rec: _MonitorRecorder | None = None
         self._handles: list[Any] = []
         self._undo: list[Any] = []
@@ -294,7 +299,7 @@ class Monitor:
             base = rec.last_base or 10000.0
             with torch._C.DisableTorchFunction(), torch.no_grad():
                 buf[8:9].copy_(rec.last_positions.abs().amax().reshape(1))  # max_pos, on the device
-                buf[9] = base
+                buf[9:10].fill_(base)  # a fill kernel: `buf[9] = base` copied a host scalar in, a sync per call
             params = {**params, "base": base}
         self._submit(rec, s, SKETCH_FEATURES[s.op], buf, params)
 
@@ -306,17 +311,18 @@ class Monitor:
         t = self.clock()
         asyncr = self.async_readback if self.async_readback is not None else values.is_cuda
         if self.policy == "warn" and asyncr:
-            event = None
+            event = slot = None
             if values.is_cuda:
                 # Copy into pinned host memory behind the sketch kernels; the event marks the copy
                 # done. Reading `host` later is a CPU read: `.tolist()` on the device tensor would
                 # instead wait for everything queued on the stream since (a hidden sync).
-                host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+                slot = self._host_slot(values.device)
+                host = self._host[slot, : values.numel()]
                 host.copy_(values, non_blocking=True)
-                event = torch.cuda.Event()
+                event = self._events[slot]
                 event.record()
                 values = host
-            self._pending.append((s, names, values, event, t, params))
+            self._pending.append((s, names, values, event, t, params, slot))
             self.stats.queued = len(self._pending)
             return
         r = self._assess(s, dict(zip(names, values.tolist())), t, params)
@@ -351,15 +357,37 @@ class Monitor:
     def _drain(self, block: bool) -> None:
         """Assess queued device sketches whose events completed (all of them when block)."""
         while self._pending:
-            s, names, values, event, t, params = self._pending[0]
+            s, names, values, event, t, params, slot = self._pending[0]
             if event is not None:
                 if not block and not event.query():
                     break
                 if block:
                     event.synchronize()
             self._pending.popleft()
-            self._assess(s, dict(zip(names, values.tolist())), t, params)
+            values = values.tolist()  # the pinned slot is free once read
+            if slot is not None:
+                self._free.append(slot)
+            self._assess(s, dict(zip(names, values)), t, params)
         self.stats.queued = len(self._pending)
+
+    def _host_slot(self, device: torch.device) -> int:
+        """A free row of the pinned host buffer (and its event) for one device sketch. Allocated once:
+        a pinned allocation per call went through cudaHostAlloc whenever the caching host allocator
+        had no block whose copy had completed, a call that can cost more than the sketch (H200:
+        bench/results/monitor_fused_h200_s16c.md). With every row in flight, the oldest is drained
+        (waited for) first."""
+        if self._host is None:
+            width = max(len(v) for v in SKETCH_FEATURES.values())
+            self._host = torch.empty((HOST_SLOTS, width), dtype=torch.float64, pin_memory=True)
+            with torch.cuda.device(device):
+                self._events = [torch.cuda.Event() for _ in range(HOST_SLOTS)]
+            self._free = list(range(HOST_SLOTS))
+        while not self._free:
+            s, names, values, event, t, params, slot = self._pending.popleft()
+            event.synchronize()
+            self._free.append(slot)
+            self._assess(s, dict(zip(names, values.tolist())), t, params)
+        return self._free.pop()
 
     def flush(self) -> None:
         """Assess everything still queued (synchronizes once on CUDA)."""
