@@ -198,7 +198,6 @@ class Monitor:
         # device sketches in flight: (stream, names, pinned row or values, event, t, params, row)
         self._pending: deque[tuple[Any, tuple[str, ...], torch.Tensor, Any, float, dict, int | None]] = deque()
         self._host: torch.Tensor | None = None  # pinned (HOST_SLOTS, widest sketch) float64, on first use
-        self._events: list[Any] = []
         self._free: list[int] = []
         self._rec: _MonitorRecorder | None = None
         self._handles: list[Any] = []
@@ -316,10 +315,10 @@ class Monitor:
                 # Copy into pinned host memory behind the sketch kernels; the event marks the copy
                 # done. Reading `host` later is a CPU read: `.tolist()` on the device tensor would
                 # instead wait for everything queued on the stream since (a hidden sync).
-                slot = self._host_slot(values.device)
+                slot = self._host_slot()
                 host = self._host[slot, : values.numel()]
                 host.copy_(values, non_blocking=True)
-                event = self._events[slot]
+                event = torch.cuda.Event()  # per call: it records on the current device's stream
                 event.record()
                 values = host
             self._pending.append((s, names, values, event, t, params, slot))
@@ -370,22 +369,22 @@ class Monitor:
             self._assess(s, dict(zip(names, values)), t, params)
         self.stats.queued = len(self._pending)
 
-    def _host_slot(self, device: torch.device) -> int:
-        """A free row of the pinned host buffer (and its event) for one device sketch. Allocated once:
+    def _host_slot(self) -> int:
+        """A free row of the pinned host buffer for one device sketch. Allocated once:
         a pinned allocation per call went through cudaHostAlloc whenever the caching host allocator
-        had no block whose copy had completed, a call that can cost more than the sketch (H200:
-        bench/results/monitor_fused_h200_s16c.md). With every row in flight, the oldest is drained
-        (waited for) first."""
+        had no block whose copy had completed (no change measured on the H200, bench/results/
+        monitor_fused_h200_s16c.md, but no allocation in the hot path). With every row in flight, the
+        oldest is drained (waited for) first."""
         if self._host is None:
             width = max(len(v) for v in SKETCH_FEATURES.values())
             self._host = torch.empty((HOST_SLOTS, width), dtype=torch.float64, pin_memory=True)
-            with torch.cuda.device(device):
-                self._events = [torch.cuda.Event() for _ in range(HOST_SLOTS)]
             self._free = list(range(HOST_SLOTS))
-        while not self._free:
+        while not self._free:  # every row in flight: the oldest (a CPU entry holds none) are assessed first
             s, names, values, event, t, params, slot = self._pending.popleft()
-            event.synchronize()
-            self._free.append(slot)
+            if event is not None:
+                event.synchronize()
+            if slot is not None:
+                self._free.append(slot)
             self._assess(s, dict(zip(names, values.tolist())), t, params)
         return self._free.pop()
 
