@@ -178,3 +178,19 @@ def test_drift_to_peaked_attention_warns_through_the_fused_sketch(tmp_path, monk
     assert warned_at[0] > 0  # diffuse attention does not warn
     softmax_warnings = [w for w in mon.warnings if w["op"] == "softmax"]
     assert softmax_warnings and all(w["variant"] == "triton" for w in softmax_warnings)
+
+
+def test_a_monitor_started_before_the_patch_still_takes_the_fused_sketch(db):
+    """`with monitor(...), patch(...)`: the patch replaces the monitor's rotary/attention wrappers, and
+    unwinding in reverse order leaves transformers' own functions in place."""
+    from transformers.models.llama import modeling_llama
+
+    original = modeling_llama.apply_rotary_pos_emb
+    model = _llama()
+    with torch.no_grad(), om.monitor(model, db=db, sampling="always", ops=("rmsnorm", "rope", "softmax")) as mon, \
+            optwin.kernels.patch(model) as handle:
+        model(IDS)
+    assert handle.sketched == {"rmsnorm": 5, "rope": 4, "softmax": 2}
+    assert {k[2] for k in mon.streams} == {"triton", "fp32-angles"} and mon.stats.checked == 11
+    assert modeling_llama.apply_rotary_pos_emb is original
+    assert sketch_sink.active() is None and not sketch_sink.FUSED
