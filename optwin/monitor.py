@@ -26,7 +26,7 @@ Policies:
 - "raise": raises FaultPredicted (an OptwinError) before the faulting call runs.
 "raise"/"fallback" need a local database (db=...); a sidecar answers asynchronously.
 
-On a model patched with our kernels (optwin.kernels.patch, before the monitor starts), a "warn"
+On a model patched with our kernels (optwin.kernels.patch, in either order, nested), a "warn"
 monitor takes the kernels' fused sketch (optwin.kernels.sketch_sink): a patched call asks the
 monitor's sampling whether to launch with the sketch and hands over the buffer, and the monitor
 sketches nothing itself. Those streams carry the variant the kernel runs ("triton"; rotary from HF's

@@ -12,8 +12,9 @@ counts kernel launches per op, so a caller can see that the swap took effect.
 The kernels launch without their sketch unless a monitor is running (optwin.kernels.sketch_sink):
 then each call asks it whether to sketch (its per-stream sampling) and hands it the fused buffer,
 and the monitor computes no sketch of its own for the call. `handle.sketched` counts those launches.
-Patch first, then start the monitor: a monitor started earlier keeps its wrappers around the
-functions the patch then replaces.
+Either order works when the two unwind in reverse (nested `with`): a patch applied under a running
+monitor replaces the monitor's rotary and attention wrappers (the attention "math" record goes with
+them; the softmax inside is monitored as softmax/triton), and a patch applied first is wrapped by it.
 """
 
 from __future__ import annotations
