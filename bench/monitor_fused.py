@@ -166,8 +166,8 @@ def check_fused(model: torch.nn.Module, db: str, ids: torch.Tensor) -> list[str]
     for path, (x, w) in norm_in.items():
         got = mon.last_sketches[(f"{path}:rmsnorm", "rmsnorm", "triton", dt)]
         rows.append(f"| rmsnorm | {path} | {worst_diff(got, sketch('rmsnorm', {'x': x, 'weight': w.to(x.dtype)}))} |")
-    soft_streams = [k for k in mon.last_sketches if k[1] == "softmax"]
-    for key, x in zip(sorted(soft_streams), soft_in):  # layer order = call order
+    soft_streams = [k for k in mon.last_sketches if k[1] == "softmax"]  # first assessed first: call order
+    for key, x in zip(soft_streams, soft_in, strict=True):
         rows.append(f"| softmax | {key[0]} | {worst_diff(mon.last_sketches[key], sketch('softmax', {'x': x}))} |")
     seq = ids.shape[1]
     for key, got in sorted(mon.last_sketches.items()):
