@@ -195,8 +195,8 @@ class Monitor:
         self.warnings: list[dict[str, Any]] = []
         self.last_sketches: dict[tuple[str, str, str, str], dict[str, float]] = {}  # per stream key: the latest assessed
         self.stats = MonitorStats()
-        # device sketches in flight: (stream, names, pinned row or values, event, t, params, row)
-        self._pending: deque[tuple[Any, tuple[str, ...], torch.Tensor, Any, float, dict, int | None]] = deque()
+        # sketches in flight (async readback): (stream, names, host row, event or None on CPU, t, params, row)
+        self._pending: deque[tuple[Any, tuple[str, ...], torch.Tensor, Any, float, dict, int]] = deque()
         self._host: torch.Tensor | None = None  # pinned (HOST_SLOTS, widest sketch) float64, on first use
         self._free: list[int] = []
         self._rec: _MonitorRecorder | None = None
@@ -310,18 +310,17 @@ class Monitor:
         t = self.clock()
         asyncr = self.async_readback if self.async_readback is not None else values.is_cuda
         if self.policy == "warn" and asyncr:
-            event = slot = None
+            # Copy into pinned host memory behind the sketch kernels; on CUDA the event marks the copy
+            # done. Reading the row later is a CPU read: `.tolist()` on the device tensor would
+            # instead wait for everything queued on the stream since (a hidden sync).
+            event = None
+            slot = self._host_slot()
+            host = self._host[slot, : values.numel()]
+            host.copy_(values, non_blocking=values.is_cuda)
             if values.is_cuda:
-                # Copy into pinned host memory behind the sketch kernels; the event marks the copy
-                # done. Reading `host` later is a CPU read: `.tolist()` on the device tensor would
-                # instead wait for everything queued on the stream since (a hidden sync).
-                slot = self._host_slot()
-                host = self._host[slot, : values.numel()]
-                host.copy_(values, non_blocking=True)
                 event = torch.cuda.Event()  # per call: it records on the current device's stream
                 event.record()
-                values = host
-            self._pending.append((s, names, values, event, t, params, slot))
+            self._pending.append((s, names, host, event, t, params, slot))
             self.stats.queued = len(self._pending)
             return
         r = self._assess(s, dict(zip(names, values.tolist())), t, params)
@@ -363,9 +362,8 @@ class Monitor:
                 if block:
                     event.synchronize()
             self._pending.popleft()
-            values = values.tolist()  # the pinned slot is free once read
-            if slot is not None:
-                self._free.append(slot)
+            values = values.tolist()  # the host row is free once read
+            self._free.append(slot)
             self._assess(s, dict(zip(names, values)), t, params)
         self.stats.queued = len(self._pending)
 
@@ -377,15 +375,16 @@ class Monitor:
         oldest is drained (waited for) first."""
         if self._host is None:
             width = max(len(v) for v in SKETCH_FEATURES.values())
-            self._host = torch.empty((HOST_SLOTS, width), dtype=torch.float64, pin_memory=True)
+            pin = torch.cuda.is_available()  # pinned where a device copies into it
+            self._host = torch.empty((HOST_SLOTS, width), dtype=torch.float64, pin_memory=pin)
             self._free = list(range(HOST_SLOTS))
-        while not self._free:  # every row in flight: the oldest (a CPU entry holds none) are assessed first
+        while not self._free:  # every row in flight: the oldest is waited for and assessed first
             s, names, values, event, t, params, slot = self._pending.popleft()
             if event is not None:
                 event.synchronize()
-            if slot is not None:
-                self._free.append(slot)
-            self._assess(s, dict(zip(names, values.tolist())), t, params)
+            sk = dict(zip(names, values.tolist()))
+            self._free.append(slot)
+            self._assess(s, sk, t, params)
         return self._free.pop()
 
     def flush(self) -> None:

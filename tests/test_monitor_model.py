@@ -130,6 +130,29 @@ def test_async_readback_queue_drains(db):
     assert mon.stats.queued == 0 and any(w["stream"] == "norm:rmsnorm" for w in mon.warnings)
 
 
+def test_async_readback_with_every_host_row_in_flight_waits_for_the_oldest(db, monkeypatch):
+    """More sketches in flight than host rows: the oldest is assessed first, none is lost, and the
+    queue never holds more than the rows."""
+    monkeypatch.setattr(om, "HOST_SLOTS", 2)
+    model = Block()
+    with om.monitor(model, db=db, sampling="always", async_readback=True, clock=_fake_clock()) as mon:
+        s = mon._stream("norm:rmsnorm", "rmsnorm", "native-dtype", "float16")
+        names = om.SKETCH_FEATURES["rmsnorm"]
+        g = torch.Generator().manual_seed(6)
+        sketches = []
+        for absmax in (1.0, 2.0, 4.0, 8.0, 16.0):
+            x = _x(g, absmax)
+            values = om.sketch_tensor("rmsnorm", {"x": x, "weight": model.norm.weight.detach()})[1]
+            sketches.append(values)
+            mon._submit(mon._rec, s, names, values, {})
+            assert len(mon._pending) <= 2
+        assert mon.stats.checked == 5
+        mon.flush()
+        assert mon.stats.queued == 0
+        last = mon.last_sketches[("norm:rmsnorm", "rmsnorm", "native-dtype", "float16")]
+        assert last == dict(zip(names, sketches[-1].tolist()))  # the newest, read from its own row
+
+
 def test_monitor_with_a_sidecar(db):
     with SidecarThread(db, config=SidecarConfig(max_lag_s=60.0)) as sc:  # shares the GIL: lag is not overload
         model = Block()
