@@ -82,7 +82,7 @@ PEAK_NATS = float(DEFAULT_TOLERANCES.low_entropy_nats)
 BIG: tl.constexpr = tl.constexpr(2.0**55)
 # VARIANT 4: a row whose finite |h| reaches HUGE (HF masks with finfo.min, -3.4e38; or +inf) sums its
 # squares scaled by HUGE_SCALE in its own lane accumulator instead of the plain one (whose squares
-# overflow), and its range in float64, so such rows stay in the main loop: before, every program
+# overflow), and every row's range is kept halved, so such rows stay in the main loop: before, every program
 # holding one re-read all its rows in the exact pass, on every call of a masked HF attention. Below
 # HUGE a lane's FLUSH * BLOCK/LANES squares stay < 2^(9 + 112) < FMAX; scaled, |h| <= FMAX gives
 # squares <= 2^112 too. What underflows in the scaled squares is |h| < 2^-2: < 2^-100 of such a
@@ -198,7 +198,7 @@ def _sub_opaque(h, m):
 @triton.jit
 def _mul_opaque(h, c):
     """h * c (mul.rn.f32) that LLVM cannot merge with the selects before the max tree: VARIANT 4's
-    rare HUGE branch must not keep the row's zero-masked copy alive across the tree (32 registers)."""
+    HUGE branch must not keep the row's zero-masked copy alive across the tree (32 registers)."""
     if INTERPRET:
         return h * c
     else:
