@@ -370,10 +370,17 @@ def finish_norm_sketch(S_ptr, F_ptr, I_ptr, n_rows, n_cols):
     g_param_nf = read_slot(I_ptr + 2)
     reset_workspace(F_ptr, I_ptr)
     numel = tl.cast(n_rows, tl.int64) * n_cols
-    cnt = tl.maximum(numel - g_nf, 1).to(tl.float64)
-    tl.store(S_ptr + 0, numel.to(tl.float64))
-    tl.store(S_ptr + 1, tl.cast(n_rows, tl.float64))
-    tl.store(S_ptr + 2, g_amax)
-    tl.store(S_ptr + 3, tl.sqrt(g_sq / cnt))
-    tl.store(S_ptr + 4, (g_nf + g_param_nf).to(tl.float64))
+    store_common_features(S_ptr, numel, tl.cast(n_rows, tl.int64), g_amax, g_sq, numel - g_nf, g_nf + g_param_nf)
     tl.store(S_ptr + 5, tl.cast(n_cols, tl.float64))
+
+
+@triton.jit
+def store_common_features(S_ptr, numel, rows, g_amax, g_sq, n_summed, nonfinite):
+    """The head every op's sketch shares (optwin.ingest's COMMON_FEATURES), as float64: numel, rows,
+    absmax, rms (g_sq over the n_summed entries whose squares it holds; at least 1), nonfinite.
+    numel, rows, n_summed and nonfinite are int64."""
+    tl.store(S_ptr + 0, numel.to(tl.float64))
+    tl.store(S_ptr + 1, rows.to(tl.float64))
+    tl.store(S_ptr + 2, g_amax)
+    tl.store(S_ptr + 3, tl.sqrt(g_sq / tl.maximum(n_summed, 1).to(tl.float64)))
+    tl.store(S_ptr + 4, nonfinite.to(tl.float64))

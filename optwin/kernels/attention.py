@@ -57,6 +57,7 @@ from optwin.kernels._common import (
     last_program,
     read_slot,
     reset_workspace,
+    store_common_features,
 )
 from optwin.kernels.sketch_buffer import WORKSPACE, feature_names, new_buffer, workspace
 from optwin.twin.attention import triton_block_n, triton_qk_scale
@@ -251,12 +252,7 @@ def _attention_kernel(
             rows = tl.cast(n_bh, tl.int64) * seq_q
             numel_q = rows * D
             numel_k = tl.cast(n_bh, tl.int64) * seq_k * D
-            cnt = tl.maximum(numel_q + numel_k - g_nf, 1).to(tl.float64)
-            tl.store(S_ptr + 0, numel_q.to(tl.float64))
-            tl.store(S_ptr + 1, rows.to(tl.float64))
-            tl.store(S_ptr + 2, g_amax)
-            tl.store(S_ptr + 3, tl.sqrt(g_sq / cnt))
-            tl.store(S_ptr + 4, (g_nf + g_vnf).to(tl.float64))
+            store_common_features(S_ptr, numel_q, rows, g_amax, g_sq, numel_q + numel_k - g_nf, g_nf + g_vnf)
             tl.store(S_ptr + 5, tl.cast(n_batch, tl.float64))
             tl.store(S_ptr + 6, tl.cast(n_heads, tl.float64))
             tl.store(S_ptr + 7, tl.cast(seq_q, tl.float64))

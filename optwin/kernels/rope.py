@@ -50,6 +50,7 @@ from optwin.kernels._common import (
     read_slot,
     register_cap,
     reset_workspace,
+    store_common_features,
 )
 from optwin.kernels.production import rope_inv_freq
 from optwin.kernels.sketch_buffer import WORKSPACE, feature_names, new_buffer, workspace
@@ -193,12 +194,7 @@ def _rope_kernel(
             reset_workspace(F_ptr, I_ptr)
             d = 2 * tl.cast(half, tl.int64)
             numel = tl.cast(n_rows, tl.int64) * n_heads * d
-            cnt = tl.maximum(numel - g_nf, 1).to(tl.float64)
-            tl.store(S_ptr + 0, numel.to(tl.float64))
-            tl.store(S_ptr + 1, (tl.cast(n_rows, tl.int64) * n_heads).to(tl.float64))
-            tl.store(S_ptr + 2, g_amax)
-            tl.store(S_ptr + 3, tl.sqrt(g_sq / cnt))
-            tl.store(S_ptr + 4, g_nf.to(tl.float64))
+            store_common_features(S_ptr, numel, tl.cast(n_rows, tl.int64) * n_heads, g_amax, g_sq, numel - g_nf, g_nf)
             tl.store(S_ptr + 5, tl.cast(n_rows, tl.float64))  # batch * seq, as ingest flattens x
             tl.store(S_ptr + 6, tl.cast(n_heads, tl.float64))
             tl.store(S_ptr + 7, d.to(tl.float64))

@@ -65,6 +65,7 @@ from optwin.kernels._common import (
     register_cap,
     reset_workspace,
     rows_view,
+    store_common_features,
 )
 from optwin.kernels.sketch_buffer import WORKSPACE, feature_names, new_buffer, workspace
 
@@ -528,13 +529,8 @@ def _softmax_kernel(
             g_elig = read_slot(I_ptr + 5)
             reset_workspace(F_ptr, I_ptr)
             numel = tl.cast(n_rows, tl.int64) * n_cols
-            cnt = tl.maximum(numel - g_nf - g_neg, 1).to(tl.float64)
             any_fin = g_max >= g_min
-            tl.store(S_ptr + 0, numel.to(tl.float64))
-            tl.store(S_ptr + 1, tl.cast(n_rows, tl.float64))
-            tl.store(S_ptr + 2, g_amax)
-            tl.store(S_ptr + 3, tl.sqrt(g_sq / cnt))
-            tl.store(S_ptr + 4, g_nf.to(tl.float64))
+            store_common_features(S_ptr, numel, tl.cast(n_rows, tl.int64), g_amax, g_sq, numel - g_nf - g_neg, g_nf)
             tl.store(S_ptr + 5, tl.cast(n_cols, tl.float64))
             tl.store(S_ptr + 6, tl.where(any_fin, g_max, 0.0))
             tl.store(S_ptr + 7, tl.where(any_fin, g_min, 0.0))
