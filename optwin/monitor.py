@@ -352,19 +352,25 @@ class Monitor:
                         "source": "local"})
         return r
 
+    def _assess_oldest(self, block: bool) -> bool:
+        """Assess the oldest queued sketch and free its host row; False, doing nothing, while its
+        copy is still running (unless block: then wait for it)."""
+        s, names, values, event, t, params, slot = self._pending[0]
+        if event is not None:
+            if not block and not event.query():
+                return False
+            if block:
+                event.synchronize()
+        self._pending.popleft()
+        sk = dict(zip(names, values.tolist()))  # the host row is free once read
+        self._free.append(slot)
+        self._assess(s, sk, t, params)
+        return True
+
     def _drain(self, block: bool) -> None:
         """Assess queued device sketches whose events completed (all of them when block)."""
-        while self._pending:
-            s, names, values, event, t, params, slot = self._pending[0]
-            if event is not None:
-                if not block and not event.query():
-                    break
-                if block:
-                    event.synchronize()
-            self._pending.popleft()
-            values = values.tolist()  # the host row is free once read
-            self._free.append(slot)
-            self._assess(s, dict(zip(names, values)), t, params)
+        while self._pending and self._assess_oldest(block):
+            pass
         self.stats.queued = len(self._pending)
 
     def _host_slot(self) -> int:
@@ -379,12 +385,7 @@ class Monitor:
             self._host = torch.empty((HOST_SLOTS, width), dtype=torch.float64, pin_memory=pin)
             self._free = list(range(HOST_SLOTS))
         while not self._free:  # every row in flight: the oldest is waited for and assessed first
-            s, names, values, event, t, params, slot = self._pending.popleft()
-            if event is not None:
-                event.synchronize()
-            sk = dict(zip(names, values.tolist()))
-            self._free.append(slot)
-            self._assess(s, sk, t, params)
+            self._assess_oldest(block=True)
         return self._free.pop()
 
     def flush(self) -> None:
