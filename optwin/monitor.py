@@ -120,8 +120,6 @@ class _MonitorMode(_cap._Mode):
         kwargs = kwargs or {}
         h = _cap._HANDLERS.get(func)
         rec = self.rec
-        if rec.suppress < 0:  # a pre-hook that raised FaultPredicted skipped its increment
-            rec.suppress = 0
         if h is None or rec.suppress:
             return func(*args, **kwargs)
         rec.action = None

@@ -105,6 +105,7 @@ def test_raise_policy_raises_before_the_faulting_call(db):
         with pytest.raises(om.FaultPredicted, match="norm:rmsnorm.*predicted to fault") as e:
             model(_x(g, 600.0))
         assert isinstance(e.value, OptwinError)
+        assert mon._rec.suppress == 0 and not mon._rec._stack  # the raising pre-hook held no count
         model(_x(g, 10.0))  # the monitor keeps working after a raise
     assert mon.stats.raised == 1
 

@@ -131,7 +131,7 @@ class Recorder:
         self._offered: Counter[str] = Counter()
         self._pending: list[_Pending] = []
         self._rng = random.Random(settings.seed)
-        self._stack: list[tuple[str, nn.Module]] = []
+        self._stack: list[tuple[str, nn.Module, bool]] = []  # (path, module, holds a suppress count)
         self.suppress = 0  # > 0 while inside a hooked module or wrapped function
         self._t0 = time.perf_counter()
         self.started = time.time()
@@ -393,11 +393,12 @@ def _install_module_hooks(rec: Recorder, model: nn.Module,
         kind0 = overrides.get(type(mod), overrides.get(type(mod).__name__)) or classify_module(mod)
 
         def pre(m: nn.Module, args: tuple, kwargs: dict, path: str = path, kind0: Any = kind0) -> None:
-            rec._stack.append((path, m))
+            rec._stack.append((path, m, False))  # True once this call holds a suppress count (post gives it back)
             kind = _call_kind(m, kind0)
             if kind is None or rec.suppress:
                 if kind is not None:
                     rec.suppress += 1
+                    rec._stack[-1] = (path, m, True)
                 return
             op, variant = kind
             fused_here = variant == "triton" and rec.takes_fused  # the kernel hands its own sketch over
@@ -415,12 +416,11 @@ def _install_module_hooks(rec: Recorder, model: nn.Module,
                 rec.last_positions = pos if isinstance(pos, torch.Tensor) else None
                 rec.last_base = _rope_base(m)
             rec.suppress += 1
+            rec._stack[-1] = (path, m, True)
 
-        def post(m: nn.Module, args: tuple, kwargs: dict, out: Any, kind0: Any = kind0) -> None:
-            if _call_kind(m, kind0) is not None:
+        def post(m: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
+            if rec._stack and rec._stack.pop()[2]:  # the pre-hook's own kind test, not repeated here
                 rec.suppress -= 1
-            if rec._stack:
-                rec._stack.pop()
 
         handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
         handles.append(mod.register_forward_hook(post, with_kwargs=True, always_call=True))
