@@ -91,6 +91,7 @@ class _MonitorRecorder(_cap.Recorder):
         # "warn" reads verdicts after the call, so it can use the sketch a patched kernel makes in the
         # call; "fallback"/"raise" need it before the call and sketch the inputs themselves
         self.takes_fused = mon.policy == "warn"
+        self._rope_tail: tuple[torch.Tensor, int, float, torch.Tensor] | None = None  # see rope_tail
 
     # -- optwin.kernels.sketch_sink.Sink: patched kernels hand over their fused sketch
 
@@ -105,6 +106,19 @@ class _MonitorRecorder(_cap.Recorder):
 
     def take(self, token: Any, buf: torch.Tensor, params: dict[str, Any]) -> None:
         self.mon._take_fused(self, token, buf, params)
+
+    def rope_tail(self, base: float) -> torch.Tensor:
+        """(max |position|, base) as float64 on the positions' device: the rope features the tables
+        do not carry. Made once per positions tensor (every layer's q and k share it; an in-place
+        change bumps its version), by kernels: `t[1] = base` would copy a host scalar in, a sync."""
+        pos = self.last_positions
+        key = (pos, pos._version, base)
+        if self._rope_tail is None or self._rope_tail[0] is not pos or self._rope_tail[1:3] != key[1:]:
+            t = torch.empty(2, dtype=torch.float64, device=pos.device)
+            t[0:1].copy_(pos.abs().amax().reshape(1))
+            t[1:2].fill_(base)
+            self._rope_tail = (*key, t)
+        return self._rope_tail[3]
 
     def record(self, op: str, variant: str, inputs: dict[str, torch.Tensor], params: dict[str, Any] | None = None,
                dtype: str | None = None, stream: str | None = None) -> None:
@@ -295,8 +309,7 @@ class Monitor:
                 return
             base = rec.last_base or 10000.0
             with torch._C.DisableTorchFunction(), torch.no_grad():
-                buf[8:9].copy_(rec.last_positions.abs().amax().reshape(1))  # max_pos, on the device
-                buf[9:10].fill_(base)  # a fill kernel: `buf[9] = base` copied a host scalar in, a sync per call
+                buf[8:10].copy_(rec.rope_tail(base))  # max_pos and base, device to device
             params = {**params, "base": base}
         self._submit(rec, s, SKETCH_FEATURES[s.op], buf, params)
 

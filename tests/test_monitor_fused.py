@@ -80,6 +80,12 @@ def test_warn_monitor_takes_every_sampled_call_from_the_kernels(db):
     rope = mon.last_sketches[("model.layers.1.self_attn:q:rope", "rope", "fp32-angles", "float32")]
     assert rope["max_pos"] == SEQ - 1 and rope["base"] == model.config.rope_parameters["rope_theta"]
     assert (rope["seq"], rope["heads"], rope["d"]) == (2 * SEQ, 4, 16)  # batch * seq rows, as capture flattens
+    with torch.no_grad(), optwin.kernels.patch(model), \
+            om.monitor(model, db=db, sampling="always", ops=("rope",)) as mon2:
+        model(IDS)
+        model(IDS[:, :4])  # new positions: max_pos follows them
+    rope = mon2.last_sketches[("model.layers.1.self_attn:k:rope", "rope", "fp32-angles", "float32")]
+    assert rope["max_pos"] == 3 and rope["seq"] == 2 * 4
 
 
 def test_unsampled_calls_launch_without_the_sketch(db):
