@@ -104,8 +104,8 @@ class _MonitorRecorder(_cap.Recorder):
         site = f"{self.stream}:{suffix}" if suffix else self.stream
         return self.mon._sampled(op, variant, str(dtype).removeprefix("torch."), site)
 
-    def take(self, token: Any, buf: torch.Tensor, params: dict[str, Any]) -> None:
-        self.mon._take_fused(self, token, buf, params)
+    def take(self, token: Any, buf: torch.Tensor) -> None:
+        self.mon._take_fused(self, token, buf)
 
     def rope_tail(self, base: float) -> torch.Tensor:
         """(max |position|, base) as float64 on the positions' device: the rope features the tables
@@ -300,8 +300,9 @@ class Monitor:
             return
         self._submit(rec, s, names, values, params)
 
-    def _take_fused(self, rec: _MonitorRecorder, s: Any, buf: torch.Tensor, params: dict[str, Any]) -> None:
+    def _take_fused(self, rec: _MonitorRecorder, s: Any, buf: torch.Tensor) -> None:
         """A patched kernel's sketch buffer (the features in ingest's order, float64 on the device)."""
+        params: dict[str, Any] = {}
         if s.op == "rope":  # from HF's tables: the positions and base come from the rotary module
             if rec.last_positions is None:
                 rec.skipped["rope: positions unknown (no rotary-embedding module ran)"] += 1
@@ -310,7 +311,7 @@ class Monitor:
             base = rec.last_base or 10000.0
             with torch._C.DisableTorchFunction(), torch.no_grad():
                 buf[8:10].copy_(rec.rope_tail(base))  # max_pos and base, device to device
-            params = {**params, "base": base}
+            params = {"base": base}
         self._submit(rec, s, SKETCH_FEATURES[s.op], buf, params)
 
     def _submit(self, rec: _MonitorRecorder, s: Any, names: tuple[str, ...], values: torch.Tensor,

@@ -92,7 +92,7 @@ def _launch(handle: Patch, op: str, dtype: torch.dtype, run: Callable[[bool], tu
     y, buf = run(token is not None)
     if token is not None:
         handle.sketched[op] += 1
-        sink.take(token, buf, {})
+        sink.take(token, buf)
     return y
 
 

@@ -36,7 +36,7 @@ class Sink(Protocol):
         catalog variant whose numerics the call has; `suffix` names the operand of a call site that
         has several (rope's "q" and "k")."""
 
-    def take(self, token: Any, buf: torch.Tensor, params: dict[str, Any]) -> None:
+    def take(self, token: Any, buf: torch.Tensor) -> None:
         """The launch's sketch buffer (float64 on the device, still being written by the stream)."""
 
 
