@@ -275,16 +275,22 @@ def _vec(t: torch.Tensor | None, n: int, like: torch.Tensor, fill: float) -> tor
     return t if isinstance(t, torch.Tensor) else torch.full((n,), fill, dtype=like.dtype, device=like.device)
 
 
+def _rmsnorm_inputs(x: torch.Tensor, weight: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    return {"x": x, "weight": _vec(weight, x.shape[-1], x, 1.0)}
+
+
+def _layernorm_inputs(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    h = x.shape[-1]
+    return {"x": x, "weight": _vec(weight, h, x, 1.0), "bias": _vec(bias, h, x, 0.0)}
+
+
 def _layer_norm(rec: Recorder, args: tuple, kwargs: dict) -> None:
     x = _arg(args, kwargs, 0, "input")
     shape = _arg(args, kwargs, 1, "normalized_shape")
     if len(tuple(shape)) != 1:
         rec.skipped["layernorm: normalized over more than the last dim"] += 1
         return
-    h = x.shape[-1]
-    w = _vec(_arg(args, kwargs, 2, "weight"), h, x, 1.0)
-    b = _vec(_arg(args, kwargs, 3, "bias"), h, x, 0.0)
-    rec.record("layernorm", "torch", {"x": x, "weight": w, "bias": b})
+    rec.record("layernorm", "torch", _layernorm_inputs(x, _arg(args, kwargs, 2, "weight"), _arg(args, kwargs, 3, "bias")))
 
 
 def _rms_norm(rec: Recorder, args: tuple, kwargs: dict) -> None:
@@ -293,8 +299,7 @@ def _rms_norm(rec: Recorder, args: tuple, kwargs: dict) -> None:
     if len(tuple(shape)) != 1:
         rec.skipped["rmsnorm: normalized over more than the last dim"] += 1
         return
-    w = _vec(_arg(args, kwargs, 2, "weight"), x.shape[-1], x, 1.0)
-    rec.record("rmsnorm", "fp32-acc", {"x": x, "weight": w})
+    rec.record("rmsnorm", "fp32-acc", _rmsnorm_inputs(x, _arg(args, kwargs, 2, "weight")))
 
 
 def _linear(rec: Recorder, args: tuple, kwargs: dict) -> None:
@@ -403,14 +408,10 @@ def _install_module_hooks(rec: Recorder, model: nn.Module,
             op, variant = kind
             fused_here = variant == "triton" and rec.takes_fused  # the kernel hands its own sketch over
             if op == "rmsnorm" and args and not fused_here:
-                x = args[0]
-                w = getattr(m, "weight", None)
-                rec.record("rmsnorm", variant, {"x": x, "weight": _vec(w, x.shape[-1], x, 1.0)})
+                rec.record("rmsnorm", variant, _rmsnorm_inputs(args[0], getattr(m, "weight", None)))
             elif op == "layernorm" and args and not fused_here:
-                x = args[0]
-                h = x.shape[-1]
-                w, b = getattr(m, "weight", None), getattr(m, "bias", None)
-                rec.record("layernorm", variant, {"x": x, "weight": _vec(w, h, x, 1.0), "bias": _vec(b, h, x, 0.0)})
+                rec.record("layernorm", variant,
+                           _layernorm_inputs(args[0], getattr(m, "weight", None), getattr(m, "bias", None)))
             elif op == "rope-tables":
                 pos = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
                 rec.last_positions = pos if isinstance(pos, torch.Tensor) else None
