@@ -12,7 +12,6 @@ scores and checks that a drift towards peaked attention warns, through the fused
 
 from __future__ import annotations
 
-import math
 import os
 
 os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
@@ -23,6 +22,7 @@ from torch import nn  # noqa: E402
 
 import optwin.kernels  # noqa: E402
 import optwin.monitor as om  # noqa: E402
+from _kernel_checks import close  # noqa: E402
 from _matcher_fixture import cached_db, twin_case, write_db  # noqa: E402
 from optwin.fingerprints.sampling import SamplingConfig  # noqa: E402
 from optwin.ingest import sketch  # noqa: E402
@@ -45,12 +45,6 @@ def _llama() -> nn.Module:
             if type(m).__name__ == "LlamaRMSNorm":
                 m.weight.uniform_(0.5, 1.5, generator=torch.Generator().manual_seed(3))
     return model
-
-
-def _close(got: dict[str, float], want: dict[str, float], rel: float = 1e-5) -> None:
-    assert set(got) == set(want)
-    for k, w in want.items():
-        assert math.isclose(got[k], w, rel_tol=rel, abs_tol=1e-12), f"{k}: fused {got[k]} vs ingest {w}"
 
 
 def test_warn_monitor_takes_every_sampled_call_from_the_kernels(db):
@@ -76,7 +70,7 @@ def test_warn_monitor_takes_every_sampled_call_from_the_kernels(db):
     assert len(keys) == 11
     for p, x in norm_inputs.items():  # the fused features are optwin.ingest's
         got = mon.last_sketches[(f"{p}:rmsnorm", "rmsnorm", "triton", "float32")]
-        _close(got, sketch("rmsnorm", {"x": x, "weight": norms[p].weight.detach()}))
+        close(got, sketch("rmsnorm", {"x": x, "weight": norms[p].weight.detach()}))
     rope = mon.last_sketches[("model.layers.1.self_attn:q:rope", "rope", "fp32-angles", "float32")]
     assert rope["max_pos"] == SEQ - 1 and rope["base"] == model.config.rope_parameters["rope_theta"]
     assert (rope["seq"], rope["heads"], rope["d"]) == (2 * SEQ, 4, 16)  # batch * seq rows, as capture flattens
@@ -117,8 +111,8 @@ def test_raise_policy_sketches_before_the_call_and_names_the_triton_variant(db):
     assert handle.sketched == {"layernorm": 2}
     got = warn.last_sketches[("1:layernorm", "layernorm", "triton", "float32")]
     m = net[1]
-    _close(got, sketch("layernorm", {"x": h, "weight": m.weight.detach(), "bias": m.bias.detach()}))
-    _close(got, mon.last_sketches[("1:layernorm", "layernorm", "triton", "float32")])  # before the call = fused
+    close(got, sketch("layernorm", {"x": h, "weight": m.weight.detach(), "bias": m.bias.detach()}))
+    close(got, mon.last_sketches[("1:layernorm", "layernorm", "triton", "float32")])  # before the call = fused
 
 
 def _scaled(model: nn.Module, factor: float) -> None:
