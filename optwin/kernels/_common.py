@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from optwin.errors import InputError
-from optwin.kernels.sketch_buffer import SLOTS, SPREAD
+from optwin.kernels.sketch_buffer import SLOTS
 from optwin.twin.numerics import TRITON_WHOLE_ROW_MAX
 
 # Largest row a single program holds in registers (BLOCK >= n, next power of two). The norms read
@@ -35,7 +35,6 @@ def register_cap(cap: int | None) -> dict[str, int]:
     return {"maxnreg": cap} if cap and not INTERPRETED else {}
 
 WS_SLOTS: tl.constexpr = tl.constexpr(SLOTS)  # slots of each kind per workspace (sketch_buffer)
-WS_SPREAD: tl.constexpr = tl.constexpr(SPREAD)  # copies of each slot, merged into by pid % SPREAD
 
 # Largest finite float32; |h| <= FMAX is false for NaN and ±inf, so it is the finiteness test.
 FMAX: tl.constexpr = tl.constexpr(3.4028234663852886e38)
@@ -66,12 +65,11 @@ def persistent_grid(key: tuple[Any, ...], n_rows: int, device: torch.device, per
 
 
 def grid_per_sm(op: str, block: int, sketch: bool, per_sm: int | None = None) -> int | None:
-    """persistent_grid's per_sm for a launch: the caller's (the bench's sweep), else one program per
-    row for the launches ROW_GRID (without the sketch) or SKETCH_ROW_GRID (with it) lists, else None
-    (the occupancy)."""
+    """persistent_grid's per_sm for a launch: the caller's (the bench's sweep), else ROW_GRID's one
+    program per row for the launches without the sketch it lists, else None (the occupancy)."""
     if per_sm is not None:
         return per_sm
-    return ROW_PER_PROGRAM if (op, block) in (SKETCH_ROW_GRID if sketch else ROW_GRID) else None
+    return ROW_PER_PROGRAM if not sketch and (op, block) in ROW_GRID else None
 
 
 def note_occupancy(key: tuple[Any, ...], compiled: Any, num_warps: int) -> None:
@@ -154,9 +152,6 @@ REG_CAP: dict[tuple[str, int], int] = {("layernorm", 16384): 128}
 # norm_chunks_h200_s15e.md; the code is in git history, commit 52b2a7d).
 ROW_GRID: set[tuple[str, int]] = {("rmsnorm", 16384), ("layernorm", 16384), ("softmax", 16384)}
 ROW_PER_PROGRAM = 1 << 20  # per_sm that makes persistent_grid give one program per row
-# The sketched launches that run a program per row: their merges go to SPREAD copies of each slot
-# (no queue of atomics on one address) and the finisher's ticket is claimed early (claim_ticket).
-SKETCH_ROW_GRID: set[tuple[str, int]] = {("rmsnorm", 16384), ("layernorm", 16384)}
 
 # Loop stages of the sketched launch where they differ from TUNED's (stages only change how far loads
 # run ahead, never y). layernorm with the FMA-folded variance and FMA epilogue (stop 14), H200 at
@@ -331,114 +326,48 @@ def lane_min(x, BLOCK: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr, KEE
 
 
 @triton.jit
-def _copy(j):
-    """Offset of this program's copy of slot j (sketch_buffer's layout)."""
-    return j * WS_SPREAD + tl.program_id(0) % WS_SPREAD
+def last_program(T_ptr):
+    """True in exactly one program: the last to take a ticket. The ticket is acq_rel (the relaxed
+    merges before it are released; the last program acquires all of them) and the merges, the
+    ticket and the finalizing reads are scalar atomics, issued by one thread of the program."""
+    t = tl.atomic_add(T_ptr, 1, sem="acq_rel")
+    return t == tl.num_programs(0) - 1
 
 
 @triton.jit
-def merge_max(ptr, j, v):
-    """Merge v into this program's copy of slot j with a relaxed atomic max (no result: no round trip)."""
-    tl.atomic_max(ptr + _copy(j), v, sem="relaxed")
+def read_slot(ptr):
+    """A workspace slot's merged value, read by the last program (after last_program's acquire).
 
-
-@triton.jit
-def merge_min(ptr, j, v):
-    tl.atomic_min(ptr + _copy(j), v, sem="relaxed")
-
-
-@triton.jit
-def merge_add(ptr, j, v):
-    tl.atomic_add(ptr + _copy(j), v, sem="relaxed")
-
-
-@triton.jit
-def claim_ticket(I_ptr, EARLY: tl.constexpr):
-    """At a program's start, with EARLY: True in the program that takes the last ticket, the finisher.
-    The ticket's round trip then overlaps the program's first loads instead of ending its run (a
-    program per row waited for it on every row). Without EARLY: False (is_finisher takes the ticket)."""
-    if EARLY:
-        return tl.atomic_add(I_ptr, 1, sem="relaxed") == tl.num_programs(0) - 1
-    else:
-        return False
-
-
-@triton.jit
-def is_finisher(I_ptr, claimed, EARLY: tl.constexpr):
-    """After this program's merges: True in exactly one program, which then sees every merge.
-
-    Without EARLY, the last program to take an acq_rel ticket (the merges before it are released;
-    the last acquires all of them). With EARLY, the others count themselves done with a release add
-    and the finisher (claimed: it took the last start ticket, so every other program is already
-    running) waits until all of them have. Merges, tickets and reads are scalar atomics, issued by one
-    thread of the program."""
-    if EARLY:
-        if claimed:
-            others = tl.num_programs(0) - 1
-            done = tl.atomic_add(I_ptr + 1, 0, sem="acquire")
-            while done < others:
-                done = tl.atomic_add(I_ptr + 1, 0, sem="acquire")
-        else:
-            tl.atomic_add(I_ptr + 1, 1, sem="release")
-        return claimed
-    else:
-        return tl.atomic_add(I_ptr, 1, sem="acq_rel") == tl.num_programs(0) - 1
-
-
-@triton.jit
-def param_program(n_rows):
-    """The program that takes the parameters' (weight, bias) partials: the last of a persistent grid
-    (it has the fewest rows), program 0 of a program per row (the last programs start last: in the
-    finisher's wait they would lengthen the launch)."""
-    return tl.where(tl.num_programs(0) < n_rows, tl.num_programs(0) - 1, 0)
-
-
-@triton.jit
-def _copies(ptr, j):
-    """Slot j's SPREAD copies, read by the finisher with volatile loads (past L1), all in flight
-    together: an atomic exchange hands its result through shared memory between two barriers, so a
-    chain of them ran one L2 round trip after another (PTX of an offline sm_90 compile)."""
-    return tl.load(ptr + j * WS_SPREAD + tl.arange(0, WS_SPREAD), volatile=True)
-
-
-@triton.jit
-def gather_max(ptr, j):
-    """The merged value of a max slot."""
-    return tl.max(_copies(ptr, j), axis=0)
-
-
-@triton.jit
-def gather_min(ptr, j):
-    return tl.min(_copies(ptr, j), axis=0)
-
-
-@triton.jit
-def gather_sum(ptr, j):
-    return tl.sum(_copies(ptr, j), axis=0)
+    A volatile load (bypasses L1), not an atomic exchange: Triton hands a scalar atomic's result to
+    the whole program through shared memory between two barriers, so a chain of exchanges was one
+    L2 round trip after another at the end of every launch (PTX of an offline sm_90 compile); the
+    loads are in flight together. reset_workspace then restores the identities."""
+    return tl.load(ptr, volatile=True)
 
 
 @triton.jit
 def reset_workspace(F_ptr, I_ptr):
-    """Put every copy of the float64 slots back to its identity (stored after the copies) and the int64
-    slots (tickets and counts) to 0, ready for the next launch on this stream.
-    The barrier comes first: no warp may read a slot after another has reset it."""
-    c = tl.arange(0, WS_SPREAD)
+    """Put the float64 slots back to their identities (the next sketch_buffer.SLOTS values) and the
+    int64 slots (ticket and counts) to 0, ready for the next launch on this stream.
+    The barrier comes first: a scalar load is done by every thread but a scalar store by one, and no
+    warp may read a slot after another has reset it."""
+    k = tl.arange(0, WS_SLOTS)
+    idents = tl.load(F_ptr + WS_SLOTS + k)
     tl.debug_barrier()
-    for j in tl.static_range(WS_SLOTS):
-        tl.store(F_ptr + j * WS_SPREAD + c, tl.load(F_ptr + WS_SLOTS * WS_SPREAD + j + c * 0))
-        tl.store(I_ptr + j * WS_SPREAD + c, tl.zeros([WS_SPREAD], dtype=tl.int64))
+    tl.store(F_ptr + k, idents)
+    tl.store(I_ptr + k, tl.zeros([WS_SLOTS], dtype=tl.int64))
 
 
 @triton.jit
 def finish_norm_sketch(S_ptr, F_ptr, I_ptr, n_rows, n_cols):
-    """The finisher's common end of rmsnorm and layernorm, whose workspaces share their head
+    """The last program's common end of rmsnorm and layernorm, whose workspaces share their head
     (float absmax, sumsq; int ticket, nonfinite x, nonfinite parameters): read those slots, reset the
     workspace, store the shared features numel, rows, absmax, rms (over the finite entries), nonfinite
     (x's plus the parameters'), hidden. The op reads its own slots before calling it."""
-    g_amax = gather_max(F_ptr, 0)
-    g_sq = gather_sum(F_ptr, 1)
-    g_nf = gather_sum(I_ptr, 1)
-    g_param_nf = gather_sum(I_ptr, 2)
+    g_amax = read_slot(F_ptr + 0)
+    g_sq = read_slot(F_ptr + 1)
+    g_nf = read_slot(I_ptr + 1)
+    g_param_nf = read_slot(I_ptr + 2)
     reset_workspace(F_ptr, I_ptr)
     numel = tl.cast(n_rows, tl.int64) * n_cols
     store_common_features(S_ptr, numel, tl.cast(n_rows, tl.int64), g_amax, g_sq, numel - g_nf, g_nf + g_param_nf)

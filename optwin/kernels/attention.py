@@ -54,11 +54,8 @@ from optwin.kernels._common import (
     INTERPRET,
     check_device,
     finite_lanes,
-    gather_max,
-    gather_sum,
-    is_finisher,
-    merge_add,
-    merge_max,
+    last_program,
+    read_slot,
     reset_workspace,
     store_common_features,
 )
@@ -230,27 +227,27 @@ def _attention_kernel(
                 va, _, vnf = finite_lanes(vv.to(tl.float32), kvmask)
                 p_vmax = tl.maximum(p_vmax, tl.max(tl.max(va, 1), 0))
                 p_vnf += tl.sum(tl.sum(vnf, 1), 0).to(tl.int64)
-        merge_max(F_ptr, 0, p_amax.to(tl.float64))
-        merge_add(F_ptr, 1, p_sq)
-        merge_max(F_ptr, 2, p_vmax.to(tl.float64))
-        merge_max(F_ptr, 3, p_qn2.to(tl.float64))
-        merge_max(F_ptr, 4, p_kn2.to(tl.float64))
-        merge_max(F_ptr, 5, p_mmax.to(tl.float64))
-        merge_add(I_ptr, 1, p_nf)
-        merge_add(I_ptr, 2, p_vnf)
-        merge_add(I_ptr, 3, n_peak)
-        merge_add(I_ptr, 4, n_fin)
-        if is_finisher(I_ptr, False, False):  # read back and reset the workspace, write the features
-            g_amax = gather_max(F_ptr, 0)
-            g_sq = gather_sum(F_ptr, 1)
-            g_vmax = gather_max(F_ptr, 2)
-            g_qn2 = gather_max(F_ptr, 3)
-            g_kn2 = gather_max(F_ptr, 4)
-            g_mmax = gather_max(F_ptr, 5)
-            g_nf = gather_sum(I_ptr, 1)
-            g_vnf = gather_sum(I_ptr, 2)
-            g_peak = gather_sum(I_ptr, 3)
-            g_fin = gather_sum(I_ptr, 4)
+        tl.atomic_max(F_ptr + 0, p_amax.to(tl.float64), sem="relaxed")
+        tl.atomic_add(F_ptr + 1, p_sq, sem="relaxed")
+        tl.atomic_max(F_ptr + 2, p_vmax.to(tl.float64), sem="relaxed")
+        tl.atomic_max(F_ptr + 3, p_qn2.to(tl.float64), sem="relaxed")
+        tl.atomic_max(F_ptr + 4, p_kn2.to(tl.float64), sem="relaxed")
+        tl.atomic_max(F_ptr + 5, p_mmax.to(tl.float64), sem="relaxed")
+        tl.atomic_add(I_ptr + 1, p_nf, sem="relaxed")
+        tl.atomic_add(I_ptr + 2, p_vnf, sem="relaxed")
+        tl.atomic_add(I_ptr + 3, n_peak, sem="relaxed")
+        tl.atomic_add(I_ptr + 4, n_fin, sem="relaxed")
+        if last_program(I_ptr):  # read back and reset the workspace, write the features
+            g_amax = read_slot(F_ptr + 0)
+            g_sq = read_slot(F_ptr + 1)
+            g_vmax = read_slot(F_ptr + 2)
+            g_qn2 = read_slot(F_ptr + 3)
+            g_kn2 = read_slot(F_ptr + 4)
+            g_mmax = read_slot(F_ptr + 5)
+            g_nf = read_slot(I_ptr + 1)
+            g_vnf = read_slot(I_ptr + 2)
+            g_peak = read_slot(I_ptr + 3)
+            g_fin = read_slot(I_ptr + 4)
             reset_workspace(F_ptr, I_ptr)
             rows = tl.cast(n_bh, tl.int64) * seq_q
             numel_q = rows * D

@@ -57,23 +57,17 @@ from optwin.kernels._common import (
     FMAX,
     MAX_BLOCK,
     check_device,
-    claim_ticket,
     finish_norm_sketch,
     finite_partials,
     finite_partials_chunked,
-    gather_max,
-    gather_min,
     grid_per_sm,
-    is_finisher,
     lane_max,
     lane_shape,
+    last_program,
     launch_config,
-    merge_add,
-    merge_max,
-    param_program,
-    merge_min,
     note_occupancy,
     persistent_grid,
+    read_slot,
     register_cap,
     rows_view,
     sum_squares,
@@ -173,23 +167,22 @@ def _param_partials(W_ptr, B_ptr, S_ptr, I_ptr, cols, n_cols, BLOCK: tl.constexp
     bmax, _, bnf = finite_partials_chunked(B_ptr, cols, n_cols, BLOCK)
     tl.store(S_ptr + 8, wmax.to(tl.float64))
     tl.store(S_ptr + 9, bmax.to(tl.float64))
-    merge_add(I_ptr, 2, (wnf + bnf).to(tl.int64))
+    tl.atomic_add(I_ptr + 2, (wnf + bnf).to(tl.int64), sem="relaxed")
 
 
 @triton.jit
-def _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ratio, p_minstd, p_nf, p_const, n_rows, n_cols, CAP: tl.constexpr,
-             claimed, CLAIM_EARLY: tl.constexpr):
-    """Merge one program's sketch partials into the workspace; the finisher writes the features."""
-    merge_max(F_ptr, 0, p_amax.to(tl.float64))
-    merge_add(F_ptr, 1, p_sq)
-    merge_max(F_ptr, 2, p_ratio.to(tl.float64))
-    merge_min(F_ptr, 3, p_minstd.to(tl.float64))
-    merge_max(F_ptr, 4, tl.maximum(p_const, 0.0).to(tl.float64))
-    merge_add(I_ptr, 1, p_nf)
-    if is_finisher(I_ptr, claimed, CLAIM_EARLY):
-        g_ratio = gather_max(F_ptr, 2)
-        g_minstd = gather_min(F_ptr, 3)
-        g_const = gather_max(F_ptr, 4)
+def _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ratio, p_minstd, p_nf, p_const, n_rows, n_cols, CAP: tl.constexpr):
+    """Merge one program's sketch partials into the workspace; the last program writes the features."""
+    tl.atomic_max(F_ptr + 0, p_amax.to(tl.float64), sem="relaxed")
+    tl.atomic_add(F_ptr + 1, p_sq, sem="relaxed")
+    tl.atomic_max(F_ptr + 2, p_ratio.to(tl.float64), sem="relaxed")
+    tl.atomic_min(F_ptr + 3, p_minstd.to(tl.float64), sem="relaxed")
+    tl.atomic_max(F_ptr + 4, tl.maximum(p_const, 0.0).to(tl.float64), sem="relaxed")
+    tl.atomic_add(I_ptr + 1, p_nf, sem="relaxed")
+    if last_program(I_ptr):
+        g_ratio = read_slot(F_ptr + 2)
+        g_minstd = read_slot(F_ptr + 3)
+        g_const = read_slot(F_ptr + 4)
         finish_norm_sketch(S_ptr, F_ptr, I_ptr, n_rows, n_cols)
         cap64 = tl.full((), CAP, tl.float64)  # the fp32 cap rounds up; the feature is exactly CAP
         tl.store(S_ptr + 6, tl.where(g_ratio >= cap64, cap64, g_ratio))
@@ -215,7 +208,6 @@ def _layernorm_kernel(
     BLOCK: tl.constexpr,
     SKETCH: tl.constexpr,
     STAGES: tl.constexpr,  # loads in flight in the row loop (1: none ahead; >1: async copies)
-    CLAIM_EARLY: tl.constexpr,  # the finisher's ticket taken after the first row's load (_common.claim_ticket)
     VEC: tl.constexpr,  # elements per 16-byte vector of x
     LANES: tl.constexpr,  # lanes of the accumulator (_common.lane_shape)
     KEEP: tl.constexpr,  # independent accumulator chains per lane (divides VEC; _common's lane partials)
@@ -238,13 +230,9 @@ def _layernorm_kernel(
         sl_m = tl.zeros([LANES], dtype=tl.float32)
         sl_var = tl.zeros([LANES], dtype=tl.float32)
         k = tl.zeros((), dtype=tl.int32)  # rows held in the slots
-        claimed = tl.zeros((), dtype=tl.int1)
     for r in tl.range(pid, n_rows, tl.num_programs(0), num_stages=STAGES):
         row = tl.cast(r, tl.int64)  # 64-bit offsets for tensors past 2^31 elements
         x = tl.load(X_ptr + row * X_row_stride + cols, mask=mask, other=0.0, eviction_policy="evict_first")
-        if SKETCH and CLAIM_EARLY:  # noqa: SIM102 - constexpr, then runtime: the first row's load is in flight
-            if r == pid:
-                claimed = claim_ticket(I_ptr, CLAIM_EARLY)
         h = x.to(tl.float32)
         if SKETCH:  # NaN/±inf rows are caught by the slots' row test and redone after the loop
             a_amax = tl.maximum(a_amax, lane_max(tl.abs(h), BLOCK, LANES, VEC, KEEP))
@@ -299,13 +287,9 @@ def _layernorm_kernel(
                         c2 = _const_of(hmax, hmin)
                         p_ratio = tl.maximum(p_ratio, _ratio(m2, tl.sqrt(var2), c2, CAP))
                         p_const = tl.maximum(p_const, c2)
-        if CLAIM_EARLY:  # noqa: SIM102 - constexpr, then runtime: no rows (n_rows == 0), no claim in the loop
-            if pid >= n_rows:
-                claimed = claim_ticket(I_ptr, CLAIM_EARLY)
-        if pid == param_program(n_rows):  # the parameters' partials
+        if pid == tl.num_programs(0) - 1:  # the parameters' partials: the last program has the fewest rows
             _param_partials(W_ptr, B_ptr, S_ptr, I_ptr, cols, n_cols, BLOCK)
-        _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ratio, p_minstd, p_nf, p_const, n_rows, n_cols, CAP,
-                 claimed, CLAIM_EARLY)
+        _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ratio, p_minstd, p_nf, p_const, n_rows, n_cols, CAP)
 
 
 # ------------------------------------------------------------------ rows longer than MAX_BLOCK
@@ -430,25 +414,24 @@ def _layernorm_chunked_kernel(
                     for c0 in tl.range(0, n_cols, CHUNK):
                         hc = tl.load(x_row + c0 + cols, mask=c0 + cols < n_cols, other=0.0).to(tl.float32)
                         p_amax = tl.maximum(p_amax, tl.max(tl.abs(hc), axis=0))  # padding is 0
-        if pid == param_program(n_rows):  # the parameters' partials
+        if pid == tl.num_programs(0) - 1:  # the parameters' partials: the last program has the fewest rows
             _param_partials(W_ptr, B_ptr, S_ptr, I_ptr, cols, n_cols, CHUNK)
-        _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ratio, p_minstd, p_nf, p_const, n_rows, n_cols, CAP,
-                 False, False)
+        _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ratio, p_minstd, p_nf, p_const, n_rows, n_cols, CAP)
 
 
 def _layernorm_launch(
     x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2: torch.Tensor,
     buf: torch.Tensor | None, eps: float, num_warps: int | None = None, stages: int | None = None,
     per_sm: int | None = None, keep: int | None = None, chunk: int | None = None, maxnreg: int | None = None,
-    const_n: bool = False, claim_early: bool = True,
+    const_n: bool = False,
 ) -> None:
     """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows;
-    one program per row where _common.ROW_GRID (without the sketch) or SKETCH_ROW_GRID lists the launch.
+    without the sketch one program per row where _common.ROW_GRID lists the launch.
     Rows longer than MAX_BLOCK (or than `chunk`, the bench's comparison) go to the three-pass chunked
     kernel, TRITON_CHUNK wide by default (part of the numerics: the twin's lanes).
     num_warps / stages / per_sm / keep / chunk / maxnreg (registers per thread) / const_n (the chunked
-    kernel compiled for this row length) / claim_early (the finisher's ticket, _common.claim_ticket)
-    override the tuned launch (the bench's sweep; num_warps changes the tl.sum trees)."""
+    kernel compiled for this row length) override the tuned launch (the bench's sweep; num_warps
+    changes the tl.sum trees)."""
     n_rows, n = x2.shape
     sketch = buf is not None
     if n_rows == 0 and not sketch:
@@ -467,13 +450,13 @@ def _layernorm_launch(
     block, warps, st, cap = launch_config("layernorm", n, num_warps, stages, maxnreg=maxnreg, sketch=sketch)
     vec, lanes = lane_shape(block, x2.element_size(), warps)
     kp = min(KEEP if keep is None else keep, vec)
-    key = ("layernorm", x2.dtype, block, warps, st, cap, sketch, kp, claim_early)
+    key = ("layernorm", x2.dtype, block, warps, st, cap, sketch, kp)
     regs = register_cap(cap)  # registers per thread
     grid = persistent_grid(key, n_rows, x2.device, grid_per_sm("layernorm", block, sketch, per_sm))
     k = _layernorm_kernel[(grid,)](
         x2, x2.stride(0), weight, bias, y2, y2.stride(0), buf if sketch else y2, f, i,
         n_rows, n, eps, CAP=RATIO_CAP, BLOCK=block, SKETCH=sketch, STAGES=st, VEC=vec, LANES=lanes, KEEP=kp,
-        EXACT_CHUNK=min(EXACT_CHUNK, block), CLAIM_EARLY=sketch and claim_early,
+        EXACT_CHUNK=min(EXACT_CHUNK, block),
         num_warps=warps, enable_fp_fusion=False, **regs,
     )
     note_occupancy(key, k, warps)

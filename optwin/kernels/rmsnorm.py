@@ -38,19 +38,15 @@ from optwin.kernels._common import (
     FMAX,
     MAX_BLOCK,
     check_device,
-    claim_ticket,
     finish_norm_sketch,
     finite_partials,
     finite_partials_chunked,
-    gather_max,
     grid_per_sm,
-    is_finisher,
+    last_program,
     launch_config,
-    merge_add,
-    merge_max,
-    param_program,
     note_occupancy,
     persistent_grid,
+    read_slot,
     register_cap,
     rows_view,
     sum_and_max,
@@ -75,14 +71,14 @@ assert WORKSPACE["rmsnorm"][1] == ("ticket", "nonfinite", "weight_nonfinite")
 
 
 @triton.jit
-def _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ms, p_nf, n_rows, n_cols, claimed, CLAIM_EARLY: tl.constexpr):
-    """Merge one program's sketch partials into the workspace; the finisher writes the features."""
-    merge_max(F_ptr, 0, p_amax.to(tl.float64))
-    merge_add(F_ptr, 1, p_sq)
-    merge_max(F_ptr, 2, p_ms.to(tl.float64))
-    merge_add(I_ptr, 1, p_nf)
-    if is_finisher(I_ptr, claimed, CLAIM_EARLY):  # read back and reset the workspace, write the features
-        g_ms = gather_max(F_ptr, 2)
+def _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ms, p_nf, n_rows, n_cols):
+    """Merge one program's sketch partials into the workspace; the last program writes the features."""
+    tl.atomic_max(F_ptr + 0, p_amax.to(tl.float64), sem="relaxed")
+    tl.atomic_add(F_ptr + 1, p_sq, sem="relaxed")
+    tl.atomic_max(F_ptr + 2, p_ms.to(tl.float64), sem="relaxed")
+    tl.atomic_add(I_ptr + 1, p_nf, sem="relaxed")
+    if last_program(I_ptr):  # read back and reset the workspace, write the features
+        g_ms = read_slot(F_ptr + 2)
         finish_norm_sketch(S_ptr, F_ptr, I_ptr, n_rows, n_cols)
         tl.store(S_ptr + 6, tl.sqrt(g_ms))
 
@@ -120,7 +116,6 @@ def _rmsnorm_kernel(
     BLOCK: tl.constexpr,
     SKETCH: tl.constexpr,
     STAGES: tl.constexpr,  # loads in flight in the row loop (1: none ahead; >1: async copies)
-    CLAIM_EARLY: tl.constexpr,  # the finisher's ticket taken after the first row's load (_common.claim_ticket)
 ):
     # Persistent: one program per resident slot walks rows pid, pid + grid, ...; each row is still
     # reduced by one program in one tree, so the numerics do not depend on the grid.
@@ -133,13 +128,9 @@ def _rmsnorm_kernel(
         p_sq = tl.zeros((), dtype=tl.float64)  # sum of finite x^2
         p_nf = tl.zeros((), dtype=tl.int64)  # NaN/±inf count
         p_bad = tl.zeros((), dtype=tl.int32)  # rows left to the exact pass after the loop
-        claimed = tl.zeros((), dtype=tl.int1)
     for r in tl.range(pid, n_rows, tl.num_programs(0), num_stages=STAGES):
         row = tl.cast(r, tl.int64)  # 64-bit offsets for tensors past 2^31 elements
         x = tl.load(X_ptr + row * X_row_stride + cols, mask=mask, other=0.0, eviction_policy="evict_first")
-        if SKETCH and CLAIM_EARLY:  # noqa: SIM102 - constexpr, then runtime: the first row's load is in flight
-            if r == pid:
-                claimed = claim_ticket(I_ptr, CLAIM_EARLY)
         h = x.to(tl.float32)
         ss = sum_squares(h, BLOCK)  # FMA-folded neighbours, then the fp32 tree
         if SKETCH:
@@ -161,15 +152,12 @@ def _rmsnorm_kernel(
                     a, q, nf = finite_partials(h2, mask)
                     p_amax, p_ms, p_sq, p_nf = _merge_exact(p_amax, p_ms, p_sq, p_nf, a, q, nf, n_cols)
     if SKETCH:
-        if CLAIM_EARLY:  # noqa: SIM102 - constexpr, then runtime: no rows (n_rows == 0), no claim in the loop
-            if pid >= n_rows:
-                claimed = claim_ticket(I_ptr, CLAIM_EARLY)
-        if pid == param_program(n_rows):  # the weight's partials
+        if pid == tl.num_programs(0) - 1:  # the weight's partials: the last program has the fewest rows
             wv = tl.load(W_ptr + cols, mask=mask, other=0.0).to(tl.float32)
             wmax, _, wnf = finite_partials(wv, mask)
             tl.store(S_ptr + 7, wmax.to(tl.float64))
-            merge_add(I_ptr, 2, wnf.to(tl.int64))
-        _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ms, p_nf, n_rows, n_cols, claimed, CLAIM_EARLY)
+            tl.atomic_add(I_ptr + 2, wnf.to(tl.int64), sem="relaxed")
+        _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ms, p_nf, n_rows, n_cols)
 
 
 # ------------------------------------------------------------------ rows longer than MAX_BLOCK
@@ -243,22 +231,22 @@ def _rmsnorm_chunked_kernel(
         if pid == tl.num_programs(0) - 1:  # the weight's partials (CHUNK pieces): the last program has the fewest rows
             wmax, _, wnf = finite_partials_chunked(W_ptr, cols, n_cols, CHUNK)
             tl.store(S_ptr + 7, wmax.to(tl.float64))
-            merge_add(I_ptr, 2, wnf.to(tl.int64))
-        _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ms, p_nf, n_rows, n_cols, False, False)
+            tl.atomic_add(I_ptr + 2, wnf.to(tl.int64), sem="relaxed")
+        _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ms, p_nf, n_rows, n_cols)
 
 
 def _rmsnorm_launch(
     x2: torch.Tensor, weight: torch.Tensor, y2: torch.Tensor, buf: torch.Tensor | None, eps: float,
     num_warps: int | None = None, stages: int | None = None, per_sm: int | None = None,
-    chunk: int | None = None, maxnreg: int | None = None, const_n: bool = False, claim_early: bool = True,
+    chunk: int | None = None, maxnreg: int | None = None, const_n: bool = False,
 ) -> None:
     """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows;
-    one program per row where _common.ROW_GRID (without the sketch) or SKETCH_ROW_GRID lists the launch.
+    without the sketch one program per row where _common.ROW_GRID lists the launch.
     Rows longer than MAX_BLOCK (or than `chunk`, the bench's comparison) go to the two-pass chunked
     kernel, TRITON_CHUNK wide by default (part of the numerics: the twin's lanes).
     num_warps / stages / per_sm / chunk / maxnreg (registers per thread) / const_n (the chunked kernel
-    compiled for this row length) / claim_early (the finisher's ticket, _common.claim_ticket) override
-    the tuned launch (the bench's sweep; num_warps changes the tl.sum tree)."""
+    compiled for this row length) override the tuned launch (the bench's sweep; num_warps changes the
+    tl.sum tree)."""
     n_rows, n = x2.shape
     sketch = buf is not None
     if n_rows == 0 and not sketch:
@@ -275,12 +263,12 @@ def _rmsnorm_launch(
         note_occupancy(key, k, warps)
         return
     block, warps, st, cap = launch_config("rmsnorm", n, num_warps, stages, maxnreg=maxnreg)
-    key = ("rmsnorm", x2.dtype, block, warps, st, cap, sketch, claim_early)
+    key = ("rmsnorm", x2.dtype, block, warps, st, cap, sketch)
     regs = register_cap(cap)  # registers per thread
     grid = persistent_grid(key, n_rows, x2.device, grid_per_sm("rmsnorm", block, sketch, per_sm))
     k = _rmsnorm_kernel[(grid,)](
         x2, x2.stride(0), weight, y2, y2.stride(0), buf if sketch else y2, f, i,
-        n_rows, n, eps, BLOCK=block, SKETCH=sketch, STAGES=st, CLAIM_EARLY=sketch and claim_early,
+        n_rows, n, eps, BLOCK=block, SKETCH=sketch, STAGES=st,
         num_warps=warps, enable_fp_fusion=False, **regs,
     )
     note_occupancy(key, k, warps)

@@ -41,16 +41,13 @@ from optwin.kernels._common import (
     MAX_BLOCK,
     check_device,
     finite_lanes,
-    gather_max,
-    gather_sum,
-    is_finisher,
     lane_max,
     lane_shape,
     lane_sum,
-    merge_add,
-    merge_max,
+    last_program,
     note_occupancy,
     persistent_grid,
+    read_slot,
     register_cap,
     reset_workspace,
     store_common_features,
@@ -185,15 +182,15 @@ def _rope_kernel(
                     p_amax = tl.maximum(p_amax, tl.max(a1))
                     p_sq += tl.sum(a64 * a64)
                     p_nf += tl.sum(n1).to(tl.int64)
-        merge_max(F_ptr, 0, p_amax.to(tl.float64))
-        merge_add(F_ptr, 1, p_sq)
-        merge_max(F_ptr, 2, p_pos.to(tl.float64))
-        merge_add(I_ptr, 1, p_nf)
-        if is_finisher(I_ptr, False, False):
-            g_amax = gather_max(F_ptr, 0)
-            g_sq = gather_sum(F_ptr, 1)
-            g_pos = gather_max(F_ptr, 2)
-            g_nf = gather_sum(I_ptr, 1)
+        tl.atomic_max(F_ptr + 0, p_amax.to(tl.float64), sem="relaxed")
+        tl.atomic_add(F_ptr + 1, p_sq, sem="relaxed")
+        tl.atomic_max(F_ptr + 2, p_pos.to(tl.float64), sem="relaxed")
+        tl.atomic_add(I_ptr + 1, p_nf, sem="relaxed")
+        if last_program(I_ptr):
+            g_amax = read_slot(F_ptr + 0)
+            g_sq = read_slot(F_ptr + 1)
+            g_pos = read_slot(F_ptr + 2)
+            g_nf = read_slot(I_ptr + 1)
             reset_workspace(F_ptr, I_ptr)
             d = 2 * tl.cast(half, tl.int64)
             numel = tl.cast(n_rows, tl.int64) * n_heads * d

@@ -3,15 +3,12 @@ they merge into.
 
     python -c "from optwin.kernels.sketch_buffer import WORKSPACE; print(WORKSPACE['softmax'])"
 
-One launch does everything: each kernel program accumulates its rows' partials in registers and
-merges them once, with scalar atomics (max / min / add), into one of SPREAD copies of each slot of a
-small per-(op, device, stream) workspace (copy pid % SPREAD: a program per row does not queue 4096
-atomics on one address). One program, the finisher, reads the copies back (plain loads, all in flight
-at once), resets them for the next launch, and writes the contract's features, in optwin.ingest's
-order, as float64 into the call's buffer. The finisher is the program that takes the last ticket: at
-its start (CLAIM_EARLY: the ticket's round trip hides behind its first loads; it then waits for the
-others' release counter) or after its merges (acq_rel). The buffer is final when the kernel completes:
-no second launch, no zero-fill, no host sync. `read_sketch` is one `.tolist()`.
+One launch does everything: each persistent kernel program accumulates its rows' partials in
+registers, merges them once into a small per-(op, device, stream) workspace with scalar atomics
+(max / min / add), and the last program to finish (an acq_rel ticket) reads the workspace back
+(plain loads, all in flight at once), resets it for the next launch, and writes the contract's
+features, in optwin.ingest's order, as float64 into the call's buffer. The buffer is final when
+the kernel completes: no second launch, no zero-fill, no host sync. `read_sketch` is one `.tolist()`.
 
 Definitions follow optwin.ingest.sketch exactly (magnitudes over finite elements, counts of
 non-finite values; softmax's -inf is a mask, not a non-finite). Per-row values are float32 (the
@@ -36,8 +33,8 @@ from optwin.errors import InputError
 RATIO_CAP = 1e30
 
 # Workspace per op: float64 slots (name, identity) merged with atomic max/min/add, and int64 slots
-# (slot 0 holds the tickets). Kernels index the slots by position; the identities are what the
-# finisher writes back, so a workspace is always ready for the next launch.
+# (slot 0 is the ticket). Kernels index the slots by position; the identities are what the last
+# program writes back, so a workspace is always ready for the next launch.
 INF = float("inf")
 WORKSPACE: dict[str, tuple[tuple[tuple[str, float], ...], tuple[str, ...]]] = {
     "rmsnorm": ((("absmax", 0.0), ("sumsq", 0.0), ("max_row_ms", 0.0)), ("ticket", "nonfinite", "weight_nonfinite")),
@@ -56,13 +53,9 @@ WORKSPACE: dict[str, tuple[tuple[tuple[str, float], ...], tuple[str, ...]]] = {
     ),
 }
 
-# Slots of each kind in every op's workspace (its own, then unused ones), each in SPREAD copies that
-# programs merge into by pid % SPREAD. Float layout: slot j's copies at [j * SPREAD, (j + 1) * SPREAD),
-# then the SLOTS identities (read-only: the finisher copies them back). Int layout: the same, with the
-# tickets in the copies of slot 0 (0: start/finish ticket, 1: programs done). _common reads and resets
-# every slot without knowing the op.
+# Slots of each kind in every op's workspace (its own, then unused ones), and the offset of the float
+# identities: _common.reset_workspace copies and zeroes this many without knowing the op.
 SLOTS = 8
-SPREAD = 64
 
 _WS: dict[tuple[str, str, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -91,14 +84,14 @@ def workspace(op: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor
         fslots, islots = WORKSPACE[op]
         assert len(fslots) <= SLOTS and len(islots) <= SLOTS
         idents = [v for _, v in fslots] + [0.0] * (SLOTS - len(fslots))  # unused slots: 0, never read
-        # Filled on the device, not copied from a host list: a first launch inside CUDA graph capture
-        # (a new stream) may not copy from pageable host memory
-        f = torch.zeros(SLOTS * SPREAD + SLOTS, dtype=torch.float64, device=device)
-        for k, v in enumerate(idents):
+        # the slots, then their identities (read-only: the last program copies them back). Filled on
+        # the device, not copied from a host list: a first launch inside CUDA graph capture (a new
+        # stream) may not copy from pageable host memory
+        f = torch.zeros(2 * SLOTS, dtype=torch.float64, device=device)
+        for k, v in enumerate(idents + idents):
             if v != 0.0:
-                f[k * SPREAD:(k + 1) * SPREAD].fill_(v)
-                f[SLOTS * SPREAD + k].fill_(v)
-        i = torch.zeros(SLOTS * SPREAD, dtype=torch.int64, device=device)
+                f[k].fill_(v)
+        i = torch.zeros(SLOTS, dtype=torch.int64, device=device)
         _WS[key] = (f, i)
     return _WS[key]
 

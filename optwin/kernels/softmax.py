@@ -53,20 +53,15 @@ from optwin.kernels._common import (
     FMAX,
     INTERPRET,
     check_device,
-    gather_max,
-    gather_min,
-    gather_sum,
     grid_per_sm,
-    is_finisher,
     lane_min,
     lane_shape,
     lane_sum,
+    last_program,
     launch_config,
-    merge_add,
-    merge_max,
-    merge_min,
     note_occupancy,
     persistent_grid,
+    read_slot,
     register_cap,
     reset_workspace,
     rows_view,
@@ -295,7 +290,7 @@ def _merge_extremes(p_max, p_min, p_rng, p_rmx, rmax, rmin, F_ptr):
     (3e38 and -3e38), and the float32 difference would be inf where ingest has 6e38. Only slow rows
     can (their squares overflow), so the main loop keeps its float32 range."""
     has = rmax >= rmin
-    merge_max(F_ptr, 4, tl.where(has, rmax.to(tl.float64) - rmin.to(tl.float64), 0.0))
+    tl.atomic_max(F_ptr + 4, tl.where(has, rmax.to(tl.float64) - rmin.to(tl.float64), 0.0), sem="relaxed")
     return (tl.maximum(p_max, rmax), tl.minimum(p_min, rmin), p_rng,
             tl.minimum(p_rmx, tl.where(has, rmax, float("inf"))))
 
@@ -509,29 +504,29 @@ def _softmax_kernel(
                     p_peak += peak2
     if SKETCH:
         p_amax = tl.maximum(tl.maximum(p_max, -p_min), 0.0)  # largest finite |h| (0 if none)
-        merge_max(F_ptr, 0, p_amax.to(tl.float64))
-        merge_add(F_ptr, 1, p_sq)
-        merge_max(F_ptr, 2, p_max.to(tl.float64))
-        merge_min(F_ptr, 3, p_min.to(tl.float64))
-        merge_max(F_ptr, 4, p_rng.to(tl.float64) * (2.0 if VARIANT >= 4 else 1.0))
-        merge_min(F_ptr, 5, p_rmx.to(tl.float64))
-        merge_add(I_ptr, 1, p_nf)
-        merge_add(I_ptr, 2, p_neg)
-        merge_add(I_ptr, 3, p_masked.to(tl.int64))
-        merge_add(I_ptr, 4, p_peak.to(tl.int64))
-        merge_add(I_ptr, 5, p_elig.to(tl.int64))
-        if is_finisher(I_ptr, False, False):
-            g_amax = gather_max(F_ptr, 0)
-            g_sq = gather_sum(F_ptr, 1)
-            g_max = gather_max(F_ptr, 2)
-            g_min = gather_min(F_ptr, 3)
-            g_rng = gather_max(F_ptr, 4)
-            g_rmx = gather_min(F_ptr, 5)
-            g_nf = gather_sum(I_ptr, 1)
-            g_neg = gather_sum(I_ptr, 2)
-            g_masked = gather_sum(I_ptr, 3)
-            g_peak = gather_sum(I_ptr, 4)
-            g_elig = gather_sum(I_ptr, 5)
+        tl.atomic_max(F_ptr + 0, p_amax.to(tl.float64), sem="relaxed")
+        tl.atomic_add(F_ptr + 1, p_sq, sem="relaxed")
+        tl.atomic_max(F_ptr + 2, p_max.to(tl.float64), sem="relaxed")
+        tl.atomic_min(F_ptr + 3, p_min.to(tl.float64), sem="relaxed")
+        tl.atomic_max(F_ptr + 4, p_rng.to(tl.float64) * (2.0 if VARIANT >= 4 else 1.0), sem="relaxed")
+        tl.atomic_min(F_ptr + 5, p_rmx.to(tl.float64), sem="relaxed")
+        tl.atomic_add(I_ptr + 1, p_nf, sem="relaxed")
+        tl.atomic_add(I_ptr + 2, p_neg, sem="relaxed")
+        tl.atomic_add(I_ptr + 3, p_masked.to(tl.int64), sem="relaxed")
+        tl.atomic_add(I_ptr + 4, p_peak.to(tl.int64), sem="relaxed")
+        tl.atomic_add(I_ptr + 5, p_elig.to(tl.int64), sem="relaxed")
+        if last_program(I_ptr):
+            g_amax = read_slot(F_ptr + 0)
+            g_sq = read_slot(F_ptr + 1)
+            g_max = read_slot(F_ptr + 2)
+            g_min = read_slot(F_ptr + 3)
+            g_rng = read_slot(F_ptr + 4)
+            g_rmx = read_slot(F_ptr + 5)
+            g_nf = read_slot(I_ptr + 1)
+            g_neg = read_slot(I_ptr + 2)
+            g_masked = read_slot(I_ptr + 3)
+            g_peak = read_slot(I_ptr + 4)
+            g_elig = read_slot(I_ptr + 5)
             reset_workspace(F_ptr, I_ptr)
             numel = tl.cast(n_rows, tl.int64) * n_cols
             any_fin = g_max >= g_min
