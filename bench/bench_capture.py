@@ -6,7 +6,7 @@ Runs all-MiniLM-L6-v2 (bundled weights) on real text (Python docstrings, up to 1
 times, in the same process and interleaved round by round (so machine load hits every mode alike):
 
 * plain: `model(**batch)` with no hooks;
-* sketch: inside `capture(model)` (module hooks, TorchFunctionMode, one sketch per catalog call),
+* sketch: inside `capture(model)` (module hooks, intercepted torch functions, one sketch per catalog call),
   plus reading the records at the end (the deferred sync);
 * sampling: the same with the tensor reservoir on (sample_rate 0.05 and 1.0, capacity 4: cloning
   inputs to CPU for the kept calls).

@@ -7,10 +7,10 @@ print(om.monitor(m, db='fingerprints.duckdb'))"
         model(**batch)
     mon.warnings            # the warning events so far (also on logging 'optwin.monitor')
 
-Interception reuses the capture hooks of optwin.ingest.capture (a TorchFunctionMode for softmax,
-layer_norm, rms_norm, sdpa, linear/matmul; module hooks for RMSNorm/T5LayerNorm modules; wrapped HF
-eager attention and rotary functions), with a Recorder whose `record` checks the call instead of
-storing it. Each call site is a stream ("<module path>:<op>") with its own forecaster and dynamic
+Interception reuses the capture hooks of optwin.ingest.capture (softmax, layer_norm, rms_norm, sdpa,
+linear/matmul wrapped while the monitor runs, optwin.ingest.intercept; module hooks for
+RMSNorm/T5LayerNorm modules; wrapped HF eager attention and rotary functions), with a Recorder whose
+`record` checks the call instead of storing it. Each call site is a stream ("<module path>:<op>") with its own forecaster and dynamic
 sampling (optwin.fingerprints.sampling): unsampled calls cost a counter increment, not a sketch.
 
 Policies:
@@ -50,6 +50,7 @@ from torch import nn
 from optwin.catalog import CATALOG
 from optwin.errors import CatalogError, OptwinError
 import optwin.ingest as _ingest
+from optwin.ingest import intercept
 from optwin.ingest.sketch import SKETCH_FEATURES, sketch_tensor
 from optwin.kernels import sketch_sink
 
@@ -127,26 +128,29 @@ class _MonitorRecorder(_cap.Recorder):
         self.mon._check(self, op, variant, inputs, params or {}, dtype, self.stream if stream is None else stream)
 
 
-class _MonitorMode(_cap._Mode):
-    """The capture mode, plus the policy's action: run the call in float32, or raise first."""
+class _MonitorInterceptor(_cap._Interceptor):
+    """The capture's handling of intercepted torch calls, plus the policy's action: run the call in
+    float32, or raise before it runs."""
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-        kwargs = kwargs or {}
-        h = _cap._HANDLERS.get(func)
+    def handle(self, target: Any, args: tuple, kwargs: dict, proceed: Callable[[tuple, dict], Any]) -> Any:
         rec = self.rec
-        if h is None or rec.suppress:
-            return func(*args, **kwargs)
+        if rec.suppress or not rec.watches(target.op):
+            return proceed(args, kwargs)
         rec.action = None
+        rec.suppress += 1
         try:
-            h(rec, args, kwargs)
-        except FaultPredicted:
-            raise
-        except Exception as e:  # noqa: BLE001  never break the model
-            rec.skipped[f"{getattr(func, '__name__', func)}: {type(e).__name__}"] += 1
-        act, rec.action = rec.action, None
-        if act == "fallback":
-            return _in_float32(func, args, kwargs)
-        return func(*args, **kwargs)
+            try:
+                target.handler(rec, args, kwargs)
+            except FaultPredicted:
+                raise
+            except Exception as e:  # noqa: BLE001  never break the model
+                rec.skipped[f"{target.name}: {type(e).__name__}"] += 1
+            act, rec.action = rec.action, None
+            if act == "fallback":
+                return _in_float32(lambda *a, **k: proceed(a, k), args, kwargs)
+            return proceed(args, kwargs)
+        finally:
+            rec.suppress -= 1
 
 
 def _in_float32(func: Callable, args: tuple, kwargs: dict) -> Any:
@@ -214,7 +218,7 @@ class Monitor:
         self._rec: _MonitorRecorder | None = None
         self._handles: list[Any] = []
         self._undo: list[Any] = []
-        self._mode: _MonitorMode | None = None
+        self._interceptor: _MonitorInterceptor | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -225,19 +229,19 @@ class Monitor:
             if self.policy == "fallback":
                 self._handles += _install_module_fallback(rec, self.model)
         self._undo = _cap._patch_transformers(rec)
-        self._mode = _MonitorMode(rec)
-        self._mode.__enter__()
+        self._interceptor = _MonitorInterceptor(rec)
+        intercept.enter(self._interceptor, _cap.TARGETS)
         if rec.takes_fused:
             sketch_sink.push(rec)
         return self
 
     def stop(self) -> None:
-        if self._mode is None:
+        if self._interceptor is None:
             return
         try:
-            self._mode.__exit__(None, None, None)
+            intercept.leave(self._interceptor, _cap.TARGETS)
         finally:
-            self._mode = None
+            self._interceptor = None
             if self._rec is not None:
                 sketch_sink.remove(self._rec)
             for h in self._handles:
@@ -291,13 +295,16 @@ class Monitor:
         s = self._sampled(op, self.variants.get(op, variant), dtype or str(main.dtype).removeprefix("torch."), site)
         if s is None:
             return
+        rec.suppress += 1  # the sketch's own torch calls are not calls to check
         try:
-            with torch._C.DisableTorchFunction(), torch.no_grad():  # no re-entry into the mode, no graph
+            with torch.no_grad():
                 names, values = sketch_tensor(op, inputs, params)
         except Exception as e:  # noqa: BLE001  the sketch refused the call: count, never break the model
             rec.skipped[f"{op}: {type(e).__name__}: {str(e)[:120]}"] += 1
             self.stats.skipped += 1
             return
+        finally:
+            rec.suppress -= 1
         self._submit(rec, s, names, values, params)
 
     def _take_fused(self, rec: _MonitorRecorder, s: Any, buf: torch.Tensor) -> None:
@@ -309,7 +316,7 @@ class Monitor:
                 self.stats.skipped += 1
                 return
             base = rec.last_base or 10000.0
-            with torch._C.DisableTorchFunction(), torch.no_grad():
+            with torch.no_grad():
                 buf[8:10].copy_(rec.rope_tail(base))  # max_pos and base, device to device
             params = {"base": base}
         self._submit(rec, s, SKETCH_FEATURES[s.op], buf, params)

@@ -175,3 +175,30 @@ def test_capture_restores_everything_and_filters_ops() -> None:
     with pytest.raises(ValueError):
         with capture(m, sample_rate=2.0):
             pass
+
+
+def test_interception_is_per_thread_nests_and_unwinds() -> None:
+    """The wrapped torch functions (optwin.ingest.intercept): originals back after the last capture
+    leaves; a call in another thread is not recorded; nested captures both record a call; a wrapped
+    function calling another (F.layer_norm -> torch.layer_norm) is recorded once."""
+    import threading
+
+    from optwin.ingest import intercept
+    from optwin.ingest.capture import TARGETS
+
+    originals = [getattr(t.owner, t.name) for t in TARGETS]
+    x = torch.randn(3, 8)
+    with capture(None) as outer:
+        assert all(intercept.original(getattr(t.owner, t.name)) is o for t, o in zip(TARGETS, originals))
+        other = threading.Thread(target=lambda: F.softmax(x, -1))
+        other.start()
+        other.join()
+        with capture(None) as inner:
+            F.layer_norm(x, (8,))
+            x.softmax(-1)
+        x @ x.T
+    assert [getattr(t.owner, t.name) for t in TARGETS] == originals
+    assert [r["op"] for r in inner.records()] == ["layernorm", "softmax"]
+    assert [r["op"] for r in outer.records()] == ["layernorm", "softmax", "matmul"]
+    F.softmax(x, -1)  # after the block: nothing records, nothing raises
+    assert len(outer.records()) == 3

@@ -8,8 +8,8 @@
 
 Two interception paths, one per kind of call site:
 
-* torch functions, through `torch.overrides.TorchFunctionMode` (the mode sees every torch call; a
-  dict lookup picks ours): `softmax` (F./torch./Tensor.) -> softmax "torch";
+* torch functions, wrapped for the capture's duration (optwin.ingest.intercept; calls in other
+  threads pass through): `softmax` (F./torch./Tensor.) -> softmax "torch";
   `F.scaled_dot_product_attention` -> attention "sdpa"; `F.layer_norm` -> layernorm "torch";
   `F.rms_norm` -> rmsnorm "fp32-acc" (torch's fused kernel accumulates in fp32);
   `F.linear(x, W, b)` -> matmul "torch" with a = x.reshape(-1, in), b = W.T;
@@ -61,8 +61,9 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
+from optwin.ingest import intercept
+from optwin.ingest.intercept import Target
 from optwin.ingest.sketch import SKETCH_FEATURES, WeightCache, sketch_tensor
 from optwin.kernels import sketch_sink
 
@@ -145,6 +146,10 @@ class Recorder:
 
     # -- context ------------------------------------------------------------------------------
 
+    def watches(self, op: str) -> bool:
+        """Whether calls of `op` are recorded (the capture's `ops`)."""
+        return self.settings.ops is None or op in self.settings.ops
+
     @property
     def stream(self) -> str:
         return self._stack[-1][0] if self._stack else ""
@@ -158,25 +163,26 @@ class Recorder:
     def record(self, op: str, variant: str, inputs: dict[str, torch.Tensor], params: dict[str, Any] | None = None,
                dtype: str | None = None, stream: str | None = None) -> None:
         """Sketch one call and keep it; never raises (a refused call is counted in `skipped`)."""
-        ops = self.settings.ops
-        if ops is not None and op not in ops:
+        if not self.watches(op):
             return
         params = params or {}
         on_cpu = all(t.device.type == "cpu" for t in inputs.values())
         threads = torch.get_num_threads() if on_cpu else 1
         try:
-            # Our own reductions must not re-enter the mode. On CPU they run on one thread: they are
-            # small memory-bound passes, and an OpenMP barrier per tiny reduction costs more than it
-            # saves (badly so on a loaded machine, where a sibling thread may be descheduled). The
-            # setting is process-wide, so it is restored at once.
+            # Our own reductions are not calls to record (suppress: the intercepted torch functions
+            # pass them through). On CPU they run on one thread: they are small memory-bound passes,
+            # and an OpenMP barrier per tiny reduction costs more than it saves (badly so on a loaded
+            # machine, where a sibling thread may be descheduled). The setting is process-wide, so it
+            # is restored at once.
+            self.suppress += 1
             if threads > 1:
                 torch.set_num_threads(1)
-            with torch._C.DisableTorchFunction():
-                _, values = sketch_tensor(op, inputs, params, cache=self._weights)
+            _, values = sketch_tensor(op, inputs, params, cache=self._weights)
         except Exception as e:  # noqa: BLE001  a capture must never break the model it watches
             self.skipped[f"{op}: {type(e).__name__}: {str(e)[:120]}"] += 1
             return
         finally:
+            self.suppress -= 1
             if threads > 1:
                 torch.set_num_threads(threads)
         main = next(iter(inputs.values()))
@@ -197,8 +203,7 @@ class Recorder:
         slot = len(box) if len(box) < cap else self._rng.randrange(self._offered[key])
         if slot >= cap:
             return
-        with torch._C.DisableTorchFunction():
-            kept = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in inputs.items()}
+        kept = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in inputs.items()}
         s = Sample(p.op, p.variant, p.dtype, p.stream, p.call_index, sc, kept, dict(p.params))
         if slot == len(box):
             box.append(s)
@@ -316,33 +321,40 @@ def _matmul(rec: Recorder, args: tuple, kwargs: dict) -> None:
     rec.record("matmul", "torch", {"a": a.reshape(-1, a.shape[-1]), "b": b})
 
 
-_HANDLERS: dict[Callable, Callable[[Recorder, tuple, dict], None]] = {
-    F.softmax: _softmax, torch.softmax: _softmax, torch.Tensor.softmax: _softmax,
-    F.scaled_dot_product_attention: _sdpa,
-    F.layer_norm: _layer_norm, torch.layer_norm: _layer_norm,
-    F.rms_norm: _rms_norm, torch.rms_norm: _rms_norm,
-    F.linear: _linear,
-    torch.matmul: _matmul, torch.Tensor.matmul: _matmul, torch.Tensor.__matmul__: _matmul,
-    torch.mm: _matmul, torch.Tensor.mm: _matmul,
-}
+# The torch functions the capture intercepts (optwin.ingest.intercept), with the op each records.
+TARGETS: tuple[Target, ...] = (
+    *(Target(owner, "softmax", "softmax", _softmax) for owner in (F, torch, torch.Tensor)),
+    Target(F, "scaled_dot_product_attention", "attention", _sdpa),
+    *(Target(owner, "layer_norm", "layernorm", _layer_norm) for owner in (F, torch)),
+    *(Target(owner, "rms_norm", "rmsnorm", _rms_norm) for owner in (F, torch)),
+    Target(F, "linear", "matmul", _linear),
+    *(Target(owner, name, "matmul", _matmul)
+      for owner, name in ((torch, "matmul"), (torch.Tensor, "matmul"), (torch.Tensor, "__matmul__"),
+                          (torch, "mm"), (torch.Tensor, "mm"))),
+)
 
 
-class _Mode(TorchFunctionMode):
-    """Sees every torch function call; records ours, then runs the original unchanged."""
+class _Interceptor:
+    """One recorder's handling of the intercepted calls: record (unless suppressed or not watched),
+    then run the call. Its own work and the call run suppressed, so the torch functions they call
+    (F.layer_norm calls torch.layer_norm; the sketch calls matmul) are not recorded again."""
 
     def __init__(self, rec: Recorder) -> None:
-        super().__init__()
         self.rec = rec
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-        kwargs = kwargs or {}
-        h = _HANDLERS.get(func)
-        if h is not None and self.rec.suppress == 0:
+    def handle(self, target: Target, args: tuple, kwargs: dict, proceed: Callable[[tuple, dict], Any]) -> Any:
+        rec = self.rec
+        if rec.suppress or not rec.watches(target.op):
+            return proceed(args, kwargs)
+        rec.suppress += 1
+        try:
             try:
-                h(self.rec, args, kwargs)
+                target.handler(rec, args, kwargs)
             except Exception as e:  # noqa: BLE001  never break the model
-                self.rec.skipped[f"{getattr(func, '__name__', func)}: {type(e).__name__}"] += 1
-        return func(*args, **kwargs)
+                rec.skipped[f"{target.name}: {type(e).__name__}"] += 1
+            return proceed(args, kwargs)
+        finally:
+            rec.suppress -= 1
 
 
 # ----------------------------------------------------------------------------- modules
@@ -518,9 +530,8 @@ def capture(model: nn.Module | None = None, *, sample_rate: float = 0.0, capacit
     rec = Recorder(CaptureSettings(sample_rate, capacity, seed, tuple(ops) if ops is not None else None))
     handles = _install_module_hooks(rec, model, dict(module_variants or {})) if model is not None else []
     undo = _patch_transformers(rec)
-    mode = _Mode(rec)
     try:
-        with mode:
+        with intercept.active(_Interceptor(rec), TARGETS):
             yield rec
     finally:
         for h in handles:
