@@ -133,6 +133,7 @@ class Recorder:
         self._pending: list[_Pending] = []
         self._rng = random.Random(settings.seed)
         self._stack: list[tuple[str, nn.Module, bool]] = []  # (path, module, holds a suppress count)
+        self._paths: dict[int, str] = {}  # id(module) -> its path in the hooked model (see `stream`)
         self.suppress = 0  # > 0 while inside a hooked module or wrapped function
         self._t0 = time.perf_counter()
         self.started = time.time()
@@ -152,7 +153,23 @@ class Recorder:
 
     @property
     def stream(self) -> str:
-        return self._stack[-1][0] if self._stack else ""
+        """The module path of the call being recorded: the hooked module whose forward runs (norms and
+        rotary modules: leaves), else the innermost method frame whose `self` is a module of the model
+        (a walk up the caller's frames: hooking every module cost more than the model on small inputs,
+        bench/monitor_host.py), else ""."""
+        if self._stack:
+            return self._stack[-1][0]
+        if not self._paths:
+            return ""
+        f = sys._getframe(1)
+        while f is not None:
+            code = f.f_code
+            if code.co_argcount and code.co_varnames[0] == "self":
+                path = self._paths.get(id(f.f_locals["self"]))
+                if path is not None:
+                    return path
+            f = f.f_back
+        return ""
 
     @property
     def module(self) -> nn.Module | None:
@@ -403,11 +420,22 @@ def _call_kind(m: nn.Module, kind: tuple[str, str] | None) -> tuple[str, str] | 
     return (fused, "triton") if fused is not None else kind
 
 
+def _hooked(mod: nn.Module, kind: tuple[str, str] | None) -> bool:
+    """Modules that get forward hooks: variants and rotary modules (classify_module), and the norms
+    optwin.kernels.patch may swap while the hooks stay. Other modules name their calls through
+    Recorder.stream's frame walk."""
+    name = type(mod).__name__
+    return kind is not None or isinstance(mod, nn.LayerNorm) or name.endswith(("RMSNorm", "LayerNorm"))
+
+
 def _install_module_hooks(rec: Recorder, model: nn.Module,
                           overrides: dict[Any, tuple[str, str]]) -> list[Any]:
     handles: list[Any] = []
     for path, mod in model.named_modules():
+        rec._paths[id(mod)] = path
         kind0 = overrides.get(type(mod), overrides.get(type(mod).__name__)) or classify_module(mod)
+        if not _hooked(mod, kind0):
+            continue
 
         def pre(m: nn.Module, args: tuple, kwargs: dict, path: str = path, kind0: Any = kind0) -> None:
             rec._stack.append((path, m, False))  # True once this call holds a suppress count (post gives it back)
