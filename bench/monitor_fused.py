@@ -76,16 +76,19 @@ def _timer(device: str) -> Callable[[Callable[[], Any], int], float]:
     return timed
 
 
-def _configs(model: torch.nn.Module, db: str, ids: torch.Tensor, forwards: int) -> dict[str, Callable[[], float]]:
-    """Each config as a function that times `forwards` forwards (ms per forward), setting up and
-    tearing down its patch and monitor outside the timed span."""
+def _configs(model: torch.nn.Module, db: str, ids: torch.Tensor,
+             forwards: int) -> dict[str, Callable[[], tuple[float, int, int, int]]]:
+    """Each config as a function that times `forwards` forwards, setting up and tearing down its patch
+    and monitor outside the timed span: (ms per forward, and while timed: catalog calls the monitor
+    saw, calls it checked, warnings)."""
     timed = _timer(ids.device.type)
 
     def fwd() -> None:
         model(ids)
 
-    def run(patched: bool, sampling: str | None, ops: tuple[str, ...] = OPS, warmup: int = 1) -> Callable[[], float]:
-        def go() -> float:
+    def run(patched: bool, sampling: str | None, ops: tuple[str, ...] = OPS,
+            warmup: int = 1) -> Callable[[], tuple[float, int, int, int]]:
+        def go() -> tuple[float, int, int, int]:
             handle = optwin.kernels.patch(model) if patched else None
             mon = om.monitor(model, db=db, sampling=sampling, ops=ops) if sampling else None
             try:
@@ -95,10 +98,12 @@ def _configs(model: torch.nn.Module, db: str, ids: torch.Tensor, forwards: int) 
                     fwd()
                 if mon is not None:
                     mon.flush()
+                before = (mon.stats.calls, mon.stats.checked, mon.stats.warnings) if mon is not None else (0, 0, 0)
                 ms = timed(fwd, forwards)
-                if mon is not None:
-                    mon.flush()
-                return ms
+                if mon is None:
+                    return ms, 0, 0, 0
+                mon.flush()
+                return ms, mon.stats.calls - before[0], mon.stats.checked - before[1], mon.stats.warnings - before[2]
             finally:
                 if mon is not None:
                     mon.stop()
@@ -120,17 +125,23 @@ def _configs(model: torch.nn.Module, db: str, ids: torch.Tensor, forwards: int) 
 def timings(model: torch.nn.Module, db: str, ids: torch.Tensor, rounds: int, forwards: int) -> list[str]:
     cfgs = _configs(model, db, ids, forwards)
     got: dict[str, list[float]] = {k: [] for k in cfgs}
+    seen: dict[str, list[int]] = {k: [0, 0, 0] for k in cfgs}  # over every timed span: calls, checked, warnings
     with torch.no_grad():
         for _ in range(rounds):
             for name, go in cfgs.items():
-                got[name].append(go())
+                ms, *counts = go()
+                got[name].append(ms)
+                seen[name] = [a + b for a, b in zip(seen[name], counts)]
     base = {"as is": statistics.median(got["as is"]), "patched": statistics.median(got["patched"])}
-    out = ["| config | ms per forward (median) | min | max | vs the same model without the monitor |",
-           "|---|---:|---:|---:|---:|"]
+    out = ["| config | ms per forward (median) | min | max | vs the same model without the monitor "
+           "| calls checked / seen while timed | warnings while timed |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
     for name, v in got.items():
         med = statistics.median(v)
         ref = base["patched" if name.startswith("patched") else "as is"]
-        out.append(f"| {name} | {med:.3f} | {min(v):.3f} | {max(v):.3f} | {100 * (med / ref - 1):+.1f}% |")
+        calls, checked, warns = seen[name]
+        cw = f"{checked} / {calls} | {warns}" if calls else " | "
+        out.append(f"| {name} | {med:.3f} | {min(v):.3f} | {max(v):.3f} | {100 * (med / ref - 1):+.1f}% | {cw} |")
     return out
 
 
@@ -191,7 +202,7 @@ def profile(model: torch.nn.Module, db: str, ids: torch.Tensor, config: str, for
         go()  # compile, warm up
         prof = cProfile.Profile()
         prof.enable()
-        ms = go()
+        ms = go()[0]
         prof.disable()
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
@@ -208,12 +219,16 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--report", default="monitor_fused.md", help="file name of the report under $OUT")
     ap.add_argument("--profile", metavar="CONFIG", help="instead: cProfile the host side of one config")
+    ap.add_argument("--no-cache", action="store_true",
+                    help="forward without the KV cache: transformers' cache set-up copies host tensors to the "
+                         "device in every layer (torch.tensor), a wait for the GPU each time")
     args = ap.parse_args()
     t0 = time.monotonic()
     device = "cpu" if args.smoke else "cuda"
     dtype = torch.float32 if args.smoke else torch.bfloat16
     batch, seq = (1, 9) if args.smoke else (args.batch, args.seq)
     model = build_llama(args.smoke, device, dtype)
+    model.config.use_cache = not args.no_cache
     ids = torch.randint(0, model.config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(1)).to(device)
     rounds, forwards = (1, 2) if args.smoke else (args.rounds, args.forwards)
     name = torch.cuda.get_device_name() if device == "cuda" else "CPU (interpreter)"
@@ -222,7 +237,7 @@ def main() -> None:
              f"Llama from a config: hidden {model.config.hidden_size}, {model.config.num_hidden_layers} layers, "
              f"{model.config.num_attention_heads} heads, eager attention, {str(dtype).removeprefix('torch.')}, "
              f"batch {batch} x seq {seq}; {rounds} interleaved rounds of {forwards} forwards; watched: "
-             f"{', '.join(OPS)} (softmax where named)", ""]
+             f"{', '.join(OPS)} (softmax where named); KV cache {'off' if args.no_cache else 'on'}", ""]
     if args.profile:
         write_report("\n".join(lines + profile(model, args.db, ids, args.profile, forwards)) + "\n", args.report)
         return
