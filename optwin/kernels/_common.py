@@ -222,12 +222,19 @@ def sum_squares(h, BLOCK: tl.constexpr):
     know every rounding); explicit FMAs give Inductor's instruction count (1.25 instead of 2 per
     element) with a fixed order, the same with and without the sketch (optwin.twin.numerics.sum_squares)."""
     if BLOCK >= 4:
-        even, odd = tl.split(tl.reshape(h, [BLOCK // 4, 2, 2]))  # [BLOCK/4, 2]: 4k + 2i, 4k + 2i + 1
-        h0, h2 = tl.split(even)
-        h1, h3 = tl.split(odd)
-        return tl.sum(tl.fma(h0, h0, tl.fma(h1, h1, tl.fma(h2, h2, h3 * h3))), axis=0)
+        return tl.sum(fold4_squares(tl.reshape(h, [BLOCK // 4, 2, 2])), axis=0)
     else:
         return tl.sum(h * h, axis=0)
+
+
+@triton.jit
+def fold4_squares(q):
+    """[..., 2, 2] (each 4 neighbours 4k..4k+3 in the last two dims, one thread's registers) -> [...]:
+    fma(h0, h0, fma(h1, h1, fma(h2, h2, h3*h3))), the fold sum_squares and lane_sum_squares share."""
+    even, odd = tl.split(q)  # [..., 2]: 4k + 2i, 4k + 2i + 1
+    h0, h2 = tl.split(even)
+    h1, h3 = tl.split(odd)
+    return tl.fma(h0, h0, tl.fma(h1, h1, tl.fma(h2, h2, h3 * h3)))
 
 
 @triton.jit
@@ -317,11 +324,7 @@ def lane_sum_squares(x, BLOCK: tl.constexpr, LANES: tl.constexpr, VEC: tl.conste
     without FMA contraction, so x * x then a sum was 2 instructions per element; this is 1.25. Where
     a lane has fewer than 4 elements per chain (KEEP > 1, small VEC), lane_sum(x * x)."""
     if KEEP == 1 and VEC >= 4:
-        q = tl.reshape(x, [BLOCK // (LANES * VEC), LANES, VEC // 4, 2, 2])
-        even, odd = tl.split(q)  # [REPS, LANES, VEC/4, 2]: 4k + 2i, 4k + 2i + 1
-        x0, x2 = tl.split(even)
-        x1, x3 = tl.split(odd)
-        s = tl.fma(x0, x0, tl.fma(x1, x1, tl.fma(x2, x2, x3 * x3)))  # [REPS, LANES, VEC/4]
+        s = fold4_squares(tl.reshape(x, [BLOCK // (LANES * VEC), LANES, VEC // 4, 2, 2]))  # [REPS, LANES, VEC/4]
         return tl.reshape(tl.sum(tl.sum(s, 2), 0), [LANES, 1])
     else:
         return lane_sum(x * x, BLOCK, LANES, VEC, KEEP)
