@@ -40,7 +40,24 @@ def measure(model: torch.nn.Module, ids: torch.Tensor, name: str, n: int) -> lis
     kern = sum(e.self_device_time_total for e in ev) / n / 1e3
     top = sorted(ev, key=lambda e: -e.self_device_time_total)[:8]
     return [f"## {name}: wall {wall:.2f} ms per forward, GPU kernels {kern:.2f} ms, GPU idle {wall - kern:.2f} ms", "",
-            *(f"- {e.key[:90]}: {e.self_device_time_total / n / 1e3:.3f} ms, {e.count // n} calls" for e in top), ""]
+            *(f"- {e.key[:90]}: {e.self_device_time_total / n / 1e3:.3f} ms, {e.count // n} calls" for e in top), "",
+            *_gaps(prof, n), ""]
+
+
+def _gaps(prof: object, n: int) -> list[str]:
+    """GPU idle between kernels (within the profiled span), by the kernel that ends each gap."""
+    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()  # type: ignore[attr-defined]
+                   if e.device_type.name == "CUDA")
+    by_next: dict[str, list[float]] = {}
+    end = spans[0][1] if spans else 0.0
+    for start, stop, name in spans[1:]:
+        if start > end:
+            by_next.setdefault(name[:70], []).append(start - end)
+        end = max(end, stop)
+    total = sum(sum(g) for g in by_next.values()) / n / 1e3
+    worst = sorted(by_next.items(), key=lambda kv: -sum(kv[1]))[:8]
+    return [f"GPU idle between its first and last kernel: {total:.3f} ms per forward; by the kernel after the gap:", "",
+            *(f"- {k}: {sum(g) / n:.1f} µs per forward over {len(g) // n} gaps (largest {max(g):.1f} µs)" for k, g in worst)]
 
 
 def main() -> None:
