@@ -34,8 +34,8 @@ but not the positions. So a forward hook on the rotary module remembers position
 While a hooked module's forward or a wrapped function runs, the torch functions it calls are not
 recorded again (no double counting: the eager softmax belongs to attention "math").
 
-Every record carries op, variant, dtype, stream (module path of the innermost module running,
-e.g. "encoder.layer.3.attention.self"), call_index (order of calls in this capture), t (seconds
+Every record carries op, variant, dtype, stream (module path of the innermost module whose method
+is running, e.g. "encoder.layer.3.attention.self": Recorder.stream), call_index (order of calls in this capture), t (seconds
 since the capture began) and the sketch. Sketches stay tensors on the inputs' device until the
 records are read (one sync per op at the end on CUDA). Raw inputs are kept by reservoir sampling
 per (op, variant, dtype, shape class): each call is offered with probability sample_rate, and each
