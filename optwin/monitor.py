@@ -96,9 +96,6 @@ class _MonitorRecorder(_cap.Recorder):
 
     # -- optwin.kernels.sketch_sink.Sink: patched kernels hand over their fused sketch
 
-    def watches(self, op: str) -> bool:
-        return self.mon.ops is None or op in self.mon.ops
-
     def wants(self, op: str, variant: str, dtype: torch.dtype, suffix: str = "") -> Any:
         if not self.watches(op):
             return None
@@ -130,27 +127,19 @@ class _MonitorRecorder(_cap.Recorder):
 
 class _MonitorInterceptor(_cap._Interceptor):
     """The capture's handling of intercepted torch calls, plus the policy's action: run the call in
-    float32, or raise before it runs."""
+    float32 (the handler set rec.action), or raise before it runs (FaultPredicted passes through)."""
+
+    passes = (FaultPredicted,)
 
     def handle(self, target: Any, args: tuple, kwargs: dict, proceed: Callable[[tuple, dict], Any]) -> Any:
-        rec = self.rec
-        if rec.suppress or not rec.watches(target.op):
-            return proceed(args, kwargs)
-        rec.action = None
-        rec.suppress += 1
-        try:
-            try:
-                target.handler(rec, args, kwargs)
-            except FaultPredicted:
-                raise
-            except Exception as e:  # noqa: BLE001  never break the model
-                rec.skipped[f"{target.name}: {type(e).__name__}"] += 1
-            act, rec.action = rec.action, None
-            if act == "fallback":
-                return _in_float32(lambda *a, **k: proceed(a, k), args, kwargs)
-            return proceed(args, kwargs)
-        finally:
-            rec.suppress -= 1
+        self.rec.action = None  # a verdict a module hook left behind is not this call's
+        return super().handle(target, args, kwargs, proceed)
+
+    def run(self, args: tuple, kwargs: dict, proceed: Callable[[tuple, dict], Any]) -> Any:
+        act, self.rec.action = self.rec.action, None
+        if act == "fallback":
+            return _in_float32(lambda *a, **k: proceed(a, k), args, kwargs)
+        return proceed(args, kwargs)
 
 
 def _in_float32(func: Callable, args: tuple, kwargs: dict) -> Any:

@@ -354,7 +354,11 @@ TARGETS: tuple[Target, ...] = (
 class _Interceptor:
     """One recorder's handling of the intercepted calls: record (unless suppressed or not watched),
     then run the call. Its own work and the call run suppressed, so the torch functions they call
-    (F.layer_norm calls torch.layer_norm; the sketch calls matmul) are not recorded again."""
+    (F.layer_norm calls torch.layer_norm; the sketch calls matmul) are not recorded again.
+    Subclasses (optwin.monitor's) choose how the call runs (`run`) and which handler errors pass
+    through (`passes`)."""
+
+    passes: tuple[type[BaseException], ...] = ()  # handler errors that propagate (all others are counted)
 
     def __init__(self, rec: Recorder) -> None:
         self.rec = rec
@@ -367,11 +371,17 @@ class _Interceptor:
         try:
             try:
                 target.handler(rec, args, kwargs)
+            except self.passes:
+                raise
             except Exception as e:  # noqa: BLE001  never break the model
                 rec.skipped[f"{target.name}: {type(e).__name__}"] += 1
-            return proceed(args, kwargs)
+            return self.run(args, kwargs, proceed)
         finally:
             rec.suppress -= 1
+
+    def run(self, args: tuple, kwargs: dict, proceed: Callable[[tuple, dict], Any]) -> Any:
+        """The recorded call itself (after its handler)."""
+        return proceed(args, kwargs)
 
 
 # ----------------------------------------------------------------------------- modules
