@@ -404,3 +404,59 @@ def store_common_features(S_ptr, numel, rows, g_amax, g_sq, n_summed, nonfinite)
     tl.store(S_ptr + 2, g_amax)
     tl.store(S_ptr + 3, tl.sqrt(g_sq / tl.maximum(n_summed, 1).to(tl.float64)))
     tl.store(S_ptr + 4, nonfinite.to(tl.float64))
+
+
+# ------------------------------------------------------------------ row records (a program per row)
+#
+# A launch with a program per row cannot afford a release-ordered step per program (an acq_rel
+# ticket or a release add: its fence waits for the program's own output stores; H200, a program per
+# row with the ticket cost rmsnorm +25 %, bench/results/norm_chunks_h200_s17a.md). Instead each row's
+# program writes its partials as one record of RECORD_WORDS int32 words (sketch_buffer.row_records),
+# and one extra program, the last of the grid, polls the records until none still holds the
+# sentinel, reduces them, writes the sentinel back and stores the features. A record is
+# self-validating word by word (no word of a written record is the sentinel), so nothing orders it
+# against other memory: the finisher waits for the data itself, not for a flag.
+# Needs two resident programs (the finisher spins while rows run); the interpreter runs the
+# programs in order, the finisher last.
+
+
+RECORD_POLL = 512  # records the finisher reads per poll (8 KB: a few 16-byte loads per thread)
+
+
+@triton.jit
+def publish_record(R_ptr, row, w0, w1, w2, w3):
+    """Store row `row`'s record: four int32 words (bitcast floats and counts, never the sentinel)."""
+    k = tl.arange(0, 4)
+    words = tl.where(k == 0, w0, tl.where(k == 1, w1, tl.where(k == 2, w2, w3)))
+    tl.store(R_ptr + row * 4 + k, words)
+
+
+@triton.jit
+def split_float64(v):
+    """(low, high) int32 words of a float64's bits; join_float64 puts them back."""
+    bits = v.to(tl.int64, bitcast=True)
+    return (bits & 0xFFFFFFFF).to(tl.int32), (bits >> 32).to(tl.int32)
+
+
+@triton.jit
+def join_float64(lo, hi):
+    return ((hi.to(tl.int64) << 32) | (lo.to(tl.int64) & 0xFFFFFFFF)).to(tl.float64, bitcast=True)
+
+
+@triton.jit
+def poll_records(R_ptr, r0, n_rows, POLL: tl.constexpr):
+    """The records of rows r0 .. r0 + POLL - 1 (rows past n_rows read as zeros) once every word of
+    them is written, as four [POLL] int32 words; then the sentinel goes back into them for the next
+    launch. Volatile loads (no L1), re-issued until no word is the sentinel."""
+    rows = r0 + tl.arange(0, POLL)
+    k = tl.arange(0, 4)
+    ptrs = R_ptr + rows.to(tl.int64)[:, None] * 4 + k[None, :]
+    valid = (rows < n_rows)[:, None] & (k < 4)[None, :]
+    rec = tl.load(ptrs, mask=valid, other=0, volatile=True)
+    while tl.max(tl.where(rec == -1, 1, 0)) > 0:
+        rec = tl.load(ptrs, mask=valid, other=0, volatile=True)
+    tl.store(ptrs, tl.full([POLL, 4], -1, tl.int32), mask=valid)
+    even, odd = tl.split(tl.reshape(rec, [POLL, 2, 2]))  # [POLL, 2]: words (0, 2) and (1, 3)
+    w0, w2 = tl.split(even)
+    w1, w3 = tl.split(odd)
+    return w0, w1, w2, w3

@@ -42,17 +42,24 @@ from optwin.kernels._common import (
     finite_partials,
     finite_partials_chunked,
     grid_per_sm,
+    join_float64,
     last_program,
     launch_config,
     note_occupancy,
     persistent_grid,
+    poll_records,
+    publish_record,
     read_slot,
     register_cap,
+    ROW_GRID,
+    RECORD_POLL,
     rows_view,
+    split_float64,
+    store_common_features,
     sum_and_max,
     sum_squares,
 )
-from optwin.kernels.sketch_buffer import WORKSPACE, feature_names, new_buffer, workspace
+from optwin.kernels.sketch_buffer import WORKSPACE, feature_names, new_buffer, row_records, workspace
 from optwin.twin.numerics import TRITON_CHUNK
 
 EPS = CATALOG["rmsnorm"].constants["eps"]
@@ -160,6 +167,75 @@ def _rmsnorm_kernel(
         _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ms, p_nf, n_rows, n_cols)
 
 
+# ------------------------------------------------------------------ a program per row, row records
+
+
+@triton.jit
+def _rmsnorm_rows_kernel(
+    X_ptr, X_row_stride, W_ptr, Y_ptr, Y_row_stride, S_ptr,  # as _rmsnorm_kernel
+    R_ptr,  # row records, int32 (>= n_rows, 4), all -1 (sketch_buffer.row_records)
+    n_rows,
+    n_cols,
+    eps,  # fp32 scalar
+    BLOCK: tl.constexpr,
+    POLL: tl.constexpr,  # records the finisher reads at once
+):
+    # Programs 0 .. n_rows - 1 each normalize one row (the same row computation as _rmsnorm_kernel:
+    # y is bit-identical) and write its record: max |h| (fp32 bits), 0 or 1 + its NaN/±inf count,
+    # its sum of squares as float64 (the op's fp32 sum; the exact finite-only float64 sum where that
+    # is not finite). Program n_rows is the finisher (_common.poll_records).
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    if pid < n_rows:
+        row = tl.cast(pid, tl.int64)
+        x = tl.load(X_ptr + row * X_row_stride + cols, mask=mask, other=0.0, eviction_policy="evict_first")
+        h = x.to(tl.float32)
+        ss = sum_squares(h, BLOCK)
+        amax = tl.max(tl.abs(h), axis=0)
+        ok = ss <= FMAX
+        if ok:  # before y: the finisher's wait ends with the last row's sums, not with its stores
+            lo, hi = split_float64(ss.to(tl.float64))
+            publish_record(R_ptr, row, amax.to(tl.int32, bitcast=True), tl.zeros((), tl.int32), lo, hi)
+        v = tl.math.div_rn(ss, tl.cast(n_cols, tl.float32))
+        rs = tl.math.rsqrt(v + eps)
+        w = tl.load(W_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        y = h * rs * w
+        tl.store(Y_ptr + row * Y_row_stride + cols, y.to(Y_ptr.dtype.element_ty), mask=mask,
+                 eviction_policy="evict_first")
+        if not ok:  # rare: NaN/±inf (or h*h overflow); the exact partials from a re-read, so h dies with y
+            h2 = tl.load(X_ptr + row * X_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+            a, q, nf = finite_partials(h2, mask)
+            lo, hi = split_float64(q)
+            publish_record(R_ptr, row, a.to(tl.int32, bitcast=True), 1 + nf.to(tl.int32), lo, hi)
+    else:  # the finisher: the weight's partials while rows run, then the records in row order
+        wv = tl.load(W_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        wmax, _, wnf = finite_partials(wv, mask)
+        g_amax = tl.zeros((), dtype=tl.float32)
+        g_sq = tl.zeros((), dtype=tl.float64)
+        g_ss = tl.zeros((), dtype=tl.float32)  # largest fp32 sum of the finite rows
+        g_ms = tl.zeros((), dtype=tl.float64)  # largest exact mean square of the others
+        g_nf = tl.zeros((), dtype=tl.int64)
+        for r0 in range(0, n_rows, POLL):
+            w_amax, w_state, lo, hi = poll_records(R_ptr, r0, n_rows, POLL)
+            q = join_float64(lo, hi)
+            fin = w_state == 0  # rows past n_rows read as zeros: a finite row of nothing
+            nf = tl.where(fin, 0, w_state - 1)
+            g_amax = tl.maximum(g_amax, tl.max(w_amax.to(tl.float32, bitcast=True), axis=0))
+            g_sq += tl.sum(q, axis=0)
+            g_ss = tl.maximum(g_ss, tl.max(tl.where(fin, q, 0.0).to(tl.float32), axis=0))  # exact: fp32 values
+            g_ms = tl.maximum(g_ms, tl.max(tl.where(fin, 0.0, q / tl.maximum(n_cols - nf, 1).to(tl.float64)), axis=0))
+            g_nf += tl.sum(nf.to(tl.int64), axis=0)
+        # the row mean square the op used: div_rn is monotonic, so max(div_rn(ss, n)) = div_rn(max ss, n)
+        g_ms = tl.maximum(g_ms, tl.math.div_rn(g_ss, tl.cast(n_cols, tl.float32)).to(tl.float64))
+        numel = tl.cast(n_rows, tl.int64) * n_cols
+        store_common_features(S_ptr, numel, tl.cast(n_rows, tl.int64), g_amax.to(tl.float64), g_sq, numel - g_nf,
+                              g_nf + wnf.to(tl.int64))
+        tl.store(S_ptr + 5, tl.cast(n_cols, tl.float64))
+        tl.store(S_ptr + 6, tl.sqrt(g_ms))
+        tl.store(S_ptr + 7, wmax.to(tl.float64))
+
+
 # ------------------------------------------------------------------ rows longer than MAX_BLOCK
 
 
@@ -238,10 +314,11 @@ def _rmsnorm_chunked_kernel(
 def _rmsnorm_launch(
     x2: torch.Tensor, weight: torch.Tensor, y2: torch.Tensor, buf: torch.Tensor | None, eps: float,
     num_warps: int | None = None, stages: int | None = None, per_sm: int | None = None,
-    chunk: int | None = None, maxnreg: int | None = None, const_n: bool = False,
+    chunk: int | None = None, maxnreg: int | None = None, const_n: bool = False, row_grid: bool | None = None,
 ) -> None:
     """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows;
-    without the sketch one program per row where _common.ROW_GRID lists the launch.
+    one program per row where _common.ROW_GRID lists the launch (with the sketch: row records and a
+    finisher program, _rmsnorm_rows_kernel). row_grid overrides ROW_GRID (tests, the bench).
     Rows longer than MAX_BLOCK (or than `chunk`, the bench's comparison) go to the two-pass chunked
     kernel, TRITON_CHUNK wide by default (part of the numerics: the twin's lanes).
     num_warps / stages / per_sm / chunk / maxnreg (registers per thread) / const_n (the chunked kernel
@@ -263,8 +340,14 @@ def _rmsnorm_launch(
         note_occupancy(key, k, warps)
         return
     block, warps, st, cap = launch_config("rmsnorm", n, num_warps, stages, maxnreg=maxnreg)
-    key = ("rmsnorm", x2.dtype, block, warps, st, cap, sketch)
     regs = register_cap(cap)  # registers per thread
+    if sketch and per_sm is None and (("rmsnorm", block) in ROW_GRID if row_grid is None else row_grid):
+        _rmsnorm_rows_kernel[(n_rows + 1,)](
+            x2, x2.stride(0), weight, y2, y2.stride(0), buf, row_records("rmsnorm", x2.device, n_rows),
+            n_rows, n, eps, BLOCK=block, POLL=RECORD_POLL, num_warps=warps, enable_fp_fusion=False, **regs,
+        )
+        return
+    key = ("rmsnorm", x2.dtype, block, warps, st, cap, sketch)
     grid = persistent_grid(key, n_rows, x2.device, grid_per_sm("rmsnorm", block, sketch, per_sm))
     k = _rmsnorm_kernel[(grid,)](
         x2, x2.stride(0), weight, y2, y2.stride(0), buf if sketch else y2, f, i,
