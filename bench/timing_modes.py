@@ -1,0 +1,94 @@
+"""One kernel timed four ways, side by side in interleaved rounds, to tell a kernel's own time from
+what the timing method adds (L2 flush, host launch cost, back-to-back overlap).
+
+    python bench/timing_modes.py      # on a CUDA machine; writes $OUT/timing_modes.md
+
+Methods, each the median over its repetitions:
+- flush: L2 flushed (a 256 MB zero_, as triton.testing.do_bench), then events around one launch;
+- flush+sleep: the same with a GPU sleep queued first, so the host is ahead of the GPU and a slow
+  host launch cannot show up as GPU time;
+- eager x10: events around 10 launches back to back, no flush (host-launched);
+- graph x10: a CUDA graph of 10 launches, replayed (no host cost, no flush; _bench_common.graph_ms).
+Launches: rmsnorm bf16 4096x16384 without the sketch (a program per row), with the sketch in row
+records (the shipped launch) and with the sketch in the persistent grid (row_grid=False).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for `optwin`
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # bench/
+
+import torch
+from _bench_common import graph_ms, write_report
+
+from optwin.kernels.rmsnorm import EPS, _rmsnorm_launch
+from optwin.kernels.sketch_buffer import new_buffer
+
+ROUNDS, REPS = 5, 40
+SLEEP_CYCLES = 400_000  # ~0.2 ms at the H200's clock: longer than any host launch here
+
+
+def events_ms(fn: Callable[[], Any], flush: bool, sleep: bool, calls: int = 1) -> float:
+    cache = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    times = []
+    for _ in range(REPS):
+        if sleep:
+            torch.cuda._sleep(SLEEP_CYCLES)
+        if flush:
+            cache.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        times.append((start, end))
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in times) / calls
+
+
+METHODS: dict[str, Callable[[Callable[[], Any]], float]] = {
+    "flush": lambda fn: events_ms(fn, flush=True, sleep=False),
+    "flush+sleep": lambda fn: events_ms(fn, flush=True, sleep=True),
+    "eager x10": lambda fn: events_ms(fn, flush=False, sleep=True, calls=10),
+    "graph x10": graph_ms,
+}
+
+
+def main() -> str:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = (torch.randn(4096, 16384, device="cuda", generator=g) * 2).to(torch.bfloat16)
+    w = (1 + 0.2 * torch.randn(16384, device="cuda", generator=g)).to(torch.bfloat16)
+    y, buf = torch.empty_like(x), new_buffer("rmsnorm", x.device)
+    launches: dict[str, Callable[[], Any]] = {
+        "no sketch": lambda: _rmsnorm_launch(x, w, y, None, EPS),
+        "sketch, row records": lambda: _rmsnorm_launch(x, w, y, buf, EPS),
+        "sketch, persistent": lambda: _rmsnorm_launch(x, w, y, buf, EPS, row_grid=False),
+    }
+    for fn in launches.values():
+        fn()
+    res: dict[tuple[str, str], list[float]] = {}
+    for _ in range(ROUNDS):
+        for m, timer in METHODS.items():
+            for name, fn in launches.items():
+                res.setdefault((name, m), []).append(1e3 * timer(fn))
+    lines = [f"# Timing methods, rmsnorm bf16 4096x16384; {torch.cuda.get_device_name()}, {ROUNDS} interleaved rounds",
+             "", "µs, median over rounds (min-max); cost = against 'no sketch' by the same method", "",
+             "| launch | " + " | ".join(METHODS) + " |", "|---|" + "---:|" * len(METHODS)]
+    for name in launches:
+        cells = []
+        for m in METHODS:
+            v = statistics.median(res[(name, m)])
+            base = statistics.median(res[("no sketch", m)])
+            cost = "" if name == "no sketch" else f" {100 * (v / base - 1):+.1f}%"
+            cells.append(f"{v:.1f} ({min(res[(name, m)]):.1f}-{max(res[(name, m)]):.1f}){cost}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    write_report(main(), "timing_modes.md")
