@@ -133,8 +133,8 @@ def main() -> str:
     lines += ["", "## Back to back, changing inputs and row counts", "", *back_to_back()]
     lines += ["", "## CUDA graph replays on new inputs", "", *graph_replays()]
     torch.cuda.synchronize()
-    left = sum(int((r != SENTINEL).sum()) for r in _RECORDS.values())
-    lines += ["", f"Record words not at the sentinel after everything: {left} (of {sum(r.numel() for r in _RECORDS.values())})"]
+    left = sum(int((words != SENTINEL).sum()) for words, _ in _RECORDS.values())
+    lines += ["", f"Record words not at the sentinel after everything: {left} (of {sum(words.numel() for words, _ in _RECORDS.values())})"]
     return "\n".join(lines) + "\n"
 
 

@@ -26,6 +26,8 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))  # bench/
 import torch
 from _bench_common import graph_ms, write_report
 
+from optwin.kernels import production as P
+from optwin.kernels._common import occupancy_table
 from optwin.kernels.rmsnorm import EPS, _rmsnorm_launch
 from optwin.kernels.sketch_buffer import new_buffer
 
@@ -64,9 +66,13 @@ def main() -> str:
     x = (torch.randn(4096, 16384, device="cuda", generator=g) * 2).to(torch.bfloat16)
     w = (1 + 0.2 * torch.randn(16384, device="cuda", generator=g)).to(torch.bfloat16)
     y, buf = torch.empty_like(x), new_buffer("rmsnorm", x.device)
+    prod = torch.compile(P.rmsnorm_fp32_acc)
     launches: dict[str, Callable[[], Any]] = {
         "no sketch": lambda: _rmsnorm_launch(x, w, y, None, EPS),
+        "torch.compile": lambda: prod(x, w, EPS),
+        "no sketch, stop 17 (a loop per program)": lambda: _rmsnorm_launch(x, w, y, None, EPS, row_grid=False),
         "sketch, row records": lambda: _rmsnorm_launch(x, w, y, buf, EPS),
+        "sketch, row records, 1 stage": lambda: _rmsnorm_launch(x, w, y, buf, EPS, stages=1),
         "sketch, persistent": lambda: _rmsnorm_launch(x, w, y, buf, EPS, row_grid=False),
     }
     for fn in launches.values():
@@ -87,6 +93,7 @@ def main() -> str:
             cost = "" if name == "no sketch" else f" {100 * (v / base - 1):+.1f}%"
             cells.append(f"{v:.1f} ({min(res[(name, m)]):.1f}-{max(res[(name, m)]):.1f}){cost}")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", "programs per SM:", "", *(f"- {k}: {v}" for k, v in occupancy_table().items())]
     return "\n".join(lines) + "\n"
 
 

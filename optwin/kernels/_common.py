@@ -206,6 +206,20 @@ def _max_sum_sum(a0, a1, a2, b0, b1, b2):
 
 
 @triton.jit
+def _max_sum_max(a0, a1, a2, b0, b1, b2):
+    return tl.maximum(a0, b0), a1 + b1, tl.maximum(a2, b2)
+
+
+@triton.jit
+def max_sum_max(a, s, m):
+    """(max a, sum s, max m) over every axis in ONE reduction tree (one cross-warp exchange)."""
+    if INTERPRET:
+        return tl.max(a), tl.sum(s), tl.max(m)
+    else:
+        return tl.reduce((a, s, m), None, _max_sum_max)
+
+
+@triton.jit
 def sum_and_max(s, m):
     """(tl.sum(s), tl.max(m)) over axis 0 as two separate trees. A combined tl.reduce((s, m)) saves
     a cross-warp exchange but its sum is NOT always bit-identical to tl.sum's: the H200 run of
@@ -411,52 +425,68 @@ def store_common_features(S_ptr, numel, rows, g_amax, g_sq, n_summed, nonfinite)
 # A launch with a program per row cannot afford a release-ordered step per program (an acq_rel
 # ticket or a release add: its fence waits for the program's own output stores; H200, a program per
 # row with the ticket cost rmsnorm +25 %, bench/results/norm_chunks_h200_s17a.md). Instead each row's
-# program writes its partials as one record of RECORD_WORDS int32 words (sketch_buffer.row_records),
-# and one extra program, the last of the grid, polls the records until none still holds the
-# sentinel, reduces them, writes the sentinel back and stores the features. A record is
-# self-validating word by word (no word of a written record is the sentinel), so nothing orders it
-# against other memory: the finisher waits for the data itself, not for a flag.
-# Needs two resident programs (the finisher spins while rows run); the interpreter runs the
-# programs in order, the finisher last.
+# program stores its partials as one 64-bit record word, two fp32 halves (sketch_buffer.row_records),
+# and one extra program, the finisher, polls the words until neither half of any still holds the
+# sentinel, reduces them, writes the sentinel back and stores the features. A word is
+# self-validating half by half (no half of a written word is the sentinel), so nothing orders it
+# against other memory: the finisher waits for the data itself, not for a flag. A row whose partials
+# do not fit two fp32 (NaN/±inf in it, or h*h overflow) writes them to its extra record and then its
+# word as RECORD_FLAG with release order; the finisher acquires the flag before reading the extra
+# record (message passing, rare).
+# The finisher spins while rows run, so a launch needs two resident programs; the interpreter runs
+# programs in order and gets the finisher last.
 
-
-RECORD_POLL = 512  # records the finisher reads per poll (8 KB: a few 16-byte loads per thread)
-
-
-@triton.jit
-def publish_record(R_ptr, row, w0, w1, w2, w3):
-    """Store row `row`'s record: four int32 words (bitcast floats and counts, never the sentinel)."""
-    k = tl.arange(0, 4)
-    words = tl.where(k == 0, w0, tl.where(k == 1, w1, tl.where(k == 2, w2, w3)))
-    tl.store(R_ptr + row * 4 + k, words)
-
-
-@triton.jit
-def split_float64(v):
-    """(low, high) int32 words of a float64's bits; join_float64 puts them back."""
-    bits = v.to(tl.int64, bitcast=True)
-    return (bits & 0xFFFFFFFF).to(tl.int32), (bits >> 32).to(tl.int32)
+# Width of the pieces a row launch's cold paths read (a flagged row's exact partials, the weight's):
+# a whole row of float64 squares would set the kernel's register count.
+EXACT_CHUNK = 1024
+RECORD_POLL = 512  # record words the finisher reads per poll (4 KB: two per thread at 8 warps)
+RECORD_FLAG_HI: tl.constexpr = tl.constexpr(0x7F800000)  # high half of a flagged word: +inf where a row's fp32 sum sits
 
 
 @triton.jit
-def join_float64(lo, hi):
-    return ((hi.to(tl.int64) << 32) | (lo.to(tl.int64) & 0xFFFFFFFF)).to(tl.float64, bitcast=True)
+def record_word(lo, hi):
+    """The 64-bit record of two fp32 values: lo's bits in the low half, hi's in the high half."""
+    return (hi.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (lo.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
 
 
 @triton.jit
-def poll_records(R_ptr, r0, n_rows, POLL: tl.constexpr):
-    """The records of rows r0 .. r0 + POLL - 1 (rows past n_rows read as zeros) once every word of
-    them is written, as four [POLL] int32 words; then the sentinel goes back into them for the next
-    launch. Volatile loads (no L1), re-issued until no word is the sentinel."""
+def record_halves(words):
+    """(low, high) int32 halves of record words; record_word's inverse before the bitcast."""
+    return (words & 0xFFFFFFFF).to(tl.int32), (words >> 32).to(tl.int32)
+
+
+@triton.jit
+def poll_records(M_ptr, r0, n_rows, POLL: tl.constexpr):
+    """(low, high) int32 halves of the record words of rows r0 .. r0 + POLL - 1 (rows past n_rows
+    read as zeros) once no half is the sentinel; the sentinel then goes back for the next launch.
+    Volatile loads (no L1), re-issued until every word is written."""
     rows = r0 + tl.arange(0, POLL)
-    k = tl.arange(0, 4)
-    ptrs = R_ptr + rows.to(tl.int64)[:, None] * 4 + k[None, :]
-    valid = (rows < n_rows)[:, None] & (k < 4)[None, :]
-    rec = tl.load(ptrs, mask=valid, other=0, volatile=True)
-    while tl.max(tl.where(rec == -1, 1, 0)) > 0:
-        rec = tl.load(ptrs, mask=valid, other=0, volatile=True)
-    tl.store(ptrs, tl.full([POLL, 4], -1, tl.int32), mask=valid)
-    even, odd = tl.split(tl.reshape(rec, [POLL, 2, 2]))  # [POLL, 2]: words (0, 2) and (1, 3)
-    w0, w2 = tl.split(even)
-    w1, w3 = tl.split(odd)
-    return w0, w1, w2, w3
+    valid = rows < n_rows
+    words = tl.load(M_ptr + rows, mask=valid, other=0, volatile=True)
+    lo, hi = record_halves(words)
+    while tl.max(tl.where((lo == -1) | (hi == -1), 1, 0), axis=0) > 0:
+        words = tl.load(M_ptr + rows, mask=valid, other=0, volatile=True)
+        lo, hi = record_halves(words)
+    tl.store(M_ptr + rows, tl.full([POLL], -1, tl.int64), mask=valid)
+    return lo, hi
+
+
+@triton.jit
+def publish_flagged(M_ptr, E_ptr, row, a, q, nf):
+    """A row's exact partials (max |h| fp32, sum of squares float64, NaN/±inf count) into its extra
+    record, then its word as the flag, released after them."""
+    tl.store(E_ptr + row * 2, record_word(a, nf.to(tl.int32)))
+    tl.store(E_ptr + row * 2 + 1, q.to(tl.int64, bitcast=True))
+    tl.atomic_xchg(M_ptr + row, tl.cast(RECORD_FLAG_HI, tl.int64) << 32, sem="release")
+
+
+@triton.jit
+def read_flagged(M_ptr, E_ptr, r):
+    """(max |h|, sum of squares float64, NaN/±inf count) of flagged row r: the flag acquired first
+    (pairs with publish_flagged's release), then the extra record. The acquire's value is used, so
+    every thread waits for it (Triton hands a scalar atomic's result out behind a barrier)."""
+    flag = tl.atomic_add(M_ptr + r, 0, sem="acquire")
+    e0 = tl.load(E_ptr + r * 2, volatile=True)
+    q = tl.load(E_ptr + r * 2 + 1, volatile=True).to(tl.float64, bitcast=True)
+    a_bits, nf = record_halves(tl.where(flag != 0, e0, 0))
+    return a_bits.to(tl.float32, bitcast=True), q, nf

@@ -35,31 +35,41 @@ import triton.language as tl
 
 from optwin.catalog import CATALOG
 from optwin.kernels._common import (
+    EXACT_CHUNK,
     FMAX,
+    INTERPRETED,
     MAX_BLOCK,
+    RECORD_FLAG_HI,
+    RECORD_POLL,
+    ROW_GRID,
     check_device,
     finish_norm_sketch,
     finite_partials,
     finite_partials_chunked,
     grid_per_sm,
-    join_float64,
     last_program,
     launch_config,
+    max_sum_max,
     note_occupancy,
     persistent_grid,
     poll_records,
-    publish_record,
+    publish_flagged,
+    read_flagged,
     read_slot,
+    record_word,
     register_cap,
-    ROW_GRID,
-    RECORD_POLL,
     rows_view,
-    split_float64,
     store_common_features,
     sum_and_max,
     sum_squares,
 )
-from optwin.kernels.sketch_buffer import WORKSPACE, feature_names, new_buffer, row_records, workspace
+from optwin.kernels.sketch_buffer import (
+    WORKSPACE,
+    feature_names,
+    new_buffer,
+    row_records,
+    workspace,
+)
 from optwin.twin.numerics import TRITON_CHUNK
 
 EPS = CATALOG["rmsnorm"].constants["eps"]
@@ -173,64 +183,79 @@ def _rmsnorm_kernel(
 @triton.jit
 def _rmsnorm_rows_kernel(
     X_ptr, X_row_stride, W_ptr, Y_ptr, Y_row_stride, S_ptr,  # as _rmsnorm_kernel
-    R_ptr,  # row records, int32 (>= n_rows, 4), all -1 (sketch_buffer.row_records)
+    M_ptr,  # row record words, int64 (>= n_rows,), all -1 (sketch_buffer.row_records); unused unless SKETCH
+    E_ptr,  # extra records, int64 (>= n_rows, 2)
     n_rows,
     n_cols,
     eps,  # fp32 scalar
     BLOCK: tl.constexpr,
-    POLL: tl.constexpr,  # records the finisher reads at once
+    SKETCH: tl.constexpr,
+    STAGES: tl.constexpr,  # 2: the row's loads go through the pipeliner's async copies
+    POLL: tl.constexpr,  # record words the finisher reads at once
+    EXACT_CHUNK: tl.constexpr,  # width of the pieces the cold paths read (the exact partials, the weight's)
+    FINISHER_FIRST: tl.constexpr,  # program 0 finishes (a GPU starts it first); else program n_rows (the interpreter)
 ):
-    # Programs 0 .. n_rows - 1 each normalize one row (the same row computation as _rmsnorm_kernel:
-    # y is bit-identical) and write its record: max |h| (fp32 bits), 0 or 1 + its NaN/±inf count,
-    # its sum of squares as float64 (the op's fp32 sum; the exact finite-only float64 sum where that
-    # is not finite). Program n_rows is the finisher (_common.poll_records).
+    # A program per row (the same row computation as _rmsnorm_kernel: y is bit-identical). With the
+    # sketch each row's program stores its record word (max |h|, its fp32 sum of squares) and one more
+    # program is the finisher (_common.poll_records). Started first, it reduces the words as rows
+    # complete, in row order, so after the last row only its poll and one reduction are left (started
+    # last, it had all its polls left: H200, +17 % over the launch without the sketch).
     pid = tl.program_id(0)
+    first = pid - 1 if SKETCH and FINISHER_FIRST else pid
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
-    if pid < n_rows:
-        row = tl.cast(pid, tl.int64)
-        x = tl.load(X_ptr + row * X_row_stride + cols, mask=mask, other=0.0, eviction_policy="evict_first")
-        h = x.to(tl.float32)
-        ss = sum_squares(h, BLOCK)
-        amax = tl.max(tl.abs(h), axis=0)
-        ok = ss <= FMAX
-        if ok:  # before y: the finisher's wait ends with the last row's sums, not with its stores
-            lo, hi = split_float64(ss.to(tl.float64))
-            publish_record(R_ptr, row, amax.to(tl.int32, bitcast=True), tl.zeros((), tl.int32), lo, hi)
-        v = tl.math.div_rn(ss, tl.cast(n_cols, tl.float32))
-        rs = tl.math.rsqrt(v + eps)
-        w = tl.load(W_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        y = h * rs * w
-        tl.store(Y_ptr + row * Y_row_stride + cols, y.to(Y_ptr.dtype.element_ty), mask=mask,
-                 eviction_policy="evict_first")
-        if not ok:  # rare: NaN/±inf (or h*h overflow); the exact partials from a re-read, so h dies with y
-            h2 = tl.load(X_ptr + row * X_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
-            a, q, nf = finite_partials(h2, mask)
-            lo, hi = split_float64(q)
-            publish_record(R_ptr, row, a.to(tl.int32, bitcast=True), 1 + nf.to(tl.int32), lo, hi)
-    else:  # the finisher: the weight's partials while rows run, then the records in row order
-        wv = tl.load(W_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        wmax, _, wnf = finite_partials(wv, mask)
-        g_amax = tl.zeros((), dtype=tl.float32)
+    if not SKETCH or pid != (0 if FINISHER_FIRST else n_rows):
+        for r in tl.range(first, first + 1, num_stages=STAGES):  # one row: a loop for the pipelined loads
+            row = tl.cast(r, tl.int64)
+            x = tl.load(X_ptr + row * X_row_stride + cols, mask=mask, other=0.0, eviction_policy="evict_first")
+            h = x.to(tl.float32)
+            ss = sum_squares(h, BLOCK)
+            if SKETCH:  # before y: the finisher's wait ends with the last row's sums, not with its stores
+                amax = tl.max(tl.abs(h), axis=0)
+                if ss <= FMAX:  # the rare rest after y (publish_flagged)
+                    tl.store(M_ptr + row, record_word(amax, ss))
+            v = tl.math.div_rn(ss, tl.cast(n_cols, tl.float32))
+            rs = tl.math.rsqrt(v + eps)
+            w = tl.load(W_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            y = h * rs * w
+            tl.store(Y_ptr + row * Y_row_stride + cols, y.to(Y_ptr.dtype.element_ty), mask=mask,
+                     eviction_policy="evict_first")
+            if SKETCH:  # noqa: SIM102 - a constexpr branch
+                if not (ss <= FMAX):  # NaN/±inf (or h*h overflow): exact partials from a re-read, so h dies with y
+                    a, q, nf = finite_partials_chunked(X_ptr + row * X_row_stride, tl.arange(0, EXACT_CHUNK), n_cols,
+                                                       EXACT_CHUNK)
+                    publish_flagged(M_ptr, E_ptr, row, a, q, nf)
+    else:  # the finisher: the weight's partials while rows run, then the record words in row order
+        wmax, _, wnf = finite_partials_chunked(W_ptr, tl.arange(0, EXACT_CHUNK), n_cols, EXACT_CHUNK)
+        v_amax = tl.zeros([POLL], dtype=tl.float32)  # per word slot across the polls, reduced at the end
+        v_sq = tl.zeros([POLL], dtype=tl.float64)
+        v_ss = tl.zeros([POLL], dtype=tl.float32)  # largest fp32 sum of a finite row
+        g_amax = tl.zeros((), dtype=tl.float32)  # the flagged rows' exact partials
         g_sq = tl.zeros((), dtype=tl.float64)
-        g_ss = tl.zeros((), dtype=tl.float32)  # largest fp32 sum of the finite rows
-        g_ms = tl.zeros((), dtype=tl.float64)  # largest exact mean square of the others
+        g_ms = tl.zeros((), dtype=tl.float64)  # their largest mean square over finite entries
         g_nf = tl.zeros((), dtype=tl.int64)
         for r0 in range(0, n_rows, POLL):
-            w_amax, w_state, lo, hi = poll_records(R_ptr, r0, n_rows, POLL)
-            q = join_float64(lo, hi)
-            fin = w_state == 0  # rows past n_rows read as zeros: a finite row of nothing
-            nf = tl.where(fin, 0, w_state - 1)
-            g_amax = tl.maximum(g_amax, tl.max(w_amax.to(tl.float32, bitcast=True), axis=0))
-            g_sq += tl.sum(q, axis=0)
-            g_ss = tl.maximum(g_ss, tl.max(tl.where(fin, q, 0.0).to(tl.float32), axis=0))  # exact: fp32 values
-            g_ms = tl.maximum(g_ms, tl.max(tl.where(fin, 0.0, q / tl.maximum(n_cols - nf, 1).to(tl.float64)), axis=0))
-            g_nf += tl.sum(nf.to(tl.int64), axis=0)
+            lo, hi = poll_records(M_ptr, r0, n_rows, POLL)
+            flagged = hi == RECORD_FLAG_HI
+            ss = tl.where(flagged, 0.0, hi.to(tl.float32, bitcast=True))
+            v_amax = tl.maximum(v_amax, tl.where(flagged, 0.0, lo.to(tl.float32, bitcast=True)))
+            v_sq += ss.to(tl.float64)
+            v_ss = tl.maximum(v_ss, ss)
+            rows = r0 + tl.arange(0, POLL)
+            r = tl.min(tl.where(flagged, rows, n_rows), axis=0)
+            while r < n_rows:  # rare: the flagged rows one by one
+                a, q, nf = read_flagged(M_ptr, E_ptr, r)
+                g_amax = tl.maximum(g_amax, a)
+                g_sq += q
+                g_ms = tl.maximum(g_ms, q / tl.maximum(n_cols - nf, 1).to(tl.float64))
+                g_nf += nf.to(tl.int64)
+                r = tl.min(tl.where(flagged & (rows > r), rows, n_rows), axis=0)
+        m_amax, s_sq, m_ss = max_sum_max(v_amax, v_sq, v_ss)
         # the row mean square the op used: div_rn is monotonic, so max(div_rn(ss, n)) = div_rn(max ss, n)
-        g_ms = tl.maximum(g_ms, tl.math.div_rn(g_ss, tl.cast(n_cols, tl.float32)).to(tl.float64))
+        g_ms = tl.maximum(g_ms, tl.math.div_rn(m_ss, tl.cast(n_cols, tl.float32)).to(tl.float64))
         numel = tl.cast(n_rows, tl.int64) * n_cols
-        store_common_features(S_ptr, numel, tl.cast(n_rows, tl.int64), g_amax.to(tl.float64), g_sq, numel - g_nf,
-                              g_nf + wnf.to(tl.int64))
+        store_common_features(S_ptr, numel, tl.cast(n_rows, tl.int64), tl.maximum(m_amax, g_amax).to(tl.float64),
+                              s_sq + g_sq, numel - g_nf, g_nf + wnf.to(tl.int64))
         tl.store(S_ptr + 5, tl.cast(n_cols, tl.float64))
         tl.store(S_ptr + 6, tl.sqrt(g_ms))
         tl.store(S_ptr + 7, wmax.to(tl.float64))
@@ -341,11 +366,15 @@ def _rmsnorm_launch(
         return
     block, warps, st, cap = launch_config("rmsnorm", n, num_warps, stages, maxnreg=maxnreg)
     regs = register_cap(cap)  # registers per thread
-    if sketch and per_sm is None and (("rmsnorm", block) in ROW_GRID if row_grid is None else row_grid):
-        _rmsnorm_rows_kernel[(n_rows + 1,)](
-            x2, x2.stride(0), weight, y2, y2.stride(0), buf, row_records("rmsnorm", x2.device, n_rows),
-            n_rows, n, eps, BLOCK=block, POLL=RECORD_POLL, num_warps=warps, enable_fp_fusion=False, **regs,
+    if per_sm is None and (("rmsnorm", block) in ROW_GRID if row_grid is None else row_grid):
+        m, e = row_records("rmsnorm", x2.device, n_rows) if sketch else (y2, y2)
+        k = _rmsnorm_rows_kernel[(n_rows + sketch,)](
+            x2, x2.stride(0), weight, y2, y2.stride(0), buf if sketch else y2, m, e,
+            n_rows, n, eps, BLOCK=block, SKETCH=sketch, STAGES=st, POLL=RECORD_POLL,
+            EXACT_CHUNK=min(block, EXACT_CHUNK), FINISHER_FIRST=not INTERPRETED,
+            num_warps=warps, enable_fp_fusion=False, **regs,
         )
+        note_occupancy(("rmsnorm-rows", x2.dtype, block, warps, st, cap, sketch), k, warps)
         return
     key = ("rmsnorm", x2.dtype, block, warps, st, cap, sketch)
     grid = persistent_grid(key, n_rows, x2.device, grid_per_sm("rmsnorm", block, sketch, per_sm))

@@ -59,12 +59,12 @@ SLOTS = 8
 
 _WS: dict[tuple[str, str, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
-# Row records (the launches with a program per row): RECORD_WORDS int32 words per row, all SENTINEL
-# between launches. A row's program overwrites its record; the finisher program polls the records
-# until none holds the sentinel in any word, reduces them and writes the sentinel back.
-RECORD_WORDS = 4
-SENTINEL = -1  # 0xffffffff: a NaN pattern no record word takes (the kernels store finite floats and counts >= 0)
-_RECORDS: dict[tuple[str, str, int], torch.Tensor] = {}
+# Row records (the launches with a program per row): one int64 word per row, SENTINEL between
+# launches; a row's program overwrites it and the finisher program polls the words until none holds
+# the sentinel in either half, reduces them and writes the sentinel back (_common.poll_records). Each
+# word has an extra record (two int64) for rows whose partials need more than two fp32.
+SENTINEL = -1  # all ones: a NaN pattern in both halves, which no record half takes
+_RECORDS: dict[tuple[str, str, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def feature_names(op: str) -> tuple[str, ...]:
@@ -103,16 +103,17 @@ def workspace(op: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor
     return _WS[key]
 
 
-def row_records(op: str, device: torch.device, n_rows: int) -> torch.Tensor:
-    """int32 (>= n_rows, RECORD_WORDS) records of `op` on `device` for the current stream, all
-    SENTINEL; grown to the next power of two when a launch has more rows (filled on the device, as
-    `workspace`). Every launch leaves the records it used at the sentinel again."""
+def row_records(op: str, device: torch.device, n_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int64 (>= n_rows,) record words, all SENTINEL; int64 (>= n_rows, 2) extra records) of `op` on
+    `device` for the current stream; grown to the next power of two when a launch has more rows
+    (filled on the device, as `workspace`). Every launch leaves the words it used at the sentinel."""
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     key = (op, str(device), int(stream))
     rec = _RECORDS.get(key)
-    if rec is None or rec.shape[0] < n_rows:
-        rec = torch.full((max(1, 1 << max(n_rows - 1, 0).bit_length()), RECORD_WORDS), SENTINEL, dtype=torch.int32,
-                         device=device)
+    if rec is None or rec[0].shape[0] < n_rows:
+        cap = max(1, 1 << max(n_rows - 1, 0).bit_length())
+        rec = (torch.full((cap,), SENTINEL, dtype=torch.int64, device=device),
+               torch.zeros((cap, 2), dtype=torch.int64, device=device))
         _RECORDS[key] = rec
     return rec
 
