@@ -9,8 +9,10 @@ Methods, each the median over its repetitions:
   host launch cannot show up as GPU time;
 - eager x10: events around 10 launches back to back, no flush (host-launched);
 - graph x10: a CUDA graph of 10 launches, replayed (no host cost, no flush; _bench_common.graph_ms).
-Launches: rmsnorm bf16 4096x16384 without the sketch (a program per row), with the sketch in row
-records (the shipped launch) and with the sketch in the persistent grid (row_grid=False).
+Launches: rmsnorm bf16 4096x16384 without the sketch (the shipped one-row kernel), torch.compile of
+the production variant, stop 17's launch without the sketch (the persistent kernel's loop, a program
+per row), the sketch in row records at 2 and 1 loop stages (1 is shipped: SKETCH_STAGES), and the
+sketch in the persistent grid (row_grid=False). Last run: bench/results/timing_modes_h200_s18.md.
 """
 
 from __future__ import annotations

@@ -146,9 +146,11 @@ REG_CAP: dict[tuple[str, int], int] = {("layernorm", 16384): 128}
 # row to the SM that frees up first, where a persistent program's static share (rows pid, pid + grid,
 # ...) leaves the programs that met slow memory finishing last. H200, 4096x16384 bf16, µs persistent
 # -> a program per row: rmsnorm 73.4 -> 72.0, layernorm 80.1 -> 76.9, softmax 80.5 -> 77.0
-# (bench/results/norm_chunks_h200_s15d.md). The sketched launches stay persistent: a program per row
-# costs them +23 to +74 % (each program's merge atomics and ticket), and persistent programs that
-# claim rows one at a time were slower than the static share (rmsnorm 77.6 against 75.2 µs,
+# (bench/results/norm_chunks_h200_s15d.md). rmsnorm runs both launches in its own one-row kernel
+# (_rmsnorm_rows_kernel: no row loop; 69.9 µs without the sketch, torch.compile 70.5), the sketched
+# one with row records (see below). The other sketched launches stay persistent: a program per row
+# costs them +23 to +74 % with a merge and a ticket per program, and persistent programs that claim
+# rows one at a time were slower than the static share (rmsnorm 77.6 against 75.2 µs,
 # norm_chunks_h200_s15e.md; the code is in git history, commit 52b2a7d).
 ROW_GRID: set[tuple[str, int]] = {("rmsnorm", 16384), ("layernorm", 16384), ("softmax", 16384)}
 ROW_PER_PROGRAM = 1 << 20  # per_sm that makes persistent_grid give one program per row
@@ -157,7 +159,11 @@ ROW_PER_PROGRAM = 1 << 20  # per_sm that makes persistent_grid give one program 
 # run ahead, never y). layernorm with the FMA-folded variance and FMA epilogue (stop 14), H200 at
 # 4096x16384 bf16, µs without / with the sketch: 2 stages 86.4 / 79.7, 1 stage 79.6 / 84.8
 # (bench/results/norm_chunks_h200_s14e.md).
-SKETCH_STAGES: dict[tuple[str, int], int] = {("layernorm", 16384): 2}
+# rmsnorm's sketched launch (row records, _rmsnorm_rows_kernel), H200 bf16 4096x16384, µs at 2 / 1
+# stage timed four ways (bench/results/timing_modes_h200_s18.md): L2 flushed before each launch
+# 72.5 / 73.4, back to back 70.6 / 67.6, CUDA graph 68.8 / 66.8 (the launch without the sketch: 69.9,
+# 68.4, 66.8). One stage: serving runs launches back to back.
+SKETCH_STAGES: dict[tuple[str, int], int] = {("layernorm", 16384): 2, ("rmsnorm", 16384): 1}
 
 
 class Launch(NamedTuple):

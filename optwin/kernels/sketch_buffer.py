@@ -9,6 +9,8 @@ registers, merges them once into a small per-(op, device, stream) workspace with
 (plain loads, all in flight at once), resets it for the next launch, and writes the contract's
 features, in optwin.ingest's order, as float64 into the call's buffer. The buffer is final when
 the kernel completes: no second launch, no zero-fill, no host sync. `read_sketch` is one `.tolist()`.
+rmsnorm's launch with a program per row writes row records instead (one 64-bit word per row,
+`row_records`), which its finisher program polls and resets (optwin.kernels._common.poll_records).
 
 Definitions follow optwin.ingest.sketch exactly (magnitudes over finite elements, counts of
 non-finite values; softmax's -inf is a mask, not a non-finite). Per-row values are float32 (the
