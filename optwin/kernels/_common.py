@@ -159,11 +159,13 @@ ROW_PER_PROGRAM = 1 << 20  # per_sm that makes persistent_grid give one program 
 # run ahead, never y). layernorm with the FMA-folded variance and FMA epilogue (stop 14), H200 at
 # 4096x16384 bf16, µs without / with the sketch: 2 stages 86.4 / 79.7, 1 stage 79.6 / 84.8
 # (bench/results/norm_chunks_h200_s14e.md).
-# rmsnorm's sketched launch (row records, _rmsnorm_rows_kernel), H200 bf16 4096x16384, µs at 2 / 1
-# stage timed four ways (bench/results/timing_modes_h200_s18.md): L2 flushed before each launch
-# 72.5 / 73.4, back to back 70.6 / 67.6, CUDA graph 68.8 / 66.8 (the launch without the sketch: 69.9,
-# 68.4, 66.8). One stage: serving runs launches back to back.
-SKETCH_STAGES: dict[tuple[str, int], int] = {("layernorm", 16384): 2, ("rmsnorm", 16384): 1}
+SKETCH_STAGES: dict[tuple[str, int], int] = {("layernorm", 16384): 2}
+
+# Loop stages of the sketched launches with row records (a program per row), per (op, BLOCK).
+# rmsnorm, H200 bf16 4096x16384, µs at 2 / 1 stage timed four ways (bench/results/timing_modes_h200_s18.md):
+# L2 flushed before each launch 72.5 / 73.4, back to back 70.6 / 67.6, CUDA graph 68.8 / 66.8 (without
+# the sketch: 69.9, 68.4, 66.8). One stage: serving runs launches back to back, from CUDA graphs.
+RECORD_STAGES: dict[tuple[str, int], int] = {("rmsnorm", 16384): 1}
 
 
 class Launch(NamedTuple):

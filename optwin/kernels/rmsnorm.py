@@ -50,6 +50,7 @@ from optwin.kernels._common import (
     MAX_BLOCK,
     RECORD_FLAG_HI,
     RECORD_POLL,
+    RECORD_STAGES,
     ROW_GRID,
     check_device,
     finish_norm_sketch,
@@ -373,10 +374,11 @@ def _rmsnorm_launch(
         )
         note_occupancy(key, k, warps)
         return
-    block, warps, st, cap = launch_config("rmsnorm", n, num_warps, stages, maxnreg=maxnreg, sketch=sketch)
+    block, warps, st, cap = launch_config("rmsnorm", n, num_warps, stages, maxnreg=maxnreg)
     regs = register_cap(cap)  # registers per thread
     if per_sm is None and (("rmsnorm", block) in ROW_GRID if row_grid is None else row_grid):
         m, e = row_records("rmsnorm", x2.device, n_rows) if sketch else (y2, y2)
+        st = RECORD_STAGES.get(("rmsnorm", block), st) if sketch and stages is None else st
         k = _rmsnorm_rows_kernel[(n_rows + sketch,)](
             x2, x2.stride(0), weight, y2, y2.stride(0), buf if sketch else y2, m, e,
             n_rows, n, eps, BLOCK=block, SKETCH=sketch, STAGES=st, POLL=RECORD_POLL,
