@@ -112,4 +112,4 @@ def test_row_records_grow_with_the_rows_and_serve_the_next_launch():
         assert got["rows"] == rows and got["absmax"] == pytest.approx(float(x.abs().max()), rel=1e-7)
         assert got["max_row_rms"] == pytest.approx(float(x.pow(2).mean(1).sqrt().max()), rel=1e-6)
     words, extra = row_records("rmsnorm", dev, 1)
-    assert words.shape == (2048,) and extra.shape == (2048, 2) and bool((words == SENTINEL).all())
+    assert words.shape == (2048, 1) and extra.shape == (2048, 2) and bool((words == SENTINEL).all())

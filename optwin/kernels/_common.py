@@ -464,37 +464,36 @@ def record_halves(words):
 
 
 @triton.jit
-def poll_records(M_ptr, r0, n_rows, POLL: tl.constexpr):
-    """(low, high) int32 halves of the record words of rows r0 .. r0 + POLL - 1 (rows past n_rows
-    read as zeros) once no half is the sentinel; the sentinel then goes back for the next launch.
-    Volatile loads (no L1), re-issued until every word is written."""
+def poll_records(M_ptr, r0, n_rows, POLL: tl.constexpr, WORDS: tl.constexpr):
+    """(low, high) int32 halves, each [POLL, WORDS], of the record words of rows r0 .. r0 + POLL - 1
+    (WORDS int64 words per row; rows past n_rows read as zeros) once no half is the sentinel; the
+    sentinel then goes back for the next launch. Volatile loads (no L1), re-issued until every word
+    is written."""
     rows = r0 + tl.arange(0, POLL)
-    valid = rows < n_rows
-    words = tl.load(M_ptr + rows, mask=valid, other=0, volatile=True)
+    ptrs = M_ptr + rows.to(tl.int64)[:, None] * WORDS + tl.arange(0, WORDS)[None, :]
+    valid = (rows < n_rows)[:, None] & (tl.arange(0, WORDS) < WORDS)[None, :]
+    words = tl.load(ptrs, mask=valid, other=0, volatile=True)
     lo, hi = record_halves(words)
-    while tl.max(tl.where((lo == -1) | (hi == -1), 1, 0), axis=0) > 0:
-        words = tl.load(M_ptr + rows, mask=valid, other=0, volatile=True)
-        lo, hi = record_halves(words)
-    tl.store(M_ptr + rows, tl.full([POLL], -1, tl.int64), mask=valid)
+    if INTERPRET:  # programs ran in order, the finisher last: a word still unwritten is a bug, not a wait
+        assert tl.max(tl.max(tl.where((lo == -1) | (hi == -1), 1, 0), axis=1), axis=0) == 0, "a row record was never written"
+    else:
+        while tl.max(tl.max(tl.where((lo == -1) | (hi == -1), 1, 0), axis=1), axis=0) > 0:
+            words = tl.load(ptrs, mask=valid, other=0, volatile=True)
+            lo, hi = record_halves(words)
+    tl.store(ptrs, tl.full([POLL, WORDS], -1, tl.int64), mask=valid)
     return lo, hi
 
 
 @triton.jit
-def publish_flagged(M_ptr, E_ptr, row, a, q, nf):
-    """A row's exact partials (max |h| fp32, sum of squares float64, NaN/±inf count) into its extra
-    record, then its word as the flag, released after them."""
-    tl.store(E_ptr + row * 2, record_word(a, nf.to(tl.int32)))
-    tl.store(E_ptr + row * 2 + 1, q.to(tl.int64, bitcast=True))
-    tl.atomic_xchg(M_ptr + row, tl.cast(RECORD_FLAG_HI, tl.int64) << 32, sem="release")
+def release_flag(flag_ptr):
+    """Store RECORD_FLAG_HI's word at flag_ptr (a row's last record word), released after every
+    store before it (the row's extra record): the message of publish-then-flag."""
+    tl.atomic_xchg(flag_ptr, tl.cast(RECORD_FLAG_HI, tl.int64) << 32, sem="release")
 
 
 @triton.jit
-def read_flagged(M_ptr, E_ptr, r):
-    """(max |h|, sum of squares float64, NaN/±inf count) of flagged row r: the flag acquired first
-    (pairs with publish_flagged's release), then the extra record. The acquire's value is used, so
-    every thread waits for it (Triton hands a scalar atomic's result out behind a barrier)."""
-    flag = tl.atomic_add(M_ptr + r, 0, sem="acquire")
-    e0 = tl.load(E_ptr + r * 2, volatile=True)
-    q = tl.load(E_ptr + r * 2 + 1, volatile=True).to(tl.float64, bitcast=True)
-    a_bits, nf = record_halves(tl.where(flag != 0, e0, 0))
-    return a_bits.to(tl.float32, bitcast=True), q, nf
+def acquire_flag(flag_ptr):
+    """Acquire a flagged word (pairs with release_flag): the row's extra record is visible after it.
+    Returns 1 (the flag word is never 0); use it in the extra record's loads, so every thread waits
+    for the acquire (Triton hands a scalar atomic's result out behind a barrier)."""
+    return tl.where(tl.atomic_add(flag_ptr, 0, sem="acquire") != 0, 1, 0)

@@ -52,6 +52,7 @@ from optwin.kernels._common import (
     RECORD_POLL,
     RECORD_STAGES,
     ROW_GRID,
+    acquire_flag,
     check_device,
     finish_norm_sketch,
     finite_partials,
@@ -63,11 +64,11 @@ from optwin.kernels._common import (
     note_occupancy,
     persistent_grid,
     poll_records,
-    publish_flagged,
-    read_flagged,
     read_slot,
+    record_halves,
     record_word,
     register_cap,
+    release_flag,
     rows_view,
     store_common_features,
     sum_and_max,
@@ -207,7 +208,9 @@ def _rmsnorm_rows_kernel(
 ):
     # A program per row (the same row computation as _rmsnorm_kernel: y is bit-identical). With the
     # sketch each row's program stores its record word (max |h|, its fp32 sum of squares) and one more
-    # program is the finisher (_common.poll_records). Started first, it reduces the words as rows
+    # program is the finisher (_common.poll_records). A row whose
+    # partials need more (NaN/±inf, or h*h overflow) writes them to its extra record, then flags its
+    # word (_common.release_flag). Started first, it reduces the words as rows
     # complete, in row order, so after the last row only its poll and one reduction are left (started
     # last, it had all its polls left: H200, +17 % over the launch without the sketch).
     pid = tl.program_id(0)
@@ -234,7 +237,9 @@ def _rmsnorm_rows_kernel(
                 if not (ss <= FMAX):  # NaN/±inf (or h*h overflow): exact partials from a re-read, so h dies with y
                     a, q, nf = finite_partials_chunked(X_ptr + row * X_row_stride, tl.arange(0, EXACT_CHUNK), n_cols,
                                                        EXACT_CHUNK)
-                    publish_flagged(M_ptr, E_ptr, row, a, q, nf)
+                    tl.store(E_ptr + row * 2, record_word(a, nf.to(tl.int32)))  # the extra record, then the flag
+                    tl.store(E_ptr + row * 2 + 1, q.to(tl.int64, bitcast=True))
+                    release_flag(M_ptr + row)
     else:  # the finisher: the weight's partials while rows run, then the record words in row order
         wmax, _, wnf = finite_partials_chunked(W_ptr, tl.arange(0, EXACT_CHUNK), n_cols, EXACT_CHUNK)
         v_amax = tl.zeros([POLL], dtype=tl.float32)  # per word slot across the polls, reduced at the end
@@ -245,7 +250,8 @@ def _rmsnorm_rows_kernel(
         g_ms = tl.zeros((), dtype=tl.float64)  # their largest mean square over finite entries
         g_nf = tl.zeros((), dtype=tl.int64)
         for r0 in range(0, n_rows, POLL):
-            lo, hi = poll_records(M_ptr, r0, n_rows, POLL)
+            lo, hi = poll_records(M_ptr, r0, n_rows, POLL, 1)
+            lo, hi = tl.reshape(lo, [POLL]), tl.reshape(hi, [POLL])
             flagged = hi == RECORD_FLAG_HI
             ss = tl.where(flagged, 0.0, hi.to(tl.float32, bitcast=True))
             v_amax = tl.maximum(v_amax, tl.where(flagged, 0.0, lo.to(tl.float32, bitcast=True)))
@@ -254,7 +260,10 @@ def _rmsnorm_rows_kernel(
             rows = r0 + tl.arange(0, POLL)
             r = tl.min(tl.where(flagged, rows, n_rows), axis=0)
             while r < n_rows:  # rare: the flagged rows one by one
-                a, q, nf = read_flagged(M_ptr, E_ptr, r)
+                seen = acquire_flag(M_ptr + r)
+                a_bits, nf = record_halves(tl.load(E_ptr + r * 2 * seen, volatile=True))
+                a = a_bits.to(tl.float32, bitcast=True)
+                q = tl.load(E_ptr + r * 2 * seen + 1, volatile=True).to(tl.float64, bitcast=True)
                 g_amax = tl.maximum(g_amax, a)
                 g_sq += q
                 g_ms = tl.maximum(g_ms, q / tl.maximum(n_cols - nf, 1).to(tl.float64))
