@@ -9,14 +9,16 @@ Methods, each the median over its repetitions:
   host launch cannot show up as GPU time;
 - eager x10: events around 10 launches back to back, no flush (host-launched);
 - graph x10: a CUDA graph of 10 launches, replayed (no host cost, no flush; _bench_common.graph_ms).
-Launches: rmsnorm bf16 4096x16384 without the sketch (the shipped one-row kernel), torch.compile of
-the production variant, stop 17's launch without the sketch (the persistent kernel's loop, a program
-per row), the sketch in row records at 2 and 1 loop stages (1 is shipped: SKETCH_STAGES), and the
-sketch in the persistent grid (row_grid=False). Last run: bench/results/timing_modes_h200_s18.md.
+Launches: rmsnorm bf16 (BENCH_SHAPES=rows x hidden, ...; default 4096x16384) as shipped with and
+without the sketch, torch.compile of the production variant, the one-row kernel (row_grid=True: with
+the sketch, row records at 1 and 2 loop stages) and the loop kernel (row_grid=False: without the
+sketch stop 17's launch, with it the persistent grid).
+Last runs: bench/results/timing_modes_h200_s18*.md.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -63,20 +65,33 @@ METHODS: dict[str, Callable[[Callable[[], Any]], float]] = {
 }
 
 
-def main() -> str:
+SHAPES = [tuple(int(v) for v in sh.split("x")) for sh in os.environ.get("BENCH_SHAPES", "4096x16384").split(",")]
+
+
+def launches_for(rows: int, n: int) -> dict[str, Callable[[], Any]]:
     g = torch.Generator(device="cuda").manual_seed(0)
-    x = (torch.randn(4096, 16384, device="cuda", generator=g) * 2).to(torch.bfloat16)
-    w = (1 + 0.2 * torch.randn(16384, device="cuda", generator=g)).to(torch.bfloat16)
+    x = (torch.randn(rows, n, device="cuda", generator=g) * 2).to(torch.bfloat16)
+    w = (1 + 0.2 * torch.randn(n, device="cuda", generator=g)).to(torch.bfloat16)
     y, buf = torch.empty_like(x), new_buffer("rmsnorm", x.device)
     prod = torch.compile(P.rmsnorm_fp32_acc)
-    launches: dict[str, Callable[[], Any]] = {
+    return {
         "no sketch": lambda: _rmsnorm_launch(x, w, y, None, EPS),
         "torch.compile": lambda: prod(x, w, EPS),
-        "no sketch, stop 17 (a loop per program)": lambda: _rmsnorm_launch(x, w, y, None, EPS, row_grid=False),
-        "sketch, row records": lambda: _rmsnorm_launch(x, w, y, buf, EPS),
-        "sketch, row records, 1 stage": lambda: _rmsnorm_launch(x, w, y, buf, EPS, stages=1),
+        "no sketch, one-row kernel": lambda: _rmsnorm_launch(x, w, y, None, EPS, row_grid=True),
+        "no sketch, loop kernel (stop 17)": lambda: _rmsnorm_launch(x, w, y, None, EPS, row_grid=False),
+        "sketch": lambda: _rmsnorm_launch(x, w, y, buf, EPS),
+        "sketch, row records": lambda: _rmsnorm_launch(x, w, y, buf, EPS, row_grid=True),
+        "sketch, row records, 2 stages": lambda: _rmsnorm_launch(x, w, y, buf, EPS, row_grid=True, stages=2),
         "sketch, persistent": lambda: _rmsnorm_launch(x, w, y, buf, EPS, row_grid=False),
     }
+
+
+def main() -> str:
+    return "\n".join(section(rows, n) for rows, n in SHAPES)
+
+
+def section(rows: int, n: int) -> str:
+    launches = launches_for(rows, n)
     for fn in launches.values():
         fn()
     res: dict[tuple[str, str], list[float]] = {}
@@ -84,7 +99,7 @@ def main() -> str:
         for m, timer in METHODS.items():
             for name, fn in launches.items():
                 res.setdefault((name, m), []).append(1e3 * timer(fn))
-    lines = [f"# Timing methods, rmsnorm bf16 4096x16384; {torch.cuda.get_device_name()}, {ROUNDS} interleaved rounds",
+    lines = [f"# Timing methods, rmsnorm bf16 {rows}x{n}; {torch.cuda.get_device_name()}, {ROUNDS} interleaved rounds",
              "", "µs, median over rounds (min-max); cost = against 'no sketch' by the same method", "",
              "| launch | " + " | ".join(METHODS) + " |", "|---|" + "---:|" * len(METHODS)]
     for name in launches:

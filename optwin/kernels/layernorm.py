@@ -55,13 +55,7 @@ import triton.language as tl
 from optwin.catalog import CATALOG
 from optwin.kernels._common import (
     FMAX,
-    INTERPRETED,
     MAX_BLOCK,
-    RECORD_FLAG_HI,
-    RECORD_POLL,
-    RECORD_STAGES,
-    ROW_GRID,
-    acquire_flag,
     check_device,
     finish_norm_sketch,
     finite_partials,
@@ -71,17 +65,11 @@ from optwin.kernels._common import (
     lane_shape,
     last_program,
     launch_config,
-    max_sum_max,
     note_occupancy,
     persistent_grid,
-    poll_records,
     read_slot,
-    record_halves,
-    record_word,
     register_cap,
-    release_flag,
     rows_view,
-    store_common_features,
     sum_squares,
 )
 from optwin.kernels.sketch_buffer import (
@@ -89,7 +77,6 @@ from optwin.kernels.sketch_buffer import (
     WORKSPACE,
     feature_names,
     new_buffer,
-    row_records,
     workspace,
 )
 from optwin.twin.numerics import TRITON_CHUNK
@@ -172,32 +159,15 @@ def _slot_partials(sl_m, sl_var, valid, n_cols, cap):
 
 
 @triton.jit
-def _param_features(W_ptr, B_ptr, S_ptr, cols, n_cols, BLOCK: tl.constexpr):
-    """Store the weight and bias features (largest finite |w|, |b|), BLOCK at a time; returns their
-    NaN/±inf count (int64). Also the whole-row kernel's form (one piece there): taking w and b whole
-    instead left it 368 bytes of spills at 8 warps / 128 registers (760 at 4 warps):
-    bench/offline_compile.py, triton 3.9."""
+def _param_partials(W_ptr, B_ptr, S_ptr, I_ptr, cols, n_cols, BLOCK: tl.constexpr):
+    """Weight and bias features (largest finite |w|, |b|) and their NaN/±inf count, BLOCK at a time.
+    Also the whole-row kernel's form (one piece there): taking w and b whole instead left it 368
+    bytes of spills at 8 warps / 128 registers (760 at 4 warps): bench/offline_compile.py, triton 3.9."""
     wmax, _, wnf = finite_partials_chunked(W_ptr, cols, n_cols, BLOCK)
     bmax, _, bnf = finite_partials_chunked(B_ptr, cols, n_cols, BLOCK)
     tl.store(S_ptr + 8, wmax.to(tl.float64))
     tl.store(S_ptr + 9, bmax.to(tl.float64))
-    return (wnf + bnf).to(tl.int64)
-
-
-@triton.jit
-def _param_partials(W_ptr, B_ptr, S_ptr, I_ptr, cols, n_cols, BLOCK: tl.constexpr):
-    """_param_features, their NaN/±inf count merged into the workspace."""
-    tl.atomic_add(I_ptr + 2, _param_features(W_ptr, B_ptr, S_ptr, cols, n_cols, BLOCK), sem="relaxed")
-
-
-@triton.jit
-def _store_own_features(S_ptr, g_ratio, g_minstd, g_const, n_rows, CAP: tl.constexpr):
-    """layernorm's own features after the shared head: max |mean|/std (exactly CAP once capped: the
-    fp32 cap rounds up), min row std (0 without rows), largest constant |c| (0 without one)."""
-    cap64 = tl.full((), CAP, tl.float64)
-    tl.store(S_ptr + 6, tl.where(g_ratio >= cap64, cap64, g_ratio))
-    tl.store(S_ptr + 7, tl.where(n_rows > 0, g_minstd, 0.0))
-    tl.store(S_ptr + 10, g_const)
+    tl.atomic_add(I_ptr + 2, (wnf + bnf).to(tl.int64), sem="relaxed")
 
 
 @triton.jit
@@ -214,7 +184,10 @@ def _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ratio, p_minstd, p_nf, p_const
         g_minstd = read_slot(F_ptr + 3)
         g_const = read_slot(F_ptr + 4)
         finish_norm_sketch(S_ptr, F_ptr, I_ptr, n_rows, n_cols)
-        _store_own_features(S_ptr, g_ratio, g_minstd, g_const, n_rows, CAP)
+        cap64 = tl.full((), CAP, tl.float64)  # the fp32 cap rounds up; the feature is exactly CAP
+        tl.store(S_ptr + 6, tl.where(g_ratio >= cap64, cap64, g_ratio))
+        tl.store(S_ptr + 7, tl.where(n_rows > 0, g_minstd, 0.0))
+        tl.store(S_ptr + 10, g_const)
 
 
 @triton.jit
@@ -317,135 +290,6 @@ def _layernorm_kernel(
         if pid == tl.num_programs(0) - 1:  # the parameters' partials: the last program has the fewest rows
             _param_partials(W_ptr, B_ptr, S_ptr, I_ptr, cols, n_cols, BLOCK)
         _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ratio, p_minstd, p_nf, p_const, n_rows, n_cols, CAP)
-
-
-# ------------------------------------------------------------------ a program per row, row records
-
-
-@triton.jit
-def _layernorm_rows_kernel(
-    X_ptr, X_row_stride, W_ptr, B_ptr, Y_ptr, Y_row_stride, S_ptr,  # as _layernorm_kernel
-    M_ptr,  # row records, int64 (>= n_rows, 2), all -1 (sketch_buffer.row_records); unused unless SKETCH
-    E_ptr,  # extra records, int64 (>= n_rows, 4)
-    n_rows,
-    n_cols,
-    eps,  # fp32 scalar
-    CAP: tl.constexpr,
-    BLOCK: tl.constexpr,
-    SKETCH: tl.constexpr,
-    STAGES: tl.constexpr,  # 2: the row's loads go through the pipeliner's async copies
-    POLL: tl.constexpr,  # rows whose records the finisher reads at once
-    EXACT_CHUNK: tl.constexpr,  # width of the pieces the cold paths read
-    FINISHER_FIRST: tl.constexpr,  # program 0 finishes (a GPU starts it first); else program n_rows (the interpreter)
-):
-    # A program per row (the same row computation as _layernorm_kernel: y is bit-identical). With the
-    # sketch each row's program stores two record words, (mean, var) and (max |h|, 0), as rmsnorm's
-    # row launch does (_common.poll_records); the finisher derives the row's sum of squares, std and
-    # |mean|/std from mean and var as _slot_partials does. A row with NaN/±inf (or overflowing
-    # squares), or one that could be constant, writes its final partials to its extra record (exact,
-    # from re-reads in EXACT_CHUNK pieces) and flags its second word (_common.release_flag).
-    pid = tl.program_id(0)
-    first = pid - 1 if SKETCH and FINISHER_FIRST else pid
-    cols = tl.arange(0, BLOCK)
-    mask = cols < n_cols
-    if not SKETCH or pid != (0 if FINISHER_FIRST else n_rows):
-        for r in tl.range(first, first + 1, num_stages=STAGES):  # one row: a loop for the pipelined loads
-            row = tl.cast(r, tl.int64)
-            x = tl.load(X_ptr + row * X_row_stride + cols, mask=mask, other=0.0, eviction_policy="evict_first")
-            h = x.to(tl.float32)
-            m = tl.math.div_rn(tl.sum(h, axis=0), tl.cast(n_cols, tl.float32))
-            d = tl.where(mask, h - m, 0.0)
-            var = tl.math.div_rn(sum_squares(d, BLOCK), tl.cast(n_cols, tl.float32))
-            if SKETCH:  # before y: the finisher's wait ends with the last row's sums, not with its stores
-                amax = tl.max(tl.abs(h), axis=0)
-                plain = ((var + m * m) * n_cols <= FMAX) & ~_could_be_constant(m, var)
-                if plain:  # the rare rest after y
-                    tl.store(M_ptr + row * 2, record_word(m, var))
-                    tl.store(M_ptr + row * 2 + 1, record_word(amax, tl.zeros((), tl.float32)))
-            rs = tl.math.rsqrt(var + eps)
-            w = tl.load(W_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-            b = tl.load(B_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-            y = tl.fma(d * rs, w, b)
-            tl.store(Y_ptr + row * Y_row_stride + cols, y.to(Y_ptr.dtype.element_ty), mask=mask,
-                     eviction_policy="evict_first")
-            if SKETCH:  # noqa: SIM102 - a constexpr branch
-                if not plain:
-                    _publish_flagged_row(X_ptr + row * X_row_stride, M_ptr + row * 2 + 1, E_ptr + row * 4, n_cols, m, var,
-                                         CAP, EXACT_CHUNK)
-    else:  # the finisher: the parameters' partials while rows run, then the records in row order
-        param_nf = _param_features(W_ptr, B_ptr, S_ptr, tl.arange(0, EXACT_CHUNK), n_cols, EXACT_CHUNK)
-        v_amax = tl.zeros([POLL], dtype=tl.float32)  # per row slot across the polls, reduced at the end
-        v_sq = tl.zeros([POLL], dtype=tl.float64)
-        v_ratio = tl.zeros([POLL], dtype=tl.float32)
-        v_minstd = tl.full([POLL], float("inf"), tl.float32)
-        g_amax = tl.zeros((), dtype=tl.float32)  # the flagged rows' partials
-        g_sq = tl.zeros((), dtype=tl.float64)
-        g_ratio = tl.zeros((), dtype=tl.float32)
-        g_minstd = tl.full((), float("inf"), tl.float32)
-        g_const = tl.zeros((), dtype=tl.float32)
-        g_nf = tl.zeros((), dtype=tl.int64)
-        for r0 in range(0, n_rows, POLL):
-            lo, hi = poll_records(M_ptr, r0, n_rows, POLL, 2)
-            m_bits, amax_bits = tl.split(lo)  # word 0 = (mean, var), word 1 = (max |h|, 0 or the flag)
-            var_bits, tag = tl.split(hi)
-            rows = r0 + tl.arange(0, POLL)
-            flagged = tag == RECORD_FLAG_HI
-            plain = (rows < n_rows) & ~flagged
-            m = m_bits.to(tl.float32, bitcast=True)
-            var = var_bits.to(tl.float32, bitcast=True)
-            sf = tl.sqrt(var)
-            v_amax = tl.maximum(v_amax, tl.where(plain, amax_bits.to(tl.float32, bitcast=True), 0.0))
-            v_sq += tl.where(plain, (var + m * m) * n_cols, 0.0).to(tl.float64)  # as _slot_partials
-            v_ratio = tl.maximum(v_ratio, tl.where(plain, _ratio(m, sf, -1.0, CAP), 0.0))
-            v_minstd = tl.minimum(v_minstd, tl.where(plain, sf, float("inf")))
-            r = tl.min(tl.where(flagged, rows, n_rows), axis=0)
-            while r < n_rows:  # rare: the flagged rows one by one
-                e = E_ptr + r * 4 * acquire_flag(M_ptr + r * 2 + 1)
-                a_bits, nf_bits = record_halves(tl.load(e, volatile=True))
-                ratio_bits, sf_bits = record_halves(tl.load(e + 2, volatile=True))
-                c_bits, _ = record_halves(tl.load(e + 3, volatile=True))
-                g_amax = tl.maximum(g_amax, a_bits.to(tl.float32, bitcast=True))
-                g_sq += tl.load(e + 1, volatile=True).to(tl.float64, bitcast=True)
-                g_ratio = tl.maximum(g_ratio, ratio_bits.to(tl.float32, bitcast=True))
-                g_minstd = tl.minimum(g_minstd, sf_bits.to(tl.float32, bitcast=True))
-                g_const = tl.maximum(g_const, c_bits.to(tl.float32, bitcast=True))
-                g_nf += nf_bits.to(tl.float32, bitcast=True).to(tl.int64)
-                r = tl.min(tl.where(flagged & (rows > r), rows, n_rows), axis=0)
-        m_amax, s_sq, m_ratio = max_sum_max(v_amax, v_sq, v_ratio)
-        numel = tl.cast(n_rows, tl.int64) * n_cols
-        store_common_features(S_ptr, numel, tl.cast(n_rows, tl.int64), tl.maximum(m_amax, g_amax).to(tl.float64),
-                              s_sq + g_sq, numel - g_nf, g_nf + param_nf)
-        tl.store(S_ptr + 5, tl.cast(n_cols, tl.float64))
-        _store_own_features(S_ptr, tl.maximum(m_ratio, g_ratio).to(tl.float64),
-                            tl.minimum(tl.min(v_minstd, axis=0), g_minstd).to(tl.float64), g_const.to(tl.float64),
-                            n_rows, CAP)
-
-
-@triton.jit
-def _publish_flagged_row(X_row, flag_ptr, E_row, n_cols, m, var, CAP: tl.constexpr, CHUNK: tl.constexpr):
-    """A row the finisher cannot derive from (mean, var): with NaN/±inf or overflowing squares, its
-    exact finite-only partials (_chunked_exact_row); else it could be constant: its exact test
-    (_const_abs) and the op's own partials. Into its extra record (max |h| | NaN/±inf count, sum of
-    squares float64, |mean|/std | std, constant |c| or -1), then the flag on its second word."""
-    cols = tl.arange(0, CHUNK)
-    if not ((var + m * m) * n_cols <= FMAX):
-        amax, sq, nf, mf, sf, c = _chunked_exact_row(X_row, cols, n_cols, CHUNK)
-    else:
-        c = _const_abs(X_row, cols, n_cols, m, var, CHUNK)
-        amax = tl.zeros((), dtype=tl.float32)
-        for c0 in tl.range(0, n_cols, CHUNK):
-            hc = tl.load(X_row + c0 + cols, mask=c0 + cols < n_cols, other=0.0).to(tl.float32)
-            amax = tl.maximum(amax, tl.max(tl.abs(hc), axis=0))
-        sq = ((var + m * m) * n_cols).to(tl.float64)
-        nf = tl.zeros((), dtype=tl.float32)
-        mf = m
-        sf = tl.sqrt(var)
-    tl.store(E_row, record_word(amax, nf))
-    tl.store(E_row + 1, sq.to(tl.int64, bitcast=True))
-    tl.store(E_row + 2, record_word(_ratio(mf, sf, c, CAP), sf))
-    tl.store(E_row + 3, record_word(c, tl.zeros((), tl.float32)))
-    tl.store(flag_ptr - 1, record_word(tl.zeros((), tl.float32), tl.zeros((), tl.float32)))  # not the sentinel: the finisher waits for both words
-    release_flag(flag_ptr)
 
 
 # ------------------------------------------------------------------ rows longer than MAX_BLOCK
@@ -579,11 +423,10 @@ def _layernorm_launch(
     x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2: torch.Tensor,
     buf: torch.Tensor | None, eps: float, num_warps: int | None = None, stages: int | None = None,
     per_sm: int | None = None, keep: int | None = None, chunk: int | None = None, maxnreg: int | None = None,
-    const_n: bool = False, row_grid: bool | None = None,
+    const_n: bool = False,
 ) -> None:
     """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows;
-    one program per row where _common.ROW_GRID lists the launch (_layernorm_rows_kernel; with the
-    sketch, row records and a finisher program). row_grid overrides ROW_GRID (tests, the bench).
+    without the sketch one program per row where _common.ROW_GRID lists the launch.
     Rows longer than MAX_BLOCK (or than `chunk`, the bench's comparison) go to the three-pass chunked
     kernel, TRITON_CHUNK wide by default (part of the numerics: the twin's lanes).
     num_warps / stages / per_sm / keep / chunk / maxnreg (registers per thread) / const_n (the chunked
@@ -603,19 +446,6 @@ def _layernorm_launch(
             num_warps=warps, enable_fp_fusion=False,
         )
         note_occupancy(key, k, warps)
-        return
-    if per_sm is None and keep is None and (("layernorm", launch_config("layernorm", n).block) in ROW_GRID
-                                            if row_grid is None else row_grid):
-        block, warps, st, cap = launch_config("layernorm", n, num_warps, stages, maxnreg=maxnreg)
-        st = RECORD_STAGES.get(("layernorm", block), st) if sketch and stages is None else st
-        m, e = row_records("layernorm", x2.device, n_rows, words=2, extra=4) if sketch else (y2, y2)
-        k = _layernorm_rows_kernel[(n_rows + sketch,)](
-            x2, x2.stride(0), weight, bias, y2, y2.stride(0), buf if sketch else y2, m, e,
-            n_rows, n, eps, CAP=RATIO_CAP, BLOCK=block, SKETCH=sketch, STAGES=st, POLL=RECORD_POLL,
-            EXACT_CHUNK=min(EXACT_CHUNK, block), FINISHER_FIRST=not INTERPRETED,
-            num_warps=warps, enable_fp_fusion=False, **register_cap(cap),
-        )
-        note_occupancy(("layernorm-rows", x2.dtype, block, warps, st, cap, sketch), k, warps)
         return
     block, warps, st, cap = launch_config("layernorm", n, num_warps, stages, maxnreg=maxnreg, sketch=sketch)
     vec, lanes = lane_shape(block, x2.element_size(), warps)
