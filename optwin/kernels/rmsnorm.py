@@ -26,14 +26,14 @@ sum is not finite (NaN/±inf, or h*h overflow) recomputes exact finite-only part
 Memory: read rows*n (x, evict-first) + n per row (weight, an L1/L2 hit), write rows*n (y); with
 the sketch a few scalar atomics per program and the feature vector.
 
-Launches (_rmsnorm_launch): where _common.ROW_GRID lists the row width (16384-wide blocks), one
+Launches (_rmsnorm_launch): where _common.ROW_GRID lists the row width (blocks 4096, 8192, 16384), one
 program per row in _rmsnorm_rows_kernel, with the sketch in row records: each row's program stores
 one 64-bit word (max |h|, its fp32 sum of squares), and one more program, started first, polls the
 words in row order and writes the features (_common.poll_records). No ticket and no release per
 program, which cost a program-per-row launch +25 % (stop 17). H200, bf16 4096x16384, µs with L2
 flushed / CUDA graph (bench/results/timing_modes_h200_s18.md): without the sketch 69.9 / 66.8
-(torch.compile 70.5 / 68.0), with it 73.4 / 66.8; the persistent sketched launch 75.4 / 71.9.
-Elsewhere the persistent kernels below.
+(torch.compile 70.5 / 68.0), with it 73.4 / 66.8; the persistent sketched launch 75.4 / 71.9. At
+16384x4096 and 8192x8192: _common.ROW_GRID's note. Elsewhere the persistent kernels below.
 """
 
 from __future__ import annotations
