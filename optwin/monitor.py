@@ -58,10 +58,12 @@ from optwin.kernels import sketch_sink
 # (the import system sets the parent attribute); put the public function back.
 _cap = importlib.import_module("optwin.ingest.capture")
 _ingest.capture = _cap.capture
+_dtype_name = _cap._dtype_name
 
 log = logging.getLogger("optwin.monitor")
 
 POLICIES = ("warn", "fallback", "raise")
+_UNSEEN = object()  # Monitor._sites: a call site not met yet
 HOST_SLOTS = 256  # device sketches in flight at once (rows of the pinned host buffer)
 _LOW = (torch.float16, torch.bfloat16)
 
@@ -142,6 +144,9 @@ class _MonitorInterceptor(_cap._Interceptor):
         return proceed(args, kwargs)
 
 
+_cap.own_frames(_MonitorInterceptor.handle, _MonitorInterceptor.run, _MonitorRecorder.record, _MonitorRecorder.wants)
+
+
 def _in_float32(func: Callable, args: tuple, kwargs: dict) -> Any:
     """Run func with its float16/bfloat16 tensors upcast; cast the output back to their dtype."""
     low = next((a.dtype for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor) and a.dtype in _LOW),
@@ -197,6 +202,7 @@ class Monitor:
 
             self.client = SidecarClient(sidecar, token=token, on_warning=self._sidecar_warning)
         self.streams: dict[tuple[str, str, str, str], Any] = {}
+        self._sites: dict[tuple[str, str, str, str], Any] = {}  # (site, op, variant, dtype) -> stream, None: skipped
         self.warnings: list[dict[str, Any]] = []
         self.last_sketches: dict[tuple[str, str, str, str], dict[str, float]] = {}  # per stream key: the latest assessed
         self.stats = MonitorStats()
@@ -272,16 +278,19 @@ class Monitor:
         self.stats.calls += 1
         if self._pending:
             self._drain(block=False)
-        if dt not in CATALOG[op].dtypes:
+        key = (site, op, variant, dt)
+        s = self._sites.get(key, _UNSEEN)  # every call: one lookup, no stream name built
+        if s is _UNSEEN:
+            s = self._sites[key] = (self._stream(f"{site}:{op}" if site else op, op, variant, dt)
+                                    if dt in CATALOG[op].dtypes else None)
+        if s is None:
             self.stats.skipped += 1  # e.g. float64 calls: not a catalog variant
             return None
-        s = self._stream(f"{site}:{op}" if site else op, op, variant, dt)
         return s if s.should_check() else None
 
     def _check(self, rec: _MonitorRecorder, op: str, variant: str, inputs: dict[str, torch.Tensor],
                params: dict[str, Any], dtype: str | None, site: str) -> None:
-        main = next(iter(inputs.values()))
-        s = self._sampled(op, self.variants.get(op, variant), dtype or str(main.dtype).removeprefix("torch."), site)
+        s = self._sampled(op, self.variants.get(op, variant), dtype or _dtype_name(next(iter(inputs.values()))), site)
         if s is None:
             return
         rec.suppress += 1  # the sketch's own torch calls are not calls to check

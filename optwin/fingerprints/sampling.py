@@ -48,7 +48,7 @@ class SamplingConfig:
 class Sampler:
     """Per-stream sampling state. `should_check()` per call; `record(warned)` after each check."""
 
-    __slots__ = ("cfg", "calls", "checked", "warn_rate", "consecutive", "burst_left", "_credit")
+    __slots__ = ("cfg", "calls", "checked", "warn_rate", "consecutive", "burst_left", "_credit", "_steady")
 
     def __init__(self, config: SamplingConfig | None = None) -> None:
         self.cfg = config or SamplingConfig()
@@ -58,14 +58,19 @@ class Sampler:
         self.consecutive = 0
         self.burst_left = 0
         self._credit = 0.0
+        self._steady = self._steady_rate()
+
+    def _steady_rate(self) -> float:
+        """The rate past warm-up and bursts; it moves only with warn_rate (kept: rate is read per call)."""
+        c = self.cfg
+        return min(1.0, max(c.min_rate, c.base_rate * math.sqrt(self.warn_rate)))
 
     @property
     def rate(self) -> float:
         """The current check rate (1.0 during warm-up and bursts)."""
-        c = self.cfg
-        if self.calls < c.warmup_calls or self.burst_left > 0:
+        if self.calls < self.cfg.warmup_calls or self.burst_left > 0:
             return 1.0
-        return min(1.0, max(c.min_rate, c.base_rate * math.sqrt(self.warn_rate)))
+        return self._steady
 
     def should_check(self) -> bool:
         rate = self.rate
@@ -85,6 +90,7 @@ class Sampler:
         self.checked += 1
         a = self.cfg.rate_alpha
         self.warn_rate += a * ((1.0 if warned else 0.0) - self.warn_rate)
+        self._steady = self._steady_rate()
         self.consecutive = self.consecutive + 1 if warned else 0
         if self.consecutive >= self.cfg.burst_after and self.burst_left == 0:
             self.burst_left = self.cfg.burst_calls

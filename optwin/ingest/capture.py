@@ -109,8 +109,15 @@ class _Pending:
 _WEIGHTS = WeightCache()
 
 
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
 def _dtype_name(t: torch.Tensor) -> str:
-    return str(t.dtype).removeprefix("torch.")
+    """'float16' for a float16 tensor (cached per dtype: the monitor asks on every call)."""
+    name = _DTYPE_NAMES.get(t.dtype)
+    if name is None:
+        name = _DTYPE_NAMES[t.dtype] = str(t.dtype).removeprefix("torch.")
+    return name
 
 
 def _pow2(n: int) -> int:
@@ -164,7 +171,9 @@ class Recorder:
         f = sys._getframe(1)
         while f is not None:
             code = f.f_code
-            if code.co_argcount and code.co_varnames[0] == "self":
+            # f_locals builds the frame's locals dict: not for the frames of the capture's own
+            # machinery between the call and the model (the interceptor, the recorder, the monitor)
+            if code.co_argcount and code.co_varnames[0] == "self" and code not in OWN_FRAMES:
                 path = self._paths.get(id(f.f_locals["self"]))
                 if path is not None:
                     return path
@@ -576,3 +585,17 @@ def capture(model: nn.Module | None = None, *, sample_rate: float = 0.0, capacit
             h.remove()
         for mod, fname, fn in undo:
             setattr(mod, fname, fn)
+
+
+# Methods whose `self` is never a model module: Recorder.stream's walk passes their frames without
+# building their locals (optwin.monitor adds its own).
+OWN_FRAMES: set[Any] = set()
+
+
+def own_frames(*fns: Callable[..., Any]) -> None:
+    """Mark the methods `fns` (on the path from an intercepted call to Recorder.stream) as the
+    capture's own: the stream's frame walk skips them."""
+    OWN_FRAMES.update(getattr(fn, "__func__", fn).__code__ for fn in fns)
+
+
+own_frames(_Interceptor.handle, _Interceptor.run, Recorder.record)
