@@ -12,7 +12,8 @@ Methods, each the median over its repetitions:
 Launches: rmsnorm bf16 (BENCH_SHAPES=rows x hidden, ...; default 4096x16384) as shipped with and
 without the sketch, torch.compile of the production variant, the one-row kernel (row_grid=True: with
 the sketch, row records at 1 and 2 loop stages) and the loop kernel (row_grid=False: without the
-sketch stop 17's launch, with it the persistent grid).
+sketch a program per row through the persistent kernel's loop, stop 17's launch at 16384; with it
+the persistent grid).
 Last runs: bench/results/timing_modes_h200_s18*.md.
 """
 
@@ -78,7 +79,7 @@ def launches_for(rows: int, n: int) -> dict[str, Callable[[], Any]]:
         "no sketch": lambda: _rmsnorm_launch(x, w, y, None, EPS),
         "torch.compile": lambda: prod(x, w, EPS),
         "no sketch, one-row kernel": lambda: _rmsnorm_launch(x, w, y, None, EPS, row_grid=True),
-        "no sketch, loop kernel (stop 17)": lambda: _rmsnorm_launch(x, w, y, None, EPS, row_grid=False),
+        "no sketch, loop kernel": lambda: _rmsnorm_launch(x, w, y, None, EPS, row_grid=False),
         "sketch": lambda: _rmsnorm_launch(x, w, y, buf, EPS),
         "sketch, row records": lambda: _rmsnorm_launch(x, w, y, buf, EPS, row_grid=True),
         "sketch, row records, 2 stages": lambda: _rmsnorm_launch(x, w, y, buf, EPS, row_grid=True, stages=2),

@@ -1,5 +1,6 @@
 """Triton helpers shared by the kernels: launch settings, the persistent grid, the finite-only sketch
-partials and the in-kernel sketch reduction (atomics into a workspace, finalized by the last program).
+partials and the in-kernel sketch reduction (atomics into a workspace, finalized by the last program;
+or, for launches with a program per row, row records polled by a finisher program).
 
     python -c "import optwin.kernels._common as c; print(c.launch_settings(16384))"
 
