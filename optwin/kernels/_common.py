@@ -153,12 +153,12 @@ REG_CAP: dict[tuple[str, int], int] = {("layernorm", 16384): 128}
 # costs them +23 to +74 % with a merge and a ticket per program, and persistent programs that claim
 # rows one at a time were slower than the static share (rmsnorm 77.6 against 75.2 µs,
 # norm_chunks_h200_s15e.md; the code is in git history, commit 52b2a7d).
-# rmsnorm's one-row kernel at the widths of 7B-70B models, bf16 at 128 MB, µs with L2 flushed / CUDA
-# graph (bench/results/timing_modes_h200_s18c.md): 16384x4096 72.6 / 65.3 against the persistent
-# launch's 76.8 / 71.9 (torch.compile 76.8 / 73.4), sketched 79.6 / 74.6 against 82.0 / 76.3;
-# 8192x8192 71.7 / 64.9 against 76.4 / 72.0, sketched 73.2 / 65.7 against 78.7 / 70.6. Not at 2048:
-# 1 % without the sketch, and the sketched launch's finisher falls behind rows that short (104.3
-# against 92.1 µs at 32768x2048).
+# rmsnorm a program per row at the widths of 7B-70B models too, bf16 at 128 MB, µs with L2 flushed /
+# CUDA graph (bench/results/timing_modes_h200_s18c.md, _s18d.md): 16384x4096 72.6 / 65.3 against the
+# persistent launch's 76.8 / 71.9 (torch.compile 76.8 / 73.5), sketched 79.6 / 74.6 against 82.0 /
+# 76.3; 8192x8192 71.7 / 64.9 against 76.4 / 72.0 (torch.compile 67.6 / 65.0: faster with L2
+# flushed), sketched 73.2 / 65.7 against 78.7 / 70.6. Not at 2048: 1 % without the sketch, and the
+# sketched launch's finisher falls behind rows that short (104.3 against 92.1 µs at 32768x2048).
 ROW_GRID: set[tuple[str, int]] = {("rmsnorm", 4096), ("rmsnorm", 8192), ("rmsnorm", 16384), ("layernorm", 16384),
                                   ("softmax", 16384)}
 ROW_PER_PROGRAM = 1 << 20  # per_sm that makes persistent_grid give one program per row
