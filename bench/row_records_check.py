@@ -34,7 +34,7 @@ from optwin.ingest.sketch import sketch as ingest_sketch
 from optwin.kernels.sketch_buffer import _RECORDS, SENTINEL, new_buffer, read_sketch
 
 SHAPES = [(4096, 16384), (1823, 9000), (5, 16384), (70001, 12000), (16384, 4096), (777, 3000), (3001, 5000)]
-OPS = tuple(os.environ.get("BENCH_OPS", "rmsnorm").split(","))  # layernorm: its one-row kernel of stop 18, reverted (RESULTS)
+OPS = tuple(os.environ.get("BENCH_OPS", "rmsnorm").split(","))  # layernorm ran at commit 014a61d (its one-row kernel, reverted: RESULTS, stop 18)
 TOL = 2e-6  # relative, sketch against ingest (float32 row sums, float64 across rows)
 
 
