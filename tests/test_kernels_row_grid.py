@@ -112,4 +112,5 @@ def test_row_records_grow_with_the_rows_and_serve_the_next_launch():
         assert got["rows"] == rows and got["absmax"] == pytest.approx(float(x.abs().max()), rel=1e-7)
         assert got["max_row_rms"] == pytest.approx(float(x.pow(2).mean(1).sqrt().max()), rel=1e-6)
     words, extra = row_records("rmsnorm", dev, 1)
-    assert words.shape == (2048, 1) and extra.shape == (2048, 2) and bool((words == SENTINEL).all())
+    cap = words.shape[0]  # grown to a power of two (another test may have grown them further)
+    assert cap >= 1500 and cap & (cap - 1) == 0 and extra.shape == (cap, 2) and bool((words == SENTINEL).all())
