@@ -13,7 +13,8 @@ Launches: rmsnorm bf16 (BENCH_SHAPES=rows x hidden, ...; default 4096x16384) as 
 without the sketch, torch.compile of the production variant, the one-row kernel (row_grid=True: with
 the sketch, row records at 1 and 2 loop stages) and the loop kernel (row_grid=False: without the
 sketch a program per row through the persistent kernel's loop, stop 17's launch at 16384; with it
-the persistent grid).
+the persistent grid), and with BENCH_POLLS=256,1024 row records at other poll sizes. Each sketched
+launch's features are checked against optwin.ingest's once (the last column).
 Last runs: bench/results/timing_modes_h200_s18*.md.
 """
 
@@ -67,9 +68,11 @@ METHODS: dict[str, Callable[[Callable[[], Any]], float]] = {
 
 
 SHAPES = [tuple(int(v) for v in sh.split("x")) for sh in os.environ.get("BENCH_SHAPES", "4096x16384").split(",")]
+POLLS = [int(p) for p in os.environ.get("BENCH_POLLS", "").split(",") if p]  # more launches: words a finisher poll
 
 
-def launches_for(rows: int, n: int) -> dict[str, Callable[[], Any]]:
+def launches_for(rows: int, n: int) -> dict[str, Any]:
+    """{"x", "w", "buf": the inputs and sketch buffer, "launches": name -> launch}."""
     g = torch.Generator(device="cuda").manual_seed(0)
     x = (torch.randn(rows, n, device="cuda", generator=g) * 2).to(torch.bfloat16)
     w = (1 + 0.2 * torch.randn(n, device="cuda", generator=g)).to(torch.bfloat16)
@@ -77,7 +80,7 @@ def launches_for(rows: int, n: int) -> dict[str, Callable[[], Any]]:
     # a static kernel per shape: by default the second shape recompiled dynamic (121.6 µs at
     # 4096x16384 against 70.5, bench/results/timing_modes_h200_s18c.md)
     prod = torch.compile(P.rmsnorm_fp32_acc, dynamic=False)
-    return {
+    launches = {
         "no sketch": lambda: _rmsnorm_launch(x, w, y, None, EPS),
         "torch.compile": lambda: prod(x, w, EPS),
         "no sketch, one-row kernel": lambda: _rmsnorm_launch(x, w, y, None, EPS, row_grid=True),
@@ -86,7 +89,29 @@ def launches_for(rows: int, n: int) -> dict[str, Callable[[], Any]]:
         "sketch, row records": lambda: _rmsnorm_launch(x, w, y, buf, EPS, row_grid=True),
         "sketch, row records, 2 stages": lambda: _rmsnorm_launch(x, w, y, buf, EPS, row_grid=True, stages=2),
         "sketch, persistent": lambda: _rmsnorm_launch(x, w, y, buf, EPS, row_grid=False),
+        **{f"sketch, row records, {p} words a poll": (lambda p=p: _rmsnorm_launch(x, w, y, buf, EPS, row_grid=True, poll=p))
+           for p in POLLS},
     }
+    return {"x": x, "w": w, "buf": buf, "launches": launches}
+
+
+def sketch_check(setup: dict[str, Any]) -> dict[str, str]:
+    """Per sketched launch: its sketch against optwin.ingest's (largest relative difference), so a
+    timed variant is also a checked one."""
+    from optwin.ingest.sketch import sketch as ingest_sketch
+    from optwin.kernels.sketch_buffer import read_sketch
+
+    x, w, buf = setup["x"], setup["w"], setup["buf"]
+    want = ingest_sketch("rmsnorm", {"x": x, "weight": w})
+    out = {}
+    for name, fn in setup["launches"].items():
+        if not name.startswith("sketch"):
+            continue
+        buf.fill_(float("nan"))
+        fn()
+        got = read_sketch("rmsnorm", buf)
+        out[name] = f"{max(abs(got[k] - v) / max(abs(v), 1e-30) for k, v in want.items()):.1e}"
+    return out
 
 
 def main() -> str:
@@ -94,7 +119,8 @@ def main() -> str:
 
 
 def section(rows: int, n: int) -> str:
-    launches = launches_for(rows, n)
+    setup = launches_for(rows, n)
+    launches = setup["launches"]
     for fn in launches.values():
         fn()
     res: dict[tuple[str, str], list[float]] = {}
@@ -104,7 +130,8 @@ def section(rows: int, n: int) -> str:
                 res.setdefault((name, m), []).append(1e3 * timer(fn))
     lines = [f"# Timing methods, rmsnorm bf16 {rows}x{n}; {torch.cuda.get_device_name()}, {ROUNDS} interleaved rounds",
              "", "µs, median over rounds (min-max); cost = against 'no sketch' by the same method", "",
-             "| launch | " + " | ".join(METHODS) + " |", "|---|" + "---:|" * len(METHODS)]
+             "| launch | " + " | ".join(METHODS) + " | sketch vs ingest |", "|---|" + "---:|" * len(METHODS) + "---|"]
+    checked = sketch_check(setup)
     for name in launches:
         cells = []
         for m in METHODS:
@@ -112,7 +139,7 @@ def section(rows: int, n: int) -> str:
             base = statistics.median(res[("no sketch", m)])
             cost = "" if name == "no sketch" else f" {100 * (v / base - 1):+.1f}%"
             cells.append(f"{v:.1f} ({min(res[(name, m)]):.1f}-{max(res[(name, m)]):.1f}){cost}")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {checked.get(name, '')} |")
     lines += ["", "programs per SM:", "", *(f"- {k}: {v}" for k, v in occupancy_table().items())]
     return "\n".join(lines) + "\n"
 

@@ -359,10 +359,12 @@ def _rmsnorm_launch(
     x2: torch.Tensor, weight: torch.Tensor, y2: torch.Tensor, buf: torch.Tensor | None, eps: float,
     num_warps: int | None = None, stages: int | None = None, per_sm: int | None = None,
     chunk: int | None = None, maxnreg: int | None = None, const_n: bool = False, row_grid: bool | None = None,
+    poll: int | None = None,
 ) -> None:
     """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows;
     one program per row where _common.ROW_GRID lists the launch (with the sketch: row records and a
-    finisher program, _rmsnorm_rows_kernel). row_grid overrides ROW_GRID (tests, the bench).
+    finisher program, _rmsnorm_rows_kernel). row_grid overrides ROW_GRID (tests, the bench), poll the
+    record words the finisher reads at once (a power of two; _common.RECORD_POLL).
     Rows longer than MAX_BLOCK (or than `chunk`, the bench's comparison) go to the two-pass chunked
     kernel, TRITON_CHUNK wide by default (part of the numerics: the twin's lanes).
     num_warps / stages / per_sm / chunk / maxnreg (registers per thread) / const_n (the chunked kernel
@@ -390,7 +392,7 @@ def _rmsnorm_launch(
         st = RECORD_STAGES.get(("rmsnorm", block), st) if sketch and stages is None else st
         k = _rmsnorm_rows_kernel[(n_rows + sketch,)](
             x2, x2.stride(0), weight, y2, y2.stride(0), buf if sketch else y2, m, e,
-            n_rows, n, eps, BLOCK=block, SKETCH=sketch, STAGES=st, POLL=RECORD_POLL,
+            n_rows, n, eps, BLOCK=block, SKETCH=sketch, STAGES=st, POLL=poll or RECORD_POLL,
             EXACT_CHUNK=min(block, EXACT_CHUNK), FINISHER_FIRST=not INTERPRETED,
             num_warps=warps, enable_fp_fusion=False, **regs,
         )
