@@ -114,3 +114,16 @@ def test_row_records_grow_with_the_rows_and_serve_the_next_launch():
     words, extra = row_records("rmsnorm", dev, 1)
     cap = words.shape[0]  # grown to a power of two (another test may have grown them further)
     assert cap >= 1500 and cap & (cap - 1) == 0 and extra.shape == (cap, 2) and bool((words == SENTINEL).all())
+
+
+def test_row_records_at_other_poll_sizes_give_the_same_sketch():
+    """The bench's poll override (record words per finisher poll): flagged rows on both sides of a
+    128-row poll boundary, the same features at every size."""
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(300, 24, generator=g), torch.randn(24, generator=g)
+    x[127, 3], x[128, 0], x[299, 5] = float("nan"), 3e20, float("inf")
+    sketches = [_rms_sketch(x, w, row_grid=True, poll=p)[1] for p in (128, 256, 512)]
+    assert sketches[0]["nonfinite"] == 2
+    for s in sketches[1:]:
+        for k, v in sketches[0].items():
+            assert s[k] == pytest.approx(v, rel=1e-12, abs=1e-30), k
