@@ -472,23 +472,22 @@ def record_halves(words):
 
 
 @triton.jit
-def poll_records(M_ptr, r0, n_rows, POLL: tl.constexpr, WORDS: tl.constexpr):
-    """(low, high) int32 halves, each [POLL, WORDS], of the record words of rows r0 .. r0 + POLL - 1
-    (WORDS int64 words per row; rows past n_rows read as zeros) once no half is the sentinel; the
-    sentinel then goes back for the next launch. Volatile loads (no L1), re-issued until every word
-    is written."""
+def poll_records(M_ptr, r0, n_rows, POLL: tl.constexpr):
+    """(low, high) int32 halves, each [POLL], of the record words of rows r0 .. r0 + POLL - 1 (rows
+    past n_rows read as zeros) once no half is the sentinel; the sentinel then goes back for the next
+    launch. Volatile loads (no L1), re-issued until every word is written."""
     rows = r0 + tl.arange(0, POLL)
-    ptrs = M_ptr + rows.to(tl.int64)[:, None] * WORDS + tl.arange(0, WORDS)[None, :]
-    valid = (rows < n_rows)[:, None] & (tl.arange(0, WORDS) < WORDS)[None, :]
+    ptrs = M_ptr + rows.to(tl.int64)
+    valid = rows < n_rows
     words = tl.load(ptrs, mask=valid, other=0, volatile=True)
     lo, hi = record_halves(words)
     if INTERPRET:  # programs ran in order, the finisher last: a word still unwritten is a bug, not a wait
-        assert tl.max(tl.max(tl.where((lo == -1) | (hi == -1), 1, 0), axis=1), axis=0) == 0, "a row record was never written"
+        assert tl.max(tl.where((lo == -1) | (hi == -1), 1, 0), axis=0) == 0, "a row record was never written"
     else:
-        while tl.max(tl.max(tl.where((lo == -1) | (hi == -1), 1, 0), axis=1), axis=0) > 0:
+        while tl.max(tl.where((lo == -1) | (hi == -1), 1, 0), axis=0) > 0:
             words = tl.load(ptrs, mask=valid, other=0, volatile=True)
             lo, hi = record_halves(words)
-    tl.store(ptrs, tl.full([POLL, WORDS], -1, tl.int64), mask=valid)
+    tl.store(ptrs, tl.full([POLL], -1, tl.int64), mask=valid)
     return lo, hi
 
 

@@ -129,6 +129,19 @@ def _merge_exact(p_amax, p_ms, p_sq, p_nf, a, q, nf, n_cols):
 
 
 @triton.jit
+def _normalize_store(h, ss, W_ptr, Y_row, cols, mask, n_cols, eps):
+    """y = (h * rsqrt(ss / n + eps)) * w stored at Y_row, in its dtype: the op's numerics, one place for
+    the persistent and the one-row kernel (their y is bit-identical). Returns v = ss / n."""
+    v = tl.math.div_rn(ss, tl.cast(n_cols, tl.float32))  # IEEE divide, as the twin models (`/` is div.full.f32)
+    rs = tl.math.rsqrt(v + eps)  # approximate rsqrt
+    # the weight per row (L1/L2 hit): holding it in registers across rows halves occupancy
+    w = tl.load(W_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+    y = h * rs * w  # (h*r)*w in fp32
+    tl.store(Y_row + cols, y.to(Y_row.dtype.element_ty), mask=mask, eviction_policy="evict_first")  # write n
+    return v
+
+
+@triton.jit
 def _rmsnorm_kernel(
     X_ptr,  # x as (n_rows, n_cols) in dtype, last dim contiguous
     X_row_stride,
@@ -163,13 +176,7 @@ def _rmsnorm_kernel(
         ss = sum_squares(h, BLOCK)  # FMA-folded neighbours, then the fp32 tree
         if SKETCH:
             amax = tl.max(tl.abs(h), axis=0)  # its own tree: ss is the same with and without the sketch
-        v = tl.math.div_rn(ss, tl.cast(n_cols, tl.float32))  # IEEE divide, as the twin models (`/` is div.full.f32)
-        rs = tl.math.rsqrt(v + eps)  # approximate rsqrt
-        # the weight per row (L1/L2 hit): holding it in registers across rows halves occupancy
-        w = tl.load(W_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        y = h * rs * w  # (h*r)*w in fp32
-        tl.store(Y_ptr + row * Y_row_stride + cols, y.to(Y_ptr.dtype.element_ty), mask=mask,
-                 eviction_policy="evict_first")  # write n
+        v = _normalize_store(h, ss, W_ptr, Y_ptr + row * Y_row_stride, cols, mask, n_cols, eps)
         if SKETCH:  # scalars only: h dies here, so the sketch costs no registers across the row
             p_amax, p_ms, p_sq, p_bad = _merge_row(p_amax, p_ms, p_sq, p_bad, ss, amax, v)
     if SKETCH:  # noqa: SIM102 - a constexpr branch: p_bad exists only with the sketch
@@ -227,12 +234,7 @@ def _rmsnorm_rows_kernel(
                 amax = tl.max(tl.abs(h), axis=0)
                 if ss <= FMAX:  # the rare rest after y (publish_flagged)
                     tl.store(M_ptr + row, record_word(amax, ss))
-            v = tl.math.div_rn(ss, tl.cast(n_cols, tl.float32))
-            rs = tl.math.rsqrt(v + eps)
-            w = tl.load(W_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-            y = h * rs * w
-            tl.store(Y_ptr + row * Y_row_stride + cols, y.to(Y_ptr.dtype.element_ty), mask=mask,
-                     eviction_policy="evict_first")
+            _normalize_store(h, ss, W_ptr, Y_ptr + row * Y_row_stride, cols, mask, n_cols, eps)
             if SKETCH:  # noqa: SIM102 - a constexpr branch
                 if not (ss <= FMAX):  # NaN/±inf (or h*h overflow): exact partials from a re-read, so h dies with y
                     a, q, nf = finite_partials_chunked(X_ptr + row * X_row_stride, tl.arange(0, EXACT_CHUNK), n_cols,
@@ -250,8 +252,7 @@ def _rmsnorm_rows_kernel(
         g_ms = tl.zeros((), dtype=tl.float64)  # their largest mean square over finite entries
         g_nf = tl.zeros((), dtype=tl.int64)
         for r0 in range(0, n_rows, POLL):
-            lo, hi = poll_records(M_ptr, r0, n_rows, POLL, 1)
-            lo, hi = tl.reshape(lo, [POLL]), tl.reshape(hi, [POLL])
+            lo, hi = poll_records(M_ptr, r0, n_rows, POLL)
             flagged = hi == RECORD_FLAG_HI
             ss = tl.where(flagged, 0.0, hi.to(tl.float32, bitcast=True))
             v_amax = tl.maximum(v_amax, tl.where(flagged, 0.0, lo.to(tl.float32, bitcast=True)))
@@ -262,12 +263,9 @@ def _rmsnorm_rows_kernel(
             while r < n_rows:  # rare: the flagged rows one by one
                 seen = acquire_flag(M_ptr + r)
                 a_bits, nf = record_halves(tl.load(E_ptr + r * 2 * seen, volatile=True))
-                a = a_bits.to(tl.float32, bitcast=True)
                 q = tl.load(E_ptr + r * 2 * seen + 1, volatile=True).to(tl.float64, bitcast=True)
-                g_amax = tl.maximum(g_amax, a)
-                g_sq += q
-                g_ms = tl.maximum(g_ms, q / tl.maximum(n_cols - nf, 1).to(tl.float64))
-                g_nf += nf.to(tl.int64)
+                g_amax, g_ms, g_sq, g_nf = _merge_exact(g_amax, g_ms, g_sq, g_nf, a_bits.to(tl.float32, bitcast=True), q,
+                                                        nf.to(tl.float32), n_cols)
                 r = tl.min(tl.where(flagged & (rows > r), rows, n_rows), axis=0)
         m_amax, s_sq, m_ss = max_sum_max(v_amax, v_sq, v_ss)
         # the row mean square the op used: div_rn is monotonic, so max(div_rn(ss, n)) = div_rn(max ss, n)

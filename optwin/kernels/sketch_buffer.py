@@ -105,19 +105,17 @@ def workspace(op: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor
     return _WS[key]
 
 
-def row_records(op: str, device: torch.device, n_rows: int, words: int = 1,
-                extra: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
-    """(int64 (>= n_rows, words) record words, all SENTINEL; int64 (>= n_rows, extra) extra records)
-    of `op` on `device` for the current stream; grown to the next power of two when a launch has
-    more rows (filled on the device, as `workspace`). Every launch leaves the words it used at the
-    sentinel."""
+def row_records(op: str, device: torch.device, n_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int64 (>= n_rows,) record words, all SENTINEL; int64 (>= n_rows, 2) extra records) of `op` on
+    `device` for the current stream; grown to the next power of two when a launch has more rows
+    (filled on the device, as `workspace`). Every launch leaves the words it used at the sentinel."""
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     key = (op, str(device), int(stream))
     rec = _RECORDS.get(key)
     if rec is None or rec[0].shape[0] < n_rows:
         cap = max(1, 1 << max(n_rows - 1, 0).bit_length())
-        rec = (torch.full((cap, words), SENTINEL, dtype=torch.int64, device=device),
-               torch.zeros((cap, extra), dtype=torch.int64, device=device))
+        rec = (torch.full((cap,), SENTINEL, dtype=torch.int64, device=device),
+               torch.zeros((cap, 2), dtype=torch.int64, device=device))
         _RECORDS[key] = rec
     return rec
 
