@@ -42,7 +42,8 @@ SLEEP_CYCLES = 400_000  # ~0.2 ms at the H200's clock: longer than any host laun
 
 
 def events_ms(fn: Callable[[], Any], flush: bool, sleep: bool, calls: int = 1) -> float:
-    cache = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    """Median ms per call of `calls` launches between two events, over REPS repetitions."""
+    cache = torch.empty(256 << 20, dtype=torch.int8, device="cuda") if flush else None  # L2 is 60 MB
     times = []
     for _ in range(REPS):
         if sleep:
