@@ -110,8 +110,9 @@ def compile_call(call: _Captured) -> Any:
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
-def ptxas_report(ptx: str) -> dict[str, Any]:
-    """Registers, spill bytes and barriers of the PTX assembled for sm_90a by triton's bundled ptxas."""
+def ptxas_report(ptx: str, sass_file: Path | None = None) -> dict[str, Any]:
+    """Registers, spill bytes and barriers of the PTX assembled for sm_90a by triton's bundled ptxas
+    (the SASS listing also written to sass_file when given)."""
     bindir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     ptxas = bindir / "ptxas-blackwell" if (bindir / "ptxas-blackwell").exists() else bindir / "ptxas"
     with tempfile.TemporaryDirectory() as d:
@@ -122,6 +123,8 @@ def ptxas_report(ptx: str) -> dict[str, Any]:
         spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out)
         sass = subprocess.run([str(bindir / "cuobjdump"), "-sass", "k.cubin"], cwd=d, capture_output=True, check=False,
                               text=True).stdout
+    if sass_file is not None:
+        sass_file.write_text(sass)
     return {
         "registers": int(regs.group(1)) if regs else None,
         "spill_stores": int(spills.group(1)) if spills else None,
@@ -131,13 +134,18 @@ def ptxas_report(ptx: str) -> dict[str, Any]:
     }
 
 
-def report(op: str, shape: tuple[int, ...], dtype: torch.dtype, cfg: dict[str, Any], sketch: bool) -> dict[str, Any]:
+def report(op: str, shape: tuple[int, ...], dtype: torch.dtype, cfg: dict[str, Any], sketch: bool,
+           sass_dir: Path | None = None) -> dict[str, Any]:
     """One row: the kernel, its launch and what ptxas made of it (vector_loads: the PTX has 16-byte
     global loads, i.e. the alignment specialization took)."""
     call = capture(op, shape, dtype, cfg, sketch)
     ptx = compile_call(call).asm["ptx"]
     launch = {k: v for k, v in call.kwargs.items() if k in OPTIONS or k == "STAGES"}
-    return {"op": op, "kernel": call.fn.__name__, "sketch": sketch, **launch, **ptxas_report(ptx),
+    sass_file = None
+    if sass_dir is not None:
+        sass_dir.mkdir(parents=True, exist_ok=True)
+        sass_file = sass_dir / f"{op}_{'sketch' if sketch else 'plain'}.sass"
+    return {"op": op, "kernel": call.fn.__name__, "sketch": sketch, **launch, **ptxas_report(ptx, sass_file),
             "vector_loads": bool(re.search(r"ld\.global[.\w:]*\.v4\.b32", ptx))}
 
 
@@ -149,6 +157,7 @@ def main() -> None:
     ap.add_argument("--cfg", default="{}", help="launch overrides as JSON, e.g. '{\"num_warps\": 8}'")
     ap.add_argument("--sketch", default="both", choices=["both", "yes", "no"], help="which launches to compile")
     ap.add_argument("--json", action="store_true", help="one JSON object per kernel instead of the table")
+    ap.add_argument("--sass", type=Path, help="also write each kernel's SASS listing into this folder")
     args = ap.parse_args()
     shape = tuple(int(v) for v in args.shape.split("x"))
     cfg = json.loads(args.cfg)
@@ -156,14 +165,14 @@ def main() -> None:
     if args.json:
         for op in args.ops:
             for sketch in sketches:
-                print(json.dumps(report(op, shape, getattr(torch, args.dtype), cfg, sketch)))
+                print(json.dumps(report(op, shape, getattr(torch, args.dtype), cfg, sketch, args.sass)))
         return
     print(f"triton {triton.__version__}, sm_90a, {args.dtype} {args.shape}, cfg {cfg or 'the shipped launch'}\n")
     print("| op | kernel | sketch | num_warps | stages | maxnreg | registers | spill bytes (st/ld) | bar.sync (PTX) | SASS |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for op in args.ops:
         for sketch in sketches:
-            r = report(op, shape, getattr(torch, args.dtype), cfg, sketch)
+            r = report(op, shape, getattr(torch, args.dtype), cfg, sketch, args.sass)
             print(f"| {op} | {r['kernel']} | {'yes' if sketch else 'no'} | {r.get('num_warps', '-')} | "
                   f"{r.get('STAGES', '-')} | {r.get('maxnreg') or '-'} | {r['registers']} | "
                   f"{r['spill_stores']}/{r['spill_loads']} | {r['bar_sync_ptx']} | {r['sass_instructions']} |")

@@ -6,12 +6,16 @@
 from __future__ import annotations
 
 import math
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (the kernels read it at decoration)
 
 import pytest
 import torch
 
 from optwin import twin
 from optwin.kernels.production import run_variant
+from optwin.kernels.softmax import softmax as triton_softmax
 from optwin.twin import softmax
 from optwin.twin.numerics import Numerics, ulps_between
 
@@ -168,3 +172,16 @@ def test_stochastic_naive_sum_overflow_has_a_probability() -> None:
 def test_unknown_variant_in_module_raises() -> None:
     with pytest.raises(ValueError, match="softmax"):
         softmax.twin(Numerics(), "nope", "float16", {"x": torch.zeros(1, 2, dtype=torch.float64)}, {})
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_triton_flushes_subnormal_probabilities_as_its_kernel_does(dtype: str) -> None:
+    # exp(-90) = 8.2e-40 is a float32 (and bfloat16) subnormal: torch keeps it, our kernel's ex2.approx.ftz gives 0
+    # (the interpreter flushes numpy's exp the same way), and the triton twin models the flush.
+    x = torch.tensor([[0.0, -90.0, -50.0]]).to(DT[dtype])
+    kernel, _ = triton_softmax(x, sketch=False)
+    emu = twin.run("softmax", "triton", dtype, {"x": x}).emulated
+    torch_y = run_variant("softmax", "torch", dtype, {"x": x}).double()
+    assert float(torch_y[0, 1]) > 0  # subnormal, not flushed
+    assert float(kernel[0, 1]) == 0 and float(emu[0, 1]) == 0
+    assert float(emu[0, 2]) == float(kernel[0, 2].double()) > 0  # exp(-50) = 2e-22 is normal: kept

@@ -213,6 +213,42 @@ def rows_view(x: torch.Tensor) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
+# ------------------------------------------------------------------ approximate exp and division
+
+# Smallest normal float32: ex2.approx.ftz flushes results below it to +0.
+FLT_MIN: tl.constexpr = tl.constexpr(2.0**-126)
+
+
+@triton.jit
+def exp_ftz(x):
+    """exp(x) as ex2.approx.ftz.f32(x * log2 e) (the product rounded as tl.exp rounds it): the bits
+    tl.exp gives for results >= 2^-126, +0 below. tl.exp compiles to the non-ftz ex2.approx.f32,
+    whose fix-up for subnormal results costs a compare and two predicated multiplies per element (5
+    SASS instructions where this is 2); a softmax or attention probability below 2^-126 is zero to
+    any tolerance. The interpreter flushes numpy's exp the same way (as optwin.twin models it)."""
+    if INTERPRET:
+        e = tl.exp(x)
+        return tl.where(e < FLT_MIN, 0.0, e)
+    else:
+        return tl.inline_asm_elementwise(
+            "{ .reg .f32 t; mul.f32 t, $1, 0f3FB8AA3B; ex2.approx.ftz.f32 $0, t; }", "=r,r", [x],
+            dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
+def div_by_row(e, s):
+    """e / s for one s per row: e * rcp.approx(s), the bits of the div.full.f32 that `e / s`
+    compiles to wherever s lies in [2^-126, 2^126] (div.full.f32 scales both operands outside that
+    range: two predicated multiplies per element; a softmax row sum is in [1, n], or NaN, which stays
+    NaN). The reciprocal is taken once per row. The interpreter divides (numpy, correctly rounded)."""
+    if INTERPRET:
+        return e / s
+    else:
+        r = tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [s], dtype=tl.float32,
+                                      is_pure=True, pack=1)
+        return e * r
+
+
 # ------------------------------------------------------------------ reductions
 
 

@@ -6,11 +6,18 @@ print(softmax(torch.randn(2, 5))[0])"
 Numerics (what optwin.twin's softmax/triton models), per row of n elements:
     h = x.float()               # exact; -inf marks masked positions
     m = tl.max(h)               # exact
-    e = exp(h - m)              # fp32 subtraction; tl.exp is approximate, like __expf
-                                # (ex2.approx.f32 of (h-m)*log2(e) on NVIDIA); numpy exp in the interpreter
+    e = exp(h - m)              # fp32 subtraction; approximate exp, like __expf: ex2.approx.ftz.f32 of
+                                # (h-m)*log2(e) on NVIDIA (_common.exp_ftz), numpy exp in the interpreter;
+                                # results below 2^-126 are 0 (no subnormals) on both
     s = tl.sum(e)               # fp32 reduction tree
-    y = (e / s).to(out dtype)   # fp32 division (div.full.f32 on NVIDIA, ~2 ulp), one rounding
+    y = (e / s).to(out dtype)   # e * rcp.approx(s) on NVIDIA: the bits of div.full.f32 (~2 ulp) for
+                                # s in [1, n] (_common.div_by_row); numpy division in the interpreter
 A fully masked row gives m = -inf, h - m = NaN: y is NaN, as torch.softmax gives.
+exp and the division were tl.exp (non-ftz ex2.approx.f32: a compare and two predicated multiplies
+per element for subnormal results) and `e / s` (div.full.f32: two predicated range multiplies per
+element) before stop 19: 5 of ~17 SASS instructions per element. H200, 4096x16384 bf16, µs without /
+with the sketch: 76.3 / 114.8 -> 73.9 / 109.4; HF-masked scores 76.0 / 123.2 -> 74.5 / 115.4; y equal
+bit for bit but where the old y was a subnormal (bench/results/norm_chunks_h200_s19*.md).
 Compiled without FMA contraction (enable_fp_fusion=False: nothing in y's path is a mul feeding an
 add, so y's numerics are unchanged by it; it keeps the sketch's extra products from being fused
 into any shared instruction).
@@ -55,6 +62,8 @@ from optwin.kernels._common import (
     FMAX,
     INTERPRET,
     check_device,
+    div_by_row,
+    exp_ftz,
     grid_per_sm,
     lane_min,
     lane_shape,
@@ -181,7 +190,7 @@ def _exp_sums_clamped(h, m):
     (same lanes, same tree, adds only). t's lanes are e * max(d, -FMAX): a lane with e == 0 adds -0,
     -inf lanes give 0 * -FMAX, not NaN (one instruction less per lane than a test of e > 0)."""
     d = h - m
-    e = tl.exp(d)
+    e = exp_ftz(d)
     ed = e * tl.maximum(d, -FMAX)
     s, t = _sum_pair(e, ed)
     return e, s, t
@@ -266,7 +275,7 @@ def _exact_row_chunked(X_row, n_cols, peak_nats, CHUNK: tl.constexpr):
             cc = c + tl.arange(0, CHUNK)
             h = tl.load(X_row + cc, mask=cc < n_cols, other=-float("inf")).to(tl.float32)
             d = h - rmax
-            e = tl.exp(d)
+            e = exp_ftz(d)
             s += tl.sum(e, 0)
             t += tl.sum(tl.where(e > 0.0, e * d, 0.0), 0)
         peak = _peaked(s, t, peak_nats)
@@ -362,13 +371,13 @@ def _softmax_kernel(
                 if EVEN:
                     a_sq += lane_sum_squares(h, BLOCK, LANES, VEC, KEEP)  # NaN/+inf/overflow: caught after the loop
                     d = h - m
-                    e = tl.exp(d)
+                    e = exp_ftz(d)
                     ed = e * d  # -inf only if h - m overflows (|h| ~ FMAX): t NaN, redone below
                 else:
                     hz = tl.where(mask, h, 0.0)
                     a_sq += lane_sum_squares(hz, BLOCK, LANES, VEC, KEEP)
                     d = h - m
-                    e = tl.exp(d)
+                    e = exp_ftz(d)
                     ed = e * tl.maximum(d, -FMAX)  # padding: 0 * -FMAX
                 s, t = _sum_pair(e, ed)
                 if not EVEN:
@@ -382,7 +391,7 @@ def _softmax_kernel(
                 # layout 4's max tree (a [BLOCK] lo kept for the sum tree spilled at 64 registers)
                 lo = lane_min(tl.where(ninf, float("inf"), h), BLOCK, LANES, VEC, KEEP)  # [LANES, KEEP]
                 d = _sub_opaque(h, m)  # h - m, not hoisted above the branch
-                e = tl.exp(d)
+                e = exp_ftz(d)
                 s, t = _sum_pair(e, e * tl.maximum(d, -FMAX))
                 rmin = tl.min(tl.min(lo, 1), 0)  # across threads: one value each
         elif SKETCH and VARIANT >= 4:  # VARIANT 4
@@ -422,9 +431,9 @@ def _softmax_kernel(
             e, s, t = _exp_sums_clamped(h, m)
         else:
             m = tl.max(h, axis=0)
-            e = tl.exp(h - m)  # approximate exp; padding lanes give exp(-inf) = 0
+            e = exp_ftz(h - m)  # approximate exp; padding lanes give exp(-inf) = 0
             s = tl.sum(e, axis=0)  # fp32 tree sum
-        y = e / s
+        y = div_by_row(e, s)
         tl.store(Y_ptr + row * Y_row_stride + cols, y.to(Y_ptr.dtype.element_ty), mask=mask,
                  eviction_policy="evict_first")  # write n
         if SKETCH and VARIANT >= 4:  # scalars only; a program with NaN/+inf rows redoes them after the loop

@@ -16,6 +16,7 @@ import torch
 from optwin.twin.numerics import Numerics
 
 F32 = "float32"
+FLT_MIN = 2.0**-126  # smallest normal float32
 
 
 def reference(inputs: dict[str, torch.Tensor], params: dict) -> torch.Tensor:
@@ -50,9 +51,11 @@ def naive_softmax(num: Numerics, x: torch.Tensor, dtype: str) -> torch.Tensor:
 
 def triton_softmax(num: Numerics, x: torch.Tensor, dtype: str) -> torch.Tensor:
     """Our Triton kernel: fp32 row in registers, exp approximated (modelled as exp rounded to fp32;
-    the stochastic/mca modes give it its spread), tl.sum as a tree, one cast to dtype at the store."""
+    the stochastic/mca modes give it its spread) and flushed to 0 below 2^-126 (ex2.approx.ftz),
+    tl.sum as a tree, one cast to dtype at the store."""
     m = num.max(x, keepdim=True)  # (..., 1) tl.max, exact
     e = num.round(torch.exp(num.round(x - m, F32)), F32)  # (..., n) fp32
+    e = torch.where(e < FLT_MIN, 0.0, e)  # ex2.approx.ftz: no subnormal results
     s = num.sum(e, acc=F32, order="pairwise", keepdim=True)  # (..., 1) tl.sum: a tree
     y = num.round(e / s, F32)  # (..., n) fp32
     return y if dtype == F32 else num.round(y, dtype)
