@@ -89,7 +89,6 @@ class _MonitorRecorder(_cap.Recorder):
     def __init__(self, mon: "Monitor") -> None:
         super().__init__(_cap.CaptureSettings(ops=mon.ops))
         self.mon = mon
-        self.action: str | None = None
         self.fallback_modules: set[int] = set()
         # "warn" reads verdicts after the call, so it can use the sketch a patched kernel makes in the
         # call; "fallback"/"raise" need it before the call and sketch the inputs themselves
@@ -120,7 +119,7 @@ class _MonitorRecorder(_cap.Recorder):
             self._rope_tail = (*key, t)
         return self._rope_tail[3]
 
-    def record(self, op: str, variant: str, inputs: dict[str, torch.Tensor], params: dict[str, Any] | None = None,
+    def record(self, op: str, variant: str, inputs: _cap.Inputs, params: dict[str, Any] | None = None,
                dtype: str | None = None, stream: str | None = None) -> None:
         if not self.watches(op):  # the monitor's `ops`: calls of other ops cost nothing
             return
@@ -133,10 +132,6 @@ class _MonitorInterceptor(_cap._Interceptor):
 
     passes = (FaultPredicted,)
 
-    def handle(self, target: Any, args: tuple, kwargs: dict, proceed: Callable[[tuple, dict], Any]) -> Any:
-        self.rec.action = None  # a verdict a module hook left behind is not this call's
-        return super().handle(target, args, kwargs, proceed)
-
     def run(self, args: tuple, kwargs: dict, proceed: Callable[[tuple, dict], Any]) -> Any:
         act, self.rec.action = self.rec.action, None
         if act == "fallback":
@@ -144,7 +139,7 @@ class _MonitorInterceptor(_cap._Interceptor):
         return proceed(args, kwargs)
 
 
-_cap.own_frames(_MonitorInterceptor.handle, _MonitorInterceptor.run, _MonitorRecorder.record, _MonitorRecorder.wants)
+_cap.own_frames(_MonitorInterceptor.run, _MonitorRecorder.record, _MonitorRecorder.wants)
 
 
 def _in_float32(func: Callable, args: tuple, kwargs: dict) -> Any:
@@ -288,11 +283,13 @@ class Monitor:
             return None
         return s if s.should_check() else None
 
-    def _check(self, rec: _MonitorRecorder, op: str, variant: str, inputs: dict[str, torch.Tensor],
+    def _check(self, rec: _MonitorRecorder, op: str, variant: str, inputs: _cap.Inputs,
                params: dict[str, Any], dtype: str | None, site: str) -> None:
         s = self._sampled(op, self.variants.get(op, variant), dtype or _dtype_name(next(iter(inputs.values()))), site)
         if s is None:
             return
+        if callable(inputs):  # made only now that the call is sampled
+            inputs = inputs()
         rec.suppress += 1  # the sketch's own torch calls are not calls to check
         try:
             with torch.no_grad():

@@ -112,6 +112,10 @@ _WEIGHTS = WeightCache()
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
 
 
+# A call's inputs by name, or a function making them (the views a handler would build on every call).
+Inputs = dict[str, torch.Tensor] | Callable[[], dict[str, torch.Tensor]]
+
+
 def _dtype_name(t: torch.Tensor) -> str:
     """'float16' for a float16 tensor (cached per dtype: the monitor asks on every call)."""
     name = _DTYPE_NAMES.get(t.dtype)
@@ -151,6 +155,9 @@ class Recorder:
         # True in a recorder that takes the fused sketches of patched kernels (optwin.monitor's, under
         # policy "warn"): their modules and functions then record nothing themselves
         self.takes_fused = False
+        # How the call being recorded runs: a monitor's policy sets "fallback" (float32) while recording
+        # it, its interceptor's `run` reads it; a capture leaves it None. Reset by every intercepted call.
+        self.action: str | None = None
 
     # -- context ------------------------------------------------------------------------------
 
@@ -186,11 +193,15 @@ class Recorder:
 
     # -- recording ----------------------------------------------------------------------------
 
-    def record(self, op: str, variant: str, inputs: dict[str, torch.Tensor], params: dict[str, Any] | None = None,
+    def record(self, op: str, variant: str, inputs: Inputs, params: dict[str, Any] | None = None,
                dtype: str | None = None, stream: str | None = None) -> None:
-        """Sketch one call and keep it; never raises (a refused call is counted in `skipped`)."""
+        """Sketch one call and keep it; never raises (a refused call is counted in `skipped`).
+        `inputs` may be a function that makes them (with `dtype` given): a monitor makes them only
+        for the calls its sampling keeps."""
         if not self.watches(op):
             return
+        if callable(inputs):
+            inputs = inputs()
         params = params or {}
         on_cpu = all(t.device.type == "cpu" for t in inputs.values())
         threads = torch.get_num_threads() if on_cpu else 1
@@ -336,7 +347,9 @@ def _rms_norm(rec: Recorder, args: tuple, kwargs: dict) -> None:
 def _linear(rec: Recorder, args: tuple, kwargs: dict) -> None:
     x = _arg(args, kwargs, 0, "input")
     w = _arg(args, kwargs, 1, "weight")
-    rec.record("matmul", "torch", {"a": x.reshape(-1, x.shape[-1]), "b": w.T})  # (m, in), (in, out)
+    # (m, in), (in, out): views made only for a call the recorder keeps (two tensor ops cost a monitor
+    # more than its skip of an unsampled call)
+    rec.record("matmul", "torch", lambda: {"a": x.reshape(-1, x.shape[-1]), "b": w.T}, dtype=_dtype_name(x))
 
 
 def _matmul(rec: Recorder, args: tuple, kwargs: dict) -> None:
@@ -344,7 +357,7 @@ def _matmul(rec: Recorder, args: tuple, kwargs: dict) -> None:
     b = _arg(args, kwargs, 1, "other", kwargs.get("mat2"))
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.ndim < 2 or b.ndim != 2:
         return  # batched products of two >2-D tensors are not catalog matmuls
-    rec.record("matmul", "torch", {"a": a.reshape(-1, a.shape[-1]), "b": b})
+    rec.record("matmul", "torch", lambda: {"a": a.reshape(-1, a.shape[-1]), "b": b}, dtype=_dtype_name(a))
 
 
 # The torch functions the capture intercepts (optwin.ingest.intercept), with the op each records.
@@ -374,6 +387,7 @@ class _Interceptor:
 
     def handle(self, target: Target, args: tuple, kwargs: dict, proceed: Callable[[tuple, dict], Any]) -> Any:
         rec = self.rec
+        rec.action = None  # a verdict a module hook left behind is not this call's
         if rec.suppress or not rec.watches(target.op):
             return proceed(args, kwargs)
         rec.suppress += 1

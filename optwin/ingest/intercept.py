@@ -67,11 +67,16 @@ def _run(stack: list[Interceptor], level: int, target: Target, original: Callabl
 
 
 def _wrapper(target: Target, original: Callable[..., Any]) -> Callable[..., Any]:
+    def call_original(a: tuple, k: dict) -> Any:  # the proceed of a lone interceptor: made once, not per call
+        return original(*a, **k)
+
     @functools.wraps(original)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         stack = getattr(_LOCAL, "stack", None)
         if not stack:  # another thread's capture installed us, or none is active here
             return original(*args, **kwargs)
+        if len(stack) == 1:  # one capture or monitor (the usual case): no chain of proceeds to build
+            return stack[0].handle(target, args, kwargs, call_original)
         return _run(list(stack), len(stack) - 1, target, original, args, kwargs)
 
     wrapped.__optwin_original__ = original  # type: ignore[attr-defined]
