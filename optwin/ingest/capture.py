@@ -398,12 +398,14 @@ class _Interceptor:
                 raise
             except Exception as e:  # noqa: BLE001  never break the model
                 rec.skipped[f"{target.name}: {type(e).__name__}"] += 1
+            if rec.action is None:  # no policy verdict on this call (always, in a capture): as is
+                return proceed(args, kwargs)
             return self.run(args, kwargs, proceed)
         finally:
             rec.suppress -= 1
 
     def run(self, args: tuple, kwargs: dict, proceed: Callable[[tuple, dict], Any]) -> Any:
-        """The recorded call itself (after its handler)."""
+        """The recorded call itself, after its handler set a verdict (rec.action)."""
         return proceed(args, kwargs)
 
 
