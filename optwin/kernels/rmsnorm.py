@@ -130,8 +130,9 @@ def _merge_exact(p_amax, p_ms, p_sq, p_nf, a, q, nf, n_cols):
 
 @triton.jit
 def _normalize_store(h, ss, W_ptr, Y_row, cols, mask, n_cols, eps):
-    """y = (h * rsqrt(ss / n + eps)) * w stored at Y_row, in its dtype: the op's numerics, one place for
-    the persistent and the one-row kernel (their y is bit-identical). Returns v = ss / n."""
+    """y = (h * rsqrt(ss / n + eps)) * w stored at Y_row, in its dtype: the op's numerics for the
+    persistent kernel; the one-row kernel writes the same lines out (see there), and y is bit-identical
+    between the two (tests/test_kernels_row_grid.py). Returns v = ss / n."""
     v = tl.math.div_rn(ss, tl.cast(n_cols, tl.float32))  # IEEE divide, as the twin models (`/` is div.full.f32)
     rs = tl.math.rsqrt(v + eps)  # approximate rsqrt
     # the weight per row (L1/L2 hit): holding it in registers across rows halves occupancy
@@ -234,7 +235,15 @@ def _rmsnorm_rows_kernel(
                 amax = tl.max(tl.abs(h), axis=0)
                 if ss <= FMAX:  # the rare rest after y (publish_flagged)
                     tl.store(M_ptr + row, record_word(amax, ss))
-            _normalize_store(h, ss, W_ptr, Y_ptr + row * Y_row_stride, cols, mask, n_cols, eps)
+            # _normalize_store's lines, written out: called here, the sketched launch read 83.2 µs
+            # against 73.3 inline on the H200's triton 3.6 (bench/results/norm_chunks_h200_s19d.md;
+            # the offline 3.9 SASS of the two was the same), y bit-identical either way
+            v = tl.math.div_rn(ss, tl.cast(n_cols, tl.float32))
+            rs = tl.math.rsqrt(v + eps)
+            w = tl.load(W_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            y = h * rs * w
+            tl.store(Y_ptr + row * Y_row_stride + cols, y.to(Y_ptr.dtype.element_ty), mask=mask,
+                     eviction_policy="evict_first")
             if SKETCH:  # noqa: SIM102 - a constexpr branch
                 if not (ss <= FMAX):  # NaN/±inf (or h*h overflow): exact partials from a re-read, so h dies with y
                     a, q, nf = finite_partials_chunked(X_ptr + row * X_row_stride, tl.arange(0, EXACT_CHUNK), n_cols,
