@@ -120,6 +120,31 @@ def test_sampling_skips_sketches_after_warmup(db):
     assert 200 <= mon.stats.checked <= 210  # 100 per stream, then 1%
 
 
+def test_unsampled_matmul_calls_make_no_input_views(db, monkeypatch):
+    """F.linear's handler hands over a function making its views (x as rows, w.T): the monitor calls it
+    for the calls its sampling checks, and only for those (stop 19: two tensor ops per call before)."""
+    import optwin.monitor as monitor_module
+
+    made = []
+    check = monitor_module.Monitor._check
+
+    def counting_check(self, rec, op, variant, inputs, params, dtype, site):
+        if op == "matmul":
+            assert callable(inputs) and dtype == "float16"  # lazy, with the dtype given
+            inner = inputs
+            inputs = lambda: made.append(1) or inner()  # noqa: E731 - counts the views made
+        return check(self, rec, op, variant, inputs, params, dtype, site)
+
+    monkeypatch.setattr(monitor_module.Monitor, "_check", counting_check)
+    model = Block()
+    g = torch.Generator().manual_seed(3)
+    with om.monitor(model, db=db, clock=_fake_clock()) as mon:
+        for _ in range(400):
+            model(_x(g, 4.0))
+    assert 100 <= len(made) <= 105  # the linear stream's 100 warm-up calls, then 1 %, not 400
+    assert 200 <= mon.stats.checked <= 210  # and both streams still checked as before
+
+
 def test_async_readback_queue_drains(db):
     """The CUDA path (event-gated queue) run on CPU: sketches queue, are read on later calls."""
     model = Block()
