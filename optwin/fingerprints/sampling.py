@@ -73,8 +73,7 @@ class Sampler:
         return self._steady
 
     def should_check(self) -> bool:
-        # `rate` written out: this runs on every watched call of a model (a property call per call)
-        rate = 1.0 if self.calls < self.cfg.warmup_calls or self.burst_left > 0 else self._steady
+        rate = self.rate
         self.calls += 1
         if self.burst_left > 0:
             self.burst_left -= 1

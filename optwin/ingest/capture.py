@@ -388,8 +388,7 @@ class _Interceptor:
     def handle(self, target: Target, args: tuple, kwargs: dict, proceed: Callable[[tuple, dict], Any]) -> Any:
         rec = self.rec
         rec.action = None  # a verdict a module hook left behind is not this call's
-        ops = rec.settings.ops  # rec.watches(target.op), written out: this runs on every intercepted call
-        if rec.suppress or (ops is not None and target.op not in ops):
+        if rec.suppress or not rec.watches(target.op):
             return proceed(args, kwargs)
         rec.suppress += 1
         try:
