@@ -84,11 +84,17 @@ def new_buffer(op: str, device: torch.device | str) -> torch.Tensor:
     return torch.empty(len(feature_names(op)), dtype=torch.float64, device=device)
 
 
+def _stream_key(op: str, device: torch.device) -> tuple[str, str, int]:
+    """(op, device, current stream): launches on different streams may overlap, so each stream gets
+    its own workspace and row records."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    return op, str(device), int(stream)
+
+
 def workspace(op: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(float64 slots, int64 slots) of `op` on `device` for the current stream, created once at
     their identities; every sketch launch leaves them at their identities again."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (op, str(device), int(stream))
+    key = _stream_key(op, device)
     if key not in _WS:
         fslots, islots = WORKSPACE[op]
         assert len(fslots) <= SLOTS and len(islots) <= SLOTS
@@ -109,8 +115,7 @@ def row_records(op: str, device: torch.device, n_rows: int) -> tuple[torch.Tenso
     """(int64 (>= n_rows,) record words, all SENTINEL; int64 (>= n_rows, 2) extra records) of `op` on
     `device` for the current stream; grown to the next power of two when a launch has more rows
     (filled on the device, as `workspace`). Every launch leaves the words it used at the sentinel."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (op, str(device), int(stream))
+    key = _stream_key(op, device)
     rec = _RECORDS.get(key)
     if rec is None or rec[0].shape[0] < n_rows:
         cap = max(1, 1 << max(n_rows - 1, 0).bit_length())
