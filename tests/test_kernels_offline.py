@@ -25,13 +25,24 @@ def _compile(*args: str) -> list[dict]:
 
 
 def test_layernorm_compiles_with_its_register_cap_and_vector_loads():
-    capped, = _compile("layernorm", "--shape", "4096x16384", "--sketch", "yes")
-    uncapped, = _compile("layernorm", "--shape", "4096x16384", "--sketch", "yes", "--cfg", '{"maxnreg": 0}')
+    # 12000: a row held in registers (no Welford chunk divides it; 16384 goes to the Welford kernel)
+    capped, = _compile("layernorm", "--shape", "4096x12000", "--sketch", "yes")
+    uncapped, = _compile("layernorm", "--shape", "4096x12000", "--sketch", "yes", "--cfg", '{"maxnreg": 0}')
     assert capped["kernel"] == "_layernorm_kernel" and capped["num_warps"] == 8
     assert capped["maxnreg"] == 128 and capped["registers"] <= 128  # _common.REG_CAP at the tuned warps
     assert "maxnreg" not in uncapped and uncapped["registers"] > 128
     assert capped["vector_loads"] and uncapped["vector_loads"]  # aligned pointers: 16-byte loads
     assert capped["bar_sync_ptx"] > 0 and capped["sass_instructions"] > 100
+
+
+def test_layernorm_welford_kernel_holds_no_row_in_registers():
+    """The Welford launch keeps a piece, not the row: few registers a thread (several programs per SM),
+    no spills, 16-byte loads, with and without the sketch."""
+    plain, sketched = _compile("layernorm", "--shape", "4096x16384")
+    assert plain["kernel"] == sketched["kernel"] == "_layernorm_welford_kernel" and plain["num_warps"] == 16
+    assert plain["registers"] <= 40 and sketched["registers"] <= 48, (plain, sketched)
+    assert plain["vector_loads"] and sketched["vector_loads"]
+    assert sketched["sass_instructions"] > plain["sass_instructions"]
 
 
 def test_every_norm_kernel_compiles_with_and_without_the_sketch():

@@ -508,22 +508,28 @@ def record_halves(words):
 
 
 @triton.jit
-def poll_records(M_ptr, r0, n_rows, POLL: tl.constexpr):
-    """(low, high) int32 halves, each [POLL], of the record words of rows r0 .. r0 + POLL - 1 (rows
-    past n_rows read as zeros) once no half is the sentinel; the sentinel then goes back for the next
-    launch. Volatile loads (no L1), re-issued until every word is written."""
+def poll_records(M_ptr, r0, n_rows, POLL: tl.constexpr, WORDS: tl.constexpr = 1):
+    """(low, high) int32 halves, each [POLL] (WORDS > 1: [POLL, WORDS], a row's words side by side),
+    of the record words of rows r0 .. r0 + POLL - 1 (rows past n_rows read as zeros) once no half is
+    the sentinel; the sentinel then goes back for the next launch. Volatile loads (no L1), re-issued
+    until every word is written."""
     rows = r0 + tl.arange(0, POLL)
-    ptrs = M_ptr + rows.to(tl.int64)
-    valid = rows < n_rows
+    if WORDS == 1:  # rmsnorm's launch: kept as it was timed (bench/results/norm_chunks_h200_s19d.md)
+        ptrs = M_ptr + rows.to(tl.int64)
+        valid = rows < n_rows
+    else:
+        ptrs = M_ptr + rows.to(tl.int64)[:, None] * WORDS + tl.arange(0, WORDS)[None, :]
+        valid = (rows < n_rows)[:, None] & (tl.arange(0, WORDS) < WORDS)[None, :]
     words = tl.load(ptrs, mask=valid, other=0, volatile=True)
     lo, hi = record_halves(words)
     if INTERPRET:  # programs ran in order, the finisher last: a word still unwritten is a bug, not a wait
-        assert tl.max(tl.where((lo == -1) | (hi == -1), 1, 0), axis=0) == 0, "a row record was never written"
+        assert tl.max(tl.reshape(tl.where((lo == -1) | (hi == -1), 1, 0), [POLL * WORDS]), axis=0) == 0, \
+            "a row record was never written"
     else:
-        while tl.max(tl.where((lo == -1) | (hi == -1), 1, 0), axis=0) > 0:
+        while tl.max(tl.reshape(tl.where((lo == -1) | (hi == -1), 1, 0), [POLL * WORDS]), axis=0) > 0:
             words = tl.load(ptrs, mask=valid, other=0, volatile=True)
             lo, hi = record_halves(words)
-    tl.store(ptrs, tl.full([POLL], -1, tl.int64), mask=valid)
+    tl.store(ptrs, tl.full(ptrs.shape, -1, tl.int64), mask=valid)
     return lo, hi
 
 

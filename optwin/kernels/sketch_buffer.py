@@ -9,8 +9,9 @@ registers, merges them once into a small per-(op, device, stream) workspace with
 (plain loads, all in flight at once), resets it for the next launch, and writes the contract's
 features, in optwin.ingest's order, as float64 into the call's buffer. The buffer is final when
 the kernel completes: no second launch, no zero-fill, no host sync. `read_sketch` is one `.tolist()`.
-rmsnorm's launch with a program per row writes row records instead (one 64-bit word per row,
-`row_records`), which its finisher program polls and resets (optwin.kernels._common.poll_records).
+rmsnorm's and layernorm's launches with a program per row write row records instead (one or two
+64-bit words per row, `row_records`), which their finisher program polls and resets
+(optwin.kernels._common.poll_records).
 
 Definitions follow optwin.ingest.sketch exactly (magnitudes over finite elements, counts of
 non-finite values; softmax's -inf is a mask, not a non-finite). Per-row values are float32 (the
@@ -61,7 +62,7 @@ SLOTS = 8
 
 _WS: dict[tuple[str, str, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
-# Row records (the launches with a program per row): one int64 word per row, SENTINEL between
+# Row records (the launches with a program per row): int64 words per row, SENTINEL between
 # launches; a row's program overwrites it and the finisher program polls the words until none holds
 # the sentinel in either half, reduces them and writes the sentinel back (_common.poll_records). Each
 # word has an extra record (two int64) for rows whose partials need more than two fp32.
@@ -111,16 +112,18 @@ def workspace(op: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor
     return _WS[key]
 
 
-def row_records(op: str, device: torch.device, n_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(int64 (>= n_rows,) record words, all SENTINEL; int64 (>= n_rows, 2) extra records) of `op` on
-    `device` for the current stream; grown to the next power of two when a launch has more rows
-    (filled on the device, as `workspace`). Every launch leaves the words it used at the sentinel."""
+def row_records(op: str, device: torch.device, n_rows: int, words: int = 1,
+                extra: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int64 (>= n_rows * words,) record words, all SENTINEL, a row's `words` side by side; int64
+    (>= n_rows, extra) extra records) of `op` on `device` for the current stream; grown to the next
+    power of two of rows when a launch has more rows (filled on the device, as `workspace`). Every
+    launch leaves the words it used at the sentinel."""
     key = _stream_key(op, device)
     rec = _RECORDS.get(key)
-    if rec is None or rec[0].shape[0] < n_rows:
+    if rec is None or rec[1].shape[0] < n_rows:
         cap = max(1, 1 << max(n_rows - 1, 0).bit_length())
-        rec = (torch.full((cap,), SENTINEL, dtype=torch.int64, device=device),
-               torch.zeros((cap, 2), dtype=torch.int64, device=device))
+        rec = (torch.full((cap * words,), SENTINEL, dtype=torch.int64, device=device),
+               torch.zeros((cap, extra), dtype=torch.int64, device=device))
         _RECORDS[key] = rec
     return rec
 

@@ -1,4 +1,5 @@
-"""layernorm twin: torch (F.layer_norm, fp32 Welford), one-pass (E[h^2] - E[h]^2), triton (two-pass tree).
+"""layernorm twin: torch (F.layer_norm, fp32 Welford), one-pass (E[h^2] - E[h]^2), triton (two-pass tree,
+or Welford over pieces where twin.numerics.welford_chunk says).
 
     python -c "import torch; from optwin import twin; x = (1e4 + torch.randn(2, 64)).half(); \
 print(twin.run('layernorm', 'one-pass', 'float16', {'x': x, 'weight': torch.ones(64).half(), 'bias': torch.zeros(64).half()}).faults)"
@@ -17,9 +18,11 @@ from optwin.twin.numerics import (
     FORMATS,
     TRITON_WHOLE_ROW_MAX,
     Numerics,
+    fma_odd,
     round_nearest,
     sum_squares,
     triton_row_lanes,
+    welford_chunk,
 )
 
 EPS = CATALOG["layernorm"].constants["eps"]
@@ -41,13 +44,15 @@ def _normalize(num: Numerics, h: torch.Tensor, m: torch.Tensor, var: torch.Tenso
     product and the add are one FMA, one rounding)."""
     r = num.round(torch.rsqrt(num.round(var + EPS32, F32)), F32)  # rsqrt(neg) = NaN, as on the GPU
     y = num.round(num.round(h - m, F32) * r, F32)
-    return num.round(y * w + b, F32) if fused else num.round(num.round(y * w, F32) + b, F32)
+    return num.round(fma_odd(y, w, b), F32) if fused else num.round(num.round(y * w, F32) + b, F32)
 
 
-def welford(num: Numerics, h: torch.Tensor, lanes: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+def welford(num: Numerics, h: torch.Tensor, lanes: int = 128, fma_update: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean and population variance as CUDA's layer_norm computes them: each of `lanes` threads runs
     Welford's update over its strided elements, then a tree of Welford merges; every op in fp32.
-    A constant row keeps its mean exactly (every delta is 0), unlike sum / n."""
+    A constant row keeps its mean exactly (every delta is 0), unlike sum / n.
+    `fma_update`: the update as our Triton layernorm writes it (1/count rounded once, shared by the
+    lanes; mean + delta * (1/count) and m2 + delta * (h - mean) each one FMA, one rounding)."""
     n = h.shape[-1]
     if num.noise == "order" and n > 1:  # a random element order and thread count, as num.sum does
         perm = torch.argsort(torch.rand(h.shape, generator=num.gen, dtype=torch.float64), dim=-1)
@@ -62,8 +67,12 @@ def welford(num: Numerics, h: torch.Tensor, lanes: int = 128) -> tuple[torch.Ten
     for i in range(steps):
         c = cnt + valid[i]
         delta = num.round(x[..., i, :] - mean, F32)
-        new_mean = num.round(mean + num.round(delta / c.clamp_min(1), F32), F32)
-        new_m2 = num.round(m2 + num.round(delta * num.round(x[..., i, :] - new_mean, F32), F32), F32)
+        if fma_update:  # one rounding each
+            new_mean = num.round(fma_odd(delta, num.round(1.0 / c.clamp_min(1), F32), mean), F32)
+            new_m2 = num.round(fma_odd(delta, num.round(x[..., i, :] - new_mean, F32), m2), F32)
+        else:
+            new_mean = num.round(mean + num.round(delta / c.clamp_min(1), F32), F32)
+            new_m2 = num.round(m2 + num.round(delta * num.round(x[..., i, :] - new_mean, F32), F32), F32)
         mean, m2 = torch.where(valid[i], new_mean, mean), torch.where(valid[i], new_m2, m2)
         cnt = c
     while mean.shape[-1] > 1:  # tree of merges (warp shuffles, then across warps)
@@ -95,6 +104,9 @@ def twin(num: Numerics, variant: str, dtype: str, inputs: dict[str, torch.Tensor
         # E[h^2] - E[h]^2 cancels catastrophically once |mean| / std ~ 2^12 (and can go negative).
         var = num.round(ms - num.round(m * m, F32), F32)
         return num.round(_normalize(num, h, m, var, w, b), dtype)
+    if variant == "triton" and welford_chunk(n):
+        m, var = welford(num, h, lanes=welford_chunk(n), fma_update=True)
+        return num.round(_normalize(num, h, m, var, w, b, fused=True), dtype)
     if variant == "triton":
         # one tl.sum tree per sum, or per-lane sums over the kernel's chunks and then the tree
         lanes = triton_row_lanes(n)

@@ -34,6 +34,36 @@ NOISE_MODES = ("none", "stochastic", "mca", "order")
 # l, l + CHUNK, ... in sequence), then a tree over the lanes. The kernels take both from here.
 TRITON_WHOLE_ROW_MAX = 65536
 TRITON_CHUNK = 4096
+# Triton layernorm rows of 4096..65536 that a chunk of WELFORD_CHUNKS divides into at least 3 pieces
+# take the Welford layout (optwin.kernels.layernorm._layernorm_welford_kernel, as torch.compile runs
+# layernorm): lane l of the chunk runs Welford's update over elements l, l + chunk, ... (1/count
+# rounded once per piece, each update an FMA), then a tree of Chan merges; a second pass normalizes.
+# The largest such chunk: H200 bf16 sweeps over widths 4096..65536 (bench/results/layernorm_welford_h200_s20*.md)
+# found it at or near the best launch everywhere, 1.1-1.6x torch.compile; other rows stay in registers.
+WELFORD_CHUNKS = (4096, 2048, 1024)
+
+
+def welford_chunk(n: int) -> int:
+    """The lanes of the Triton layernorm's Welford layout for a row of n, or 0: the row is held in
+    registers (two-pass trees) or read in TRITON_CHUNK pieces past TRITON_WHOLE_ROW_MAX."""
+    if n < 4096 or n > TRITON_WHOLE_ROW_MAX:
+        return 0
+    return next((c for c in WELFORD_CHUNKS if n % c == 0 and n // c >= 3), 0)
+
+
+def fma_odd(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """a * b + c for float32 values held in float64, rounded to odd in float64: rounding that to
+    float32 (num.round) gives the correctly rounded fused multiply-add. a * b is exact in float64 (48
+    bits); the sum can round there (factors far apart in exponent), and rounding twice to nearest then
+    differs from one FMA at ties (seen: a Welford mean near 300 one float32 ulp off). Rounding to odd
+    first is innocuous for any later rounding to 24 bits (53 >= 24 + 2)."""
+    p = a * b
+    s = p + c
+    bp = s - c
+    err = (p - bp) + (c - (s - bp))  # TwoSum: s + err == p + c exactly
+    inexact_even = (err != 0) & (s.view(torch.int64) & 1 == 0) & torch.isfinite(s)
+    toward = torch.where(err > 0, torch.full_like(s, float("inf")), torch.full_like(s, -float("inf")))
+    return torch.where(inexact_even, torch.nextafter(s, toward), s)
 
 
 def sum_squares(num: Numerics, x: torch.Tensor) -> torch.Tensor:
@@ -48,7 +78,7 @@ def sum_squares(num: Numerics, x: torch.Tensor) -> torch.Tensor:
     g = torch.nn.functional.pad(x, (0, pad)).reshape(*x.shape[:-1], (n + pad) // 4, 4)
     q = num.round(g[..., 3] * g[..., 3], "float32")  # a float32 square is exact in float64
     for j in (2, 1, 0):
-        q = num.round(g[..., j] * g[..., j] + q, "float32")  # fma: one rounding
+        q = num.round(fma_odd(g[..., j], g[..., j], q), "float32")  # fma: one rounding
     return num.sum(q, order="pairwise", keepdim=True)
 
 
