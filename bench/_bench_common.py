@@ -79,3 +79,18 @@ def graph_ms(fn: Callable[[], Any], calls: int = 10, replays: int = 20) -> float
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / (replays * calls)
+
+
+def entry_ms(fn: Callable[[], Any], method: str = "do_bench", smoke: bool = False) -> float:
+    """ms of one entry in one round of an interleaved bench: do_bench's median (L2 flushed before each
+    call), with method "graph" the mean of CUDA graph replays (graph_ms), and in a CPU smoke run one
+    wall-clock call."""
+    if smoke:
+        t = time.perf_counter()
+        fn()
+        return 1e3 * (time.perf_counter() - t)
+    if method == "graph":
+        return graph_ms(fn)
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median"))

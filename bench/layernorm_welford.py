@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -26,8 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, f
 sys.path.insert(1, str(Path(__file__).resolve().parent))  # bench/, for the modules below
 
 import torch
-import triton
-from _bench_common import graph_ms, write_report
+from _bench_common import entry_ms, write_report
 
 from optwin.kernels.layernorm import EPS, _layernorm_launch
 from optwin.kernels.sketch_buffer import new_buffer
@@ -40,16 +38,6 @@ ROUNDS = 1 if SMOKE else int(os.environ.get("BENCH_ROUNDS", "5"))
 # more Welford launches to time, (chunk, warps) pairs: BENCH_WELFORD=2048x8,2048x16 (not the twin's numerics
 # unless the chunk is twin.numerics.welford_chunk's)
 EXTRA = [tuple(int(v) for v in s.split("x")) for s in os.environ.get("BENCH_WELFORD", "").split(",") if s]
-
-
-def _time(fn: Callable[[], Any], method: str) -> float:
-    if SMOKE:
-        t = time.perf_counter()
-        fn()
-        return 1e3 * (time.perf_counter() - t)
-    if method == "graph":
-        return graph_ms(fn)
-    return float(triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median"))
 
 
 def _section(rows: int, n: int) -> list[str]:
@@ -79,7 +67,7 @@ def _section(rows: int, n: int) -> list[str]:
     for _ in range(ROUNDS):
         for method in ("flush", "graph"):
             for name, fn in entries.items():
-                times.setdefault((name, method), []).append(_time(fn, method))
+                times.setdefault((name, method), []).append(entry_ms(fn, "graph" if method == "graph" else "do_bench", SMOKE))
     med = {k: statistics.median(v) for k, v in times.items()}
     base = {m: med.get(("torch.compile", m), med[("registers", m)]) for m in ("flush", "graph")}
     out = [f"## bf16 {rows}x{n}", "", "| launch | µs flushed (min-max) | vs compile | sketch cost | µs graph | vs compile | sketch cost |",

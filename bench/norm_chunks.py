@@ -35,7 +35,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))  # bench/, for the modu
 sys.path.insert(2, str(Path(__file__).resolve().parent / ".ab"))  # frozen revisions (bench/ab_snapshot.py)
 
 import torch
-from _bench_common import config_name, graph_ms, report_tail, worst_diff, write_report
+from _bench_common import config_name, entry_ms, report_tail, worst_diff, write_report
 from gpu_kernels import OPS, _sweep_launchers
 
 from optwin.kernels.sketch_buffer import new_buffer, read_sketch
@@ -83,16 +83,8 @@ PRODUCTION = {"rmsnorm": "fp32-acc", "layernorm": "torch", "rope": "fp32-angles"
 
 def _bench(fn: Callable[[], Any]) -> float:
     """ms of one entry in one round: do_bench's median (L2 flushed before each call), or with
-    BENCH_METHOD=graph the mean of CUDA graph replays (no flush, no host cost; _bench_common.graph_ms)."""
-    if SMOKE:
-        t = time.perf_counter()
-        fn()
-        return 1e3 * (time.perf_counter() - t)
-    if METHOD == "graph":
-        return graph_ms(fn)
-    import triton.testing
-
-    return float(triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median"))
+    BENCH_METHOD=graph the mean of CUDA graph replays (no flush, no host cost; _bench_common.entry_ms)."""
+    return entry_ms(fn, METHOD, SMOKE)
 
 
 def _twin_ulps(op: str, inp: dict[str, torch.Tensor], params: dict[str, Any], y: torch.Tensor,
