@@ -7,6 +7,7 @@ as torch.compile), timed side by side in interleaved rounds, with torch.compile 
     BENCH_OPS="softmax,softmax (hf mask)" python bench/norm_chunks.py   # any bench/gpu_kernels.py OPS entry
     BENCH_CONFIGS='{"layernorm": [{"num_warps": 8, "maxnreg": 128}]}' python bench/norm_chunks.py
     BENCH_METHOD=graph python bench/norm_chunks.py           # CUDA graph replays instead of do_bench
+    BENCH_SHAPE=8192x8192 python bench/norm_chunks.py        # another timing shape (bf16)
     TRITON_INTERPRET=1 python bench/norm_chunks.py --smoke   # CPU dry run of the script, small shapes
 
 Last runs: bench/results/norm_chunks_h200_s12.md (the chunk sweep), norm_chunks_h200_s13b.md (A/B against
@@ -42,7 +43,7 @@ from optwin.kernels.sketch_buffer import new_buffer, read_sketch
 
 SMOKE = "--smoke" in sys.argv
 DEV = "cpu" if SMOKE else "cuda"
-SHAPE = (64, 700) if SMOKE else (4096, 16384)
+SHAPE = (64, 700) if SMOKE else tuple(int(v) for v in os.environ.get("BENCH_SHAPE", "4096x16384").split("x"))
 ROUNDS = 1 if SMOKE else int(os.environ.get("BENCH_ROUNDS", "7"))
 METHOD = os.environ.get("BENCH_METHOD", "do_bench")  # or "graph": CUDA graph replays
 TWIN_ROWS = 8 if SMOKE else 16
