@@ -35,7 +35,7 @@ NOISE_MODES = ("none", "stochastic", "mca", "order")
 TRITON_WHOLE_ROW_MAX = 65536
 TRITON_CHUNK = 4096
 # Triton layernorm rows of 4096..65536 that a chunk of WELFORD_CHUNKS divides into at least 3 pieces
-# take the Welford layout (optwin.kernels.layernorm._layernorm_welford_kernel, as torch.compile runs
+# take the Welford layout (optwin.kernels.layernorm_welford, as torch.compile runs
 # layernorm): lane l of the chunk runs Welford's update over elements l, l + chunk, ... (1/count
 # rounded once per piece, each update an FMA), then a tree of Chan merges; a second pass normalizes.
 # The largest such chunk: H200 bf16 sweeps over widths 4096..65536 (bench/results/layernorm_welford_h200_s20*.md)

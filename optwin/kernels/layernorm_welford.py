@@ -1,0 +1,312 @@
+"""LayerNorm as torch.compile runs it, in Triton, with the input sketch in the same launch: Welford over
+pieces, a program per row (layernorm/triton for the rows twin.numerics.welford_chunk takes; the others:
+optwin.kernels.layernorm).
+
+    TRITON_INTERPRET=1 python -c "import torch; from optwin.kernels.layernorm import layernorm; \
+print(layernorm(torch.randn(2, 5120), torch.ones(5120), torch.zeros(5120))[0].shape)"
+
+Rows of 4096..65536 that a chunk c of 4096, 2048 or 1024 divides into at least 3 pieces
+(twin.numerics.welford_chunk: the largest such c) take this kernel, a program per row as torch.compile
+runs layernorm (_layernorm_welford_kernel):
+    lane l (of c) runs Welford over h[l], h[l + c], ...:
+        first piece mean = h, M2 = 0; then per piece k: r = div_rn(1, k) (one scalar per piece);
+        delta = h - mean; mean = fma(delta, r, mean); M2 = fma(delta, h - mean, M2)
+    a tree of Chan merges over the lanes (frac = div_rn(wb, wa + wb); mean = ma + delta*frac;
+    M2 = (qa + qb) + ((delta*delta)*wa)*frac, each op rounded), var = div_rn(M2, n)
+    y = fma((h - m) * rsqrt(var + eps), w, b), a second pass over the row (an L2 hit)
+(twin.layernorm.welford(..., lanes=c, fma_update=True); the GPU's tree order is tl.reduce's, the
+interpreter runs the twin's halving tree). H200 bf16, µs L2 flushed, against torch.compile: 4096x16384
+71.2 (72.4), 8192x8192 70.2 (77.7), 16384x4096 69.4 (96.0), 8192x5120 48.1 (77.8), 2048x32768 78.3
+(107.8); the row-in-registers kernel 76.4, 93.1, 77.9, 78.4, 94.9 (bench/results/layernorm_welford_h200_s20g.md).
+With the sketch at 4096x16384: 76.5 / 73.4 flushed / graph, against the row-in-registers launch's 79.4 /
+75.5; the sketch costs +7.5 to +34 % of this kernel over those widths (RESULTS.md, stop 20).
+Compiled without FMA contraction: the FMAs are written out, and the twin models each rounding.
+The sketch (y is bit-identical with and without it: the merge tree carries max |x| beside mean, M2 and
+count, and the same merges): each row's program stores two record words, (mean, var) and (max |x|, 0)
+(sketch_buffer.row_records), and one more program, the finisher, polls them (_common.poll_records) and
+derives each row's sum of squares, std and |mean|/std as the persistent kernel's slots do. A row with
+NaN/±inf, overflowing squares, or that could be constant writes exact float64 partials to its extra
+record and flags its second word.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from optwin.errors import InputError
+from optwin.kernels import _common
+from optwin.kernels._common import (
+    FMAX,
+    INTERPRET,
+    INTERPRETED,
+    MAX_BLOCK,
+    RECORD_FLAG_HI,
+    RECORD_POLL,
+    acquire_flag,
+    max_sum_max,
+    note_occupancy,
+    poll_records,
+    record_halves,
+    record_word,
+    register_cap,
+    release_flag,
+    store_common_features,
+)
+from optwin.kernels.layernorm_sketch import (
+    _chunked_exact_row,
+    _could_be_constant,
+    _param_features,
+    _ratio,
+    _store_own_features,
+)
+from optwin.kernels.sketch_buffer import RATIO_CAP, row_records
+from optwin.twin.numerics import welford_chunk as _welford_rule
+
+# The Welford launch: twin.numerics.welford_chunk's chunk (numerics), 8 elements (one 16-byte bf16
+# vector) a thread a piece: num_warps = chunk / 256. H200 bf16, µs L2 flushed, chunk/warps (torch.compile;
+# the row in registers): 4096x16384 4096/16 70.8, /8 78.7 (72.8; 76.5); 8192x8192 2048/8 70.3, 4096/8
+# 69.9, 4096/16 89.6 (77.4; 92.7); 16384x4096 1024/4 69.7, 2048/8 80.7 (96.4; 77.8); 8192x6144 2048/8
+# 54.2 (65.6); 8192x5120 1024/4 47.6 (78.0); 2048x32768 4096/16 77.9 (107.7; 94.9)
+# (bench/results/layernorm_welford_h200_s20*.md). The chunk must divide the row: a ragged last piece
+# (12000 at 4096) ran no faster than the row in registers, and +13 % against +7 % with the sketch.
+ELEMS_PER_THREAD = 8
+# Registers a thread of the sketched Welford launch (None: the compiler's, 40 at 4096/16 with triton 3.9
+# offline: 3 programs per SM against 4 without the sketch). Capped at 32 it spilled: 82.5 against 76.6
+# µs with the sketch (norm_chunks_h200_s20b.md).
+WELFORD_REG_CAP: int | None = None
+
+
+@triton.jit
+def _welford_merge(ma, qa, wa, mb, qb, wb):
+    """Chan's merge of two lanes' (mean, M2, count), each op rounded as twin.layernorm.welford's tree
+    models it (the kernel compiles without FMA contraction); the count ratio divides IEEE (div_rn)."""
+    delta = mb - ma
+    w = wa + wb
+    frac = tl.where(w == 0.0, 0.0, tl.math.div_rn(wb, tl.where(w == 0.0, 1.0, w)))
+    return ma + delta * frac, qa + qb + delta * delta * wa * frac, w
+
+
+@triton.jit
+def _welford_tree(mean, m2, cnt, CHUNK: tl.constexpr):
+    """The interpreter's form of the merge tree: lane i merged with lane i + half, halving to one (the
+    order twin.layernorm.welford models; the interpreter's tl.reduce folds left, lane by lane)."""
+    H: tl.constexpr = CHUNK // 2
+    ma, mb = tl.split(tl.permute(tl.reshape(mean, [2, H]), [1, 0]))
+    qa, qb = tl.split(tl.permute(tl.reshape(m2, [2, H]), [1, 0]))
+    wa, wb = tl.split(tl.permute(tl.reshape(cnt, [2, H]), [1, 0]))
+    m, q, w = _welford_merge(ma, qa, wa, mb, qb, wb)
+    if H == 1:
+        return tl.sum(m, 0), tl.sum(q, 0)
+    else:
+        return _welford_tree(m, q, w, H)
+
+
+@triton.jit
+def _abs_max_start(xr, h, PACKED: tl.constexpr):
+    """The first piece's running max |x| (_abs_max_step's accumulator): x itself when PACKED (the
+    magnitudes are what counts), else |h| in fp32."""
+    if PACKED:
+        return xr
+    else:
+        return tl.abs(h)
+
+
+@triton.jit
+def _abs_max_step(acc, xr, h, PACKED: tl.constexpr):
+    """Running max |x| per lane. PACKED (16-bit x): max.xorsign.abs on pairs, one instruction for two
+    elements, in x's dtype (exact; the sign is garbage, take |acc| at the end; a NaN loses to a number,
+    but such a row is flagged and recomputed); else fp32 max(acc, |h|), one instruction an element."""
+    if not PACKED:
+        return tl.maximum(acc, tl.abs(h))
+    elif INTERPRET:
+        return tl.maximum(tl.abs(acc.to(tl.float32)), tl.abs(h)).to(xr.dtype)
+    elif xr.dtype == tl.bfloat16:
+        return tl.inline_asm_elementwise("max.xorsign.abs.bf16x2 $0, $1, $2;", "=r,r,r", [acc, xr], dtype=tl.bfloat16,
+                                         is_pure=True, pack=2)
+    else:
+        return tl.inline_asm_elementwise("max.xorsign.abs.f16x2 $0, $1, $2;", "=r,r,r", [acc, xr], dtype=tl.float16,
+                                         is_pure=True, pack=2)
+
+
+@triton.jit
+def _welford_merge_max(ma, qa, wa, xa, mb, qb, wb, xb):
+    """_welford_merge with a running max riding along (the sketch's max |h|): the same merges, so the
+    same mean and M2 as without it."""
+    m, q, w = _welford_merge(ma, qa, wa, mb, qb, wb)
+    return m, q, w, tl.maximum(xa, xb)
+
+
+@triton.jit
+def _layernorm_welford_kernel(
+    X_ptr, X_row_stride, W_ptr, B_ptr, Y_ptr, Y_row_stride, S_ptr,  # as _layernorm_kernel
+    M_ptr,  # row record words, int64 (>= 2 * n_rows,), all -1 (sketch_buffer.row_records); unused unless SKETCH
+    E_ptr,  # extra records, int64 (>= n_rows, 4)
+    n_rows,
+    eps,  # fp32 scalar
+    N: tl.constexpr,  # the row length, compiled in: a runtime length ran the piece loops 30 % slower (H200)
+    CHUNK: tl.constexpr,  # twin.numerics.welford_chunk: lanes of the Welford update (part of the numerics)
+    CAP: tl.constexpr,
+    SKETCH: tl.constexpr,
+    POLL: tl.constexpr,  # rows whose records the finisher reads at once
+    EXACT_CHUNK: tl.constexpr,  # width of the pieces the cold paths read
+    FINISHER_FIRST: tl.constexpr,  # program 0 finishes (a GPU starts it first); else program n_rows (the interpreter)
+    PACKED: tl.constexpr,  # x is 16-bit: max |x| two elements an instruction (_abs_max_step)
+    PROBE: tl.constexpr = 0,  # bench only (the sketch is then wrong), bits: 1 no max |h|, 2 no records (no polls), 4 no flagged path
+):
+    # A program per row, as torch.compile's layernorm: lane l runs Welford's update over elements l,
+    # l + CHUNK, ... (the first piece sets mean = h, M2 = 0; every lane has the same count, so 1/count is
+    # one division per piece), a tree of Chan merges gives the row's mean and M2, and a second pass
+    # re-reads the row (an L2 hit) for y. Few registers a thread (no row held), so many programs per SM.
+    # With the sketch each row's program stores two record words, (mean, var) and (max |h|, 0), and one
+    # more program, the finisher, polls them (_common.poll_records) and derives each row's sum of
+    # squares, std and |mean|/std as _slot_partials does. A row with NaN/±inf (or overflowing squares),
+    # or one that could be constant, writes exact partials to its extra record and flags its second word.
+    pid = tl.program_id(0)
+    cols = tl.arange(0, CHUNK)
+    FULL: tl.constexpr = (N // CHUNK) * CHUNK  # columns in whole pieces (N >= CHUNK)
+    if not SKETCH or pid != (0 if FINISHER_FIRST else n_rows):
+        row = tl.cast(pid - 1 if SKETCH and FINISHER_FIRST else pid, tl.int64)
+        X_row = X_ptr + row * X_row_stride
+        xr = tl.load(X_row + cols, eviction_policy="evict_last")
+        mean = xr.to(tl.float32)  # count 1: mean = h, M2 = 0
+        m2 = tl.zeros([CHUNK], dtype=tl.float32)
+        amax = _abs_max_start(xr, mean, PACKED)  # sketch only (dead code without it)
+        k = 1.0
+        for c0 in tl.range(CHUNK, FULL, CHUNK):
+            xr = tl.load(X_row + c0 + cols, eviction_policy="evict_last")
+            h = xr.to(tl.float32)
+            k += 1.0
+            rc = tl.math.div_rn(1.0, k)  # one scalar per piece
+            delta = h - mean
+            mean = tl.fma(delta, rc, mean)
+            m2 = tl.fma(delta, h - mean, m2)
+            if SKETCH and PROBE % 2 == 0:
+                amax = _abs_max_step(amax, xr, h, PACKED)
+        cnt = tl.full([CHUNK], k, tl.float32)
+        if FULL < N:  # the ragged last piece: its lanes past N keep their count
+            tail = FULL + cols < N
+            xr = tl.load(X_row + FULL + cols, mask=tail, other=0.0, eviction_policy="evict_last")
+            h = xr.to(tl.float32)
+            rc = tl.math.div_rn(1.0, k + 1.0)
+            delta = h - mean
+            t_mean = tl.fma(delta, rc, mean)
+            m2 = tl.where(tail, tl.fma(delta, h - t_mean, m2), m2)
+            mean = tl.where(tail, t_mean, mean)
+            cnt = tl.where(tail, k + 1.0, cnt)
+            if SKETCH:
+                amax = _abs_max_step(amax, xr, h, PACKED)  # padding is 0
+        if INTERPRET:  # the twin's tree (the interpreter's tl.reduce folds left); the max its own tree
+            m, q = _welford_tree(mean, m2, cnt, CHUNK)
+            hmax = tl.max(tl.abs(amax.to(tl.float32)), 0)
+        elif SKETCH and PROBE % 2 == 0:
+            m, q, _, hmax = tl.reduce((mean, m2, cnt, tl.abs(amax.to(tl.float32))), 0, _welford_merge_max)
+        else:
+            m, q, _ = tl.reduce((mean, m2, cnt), 0, _welford_merge)
+            hmax = tl.zeros((), dtype=tl.float32)  # PROBE 1
+        var = tl.math.div_rn(q, tl.cast(N, tl.float32))
+        if SKETCH:  # before y: the finisher's wait ends with the last row's sums, not with its stores
+            plain = ((var + m * m) * N <= FMAX) & ~_could_be_constant(m, var)
+            if plain and PROBE // 2 % 2 == 0:  # the rare rest after y
+                tl.store(M_ptr + row * 2, record_word(m, var))
+                tl.store(M_ptr + row * 2 + 1, record_word(hmax, tl.zeros((), tl.float32)))
+        rs = tl.math.rsqrt(var + eps)  # approximate rsqrt
+        Y_row = Y_ptr + row * Y_row_stride
+        for c0 in tl.range(0, N, CHUNK):
+            cm = c0 + cols < N
+            h = tl.load(X_row + c0 + cols, mask=cm, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            w = tl.load(W_ptr + c0 + cols, mask=cm, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            b = tl.load(B_ptr + c0 + cols, mask=cm, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            tl.store(Y_row + c0 + cols, tl.fma((h - m) * rs, w, b).to(Y_ptr.dtype.element_ty), mask=cm,
+                     eviction_policy="evict_first")
+        if SKETCH and PROBE < 4:  # noqa: SIM102 - a constexpr branch
+            if not plain:
+                _publish_flagged_row(X_row, M_ptr + row * 2 + 1, E_ptr + row * 4, N, CAP, EXACT_CHUNK)
+    else:  # the finisher: the parameters' partials while rows run, then the records in row order
+        param_nf = _param_features(W_ptr, B_ptr, S_ptr, tl.arange(0, EXACT_CHUNK), N, EXACT_CHUNK)
+        v_amax = tl.zeros([POLL], dtype=tl.float32)  # per row slot across the polls, reduced at the end
+        v_sq = tl.zeros([POLL], dtype=tl.float64)
+        v_ratio = tl.zeros([POLL], dtype=tl.float32)
+        v_minstd = tl.full([POLL], float("inf"), tl.float32)
+        g_amax = tl.zeros((), dtype=tl.float32)  # the flagged rows' partials
+        g_sq = tl.zeros((), dtype=tl.float64)
+        g_ratio = tl.zeros((), dtype=tl.float32)
+        g_minstd = tl.full((), float("inf"), tl.float32)
+        g_const = tl.zeros((), dtype=tl.float32)
+        g_nf = tl.zeros((), dtype=tl.int64)
+        for r0 in range(0, n_rows if PROBE // 2 % 2 == 0 else 0, POLL):
+            lo, hi = poll_records(M_ptr, r0, n_rows, POLL, 2)
+            m_bits, amax_bits = tl.split(lo)  # word 0 = (mean, var), word 1 = (max |h|, 0 or the flag)
+            var_bits, tag = tl.split(hi)
+            rows = r0 + tl.arange(0, POLL)
+            flagged = tag == RECORD_FLAG_HI
+            plain = (rows < n_rows) & ~flagged
+            m = m_bits.to(tl.float32, bitcast=True)
+            var = var_bits.to(tl.float32, bitcast=True)
+            sf = tl.sqrt(var)
+            v_amax = tl.maximum(v_amax, tl.where(plain, amax_bits.to(tl.float32, bitcast=True), 0.0))
+            v_sq += tl.where(plain, (var + m * m) * N, 0.0).to(tl.float64)  # as _slot_partials
+            v_ratio = tl.maximum(v_ratio, tl.where(plain, _ratio(m, sf, -1.0, CAP), 0.0))
+            v_minstd = tl.minimum(v_minstd, tl.where(plain, sf, float("inf")))
+            r = tl.min(tl.where(flagged, rows, n_rows), axis=0)
+            while r < n_rows:  # rare: the flagged rows one by one
+                e = E_ptr + r * 4 * acquire_flag(M_ptr + r * 2 + 1)
+                a_bits, nf_bits = record_halves(tl.load(e, volatile=True))
+                ratio_bits, sf_bits = record_halves(tl.load(e + 2, volatile=True))
+                c_bits, _ = record_halves(tl.load(e + 3, volatile=True))
+                g_amax = tl.maximum(g_amax, a_bits.to(tl.float32, bitcast=True))
+                g_sq += tl.load(e + 1, volatile=True).to(tl.float64, bitcast=True)
+                g_ratio = tl.maximum(g_ratio, ratio_bits.to(tl.float32, bitcast=True))
+                g_minstd = tl.minimum(g_minstd, sf_bits.to(tl.float32, bitcast=True))
+                g_const = tl.maximum(g_const, c_bits.to(tl.float32, bitcast=True))
+                g_nf += nf_bits.to(tl.float32, bitcast=True).to(tl.int64)
+                r = tl.min(tl.where(flagged & (rows > r), rows, n_rows), axis=0)
+        m_amax, s_sq, m_ratio = max_sum_max(v_amax, v_sq, v_ratio)
+        numel = tl.cast(n_rows, tl.int64) * N
+        store_common_features(S_ptr, numel, tl.cast(n_rows, tl.int64), tl.maximum(m_amax, g_amax).to(tl.float64),
+                              s_sq + g_sq, numel - g_nf, g_nf + param_nf)
+        tl.store(S_ptr + 5, tl.cast(N, tl.float64))
+        _store_own_features(S_ptr, tl.maximum(m_ratio, g_ratio).to(tl.float64),
+                            tl.minimum(tl.min(v_minstd, axis=0), g_minstd).to(tl.float64), g_const.to(tl.float64),
+                            n_rows, CAP)
+
+
+@triton.jit
+def _publish_flagged_row(X_row, flag_ptr, E_row, n_cols, CAP: tl.constexpr, CHUNK: tl.constexpr):
+    """A row the finisher cannot derive from (mean, var) (NaN/±inf, overflowing squares, or one that
+    could be constant): its exact finite-only partials (_chunked_exact_row, float64 sums) into its
+    extra record (max |h| | NaN/±inf count, sum of squares float64, |mean|/std | std, constant |c| or
+    -1), then the flag on its second word (the first gets a non-sentinel word: the finisher waits for
+    both)."""
+    amax, sq, nf, mf, sf, c = _chunked_exact_row(X_row, tl.arange(0, CHUNK), n_cols, CHUNK)
+    tl.store(E_row, record_word(amax, nf))
+    tl.store(E_row + 1, sq.to(tl.int64, bitcast=True))
+    tl.store(E_row + 2, record_word(_ratio(mf, sf, c, CAP), sf))
+    tl.store(E_row + 3, record_word(c, tl.zeros((), tl.float32)))
+    tl.store(flag_ptr - 1, record_word(tl.zeros((), tl.float32), tl.zeros((), tl.float32)))
+    release_flag(flag_ptr)
+
+
+def _welford_launch(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2: torch.Tensor,
+                    buf: torch.Tensor | None, eps: float, num_warps: int | None = None, poll: int | None = None,
+                    maxnreg: int | None = None, probe: int = 0, welford_chunk: int | None = None) -> None:
+    """_layernorm_welford_kernel: a program per row (and the finisher with the sketch), the row length
+    compiled in (one kernel per hidden size, as torch.compile specializes). poll: rows whose records
+    the finisher reads at once (a power of two; tests put flagged rows across its boundaries)."""
+    n_rows, n = x2.shape
+    # another chunk (or a ragged one) is not the catalog variant's numerics: the bench's sweep and tests
+    chunk = welford_chunk or _welford_rule(n) or 4096
+    if n < chunk or n > MAX_BLOCK:
+        raise InputError(f"layernorm: the Welford launch takes rows of {chunk}..{MAX_BLOCK}, got {n}")
+    sketch = buf is not None
+    warps = num_warps or max(1, chunk // (32 * ELEMS_PER_THREAD))
+    cap = (WELFORD_REG_CAP if sketch else None) if maxnreg is None else maxnreg or None
+    m, e = row_records("layernorm", x2.device, n_rows, words=2, extra=4) if sketch else (y2, y2)
+    k = _layernorm_welford_kernel[(n_rows + sketch,)](
+        x2, x2.stride(0), weight, bias, y2, y2.stride(0), buf if sketch else y2, m, e, n_rows, eps,
+        N=n, CHUNK=chunk, CAP=RATIO_CAP, SKETCH=sketch, POLL=poll or RECORD_POLL, EXACT_CHUNK=_common.EXACT_CHUNK,
+        FINISHER_FIRST=not INTERPRETED, PACKED=x2.element_size() == 2, PROBE=probe, num_warps=warps, enable_fp_fusion=False, **register_cap(cap),
+        **({} if INTERPRETED else {"num_stages": 1}),
+    )
+    note_occupancy(("layernorm-welford", x2.dtype, n, chunk, warps, cap, sketch), k, warps)
