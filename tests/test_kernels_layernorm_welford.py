@@ -52,12 +52,14 @@ def test_the_welford_launch_takes_rows_its_chunks_divide_in_three_pieces_or_more
         _launch(_inputs(2, 100, torch.float32, 0), sketch=False, welford=True)
 
 
-@pytest.mark.parametrize(("n", "chunk"), [(16384, 4096), (6144, 2048), (5120, 1024), (12000, 4096)])
+@pytest.mark.parametrize(("n", "chunk"), [(16384, 4096), (6144, 2048), (5120, 1024), (4096, 1024), (65536, 4096),
+                                            (12000, 4096)])
 def test_float32_mean_and_variance_are_the_twins_bit_for_bit(n, chunk):
     """y from twin.layernorm.welford's mean and variance, with the interpreter's rsqrt (numpy's 1/sqrt,
     two roundings, where the twin models a correctly rounded rsqrt and the GPU rsqrt.approx) and the
     epilogue's FMA; the twin's own y within 2 ulps of each row's largest |y| (that rsqrt). 12000: a
-    ragged last piece (the launch forced; the catalog variant holds such rows in registers)."""
+    ragged last piece (the launch forced; the catalog variant holds such rows in registers); 4096 and
+    65536: the smallest and the largest rows the Welford launch takes."""
     inp = _inputs(3, n, torch.float32, n)
     inp["x"][1] += 300.0  # |mean|/std ~ 150: the mean's rounding shows in y
     y, _ = _launch(inp, sketch=False, welford=True, welford_chunk=chunk)
