@@ -65,7 +65,7 @@ _WS: dict[tuple[str, str, int], tuple[torch.Tensor, torch.Tensor]] = {}
 # Row records (the launches with a program per row): int64 words per row, SENTINEL between
 # launches; a row's program overwrites it and the finisher program polls the words until none holds
 # the sentinel in either half, reduces them and writes the sentinel back (_common.poll_records). Each
-# word has an extra record (two int64) for rows whose partials need more than two fp32.
+# row has an extra record (two int64 for rmsnorm, four for layernorm) for partials the words cannot hold.
 SENTINEL = -1  # all ones: a NaN pattern in both halves, which no record half takes
 _RECORDS: dict[tuple[str, str, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
