@@ -514,7 +514,7 @@ def poll_records(M_ptr, r0, n_rows, POLL: tl.constexpr, WORDS: tl.constexpr = 1)
     the sentinel; the sentinel then goes back for the next launch. Volatile loads (no L1), re-issued
     until every word is written."""
     rows = r0 + tl.arange(0, POLL)
-    if WORDS == 1:  # rmsnorm's launch: kept as it was timed (bench/results/norm_chunks_h200_s19d.md)
+    if WORDS == 1:  # one word a row (rmsnorm's finisher): [POLL] halves, no [POLL, 1] for the caller to reshape
         ptrs = M_ptr + rows.to(tl.int64)
         valid = rows < n_rows
     else:

@@ -57,6 +57,7 @@ from optwin.kernels._common import (
 from optwin.kernels.layernorm_sketch import (
     _chunked_exact_row,
     _could_be_constant,
+    _merge_row,
     _param_features,
     _ratio,
     _store_own_features,
@@ -222,7 +223,7 @@ def _layernorm_welford_kernel(
                      eviction_policy="evict_first")
         if SKETCH and PROBE < 4:  # noqa: SIM102 - a constexpr branch
             if not plain:
-                _publish_flagged_row(X_row, M_ptr + row * 2 + 1, E_ptr + row * 4, N, CAP, EXACT_CHUNK)
+                _publish_flagged_row(X_row, M_ptr + row * 2 + 1, E_ptr + row * 4, N, EXACT_CHUNK)
     else:  # the finisher: the parameters' partials while rows run, then the records in row order
         param_nf = _param_features(W_ptr, B_ptr, S_ptr, tl.arange(0, EXACT_CHUNK), N, EXACT_CHUNK)
         v_amax = tl.zeros([POLL], dtype=tl.float32)  # per row slot across the polls, reduced at the end
@@ -250,17 +251,16 @@ def _layernorm_welford_kernel(
             v_ratio = tl.maximum(v_ratio, tl.where(plain, _ratio(m, sf, -1.0, CAP), 0.0))
             v_minstd = tl.minimum(v_minstd, tl.where(plain, sf, float("inf")))
             r = tl.min(tl.where(flagged, rows, n_rows), axis=0)
-            while r < n_rows:  # rare: the flagged rows one by one
+            while r < n_rows:  # rare: the flagged rows one by one, merged as the persistent kernel merges them
                 e = E_ptr + r * 4 * acquire_flag(M_ptr + r * 2 + 1)
                 a_bits, nf_bits = record_halves(tl.load(e, volatile=True))
-                ratio_bits, sf_bits = record_halves(tl.load(e + 2, volatile=True))
+                mf_bits, sf_bits = record_halves(tl.load(e + 2, volatile=True))
                 c_bits, _ = record_halves(tl.load(e + 3, volatile=True))
-                g_amax = tl.maximum(g_amax, a_bits.to(tl.float32, bitcast=True))
-                g_sq += tl.load(e + 1, volatile=True).to(tl.float64, bitcast=True)
-                g_ratio = tl.maximum(g_ratio, ratio_bits.to(tl.float32, bitcast=True))
-                g_minstd = tl.minimum(g_minstd, sf_bits.to(tl.float32, bitcast=True))
-                g_const = tl.maximum(g_const, c_bits.to(tl.float32, bitcast=True))
-                g_nf += nf_bits.to(tl.float32, bitcast=True).to(tl.int64)
+                g_amax, g_ratio, g_minstd, g_sq, g_nf, g_const = _merge_row(
+                    g_amax, g_ratio, g_minstd, g_sq, g_nf, g_const, a_bits.to(tl.float32, bitcast=True),
+                    tl.load(e + 1, volatile=True).to(tl.float64, bitcast=True), nf_bits.to(tl.float32, bitcast=True),
+                    mf_bits.to(tl.float32, bitcast=True), sf_bits.to(tl.float32, bitcast=True),
+                    c_bits.to(tl.float32, bitcast=True), CAP)
                 r = tl.min(tl.where(flagged & (rows > r), rows, n_rows), axis=0)
         m_amax, s_sq, m_ratio = max_sum_max(v_amax, v_sq, v_ratio)
         numel = tl.cast(n_rows, tl.int64) * N
@@ -273,16 +273,16 @@ def _layernorm_welford_kernel(
 
 
 @triton.jit
-def _publish_flagged_row(X_row, flag_ptr, E_row, n_cols, CAP: tl.constexpr, CHUNK: tl.constexpr):
+def _publish_flagged_row(X_row, flag_ptr, E_row, n_cols, CHUNK: tl.constexpr):
     """A row the finisher cannot derive from (mean, var) (NaN/±inf, overflowing squares, or one that
     could be constant): its exact finite-only partials (_chunked_exact_row, float64 sums) into its
-    extra record (max |h| | NaN/±inf count, sum of squares float64, |mean|/std | std, constant |c| or
-    -1), then the flag on its second word (the first gets a non-sentinel word: the finisher waits for
-    both)."""
+    extra record (max |h| | NaN/±inf count, sum of squares float64, mean | std, constant |c| or -1),
+    which the finisher merges with _merge_row; then the flag on its second word (the first gets a
+    non-sentinel word: the finisher waits for both)."""
     amax, sq, nf, mf, sf, c = _chunked_exact_row(X_row, tl.arange(0, CHUNK), n_cols, CHUNK)
     tl.store(E_row, record_word(amax, nf))
     tl.store(E_row + 1, sq.to(tl.int64, bitcast=True))
-    tl.store(E_row + 2, record_word(_ratio(mf, sf, c, CAP), sf))
+    tl.store(E_row + 2, record_word(mf, sf))
     tl.store(E_row + 3, record_word(c, tl.zeros((), tl.float32)))
     tl.store(flag_ptr - 1, record_word(tl.zeros((), tl.float32), tl.zeros((), tl.float32)))
     release_flag(flag_ptr)
