@@ -79,6 +79,17 @@ from optwin.kernels._common import (
     rows_view,
     store_common_features,
 )
+from optwin.kernels.packed16 import (
+    LOW_BITS_PAIR,
+    NEG_INF_PAIR,
+    SIGN_PAIR,
+    join_pairs,
+    neg_inf_mask,
+    packable,
+    row_max,
+    row_max_min,
+    unpack,
+)
 from optwin.kernels.sketch_buffer import WORKSPACE, feature_names, new_buffer, workspace
 
 assert feature_names("softmax") == (
@@ -150,14 +161,19 @@ HUGE_UNSCALE: tl.constexpr = tl.constexpr(2.0**144)
 #   7: as 4 with the per-row scalars in row slots, LANES rows at a time: never timed on the GPU
 #      (~905 SASS but 48 bytes of spills at 64 registers)
 VARIANT = 4
-LAYOUTS = (3, 4, 8)  # the layouts the kernel has (VARIANT's values)
+PACKED_VARIANT = 10  # the default where x is read as words (packed16.packable)
+LAYOUTS = (3, 4, 8, 10)  # the layouts the kernel has (VARIANT's values)
 CHUNK = 256  # slow-path piece: no register spill at 16 warps (512 and up: an 8-byte stack frame)
 KEEP = 1  # accumulator chains per lane (VARIANT >= 4): [LANES, KEEP] registers each (2 spills at 64)
 FLUSH = 16  # rows between float64 flushes of the lane sums of squares (VARIANT >= 4)
 # Register cap per (BLOCK, num_warps) of the VARIANT >= 4 sketch kernel (ptxas -maxrregcount): 64
 # keeps 2 programs of 16 warps per SM (uncapped it takes ~100 registers: 1 program per SM).
 MAXNREG: dict[tuple[int, int], int] = {(16384, 16): 64}
-FUSION = False  # enable_fp_fusion of the VARIANT >= 4 sketch kernel (the sweep's option)
+FUSION = False  # enable_fp_fusion of the VARIANT 3-8 sketch kernels (the sweep's option; layout 10 fuses)
+# VARIANT 10: a row whose max exceeds the format's lowest finite value by more than 128 (exp of the
+# difference is 0: ex2.approx.ftz underflows below -126 * ln 2) can read its -inf halves as that value.
+# In float32 the bf16 bound is the value itself (its ulp is 2^104); fp16's is exact.
+NEG_SAFE = {torch.bfloat16: float(torch.finfo(torch.bfloat16).min), torch.float16: float(torch.finfo(torch.float16).min) + 128.0}
 
 
 @triton.jit
@@ -185,14 +201,67 @@ def _sum_pair(e, ed):
 
 
 @triton.jit
-def _exp_sums_clamped(h, m):
+def _exp_sums_clamped(h, m, BLOCK: tl.constexpr):
     """(e = exp(h - m), s = sum e, t = sum e*(h - m)) in one tree; s is the same value tl.sum(e) gives
     (same lanes, same tree, adds only). t's lanes are e * max(d, -FMAX): a lane with e == 0 adds -0,
     -inf lanes give 0 * -FMAX, not NaN (one instruction less per lane than a test of e > 0)."""
     d = h - m
     e = exp_ftz(d)
     ed = e * tl.maximum(d, -FMAX)
-    s, t = _sum_pair(e, ed)
+    s, t = _sum_pair(fold8_sum(e, BLOCK), fold8_sum(ed, BLOCK))
+    return e, s, t
+
+
+@triton.jit
+def _eighths(x, BLOCK: tl.constexpr):
+    """[BLOCK] -> the 8 [BLOCK // 8] tensors of elements 8k + j, j = 0..7 (one thread's registers)."""
+    a, b = tl.split(tl.reshape(x, [BLOCK // 8, 2, 2, 2]))  # 8k + {0, 2, 4, 6}, 8k + {1, 3, 5, 7}
+    a0, a1 = tl.split(a)  # 8k + {0, 4}, 8k + {2, 6}
+    b0, b1 = tl.split(b)
+    x0, x4 = tl.split(a0)
+    x2, x6 = tl.split(a1)
+    x1, x5 = tl.split(b0)
+    x3, x7 = tl.split(b1)
+    return x0, x1, x2, x3, x4, x5, x6, x7
+
+
+@triton.jit
+def fold8_sum(e, BLOCK: tl.constexpr):
+    """[BLOCK] -> [BLOCK // 8]: each 8 neighbours summed in order, e0 + e1 + ... + e7 (the first
+    level of the row sum's tree, the same in the kernels with and without the sketch)."""
+    if BLOCK >= 8:
+        x0, x1, x2, x3, x4, x5, x6, x7 = _eighths(e, BLOCK)
+        return x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7
+    else:
+        return e
+
+
+@triton.jit
+def fold8_dot(e, d, BLOCK: tl.constexpr):
+    """[BLOCK] -> [BLOCK // 8]: sum of e * d over each 8 neighbours as one FMA chain (1 FMUL and 7
+    FFMA per 8 elements, where a product then the tree's add is 2 instructions per element)."""
+    if BLOCK >= 8:
+        e0, e1, e2, e3, e4, e5, e6, e7 = _eighths(e, BLOCK)
+        d0, d1, d2, d3, d4, d5, d6, d7 = _eighths(d, BLOCK)
+        acc = tl.fma(e1, d1, e0 * d0)
+        acc = tl.fma(e2, d2, acc)
+        acc = tl.fma(e3, d3, acc)
+        acc = tl.fma(e4, d4, acc)
+        acc = tl.fma(e5, d5, acc)
+        acc = tl.fma(e6, d6, acc)
+        return tl.fma(e7, d7, acc)
+    else:
+        return e * d
+
+
+@triton.jit
+def _exp_sums(h, m, BLOCK: tl.constexpr):
+    """_exp_sums_clamped for rows where d = h - m is finite at every lane (VARIANT 10's -inf halves
+    read as the format's lowest value): t's lanes e * d, no clamp, each 8 folded by FMAs; s is
+    tl.sum of fold8_sum(e), as in the kernel without the sketch."""
+    d = h - m
+    e = exp_ftz(d)
+    s, t = _sum_pair(fold8_sum(e, BLOCK), fold8_dot(e, d, BLOCK))
     return e, s, t
 
 
@@ -295,6 +364,23 @@ def _row_is_slow(X_row, n_cols, CHUNK: tl.constexpr):
 
 
 @triton.jit
+def _unpacked(w, BF16: tl.constexpr, BLOCK: tl.constexpr):
+    """The [BLOCK] float32 row of words w, in element order."""
+    lo, hi = unpack(w, BF16)
+    return join_pairs(lo, hi, BLOCK // 2)
+
+
+@triton.jit
+def _lane_count(a_neg, VARIANT: tl.constexpr):
+    """The -inf count in the lane accumulators, as int64: float32 lanes, or (VARIANT 10) int32 lanes
+    holding one 16-bit count per half of the words (< 2^16: FLUSH rows of BLOCK // (2 * LANES))."""
+    if VARIANT == 10:
+        return tl.sum((a_neg & 0xFFFF) + (a_neg >> 16)).to(tl.int64)
+    else:
+        return tl.sum(a_neg).to(tl.int64)
+
+
+@triton.jit
 def _merge_extremes(p_max, p_min, p_rng, p_rmx, rmax, rmin, F_ptr):
     """A slow-path row's finite max and min merged into the program's max, min and smallest row max
     (a row without a finite entry has rmax = -inf < rmin = +inf and adds nothing). Its range goes
@@ -329,6 +415,10 @@ def _softmax_kernel(
     KEEP: tl.constexpr,  # independent accumulator chains per lane (divides VEC; _common's lane partials)
     FLUSH: tl.constexpr,  # rows between float64 flushes of the lane sums of squares
     EVEN: tl.constexpr = False,  # BLOCK == n_cols (no padding lanes); VARIANT 8 only, False elsewhere
+    PACKED: tl.constexpr = False,  # x read as words of two 16-bit elements (packed16.packable)
+    BF16: tl.constexpr = False,  # PACKED: the halves are bf16 (else fp16)
+    NEG_PAIR: tl.constexpr = 0,  # PACKED: a word of two -inf halves (padding words)
+    NEG_SAFE: tl.constexpr = 0.0,  # VARIANT 10: rows with a max above this take t without the clamp
 ):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
@@ -348,15 +438,27 @@ def _softmax_kernel(
         p_bad = tl.zeros((), dtype=tl.int32)  # rows left to the exact pass after the loop
         if VARIANT >= 4:
             a_sq = tl.zeros([LANES, KEEP], dtype=tl.float32)  # per lane: sum of h*h over non-(-inf) entries
-            a_neg = tl.zeros([LANES, KEEP], dtype=tl.float32)  # per lane: -inf count (padding included; exact, flushed)
+            if VARIANT == 10:  # two 16-bit counters per lane, one per half of the words
+                a_neg = tl.zeros([LANES, KEEP], dtype=tl.int32)
+            else:
+                a_neg = tl.zeros([LANES, KEEP], dtype=tl.float32)  # per lane: -inf count (padding included; exact, flushed)
             a_huge = tl.zeros([LANES, KEEP], dtype=tl.float32)  # VARIANT 4: sum of (h * 2^-72)^2 over rows with |h| >= HUGE
             n_left = tl.full((), FLUSH, tl.int32)  # rows until the next flush of a_sq
             n_fast = tl.zeros((), dtype=tl.int32)  # VARIANT 8: rows of the fast branch (their padding is not in a_neg)
+    if PACKED:
+        wcols = tl.arange(0, BLOCK // 2)
+        wmask = wcols < n_cols // 2
     for r in tl.range(pid, n_rows, tl.num_programs(0), num_stages=STAGES):
         row = tl.cast(r, tl.int64)
-        x = tl.load(X_ptr + row * X_row_stride + cols, mask=mask, other=-float("inf"),
-                    eviction_policy="evict_first")  # read n (dtype)
-        h = x.to(tl.float32)
+        if PACKED:
+            Xw = (X_ptr + row * X_row_stride).to(tl.pointer_type(tl.int32))
+            w = tl.load(Xw + wcols, mask=wmask, other=NEG_PAIR, eviction_policy="evict_first")  # read n (dtype)
+            if SKETCH and VARIANT != 10:  # layouts whose max tree runs on float32 (the others unpack after it)
+                h = _unpacked(w, BF16, BLOCK)
+        else:
+            x = tl.load(X_ptr + row * X_row_stride + cols, mask=mask, other=-float("inf"),
+                        eviction_policy="evict_first")  # read n (dtype)
+            h = x.to(tl.float32)
         if SKETCH and VARIANT == 8:
             # max tree: (max, plain min over the row's columns): no -inf mask before the branch
             if EVEN:
@@ -379,7 +481,7 @@ def _softmax_kernel(
                     d = h - m
                     e = exp_ftz(d)
                     ed = e * tl.maximum(d, -FMAX)  # padding: 0 * -FMAX
-                s, t = _sum_pair(e, ed)
+                s, t = _sum_pair(fold8_sum(e, BLOCK), fold8_sum(ed, BLOCK))
                 if not EVEN:
                     n_fast += 1
             else:  # masked columns (or a fully masked row): layout 4's per-element selects
@@ -392,9 +494,29 @@ def _softmax_kernel(
                 lo = lane_min(tl.where(ninf, float("inf"), h), BLOCK, LANES, VEC, KEEP)  # [LANES, KEEP]
                 d = _sub_opaque(h, m)  # h - m, not hoisted above the branch
                 e = exp_ftz(d)
-                s, t = _sum_pair(e, e * tl.maximum(d, -FMAX))
+                s, t = _sum_pair(fold8_sum(e, BLOCK), fold8_sum(e * tl.maximum(d, -FMAX), BLOCK))
                 rmin = tl.min(tl.min(lo, 1), 0)  # across threads: one value each
-        elif SKETCH and VARIANT >= 4:  # VARIANT 4
+        elif SKETCH and VARIANT == 10:  # layout 4 on the words (PACKED)
+            ninf = neg_inf_mask(w, BF16)  # 0xFFFF per -inf half
+            ones = ninf & LOW_BITS_PAIR  # 1 per -inf half
+            a_neg += lane_sum(ones, BLOCK // 2, LANES, VEC // 2, KEEP)  # padding included
+            a_prev = a_sq
+            a_sq += lane_sum_squares(_unpacked(w & ~ninf, BF16, BLOCK), BLOCK, LANES, VEC, KEEP)  # HUGE rows below
+            # only wd lives across the max tree: -inf halves read as the format's lowest finite value
+            # (0xFF80 - 1 = 0xFF7F, 0xFC00 - 1 = 0xFBFF), whose e is still 0 where m > NEG_SAFE
+            wd = w - ones
+            m, rmin = row_max_min(w, w ^ (ninf & SIGN_PAIR), BF16)  # the min's -inf halves made +inf
+            if tl.maximum(m, -rmin) >= HUGE:  # rare paths re-read the row (an L2 hit)
+                a_sq = a_prev
+                w2 = tl.load(Xw + wcols, mask=wmask, other=NEG_PAIR)
+                hs = _mul_opaque(_unpacked(w2 & ~neg_inf_mask(w2, BF16), BF16, BLOCK), HUGE_SCALE)
+                a_huge += lane_sum_squares(hs, BLOCK, LANES, VEC, KEEP)
+            if m > NEG_SAFE:  # d finite at every lane: t without the clamp
+                e, s, t = _exp_sums(_unpacked(wd, BF16, BLOCK), m, BLOCK)
+            else:  # a row of the lowest value itself (a fully masked HF row), of -inf, or NaN
+                w2 = tl.load(Xw + wcols, mask=wmask, other=NEG_PAIR)
+                e, s, t = _exp_sums_clamped(_unpacked(w2, BF16, BLOCK), m, BLOCK)
+        elif SKETCH and VARIANT == 4:
             ninf = h == -float("inf")
             hz = tl.where(ninf, 0.0, h)
             a_prev = a_sq  # kept for a HUGE row, whose plain squares overflow (one register)
@@ -415,7 +537,7 @@ def _softmax_kernel(
                 hs = _mul_opaque(h, HUGE_SCALE)
                 hs = tl.where(hs == -float("inf"), 0.0, hs)
                 a_huge += lane_sum_squares(hs, BLOCK, LANES, VEC, KEEP)  # +inf stays non-finite: the exact pass
-            e, s, t = _exp_sums_clamped(h, m)
+            e, s, t = _exp_sums_clamped(h, m, BLOCK)
         elif SKETCH:  # VARIANT 3
             # one tree: the op's max and the sketch's sum of squares (-inf lanes, incl. padding, add
             # 0; NaN/+inf make it non-finite), smallest non-masked entry and the -inf count
@@ -428,11 +550,15 @@ def _softmax_kernel(
             else:
                 m, sq, rmin, nneg = tl.reduce((h, q, lo, neg), 0, _combine4)
             nneg -= BLOCK - n_cols
-            e, s, t = _exp_sums_clamped(h, m)
+            e, s, t = _exp_sums_clamped(h, m, BLOCK)
         else:
-            m = tl.max(h, axis=0)
+            if PACKED:
+                m = row_max(w, BF16)  # the same value as tl.max(h), taken on pairs
+                h = _unpacked(w, BF16, BLOCK)
+            else:
+                m = tl.max(h, axis=0)
             e = exp_ftz(h - m)  # approximate exp; padding lanes give exp(-inf) = 0
-            s = tl.sum(e, axis=0)  # fp32 tree sum
+            s = tl.sum(fold8_sum(e, BLOCK), axis=0)  # fp32 tree sum, each 8 neighbours first
         y = div_by_row(e, s)
         tl.store(Y_ptr + row * Y_row_stride + cols, y.to(Y_ptr.dtype.element_ty), mask=mask,
                  eviction_policy="evict_first")  # write n
@@ -450,10 +576,10 @@ def _softmax_kernel(
             n_left -= 1
             if n_left == 0:
                 p_sq += tl.sum(a_sq).to(tl.float64) + tl.sum(a_huge.to(tl.float64)) * HUGE_UNSCALE
-                p_neg += tl.sum(a_neg).to(tl.int64)  # <= FLUSH * BLOCK: exact in fp32
+                p_neg += _lane_count(a_neg, VARIANT)  # <= FLUSH * BLOCK: exact in fp32
                 a_sq = tl.zeros([LANES, KEEP], dtype=tl.float32)
                 a_huge = tl.zeros([LANES, KEEP], dtype=tl.float32)
-                a_neg = tl.zeros([LANES, KEEP], dtype=tl.float32)
+                a_neg = tl.zeros_like(a_neg)
                 n_left = FLUSH
         elif SKETCH:  # scalars only, so h dies at the store; rows with NaN/+inf wait for the exact pass
             # no NaN/+inf and every finite |h| < BIG (squares cannot overflow): a test _row_is_slow repeats
@@ -474,7 +600,7 @@ def _softmax_kernel(
         mine = tl.cdiv(n_rows - pid, tl.num_programs(0))  # rows of this program
         if VARIANT == 8:
             mine -= n_fast  # fast-branch rows added no padding to a_neg
-        p_neg += tl.sum(a_neg).to(tl.int64) - (BLOCK - n_cols) * tl.cast(mine, tl.int64)  # less the padding
+        p_neg += _lane_count(a_neg, VARIANT) - (BLOCK - n_cols) * tl.cast(mine, tl.int64)  # less the padding
         if not (p_sq <= 1e308):  # rare: NaN/+inf (or squares overflowed): exact statistics of every row
             p_max = tl.full((), -float("inf"), tl.float32)
             p_min = tl.full((), float("inf"), tl.float32)
@@ -557,6 +683,7 @@ def _softmax_launch(
     x2: torch.Tensor, y2: torch.Tensor, buf: torch.Tensor | None, num_warps: int | None = None,
     stages: int | None = None, per_sm: int | None = None,
     variant: int | None = None, fusion: bool | None = None, maxnreg: int | None = None, keep: int | None = None,
+    packed: bool | None = None,
 ) -> None:
     """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows;
     without the sketch one program per row where _common.ROW_GRID lists the launch.
@@ -568,21 +695,26 @@ def _softmax_launch(
         return
     block, warps, st, _ = launch_config("softmax", n, num_warps, stages)
     f, i = workspace("softmax", x2.device) if sketch else (y2, y2)
-    var = (VARIANT if variant is None else variant) if sketch else 0  # no sketch: one kernel
+    packed = packable(x2) if packed is None else packed
+    var = ((PACKED_VARIANT if packed else VARIANT) if variant is None else variant) if sketch else 0  # no sketch: one kernel
     if var not in LAYOUTS and sketch:
         raise InputError(f"softmax: no sketch layout {var} (layouts {', '.join(map(str, LAYOUTS))})")
-    fuse = (FUSION if fusion is None else fusion) and sketch
+    if var == 10 and not packed:
+        raise InputError(f"softmax: sketch layout 10 reads 16-bit pairs; not for {x2.dtype} rows of {n}")
+    fuse = ((var == 10 or FUSION) if fusion is None else fusion) and sketch
     vec, lanes = lane_shape(block, x2.element_size(), warps)
     kp = min(KEEP if keep is None else keep, vec) if sketch and var >= 4 else 1
     cap = (MAXNREG.get((block, warps)) if maxnreg is None else maxnreg) if sketch and var >= 4 else None
     even = var == 8 and block == n  # VARIANT 8's select-free branch needs no column mask
-    key = ("softmax", x2.dtype, y2.dtype, block, warps, st, sketch, var, fuse, cap, kp, even)
+    key = ("softmax", x2.dtype, y2.dtype, block, warps, st, sketch, var, fuse, cap, kp, even, packed)
     extra = register_cap(cap)
     grid = persistent_grid(key, n_rows, x2.device, grid_per_sm("softmax", block, sketch, per_sm))
     k = _softmax_kernel[(grid,)](
         x2, x2.stride(0), y2, y2.stride(0), buf if sketch else y2, f, i, n_rows, n, PEAK_NATS,
         BLOCK=block, SKETCH=sketch, STAGES=st, VARIANT=var,
-        CHUNK=min(CHUNK, block), VEC=vec, LANES=lanes, KEEP=kp, FLUSH=FLUSH, EVEN=even, num_warps=warps,
+        CHUNK=min(CHUNK, block), VEC=vec, LANES=lanes, KEEP=kp, FLUSH=FLUSH, EVEN=even, PACKED=packed,
+        BF16=x2.dtype == torch.bfloat16, NEG_PAIR=NEG_INF_PAIR.get(x2.dtype, 0),
+        NEG_SAFE=NEG_SAFE.get(x2.dtype, 0.0), num_warps=warps,
         enable_fp_fusion=fuse,
         **extra,
     )
