@@ -54,7 +54,8 @@ def test_packed_layout_matches_ingest(dtype, shape):
 def test_packed_layout_hf_masks_and_lowest_value_rows():
     """HF's eager masks (finfo.min, whose square overflows float32: the HUGE branch re-reads the
     row), a fully finfo.min row next to -inf (its max is the lowest value: e at -inf must stay 0,
-    the clamped branch), and one of finfo.min alone."""
+    the clamped branch), one of finfo.min alone, and a row whose range overflows float32 (peaked:
+    its t must not be NaN)."""
     g = seed("packed-hf")
     lo = torch.finfo(torch.bfloat16).min
     x = torch.randn(24, 128, generator=g)
@@ -64,10 +65,13 @@ def test_packed_layout_hf_masks_and_lowest_value_rows():
     x[5] = lo  # fully HF-masked
     x[7, :10] = -math.inf
     x[7, 10:40] = lo
+    x[9, 0], x[9, 3] = 3e38, -3e38  # the range overflows float32: d = -inf at -3e38 (the clamped branch)
     xb = x.to(torch.bfloat16)
     got, same = softmax_layout(xb, 10)
     assert same
-    close(got, ingest_sketch("softmax", {"x": xb}))
+    want = ingest_sketch("softmax", {"x": xb})
+    assert want["peaked_frac"] > 0
+    close(got, want)
     y = torch.empty_like(xb)
     _softmax_launch(xb, y, new_buffer("softmax", "cpu"))
     torch.testing.assert_close(y.float(), torch.softmax(xb.double(), -1).float(), atol=2e-2, rtol=0)

@@ -158,3 +158,98 @@ def row_max_min(w, wl, BF16: tl.constexpr):
     m_lo, m_hi = unpack(wm, BF16)
     n_lo, n_hi = unpack(wn, BF16)
     return tl.maximum(m_lo, m_hi), tl.minimum(n_lo, n_hi)
+
+
+
+
+def _lane_squares_asm(kind: str, words: int) -> str:
+    """PTX: the squares of this lane's `words` words $2.. on the tensor cores (see tensor_core_squares),
+    added to $words+2, $words+3; out: (c0, c1) + (c2, c3) of the two chains."""
+    mma = f"mma.sync.aligned.m16n8k8.row.col.f32.{kind}.{kind}.f32"
+    lines = ["{ .reg .f32 a<4>, b<4>, z; mov.f32 z, 0f00000000; "]
+    for k in range(0, words, 2):
+        pair = f"{{${k + 2}, ${k + 3}}}"  # an aligned register pair: words 2i (row g) and 2i + 1 (row g + 8)
+        src_a = "z, z, z, z" if k == 0 else "a0, a1, a2, a3"
+        src_b = "z, z, z, z" if k == 0 else "b0, b1, b2, b3"
+        lines.append(f"{mma} {{a0, a1, a2, a3}}, {pair}, {{${k + 2}}}, {{{src_a}}}; ")
+        lines.append(f"{mma} {{b0, b1, b2, b3}}, {pair}, {{${k + 3}}}, {{{src_b}}}; ")
+    acc0, acc1 = f"${words + 2}", f"${words + 3}"
+    lines.append(f"add.f32 a0, a0, b2; add.f32 a1, a1, b3; add.f32 $0, {acc0}, a0; add.f32 $1, {acc1}, a1; }}")
+    return "".join(lines)
+
+
+_SQUARES_BF16: tl.constexpr = tl.constexpr(_lane_squares_asm("bf16", 16))
+_SQUARES_F16: tl.constexpr = tl.constexpr(_lane_squares_asm("f16", 16))
+_DIAG: tl.constexpr = tl.constexpr(
+    "{ .reg .b32 l, g, t; .reg .pred p, q; mov.u32 l, %laneid; shr.u32 g, l, 2; and.b32 t, l, 3; "
+    "shr.u32 l, g, 1; setp.eq.u32 p, t, l; and.b32 g, g, 1; setp.ne.u32 q, g, 0; "
+    "selp.f32 $0, $2, $1, q; @!p mov.f32 $0, 0f00000000; }")
+
+
+@triton.jit
+def _sixteen(w, HALF: tl.constexpr, LANES: tl.constexpr):
+    """[HALF] words, 4 consecutive per lane and HALF // (4 * LANES) = 4 repeats -> the 16 [LANES]
+    tensors of each lane's words (registers only)."""
+    q = tl.reshape(tl.permute(tl.reshape(w, [4, LANES, 4]), (1, 0, 2)), [LANES, 2, 2, 2, 2])
+    a, b = tl.split(q)
+    a0, a1 = tl.split(a)
+    b0, b1 = tl.split(b)
+    a00, a01 = tl.split(a0)
+    a10, a11 = tl.split(a1)
+    b00, b01 = tl.split(b0)
+    b10, b11 = tl.split(b1)
+    w0, w1 = tl.split(a00)
+    w2, w3 = tl.split(a01)
+    w4, w5 = tl.split(a10)
+    w6, w7 = tl.split(a11)
+    w8, w9 = tl.split(b00)
+    w10, w11 = tl.split(b01)
+    w12, w13 = tl.split(b10)
+    w14, w15 = tl.split(b11)
+    return w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15
+
+
+@triton.jit
+def tensor_core_squares(wz, c0, c1, BLOCK: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
+                        BF16: tl.constexpr):
+    """(c0, c1) [LANES] accumulators plus the squares of the halves of words wz ([BLOCK // 2], VEC // 2
+    consecutive words per lane), on the tensor cores: 16 MMAs for a lane's 16 words (32 elements)
+    where float32 squares took a conversion and 1.25 FMA-folded instructions per element.
+
+    How: in an m16n8k8 MMA, lane (group g, t) holds A[g][2t..2t+1] and A[g + 8][2t..2t+1] (registers
+    a0, a1: an aligned pair, so two neighbouring words) and B[2t..2t+1][g] (b0). With a lane's words
+    (u, v) as A and u as B, D[g][g] += the squares of the 8 halves of u in group g's 4 lanes (exact
+    products of 16-bit factors, summed in float32 by the tensor core, not IEEE round-to-nearest); with
+    v as B, D[g + 8][g] += those of v. So two chains of 8 MMAs: rows g of the first and rows g + 8 of
+    the second. D's other entries are cross products, never read: lane (g, g >> 1) holds D[g][g] and
+    D[g + 8][g] in c0 and c2 (g even) or c1 and c3 (g odd); the lane keeps c0 + c2 and c1 + c3, and
+    diagonal() picks its entry. NaN and +-inf make
+    the diagonal non-finite, as float32 squares would. The MMAs are warp-wide: every lane runs the
+    same instruction on its own registers (uniform control flow: the row loop's main path)."""
+    if INTERPRET:
+        lo, hi = unpack(wz, BF16)
+        q = tl.reshape(tl.sum(tl.sum(tl.reshape(lo * lo + hi * hi, [BLOCK // (LANES * VEC), LANES, VEC // 2]), 2), 0),
+                       [LANES])
+        return c0 + q, c1
+    else:
+        w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15 = _sixteen(wz, BLOCK // 2, LANES)
+        if BF16:
+            return tl.inline_asm_elementwise(
+                _SQUARES_BF16, "=r,=r" + ",r" * 18,
+                [w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15, c0, c1],
+                dtype=(tl.float32, tl.float32), is_pure=True, pack=1)
+        else:
+            return tl.inline_asm_elementwise(
+                _SQUARES_F16, "=r,=r" + ",r" * 18,
+                [w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15, c0, c1],
+                dtype=(tl.float32, tl.float32), is_pure=True, pack=1)
+
+
+@triton.jit
+def diagonal(c0, c1):
+    """[LANES] accumulators of tensor_core_squares -> each lane's diagonal entry or 0 (their sum is the
+    sum of squares; the interpreter keeps it all in c0)."""
+    if INTERPRET:
+        return c0
+    else:
+        return tl.inline_asm_elementwise(_DIAG, "=r,r,r", [c0, c1], dtype=tl.float32, is_pure=True, pack=1)
