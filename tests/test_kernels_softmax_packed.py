@@ -39,10 +39,11 @@ def _masked_rows(n_rows: int, n: int, dtype: torch.dtype, g: torch.Generator) ->
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("shape", [(41, 300), (37, 1024), (40, 16), (9, 2)])
+@pytest.mark.parametrize("shape", [(41, 300), (37, 1024), (40, 16), (9, 2), (18, 16384)])
 def test_packed_layout_matches_ingest(dtype, shape):
     """Many rows per program (the 16-bit lane counters flushed every FLUSH rows), padded and exact
-    widths: the sketch is ingest's, y the kernel's without the sketch."""
+    widths (16384: the tensor cores' squares on the GPU, 16 words a lane): the sketch is ingest's, y
+    the kernel's without the sketch (which reads elements, not words)."""
     x = _masked_rows(*shape, DT[dtype], seed("packed-fast", shape, dtype))
     got, same = softmax_layout(x, 10)
     assert same

@@ -176,7 +176,9 @@ FUSION = False  # enable_fp_fusion of the VARIANT 3-8 sketch kernels (the sweep'
 # difference is 0: ex2.approx.ftz underflows below -126 * ln 2) can read its -inf halves as that value.
 # In float32 the bf16 bound is the value itself (its ulp is 2^104); fp16's is exact.
 POS_SAFE: tl.constexpr = tl.constexpr(2.0**119)  # lowest bf16 - m stays > -FMAX below this m
-TC_SQUARES = True  # VARIANT 10's sum of squares on the tensor cores (packed16.tensor_core_squares)
+# VARIANT 10's sum of squares on the tensor cores (packed16.tensor_core_squares), where a lane holds 16
+# words (BLOCK 16384 at 16 warps, the launch of rows of 8193-16384); other launches square in float32
+TC_SQUARES = True
 NEG_SAFE = {torch.bfloat16: float(torch.finfo(torch.bfloat16).min), torch.float16: float(torch.finfo(torch.float16).min) + 128.0}
 
 
@@ -712,7 +714,7 @@ def _softmax_launch(
     x2: torch.Tensor, y2: torch.Tensor, buf: torch.Tensor | None, num_warps: int | None = None,
     stages: int | None = None, per_sm: int | None = None,
     variant: int | None = None, fusion: bool | None = None, maxnreg: int | None = None, keep: int | None = None,
-    packed: bool | None = None, tc: bool | None = None,
+    packed: bool | None = None, tc: bool | None = None, even: bool | None = None,
 ) -> None:
     """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows;
     without the sketch one program per row where _common.ROW_GRID lists the launch.
@@ -724,8 +726,11 @@ def _softmax_launch(
         return
     block, warps, st, _ = launch_config("softmax", n, num_warps, stages)
     f, i = workspace("softmax", x2.device) if sketch else (y2, y2)
-    packed = packable(x2) if packed is None else packed
+    # words only for layout 10: the kernel without the sketch read them 1-3 µs slower at 4096x16384 bf16
+    # (H200: 75.1-77.9 against 74.5 µs, bench/results/norm_chunks_h200_s21b.md)
+    packed = (packable(x2) if packed is None else packed) and sketch
     var = ((PACKED_VARIANT if packed else VARIANT) if variant is None else variant) if sketch else 0  # no sketch: one kernel
+    packed = packed and var == 10
     if var not in LAYOUTS and sketch:
         raise InputError(f"softmax: no sketch layout {var} (layouts {', '.join(map(str, LAYOUTS))})")
     if var == 10 and not packed:
@@ -734,7 +739,7 @@ def _softmax_launch(
     vec, lanes = lane_shape(block, x2.element_size(), warps)
     kp = min(KEEP if keep is None else keep, vec) if sketch and var >= 4 else 1
     cap = (MAXNREG.get((block, warps)) if maxnreg is None else maxnreg) if sketch and var >= 4 else None
-    even = block == n  # no padding: unmasked loads and stores (and VARIANT 8's branch needs no column mask)
+    even = block == n and (even is None or even)  # no padding: unmasked loads and stores (and VARIANT 8's branch needs no column mask)
     key = ("softmax", x2.dtype, y2.dtype, block, warps, st, sketch, var, fuse, cap, kp, even, packed, tc)
     extra = register_cap(cap)
     grid = persistent_grid(key, n_rows, x2.device, grid_per_sm("softmax", block, sketch, per_sm))
@@ -743,7 +748,7 @@ def _softmax_launch(
         BLOCK=block, SKETCH=sketch, STAGES=st, VARIANT=var,
         CHUNK=min(CHUNK, block), VEC=vec, LANES=lanes, KEEP=kp, FLUSH=FLUSH, EVEN=even, PACKED=packed,
         BF16=x2.dtype == torch.bfloat16, NEG_PAIR=NEG_INF_PAIR.get(x2.dtype, 0),
-        NEG_SAFE=NEG_SAFE.get(x2.dtype, 0.0), TC_SQUARES=var == 10 and (TC_SQUARES if tc is None else tc),
+        NEG_SAFE=NEG_SAFE.get(x2.dtype, 0.0), TC_SQUARES=var == 10 and (TC_SQUARES if tc is None else tc) and block // 2 // lanes == 16,
         num_warps=warps,
         enable_fp_fusion=fuse,
         **extra,
