@@ -56,7 +56,7 @@ def test_packed_layout_hf_masks_and_lowest_value_rows():
     """HF's eager masks (finfo.min, whose square overflows float32: the HUGE branch re-reads the
     row), a fully finfo.min row next to -inf (its max is the lowest value: e at -inf must stay 0,
     the clamped branch), one of finfo.min alone, and a row whose range overflows float32 (peaked:
-    its t must not be NaN)."""
+    its t must not be NaN), and a HUGE value that is not a mask beside -inf."""
     g = seed("packed-hf")
     lo = torch.finfo(torch.bfloat16).min
     x = torch.randn(24, 128, generator=g)
@@ -67,6 +67,7 @@ def test_packed_layout_hf_masks_and_lowest_value_rows():
     x[7, :10] = -math.inf
     x[7, 10:40] = lo
     x[9, 0], x[9, 3] = 3e38, -3e38  # the range overflows float32: d = -inf at -3e38 (the clamped branch)
+    x[11, 5], x[11, 9:20] = 1e30, -math.inf  # a HUGE value beside -inf: the squares re-read the row
     xb = x.to(torch.bfloat16)
     got, same = softmax_layout(xb, 10)
     assert same

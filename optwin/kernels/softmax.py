@@ -88,8 +88,6 @@ from optwin.kernels.packed16 import (
     packable,
     row_max,
     row_max_min,
-    diagonal,
-    tensor_core_squares,
     unpack,
 )
 from optwin.kernels.sketch_buffer import WORKSPACE, feature_names, new_buffer, workspace
@@ -176,9 +174,6 @@ FUSION = False  # enable_fp_fusion of the VARIANT 3-8 sketch kernels (the sweep'
 # difference is 0: ex2.approx.ftz underflows below -126 * ln 2) can read its -inf halves as that value.
 # In float32 the bf16 bound is the value itself (its ulp is 2^104); fp16's is exact.
 POS_SAFE: tl.constexpr = tl.constexpr(2.0**119)  # lowest bf16 - m stays > -FMAX below this m
-# VARIANT 10's sum of squares on the tensor cores (packed16.tensor_core_squares), where a lane holds 16
-# words (BLOCK 16384 at 16 warps, the launch of rows of 8193-16384); other launches square in float32
-TC_SQUARES = True
 NEG_SAFE = {torch.bfloat16: float(torch.finfo(torch.bfloat16).min), torch.float16: float(torch.finfo(torch.float16).min) + 128.0}
 
 
@@ -377,11 +372,17 @@ def _unpacked(w, BF16: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _lane_count_i32(a_neg):
+    """VARIANT 10's int32 lanes of two 16-bit -inf counts -> each lane's count."""
+    return (a_neg & 0xFFFF) + (a_neg >> 16)
+
+
+@triton.jit
 def _lane_count(a_neg, VARIANT: tl.constexpr):
     """The -inf count in the lane accumulators, as int64: float32 lanes, or (VARIANT 10) int32 lanes
     holding one 16-bit count per half of the words (< 2^16: FLUSH rows of BLOCK // (2 * LANES))."""
     if VARIANT == 10:
-        return tl.sum((a_neg & 0xFFFF) + (a_neg >> 16)).to(tl.int64)
+        return tl.sum(_lane_count_i32(a_neg)).to(tl.int64)
     else:
         return tl.sum(a_neg).to(tl.int64)
 
@@ -420,12 +421,11 @@ def _softmax_kernel(
     LANES: tl.constexpr,  # lanes of the accumulators (threads; _common.lane_shape)
     KEEP: tl.constexpr,  # independent accumulator chains per lane (divides VEC; _common's lane partials)
     FLUSH: tl.constexpr,  # rows between float64 flushes of the lane sums of squares
-    EVEN: tl.constexpr = False,  # BLOCK == n_cols: no padding lanes, loads and stores without a mask
+    EVEN: tl.constexpr = False,  # BLOCK == n_cols (no padding lanes); VARIANT 8 only, False elsewhere
     PACKED: tl.constexpr = False,  # x read as words of two 16-bit elements (packed16.packable)
     BF16: tl.constexpr = False,  # PACKED: the halves are bf16 (else fp16)
     NEG_PAIR: tl.constexpr = 0,  # PACKED: a word of two -inf halves (padding words)
     NEG_SAFE: tl.constexpr = 0.0,  # VARIANT 10: rows with a max above this take t without the clamp
-    TC_SQUARES: tl.constexpr = False,  # VARIANT 10: the sum of squares on the tensor cores
 ):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
@@ -452,9 +452,6 @@ def _softmax_kernel(
             a_huge = tl.zeros([LANES, KEEP], dtype=tl.float32)  # VARIANT 4: sum of (h * 2^-72)^2 over rows with |h| >= HUGE
             n_left = tl.full((), FLUSH, tl.int32)  # rows until the next flush of a_sq
             n_fast = tl.zeros((), dtype=tl.int32)  # VARIANT 8: rows of the fast branch (their padding is not in a_neg)
-            if TC_SQUARES:  # VARIANT 10: the tensor cores' accumulators (packed16.tensor_core_squares)
-                a_t0 = tl.zeros([LANES], dtype=tl.float32)
-                a_t1 = tl.zeros([LANES], dtype=tl.float32)
     if PACKED:
         wcols = tl.arange(0, BLOCK // 2)
         wmask = wcols < n_cols // 2
@@ -462,18 +459,12 @@ def _softmax_kernel(
         row = tl.cast(r, tl.int64)
         if PACKED:
             Xw = (X_ptr + row * X_row_stride).to(tl.pointer_type(tl.int32))
-            if EVEN:  # no mask: a masked load first sets every register to `other` (a MOV per word)
-                w = tl.load(Xw + wcols, eviction_policy="evict_first")  # read n (dtype)
-            else:
-                w = tl.load(Xw + wcols, mask=wmask, other=NEG_PAIR, eviction_policy="evict_first")
+            w = tl.load(Xw + wcols, mask=wmask, other=NEG_PAIR, eviction_policy="evict_first")  # read n (dtype)
             if SKETCH and VARIANT != 10:  # layouts whose max tree runs on float32 (the others unpack after it)
                 h = _unpacked(w, BF16, BLOCK)
         else:
-            if EVEN:
-                x = tl.load(X_ptr + row * X_row_stride + cols, eviction_policy="evict_first")  # read n (dtype)
-            else:
-                x = tl.load(X_ptr + row * X_row_stride + cols, mask=mask, other=-float("inf"),
-                            eviction_policy="evict_first")
+            x = tl.load(X_ptr + row * X_row_stride + cols, mask=mask, other=-float("inf"),
+                        eviction_policy="evict_first")  # read n (dtype)
             h = x.to(tl.float32)
         if SKETCH and VARIANT == 8:
             # max tree: (max, plain min over the row's columns): no -inf mask before the branch
@@ -515,30 +506,28 @@ def _softmax_kernel(
         elif SKETCH and VARIANT == 10:  # layout 4 on the words (PACKED)
             ninf = neg_inf_mask(w, BF16)  # 0xFFFF per -inf half
             ones = ninf & LOW_BITS_PAIR  # 1 per -inf half
-            a_neg += lane_sum(ones, BLOCK // 2, LANES, VEC // 2, KEEP)  # padding included
             a_prev = a_sq
-            if TC_SQUARES:
-                p_t0, p_t1 = a_t0, a_t1
-                a_t0, a_t1 = tensor_core_squares(w & ~ninf, a_t0, a_t1, BLOCK, LANES, VEC, BF16)  # HUGE rows below
-            else:
-                a_sq += lane_sum_squares(_unpacked(w & ~ninf, BF16, BLOCK), BLOCK, LANES, VEC, KEEP)
+            n_prev = a_neg
+            a_neg += lane_sum(ones, BLOCK // 2, LANES, VEC // 2, KEEP)  # padding included
+            a_sq += lane_sum_squares(_unpacked(w & ~ninf, BF16, BLOCK), BLOCK, LANES, VEC, KEEP)  # HUGE rows below
             # only wd lives across the max tree: -inf halves read as the format's lowest finite value
             # (0xFF80 - 1 = 0xFF7F, 0xFC00 - 1 = 0xFBFF), whose e is still 0 where m > NEG_SAFE
             wd = w - ones
             m, rmin = row_max_min(w, w ^ (ninf & SIGN_PAIR), BF16)  # the min's -inf halves made +inf
-            if tl.maximum(m, -rmin) >= HUGE:  # rare paths re-read the row (an L2 hit)
-                if TC_SQUARES:
-                    a_t0, a_t1 = p_t0, p_t1
-                else:
-                    a_sq = a_prev
-                w2 = tl.load(Xw + wcols, mask=wmask, other=NEG_PAIR)
-                hs = _mul_opaque(_unpacked(w2 & ~neg_inf_mask(w2, BF16), BF16, BLOCK), HUGE_SCALE)
+            if tl.maximum(m, -rmin) >= HUGE:  # a finite |h| >= HUGE (every HF-masked row) or +inf
+                a_sq = a_prev  # as layout 4: the squares scaled, in their own lanes
+                if tl.sum(_lane_count_i32(a_neg - n_prev)) == 0:  # no -inf (HF masks): wd is the row
+                    hw = wd
+                else:  # wd reads -inf as the lowest value: re-read the row (an L2 hit) and zero them
+                    w2 = tl.load(Xw + wcols, mask=wmask, other=NEG_PAIR)
+                    hw = w2 & ~neg_inf_mask(w2, BF16)
+                hs = _mul_opaque(_unpacked(hw, BF16, BLOCK), HUGE_SCALE)
                 a_huge += lane_sum_squares(hs, BLOCK, LANES, VEC, KEEP)
             # d finite at every lane: t without the clamp. Not where the row's range or the lowest
             # value's distance to m overflows float32 (3e38 beside -3e38: d = -inf, e * d = NaN)
             if (m > NEG_SAFE) & (m < POS_SAFE) & (m - rmin <= FMAX):
                 e, s, t = _exp_sums(_unpacked(wd, BF16, BLOCK), m, BLOCK)
-            else:  # a row of the lowest value itself (a fully masked HF row), of -inf, or NaN
+            else:  # a row of the lowest value itself (a fully masked HF row), of -inf, or NaN: re-read
                 w2 = tl.load(Xw + wcols, mask=wmask, other=NEG_PAIR)
                 e, s, t = _exp_sums_clamped(_unpacked(w2, BF16, BLOCK), m, BLOCK)
         elif SKETCH and VARIANT == 4:
@@ -601,10 +590,6 @@ def _softmax_kernel(
             n_left -= 1
             if n_left == 0:
                 p_sq += tl.sum(a_sq).to(tl.float64) + tl.sum(a_huge.to(tl.float64)) * HUGE_UNSCALE
-                if TC_SQUARES:
-                    p_sq += tl.sum(diagonal(a_t0, a_t1)).to(tl.float64)
-                    a_t0 = tl.zeros([LANES], dtype=tl.float32)
-                    a_t1 = tl.zeros([LANES], dtype=tl.float32)
                 p_neg += _lane_count(a_neg, VARIANT)  # <= FLUSH * BLOCK: exact in fp32
                 a_sq = tl.zeros([LANES, KEEP], dtype=tl.float32)
                 a_huge = tl.zeros([LANES, KEEP], dtype=tl.float32)
@@ -626,8 +611,6 @@ def _softmax_kernel(
             p_bad += tl.where(ok, 0, 1)
     if SKETCH and VARIANT >= 4:
         p_sq += tl.sum(a_sq).to(tl.float64) + tl.sum(a_huge.to(tl.float64)) * HUGE_UNSCALE
-        if TC_SQUARES:
-            p_sq += tl.sum(diagonal(a_t0, a_t1)).to(tl.float64)
         mine = tl.cdiv(n_rows - pid, tl.num_programs(0))  # rows of this program
         if VARIANT == 8:
             mine -= n_fast  # fast-branch rows added no padding to a_neg
@@ -714,7 +697,7 @@ def _softmax_launch(
     x2: torch.Tensor, y2: torch.Tensor, buf: torch.Tensor | None, num_warps: int | None = None,
     stages: int | None = None, per_sm: int | None = None,
     variant: int | None = None, fusion: bool | None = None, maxnreg: int | None = None, keep: int | None = None,
-    packed: bool | None = None, tc: bool | None = None, even: bool | None = None,
+    packed: bool | None = None,
 ) -> None:
     """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows;
     without the sketch one program per row where _common.ROW_GRID lists the launch.
@@ -739,8 +722,8 @@ def _softmax_launch(
     vec, lanes = lane_shape(block, x2.element_size(), warps)
     kp = min(KEEP if keep is None else keep, vec) if sketch and var >= 4 else 1
     cap = (MAXNREG.get((block, warps)) if maxnreg is None else maxnreg) if sketch and var >= 4 else None
-    even = block == n and (even is None or even)  # no padding: unmasked loads and stores (and VARIANT 8's branch needs no column mask)
-    key = ("softmax", x2.dtype, y2.dtype, block, warps, st, sketch, var, fuse, cap, kp, even, packed, tc)
+    even = var == 8 and block == n  # VARIANT 8's select-free branch needs no column mask
+    key = ("softmax", x2.dtype, y2.dtype, block, warps, st, sketch, var, fuse, cap, kp, even, packed)
     extra = register_cap(cap)
     grid = persistent_grid(key, n_rows, x2.device, grid_per_sm("softmax", block, sketch, per_sm))
     k = _softmax_kernel[(grid,)](
@@ -748,7 +731,7 @@ def _softmax_launch(
         BLOCK=block, SKETCH=sketch, STAGES=st, VARIANT=var,
         CHUNK=min(CHUNK, block), VEC=vec, LANES=lanes, KEEP=kp, FLUSH=FLUSH, EVEN=even, PACKED=packed,
         BF16=x2.dtype == torch.bfloat16, NEG_PAIR=NEG_INF_PAIR.get(x2.dtype, 0),
-        NEG_SAFE=NEG_SAFE.get(x2.dtype, 0.0), TC_SQUARES=var == 10 and (TC_SQUARES if tc is None else tc) and block // 2 // lanes == 16,
+        NEG_SAFE=NEG_SAFE.get(x2.dtype, 0.0),
         num_warps=warps,
         enable_fp_fusion=fuse,
         **extra,
