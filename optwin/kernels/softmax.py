@@ -9,7 +9,7 @@ Numerics (what optwin.twin's softmax/triton models), per row of n elements:
     e = exp(h - m)              # fp32 subtraction; approximate exp, like __expf: ex2.approx.ftz.f32 of
                                 # (h-m)*log2(e) on NVIDIA (_common.exp_ftz), numpy exp in the interpreter;
                                 # results below 2^-126 are 0 (no subnormals) on both
-    s = tl.sum(e)               # fp32 reduction tree
+    s = tl.sum(fold8_sum(e))    # fp32 reduction tree, each 8 neighbours (one thread's) summed in order first
     y = (e / s).to(out dtype)   # e * rcp.approx(s) on NVIDIA: the bits of div.full.f32 (~2 ulp) for
                                 # s in [1, n] (_common.div_by_row); numpy division in the interpreter
 A fully masked row gives m = -inf, h - m = NaN: y is NaN, as torch.softmax gives.
@@ -21,8 +21,11 @@ bit for bit but where the old y was a subnormal (bench/results/norm_chunks_h200_
 Compiled without FMA contraction (enable_fp_fusion=False: nothing in y's path is a mul feeding an
 add, so y's numerics are unchanged by it; it keeps the sketch's extra products from being fused
 into any shared instruction).
-The sketch (layout VARIANT 4, the default; layout 8, a select-free branch for rows without -inf, and
-layout 3, the per-row-tree reference, stay selectable for bench/softmax_sketch.py and the tests):
+The sketch, 16-bit rows of even length (packed16.packable): layout 10, layout 4 taken on words of two
+elements (see PACKED_VARIANT below); its cost at 4096x16384 bf16 on the H200 went from +46 % to +18 %
+(L2 flushed; HF-masked scores +56 % -> +30 %). Other rows (float32, odd lengths): layout VARIANT 4;
+layout 8, a select-free branch for rows without -inf, and layout 3, the per-row-tree reference, stay
+selectable for bench/softmax_sketch.py and the tests.
 statistics that only need a global value are summed per lane: each thread keeps [LANES, KEEP]
 fp32 registers across its persistent row loop for the sum of squares (h*h over non-(-inf) lanes,
 each 4 neighbours folded with FMAs: _common.lane_sum_squares, 1.25 instead of 2 instructions per
@@ -160,6 +163,21 @@ HUGE_UNSCALE: tl.constexpr = tl.constexpr(2.0**144)
 #      fused 82.1/117.6, slower than 4 (116.8 / 114.7)
 #   7: as 4 with the per-row scalars in row slots, LANES rows at a time: never timed on the GPU
 #      (~905 SASS but 48 bytes of spills at 64 registers)
+#  10: layout 4 on words of two 16-bit elements (stop 21): per word one HSET2 gives the -inf mask
+#      (0xFFFF per half), LOP3s the -inf count (two 16-bit counters per int32 lane), the zeroed word
+#      for the squares and the min's word (-inf halves made +inf), and the max and min trees run on
+#      pairs (HMNMX2: exact). Across the trees only wd = w - (1 per -inf half) lives: its -inf halves
+#      read as the format's lowest finite value, whose e is still 0, so d is finite and t needs no
+#      clamp (rows where that fails take the clamped branch: a max at the lowest value, a range past
+#      FMAX). t is an FMA chain over each 8 neighbours. Per row and thread of 32 elements (offline
+#      sm_90a, main path): 816 -> ~590 SASS. H200, 4096x16384 bf16, µs without / with the sketch
+#      (bench/results/norm_chunks_h200_s21d.md, in the same rounds as stop 20's package):
+#      masked 73.4 / 86.8 (stop 20: 74.9 / 109.4), HF masks 74.2 / 96.4 (74.2 / 115.4), no mask
+#      74.2 / 88.0 (74.3 / 109.5); CUDA graphs 69.5 / 81.5 (69.0 / 102.3).
+#      Measured and dropped (norm_chunks_h200_s21b.md, _s21c.md; the code is in git, 77ca289):
+#      the squares on the tensor cores (each lane's words as both MMA operands: the diagonal sums
+#      squares; 16 HMMA a row instead of ~88 instructions) 98.0 against 89.4 µs, the chained MMAs'
+#      latency; unmasked loads where BLOCK == n 89.4 against 86.4 (spills moved into the loop).
 VARIANT = 4
 PACKED_VARIANT = 10  # the default where x is read as words (packed16.packable)
 LAYOUTS = (3, 4, 8, 10)  # the layouts the kernel has (VARIANT's values)
@@ -710,7 +728,7 @@ def _softmax_launch(
     block, warps, st, _ = launch_config("softmax", n, num_warps, stages)
     f, i = workspace("softmax", x2.device) if sketch else (y2, y2)
     # words only for layout 10: the kernel without the sketch read them 1-3 µs slower at 4096x16384 bf16
-    # (H200: 75.1-77.9 against 74.5 µs, bench/results/norm_chunks_h200_s21b.md)
+    # (H200: 75.1 against stop 20's 73.9 µs, norm_chunks_h200_s21a.md; 77.9 against 74.5, _s21b.md)
     packed = (packable(x2) if packed is None else packed) and sketch
     var = ((PACKED_VARIANT if packed else VARIANT) if variant is None else variant) if sketch else 0  # no sketch: one kernel
     packed = packed and var == 10
