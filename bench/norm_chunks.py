@@ -8,6 +8,7 @@ as torch.compile), timed side by side in interleaved rounds, with torch.compile 
     BENCH_CONFIGS='{"layernorm": [{"num_warps": 8, "maxnreg": 128}]}' python bench/norm_chunks.py
     BENCH_METHOD=graph python bench/norm_chunks.py           # CUDA graph replays instead of do_bench
     BENCH_SHAPE=8192x8192 python bench/norm_chunks.py        # another timing shape (bf16)
+    BENCH_DTYPE=float16 python bench/norm_chunks.py          # another dtype of the inputs
     TRITON_INTERPRET=1 python bench/norm_chunks.py --smoke   # CPU dry run of the script, small shapes
 
 Last runs: bench/results/norm_chunks_h200_s12.md (the chunk sweep), norm_chunks_h200_s13b.md (A/B against
@@ -45,6 +46,7 @@ SMOKE = "--smoke" in sys.argv
 DEV = "cpu" if SMOKE else "cuda"
 SHAPE = (64, 700) if SMOKE else tuple(int(v) for v in os.environ.get("BENCH_SHAPE", "4096x16384").split("x"))
 ROUNDS = 1 if SMOKE else int(os.environ.get("BENCH_ROUNDS", "7"))
+DTYPE = getattr(torch, os.environ.get("BENCH_DTYPE", "bfloat16"))
 METHOD = os.environ.get("BENCH_METHOD", "do_bench")  # or "graph": CUDA graph replays
 TWIN_ROWS = 8 if SMOKE else 16
 
@@ -173,9 +175,9 @@ def main() -> str:
 
     twin_chunk = {"rmsnorm": TRITON_CHUNK, "layernorm": TRITON_CHUNK}
     name = torch.cuda.get_device_name() if DEV == "cuda" else "CPU (TRITON_INTERPRET smoke run)"
-    x0 = torch.randn(*SHAPE, device=DEV).to(torch.bfloat16)
+    x0 = torch.randn(*SHAPE, device=DEV).to(DTYPE)
     yc = torch.empty_like(x0)
-    lines = [(f"# rmsnorm / layernorm chunked rows, rope lane chains; {name}, bf16 {SHAPE[0]}x{SHAPE[1]}, "
+    lines = [(f"# rmsnorm / layernorm chunked rows, rope lane chains; {name}, {DTYPE} {SHAPE[0]}x{SHAPE[1]}, "
               f"{ROUNDS} interleaved rounds, timed by {METHOD}"), ""]
     sel = os.environ.get("BENCH_OPS", "rmsnorm,layernorm,rope").split(",")
     entries: list[tuple[str, str, Callable[[], Any]]] = [("copy", "y.copy_(x)", lambda: yc.copy_(x0))]
@@ -184,7 +186,7 @@ def main() -> str:
         b = OPS[op]
         kop = b.op  # the kernel's op
         g = torch.Generator().manual_seed(2)
-        inp, params = b.make(SHAPE, torch.bfloat16, DEV, g)
+        inp, params = b.make(SHAPE, DTYPE, DEV, g)
         x2 = {k: (v.reshape(-1, v.shape[-1]) if k == "x" and kop != "rope" else v) for k, v in inp.items()}
         if not SMOKE:
             fn = torch.compile(b.eager, dynamic=False)

@@ -5,8 +5,10 @@
 
 Last runs: bench/results/softmax_sketch_h200.md (variants 0-3), bench/results/softmax_sketch_h200_s11.md
 and _s11b.md (variants 3-6: the per-lane accumulators of issue #6), _s11c.md (layouts 4 and 8 on both inputs),
-_s11e.md (layouts 8 and 4 after the clean-up). The kernel keeps layouts 3, 4 and 8 (softmax.LAYOUTS); 0-2
-and 5-7 were measured and dropped (their numbers are in optwin/kernels/softmax.py's comment block).
+_s11e.md (layouts 8 and 4 after the clean-up), softmax_sketch_h200_s21a/b.md and softmax_checks_h200_s21*.md
+(layout 10, 16-bit pairs, the default for bf16/fp16 since stop 21; the "hf mask" input). The kernel keeps
+layouts 3, 4, 8 and 10 (softmax.LAYOUTS); 0-2 and 5-7 were measured and dropped (their numbers are in
+optwin/kernels/softmax.py's comment block).
 
 For each launch config (softmax.VARIANT x num_warps x stages x FMA fusion x register cap) at
 4096x16384 bf16, on the masked timing input (column 1 is -inf in every row, the worst case for the

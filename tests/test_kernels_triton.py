@@ -335,7 +335,7 @@ def test_softmax_layouts_are_the_kernels_and_others_are_refused():
     from optwin.kernels.sketch_buffer import new_buffer
     from optwin.kernels.softmax import LAYOUTS, VARIANT, _softmax_launch
 
-    assert LAYOUTS == (3, 4, 8) and VARIANT in LAYOUTS
+    assert LAYOUTS == (3, 4, 8, 10) and VARIANT in LAYOUTS
     x = torch.randn(3, 16, generator=seed("layouts"))
     for v in (0, 1, 2, 5, 6, 7, 9):
         with pytest.raises(InputError, match=f"no sketch layout {v} "):
