@@ -186,7 +186,10 @@ KEEP = 1  # accumulator chains per lane (VARIANT >= 4): [LANES, KEEP] registers 
 FLUSH = 16  # rows between float64 flushes of the lane sums of squares (VARIANT >= 4)
 # Register cap per (BLOCK, num_warps) of the VARIANT >= 4 sketch kernel (ptxas -maxrregcount): 64
 # keeps 2 programs of 16 warps per SM (uncapped it takes ~100 registers: 1 program per SM).
-MAXNREG: dict[tuple[int, int], int] = {(16384, 16): 64}
+# At BLOCK 8192 (16 warps) the cap is stop 21's: layout 4's kernel with the 8-neighbour folds took more
+# than 64 uncapped on the H200's compiler (1 program per SM: 157.8 µs at 8192x8192 bf16 against 112.2
+# capped, stop 20's 109.9; layout 10 108.2 capped, 109.3 not; bench/results/norm_chunks_h200_s21f_8192x8192.md).
+MAXNREG: dict[tuple[int, int], int] = {(16384, 16): 64, (8192, 16): 64}
 FUSION = False  # enable_fp_fusion of the VARIANT 3-8 sketch kernels (the sweep's option; layout 10 fuses)
 # VARIANT 10: a row whose max exceeds the format's lowest finite value by more than 128 (exp of the
 # difference is 0: ex2.approx.ftz underflows below -126 * ln 2) can read its -inf halves as that value.
