@@ -48,7 +48,7 @@ def bits(y: torch.Tensor) -> torch.Tensor:
     return y.view(torch.int16) if y.element_size() == 2 else y.view(torch.int32)
 
 
-def softmax_layout(x: torch.Tensor, variant: int) -> tuple[dict[str, float], bool]:
+def softmax_layout(x: torch.Tensor, variant: int | None) -> tuple[dict[str, float], bool]:
     """(sketch of x by softmax layout `variant`, y bit-identical to the kernel without the sketch)."""
     from optwin.kernels import read_sketch
     from optwin.kernels.sketch_buffer import new_buffer

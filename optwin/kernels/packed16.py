@@ -85,62 +85,27 @@ def neg_inf_mask(w, BF16: tl.constexpr):
 
 
 @triton.jit
-def pair_max(a, b, BF16: tl.constexpr):
-    """Half-wise max of words a and b (max.bf16x2 / max.f16x2: a NaN half yields the
-    other). GPU only: the interpreter takes row maxima over the float32 halves (row_max)."""
+def _pair_max_min(a0, a1, b0, b1, BF16: tl.constexpr):
+    """(half-wise max of words a0 and b0, half-wise min of a1 and b1): max/min.bf16x2 or .f16x2, whose
+    NaN half yields the other. GPU only: the interpreter takes row_max_min over the float32 halves.
+    The PTX is chosen by an if on BF16, not indexed from a constexpr tuple: the H200's triton 3.6 did
+    not compile that form (stop 21)."""
     if BF16:
-        return tl.inline_asm_elementwise("max.bf16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32,
-                                         is_pure=True, pack=1)
+        return tl.inline_asm_elementwise("max.bf16x2 $0, $2, $4; min.bf16x2 $1, $3, $5;", "=r,=r,r,r,r,r",
+                                         [a0, a1, b0, b1], dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
     else:
-        return tl.inline_asm_elementwise("max.f16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32,
-                                         is_pure=True, pack=1)
-
-
-@triton.jit
-def pair_min(a, b, BF16: tl.constexpr):
-    """Half-wise min of words a and b (min.bf16x2 / min.f16x2: a NaN half yields the
-    other). GPU only, as pair_max."""
-    if BF16:
-        return tl.inline_asm_elementwise("min.bf16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32,
-                                         is_pure=True, pack=1)
-    else:
-        return tl.inline_asm_elementwise("min.f16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32,
-                                         is_pure=True, pack=1)
-
-
-@triton.jit
-def _max_bf16(a, b):
-    return pair_max(a, b, True)
-
-
-@triton.jit
-def _max_f16(a, b):
-    return pair_max(a, b, False)
+        return tl.inline_asm_elementwise("max.f16x2 $0, $2, $4; min.f16x2 $1, $3, $5;", "=r,=r,r,r,r,r",
+                                         [a0, a1, b0, b1], dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
 
 
 @triton.jit
 def _max_min_bf16(a0, a1, b0, b1):
-    return pair_max(a0, b0, True), pair_min(a1, b1, True)
+    return _pair_max_min(a0, a1, b0, b1, True)
 
 
 @triton.jit
 def _max_min_f16(a0, a1, b0, b1):
-    return pair_max(a0, b0, False), pair_min(a1, b1, False)
-
-
-@triton.jit
-def row_max(w, BF16: tl.constexpr):
-    """max over a row of words, as float32 (the tree runs on pairs; its two halves at the end). The
-    interpreter takes it over the float32 halves: the same value (max is exact)."""
-    if INTERPRET:
-        lo, hi = unpack(w, BF16)
-        return tl.maximum(tl.max(lo, 0), tl.max(hi, 0))
-    if BF16:
-        wm = tl.reduce(w, 0, _max_bf16)
-    else:
-        wm = tl.reduce(w, 0, _max_f16)
-    lo, hi = unpack(wm, BF16)
-    return tl.maximum(lo, hi)
+    return _pair_max_min(a0, a1, b0, b1, False)
 
 
 @triton.jit
@@ -158,6 +123,3 @@ def row_max_min(w, wl, BF16: tl.constexpr):
     m_lo, m_hi = unpack(wm, BF16)
     n_lo, n_hi = unpack(wn, BF16)
     return tl.maximum(m_lo, m_hi), tl.minimum(n_lo, n_hi)
-
-
-

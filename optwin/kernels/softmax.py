@@ -89,7 +89,6 @@ from optwin.kernels.packed16 import (
     join_pairs,
     neg_inf_mask,
     packable,
-    row_max,
     row_max_min,
     unpack,
 )
@@ -223,6 +222,13 @@ def _sum_pair(e, ed):
 
 
 @triton.jit
+def _row_sums(e, ed, BLOCK: tl.constexpr):
+    """(s, t) = (sum e, sum ed) in one tree over each 8 neighbours' in-order sums: s is the value the
+    kernel without the sketch gets from tl.sum(fold8_sum(e))."""
+    return _sum_pair(fold8_sum(e, BLOCK), fold8_sum(ed, BLOCK))
+
+
+@triton.jit
 def _exp_sums_clamped(h, m, BLOCK: tl.constexpr):
     """(e = exp(h - m), s = sum e, t = sum e*(h - m)) in one tree; s is the same value tl.sum(e) gives
     (same lanes, same tree, adds only). t's lanes are e * max(d, -FMAX): a lane with e == 0 adds -0,
@@ -230,7 +236,7 @@ def _exp_sums_clamped(h, m, BLOCK: tl.constexpr):
     d = h - m
     e = exp_ftz(d)
     ed = e * tl.maximum(d, -FMAX)
-    s, t = _sum_pair(fold8_sum(e, BLOCK), fold8_sum(ed, BLOCK))
+    s, t = _row_sums(e, ed, BLOCK)
     return e, s, t
 
 
@@ -443,7 +449,7 @@ def _softmax_kernel(
     KEEP: tl.constexpr,  # independent accumulator chains per lane (divides VEC; _common's lane partials)
     FLUSH: tl.constexpr,  # rows between float64 flushes of the lane sums of squares
     EVEN: tl.constexpr = False,  # BLOCK == n_cols (no padding lanes); VARIANT 8 only, False elsewhere
-    PACKED: tl.constexpr = False,  # x read as words of two 16-bit elements (packed16.packable)
+    PACKED: tl.constexpr = False,  # VARIANT 10: x read as words of two 16-bit elements (packed16.packable)
     BF16: tl.constexpr = False,  # PACKED: the halves are bf16 (else fp16)
     NEG_PAIR: tl.constexpr = 0,  # PACKED: a word of two -inf halves (padding words)
     NEG_SAFE: tl.constexpr = 0.0,  # VARIANT 10: rows with a max above this take t without the clamp
@@ -481,8 +487,6 @@ def _softmax_kernel(
         if PACKED:
             Xw = (X_ptr + row * X_row_stride).to(tl.pointer_type(tl.int32))
             w = tl.load(Xw + wcols, mask=wmask, other=NEG_PAIR, eviction_policy="evict_first")  # read n (dtype)
-            if SKETCH and VARIANT != 10:  # layouts whose max tree runs on float32 (the others unpack after it)
-                h = _unpacked(w, BF16, BLOCK)
         else:
             x = tl.load(X_ptr + row * X_row_stride + cols, mask=mask, other=-float("inf"),
                         eviction_policy="evict_first")  # read n (dtype)
@@ -509,7 +513,7 @@ def _softmax_kernel(
                     d = h - m
                     e = exp_ftz(d)
                     ed = e * tl.maximum(d, -FMAX)  # padding: 0 * -FMAX
-                s, t = _sum_pair(fold8_sum(e, BLOCK), fold8_sum(ed, BLOCK))
+                s, t = _row_sums(e, ed, BLOCK)
                 if not EVEN:
                     n_fast += 1
             else:  # masked columns (or a fully masked row): layout 4's per-element selects
@@ -522,7 +526,7 @@ def _softmax_kernel(
                 lo = lane_min(tl.where(ninf, float("inf"), h), BLOCK, LANES, VEC, KEEP)  # [LANES, KEEP]
                 d = _sub_opaque(h, m)  # h - m, not hoisted above the branch
                 e = exp_ftz(d)
-                s, t = _sum_pair(fold8_sum(e, BLOCK), fold8_sum(e * tl.maximum(d, -FMAX), BLOCK))
+                s, t = _row_sums(e, e * tl.maximum(d, -FMAX), BLOCK)
                 rmin = tl.min(tl.min(lo, 1), 0)  # across threads: one value each
         elif SKETCH and VARIANT == 10:  # layout 4 on the words (PACKED)
             ninf = neg_inf_mask(w, BF16)  # 0xFFFF per -inf half
@@ -587,11 +591,7 @@ def _softmax_kernel(
             nneg -= BLOCK - n_cols
             e, s, t = _exp_sums_clamped(h, m, BLOCK)
         else:
-            if PACKED:
-                m = row_max(w, BF16)  # the same value as tl.max(h), taken on pairs
-                h = _unpacked(w, BF16, BLOCK)
-            else:
-                m = tl.max(h, axis=0)
+            m = tl.max(h, axis=0)
             e = exp_ftz(h - m)  # approximate exp; padding lanes give exp(-inf) = 0
             s = tl.sum(fold8_sum(e, BLOCK), axis=0)  # fp32 tree sum, each 8 neighbours first
         y = div_by_row(e, s)
@@ -732,7 +732,7 @@ def _softmax_launch(
     f, i = workspace("softmax", x2.device) if sketch else (y2, y2)
     # words only for layout 10: the kernel without the sketch read them 1-3 µs slower at 4096x16384 bf16
     # (H200: 75.1 against stop 20's 73.9 µs, norm_chunks_h200_s21a.md; 77.9 against 74.5, _s21b.md)
-    packed = (packable(x2) if packed is None else packed) and sketch
+    packed = sketch and packed is not False and packable(x2)  # packed=False: the bench's way to layout 4
     var = ((PACKED_VARIANT if packed else VARIANT) if variant is None else variant) if sketch else 0  # no sketch: one kernel
     packed = packed and var == 10
     if var not in LAYOUTS and sketch:
