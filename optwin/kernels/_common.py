@@ -61,8 +61,12 @@ def persistent_grid(key: tuple[Any, ...], n_rows: int, device: torch.device, per
     pid, pid + grid, ...), so every program starts immediately and merges its sketch once; >= 1.
     `per_sm` overrides the recorded occupancy (the bench's sweep; a large value gives one program
     per row)."""
-    occ = per_sm or _OCCUPANCY.get(key, DEFAULT_OCCUPANCY)
-    return max(1, min(n_rows, occ * _sms(device)))
+    return max(1, min(n_rows, resident_programs(key, device, per_sm)))
+
+
+def resident_programs(key: tuple[Any, ...], device: torch.device, per_sm: int | None = None) -> int:
+    """Programs of the launch `key` resident on the whole GPU at once (the recorded occupancy)."""
+    return (per_sm or _OCCUPANCY.get(key, DEFAULT_OCCUPANCY)) * _sms(device)
 
 
 def grid_per_sm(op: str, block: int, sketch: bool, per_sm: int | None = None) -> int | None:
@@ -247,6 +251,35 @@ def div_by_row(e, s):
         r = tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [s], dtype=tl.float32,
                                       is_pure=True, pack=1)
         return e * r
+
+
+# ------------------------------------------------------------------ L2 prefetch
+
+
+def prefetch_bytes(x2: torch.Tensor) -> int:
+    """Bytes of each row that prefetch_l2 may ask for: the row rounded down to 16 bytes, where x2 is on
+    a GPU with the bulk-copy unit (sm_90+) and every row starts 16-byte aligned (cp.async.bulk's
+    rule); 0 (no prefetch) elsewhere and in the interpreter."""
+    if INTERPRETED or x2.device.type != "cuda" or torch.cuda.get_device_capability(x2.device)[0] < 9:
+        return 0
+    esize = x2.element_size()
+    if x2.data_ptr() % 16 or (x2.stride(0) * esize) % 16:
+        return 0
+    return (x2.shape[1] * esize) // 16 * 16
+
+
+@triton.jit
+def prefetch_l2(ptr, NBYTES: tl.constexpr):
+    """Ask the L2 for NBYTES at ptr (16-byte aligned, NBYTES a multiple of 16) without waiting and
+    without a register: one cp.async.bulk.prefetch.L2 from thread 0. A persistent program calls it for
+    a row it reads later, so DRAM keeps streaming while its warps sit in the row's reduction trees
+    (with 2 programs per SM both can be between loads at once). A hint: nothing in y depends on it."""
+    if NBYTES > 0:
+        if not INTERPRET:
+            tl.inline_asm_elementwise(
+                "{ .reg .pred p; .reg .b32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
+                "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+                "=r,l,r", [ptr, tl.full((), NBYTES, tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
 
 
 # ------------------------------------------------------------------ reductions

@@ -76,9 +76,12 @@ from optwin.kernels._common import (
     launch_config,
     note_occupancy,
     persistent_grid,
+    prefetch_bytes,
+    prefetch_l2,
     read_slot,
     register_cap,
     reset_workspace,
+    resident_programs,
     rows_view,
     store_common_features,
 )
@@ -189,6 +192,8 @@ FLUSH = 16  # rows between float64 flushes of the lane sums of squares (VARIANT 
 # than 64 uncapped on the H200's compiler (1 program per SM: 157.8 µs at 8192x8192 bf16 against 112.2
 # capped, stop 20's 109.9; layout 10 108.2 capped, 109.3 not; bench/results/norm_chunks_h200_s21f_8192x8192.md).
 MAXNREG: dict[tuple[int, int], int] = {(16384, 16): 64, (8192, 16): 64}
+# Rows of L2 prefetch ahead (_common.prefetch_l2) per (BLOCK, sketch); 0 or absent: none.
+PREFETCH: dict[tuple[int, bool], int] = {}
 FUSION = False  # enable_fp_fusion of the VARIANT 3-8 sketch kernels (the sweep's option; layout 10 fuses)
 # VARIANT 10: a row whose max exceeds the format's lowest finite value by more than 128 (exp of the
 # difference is 0: ex2.approx.ftz underflows below -126 * ln 2) can read its -inf halves as that value.
@@ -453,6 +458,8 @@ def _softmax_kernel(
     BF16: tl.constexpr = False,  # PACKED: the halves are bf16 (else fp16)
     NEG_PAIR: tl.constexpr = 0,  # PACKED: a word of two -inf halves (padding words)
     NEG_SAFE: tl.constexpr = 0.0,  # VARIANT 10: rows with a max above this take t without the clamp
+    PF_BYTES: tl.constexpr = 0,  # bytes of a row to prefetch into L2 (_common.prefetch_l2); 0: none
+    pf_ahead=0,  # the row prefetched is pf_ahead rows past the one being read
 ):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
@@ -484,6 +491,8 @@ def _softmax_kernel(
         wmask = wcols < n_cols // 2
     for r in tl.range(pid, n_rows, tl.num_programs(0), num_stages=STAGES):
         row = tl.cast(r, tl.int64)
+        if PF_BYTES > 0:  # the last row again past the end: a redundant hint, no branch
+            prefetch_l2(X_ptr + tl.cast(tl.minimum(r + pf_ahead, n_rows - 1), tl.int64) * X_row_stride, PF_BYTES)
         if PACKED:
             Xw = (X_ptr + row * X_row_stride).to(tl.pointer_type(tl.int32))
             w = tl.load(Xw + wcols, mask=wmask, other=NEG_PAIR, eviction_policy="evict_first")  # read n (dtype)
@@ -718,7 +727,7 @@ def _softmax_launch(
     x2: torch.Tensor, y2: torch.Tensor, buf: torch.Tensor | None, num_warps: int | None = None,
     stages: int | None = None, per_sm: int | None = None,
     variant: int | None = None, fusion: bool | None = None, maxnreg: int | None = None, keep: int | None = None,
-    packed: bool | None = None,
+    packed: bool | None = None, prefetch: int | None = None,
 ) -> None:
     """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows;
     without the sketch one program per row where _common.ROW_GRID lists the launch.
@@ -747,12 +756,17 @@ def _softmax_launch(
     key = ("softmax", x2.dtype, y2.dtype, block, warps, st, sketch, var, fuse, cap, kp, even, packed)
     extra = register_cap(cap)
     grid = persistent_grid(key, n_rows, x2.device, grid_per_sm("softmax", block, sketch, per_sm))
+    depth = PREFETCH.get((block, sketch), 0) if prefetch is None else prefetch
+    pf_bytes = prefetch_bytes(x2) if depth > 0 else 0
+    # rows ahead: the same program's row `depth` iterations on (persistent), else the row a program
+    # `depth` waves later reads (a program per row: as many programs resident as the occupancy allows)
+    ahead = depth * (grid if grid < n_rows else resident_programs(key, x2.device))
     k = _softmax_kernel[(grid,)](
         x2, x2.stride(0), y2, y2.stride(0), buf if sketch else y2, f, i, n_rows, n, PEAK_NATS,
         BLOCK=block, SKETCH=sketch, STAGES=st, VARIANT=var,
         CHUNK=min(CHUNK, block), VEC=vec, LANES=lanes, KEEP=kp, FLUSH=FLUSH, EVEN=even, PACKED=packed,
         BF16=x2.dtype == torch.bfloat16, NEG_PAIR=NEG_INF_PAIR.get(x2.dtype, 0),
-        NEG_SAFE=NEG_SAFE.get(x2.dtype, 0.0),
+        NEG_SAFE=NEG_SAFE.get(x2.dtype, 0.0), PF_BYTES=pf_bytes, pf_ahead=ahead,
         num_warps=warps,
         enable_fp_fusion=fuse,
         **extra,
