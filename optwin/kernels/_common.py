@@ -263,9 +263,15 @@ def prefetch_bytes(x2: torch.Tensor) -> int:
     if INTERPRETED or x2.device.type != "cuda" or torch.cuda.get_device_capability(x2.device)[0] < 9:
         return 0
     esize = x2.element_size()
-    if x2.data_ptr() % 16 or (x2.stride(0) * esize) % 16:
+    return bulk_row_bytes(x2.data_ptr(), x2.stride(0) * esize, x2.shape[1] * esize)
+
+
+def bulk_row_bytes(base: int, row_stride_bytes: int, row_bytes: int) -> int:
+    """prefetch_bytes's rule: row_bytes rounded down to 16 where every row start (base + i * stride)
+    is 16-byte aligned, else 0."""
+    if base % 16 or row_stride_bytes % 16:
         return 0
-    return (x2.shape[1] * esize) // 16 * 16
+    return row_bytes // 16 * 16
 
 
 @triton.jit

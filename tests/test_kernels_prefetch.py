@@ -1,0 +1,49 @@
+"""The L2 prefetch of softmax's launch (_common.prefetch_l2): when a row may be prefetched (cp.async.bulk's
+16-byte rule), and that asking for it never changes y or the sketch. The prefetch itself runs only on
+sm_90+ GPUs (bench/norm_chunks.py checks y and the sketch there); here the rule and the launcher's path.
+
+    python -m pytest -q tests/test_kernels_prefetch.py
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+
+import torch
+
+from optwin.kernels._common import bulk_row_bytes, prefetch_bytes
+from optwin.kernels.sketch_buffer import new_buffer, read_sketch
+from optwin.kernels.softmax import PREFETCH, _softmax_launch
+
+
+def test_bulk_rule_needs_aligned_row_starts_and_rounds_the_size_down():
+    assert bulk_row_bytes(4096, 32768, 32768) == 32768
+    assert bulk_row_bytes(4096, 1568, 1562) == 1552  # 781 bf16 in rows of 784: the last 10 bytes left out
+    assert bulk_row_bytes(4104, 32768, 32768) == 0  # base only 8-byte aligned
+    assert bulk_row_bytes(4096, 1562, 1562) == 0  # row stride 1562 bytes: every other row start misaligned
+    assert bulk_row_bytes(4096, 32, 8) == 0  # less than 16 bytes: nothing to ask for
+
+
+def test_no_prefetch_off_the_gpu():
+    assert prefetch_bytes(torch.zeros(4, 4096, dtype=torch.bfloat16)) == 0
+
+
+def test_prefetch_is_only_for_measured_16_bit_launches():
+    assert all(esize == 2 for _, esize, _ in PREFETCH)
+    assert (4096, 2, True) not in PREFETCH  # 16384x4096 lost with it on the H200
+
+
+def test_asking_for_a_prefetch_changes_nothing():
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(9, 520, generator=g) * 4).to(torch.bfloat16)
+    x[2, ::3] = -float("inf")
+    out = []
+    for depth in (0, 1):
+        y = torch.empty_like(x)
+        buf = new_buffer("softmax", x.device)
+        _softmax_launch(x, y, buf, prefetch=depth)
+        out.append((y, read_sketch("softmax", buf)))
+    assert torch.equal(out[0][0].view(torch.int16), out[1][0].view(torch.int16))
+    assert out[0][1] == out[1][1]
