@@ -72,18 +72,18 @@ def capture(op: str, shape: tuple[int, ...], dtype: torch.dtype, cfg: dict[str, 
     saved = JITFunction.run
     JITFunction.run = intercept  # type: ignore[method-assign]
     # CPU tensors get no L2 prefetch (_common.prefetch_bytes); a `prefetch` override compiles it as on sm_90
-    mod = sys.modules.get(f"optwin.kernels.{op}")
-    saved_pf = getattr(mod, "prefetch_bytes", None)
-    if cfg.get("prefetch") and saved_pf is not None:
-        mod.prefetch_bytes = lambda x: x.shape[-1] * x.element_size() // 16 * 16
+    from optwin.kernels import _common
+
+    saved_pf = _common.prefetch_bytes
+    if cfg.get("prefetch"):
+        _common.prefetch_bytes = lambda x: x.shape[-1] * x.element_size() // 16 * 16
     try:
         launch(new_buffer(op, "cpu") if sketch else None)
     except _Captured as call:
         return call
     finally:
         JITFunction.run = saved  # type: ignore[method-assign]
-        if saved_pf is not None:
-            mod.prefetch_bytes = saved_pf
+        _common.prefetch_bytes = saved_pf
     raise RuntimeError(f"{op}: the launcher made no kernel call")
 
 

@@ -11,11 +11,12 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
 
+import pytest
 import torch
 
-from optwin.kernels._common import bulk_row_bytes, prefetch_bytes
+from optwin.kernels._common import PREFETCH, bulk_row_bytes, prefetch_bytes
 from optwin.kernels.sketch_buffer import new_buffer, read_sketch
-from optwin.kernels.softmax import PREFETCH, _softmax_launch
+from optwin.kernels.softmax import _softmax_launch
 
 
 def test_bulk_rule_needs_aligned_row_starts_and_rounds_the_size_down():
@@ -31,19 +32,37 @@ def test_no_prefetch_off_the_gpu():
 
 
 def test_prefetch_is_only_for_measured_16_bit_launches():
-    assert all(esize == 2 for _, esize, _ in PREFETCH)
-    assert (4096, 2, True) not in PREFETCH  # 16384x4096 lost with it on the H200
+    assert all(esize == 2 for _, _, esize, _ in PREFETCH)
+    assert ("softmax", 4096, 2, True) not in PREFETCH  # 16384x4096 lost with it on the H200
+    assert not any(not sketch for op, _, _, sketch in PREFETCH if op != "softmax")  # the norms lost without the sketch
 
 
-def test_asking_for_a_prefetch_changes_nothing():
+def _launch(op: str, x: torch.Tensor, y: torch.Tensor, buf: torch.Tensor, depth: int) -> None:
+    n = x.shape[1]
+    if op == "softmax":
+        _softmax_launch(x, y, buf, prefetch=depth)
+    elif op == "rmsnorm":
+        from optwin.kernels.rmsnorm import EPS, _rmsnorm_launch
+
+        _rmsnorm_launch(x, torch.ones(n, dtype=x.dtype), y, buf, EPS, prefetch=depth)
+    else:
+        from optwin.kernels.layernorm import EPS, _layernorm_launch
+
+        _layernorm_launch(x, torch.ones(n, dtype=x.dtype), torch.zeros(n, dtype=x.dtype), y, buf, EPS,
+                          welford=True, prefetch=depth)
+
+
+@pytest.mark.parametrize("op", ["softmax", "rmsnorm", "layernorm"])
+def test_asking_for_a_prefetch_changes_nothing(op):
     g = torch.Generator().manual_seed(3)
-    x = (torch.randn(9, 520, generator=g) * 4).to(torch.bfloat16)
-    x[2, ::3] = -float("inf")
+    x = (torch.randn(9, 4096 if op == "layernorm" else 520, generator=g) * 4).to(torch.bfloat16)
+    if op == "softmax":
+        x[2, ::3] = -float("inf")
     out = []
     for depth in (0, 1):
         y = torch.empty_like(x)
-        buf = new_buffer("softmax", x.device)
-        _softmax_launch(x, y, buf, prefetch=depth)
-        out.append((y, read_sketch("softmax", buf)))
+        buf = new_buffer(op, x.device)
+        _launch(op, x, y, buf, depth)
+        out.append((y, read_sketch(op, buf)))
     assert torch.equal(out[0][0].view(torch.int16), out[1][0].view(torch.int16))
     assert out[0][1] == out[1][1]

@@ -167,6 +167,26 @@ ROW_GRID: set[tuple[str, int]] = {("rmsnorm", 4096), ("rmsnorm", 8192), ("rmsnor
                                   ("softmax", 16384)}
 ROW_PER_PROGRAM = 1 << 20  # per_sm that makes persistent_grid give one program per row
 
+# L2 prefetch (prefetch_row): rows ahead per (op, BLOCK, element bytes, sketch); absent: none.
+# softmax, one row ahead, on the H200 with 16-bit rows, µs without / with the sketch, no prefetch ->
+# prefetch (bench/results/softmax_prefetch_h200_s22*.md, L2 flushed, the same interleaved rounds):
+#   4096x16384 bf16 73.1 / 86.9 -> 70.4 / 81.8; HF-masked 73.5 / 96.5 -> 70.1 / 89.7; CUDA graphs
+#   69.0 / 81.2 -> 67.3 / 77.8; fp16 73.0 / 87.6 -> 70.2 / 83.9; 8192x8192 76.7 / 107.1 -> 75.6 / 91.3;
+#   2048x32768 94.1 / 109.7 -> 82.2 / 95.0.
+#   Not at BLOCK 4096 (16384x4096: 76.8 / 96.6 -> 85.7 / 109.6); two or four rows ahead lost at
+#   4096x16384 (80.7 / 89.2 and 89.5 / 98.4). float32 rows: not measured.
+# rmsnorm and layernorm (the Welford kernel; its key holds the row length) with the sketch, a program per
+# row and a finisher: one wave of programs ahead, bf16, µs with the sketch, no prefetch -> prefetch (the
+# launch without the sketch, no prefetch; bench/results/norms_prefetch_h200_s22c_*.md):
+#   rmsnorm   4096x16384 73.1 -> 71.6 (69.4), 8192x8192 74.2 -> 71.4 (71.8), 16384x4096 80.0 -> 72.7 (72.7)
+#   layernorm 4096x16384 79.2 -> 77.2 (71.1), 8192x8192 77.4 -> 75.4 (69.7), 16384x4096 89.8 -> 77.5 (69.2)
+# Their launches without the sketch lost with it (rmsnorm 69.4 -> 84.7 at 4096x16384, layernorm 69-71 ->
+# 93-96 at all three): they keep more programs per SM, so a wave ahead is more rows in flight in the L2.
+PREFETCH: dict[tuple[str, int, int, bool], int] = {
+    **{("softmax", b, 2, sk): 1 for b in (8192, 16384, 32768) for sk in (False, True)},
+    **{(op, b, 2, True): 1 for op in ("rmsnorm", "layernorm") for b in (4096, 8192, 16384)},
+}
+
 # Loop stages of the sketched launch where they differ from TUNED's (stages only change how far loads
 # run ahead, never y). layernorm with the FMA-folded variance and FMA epilogue (stop 14), H200 at
 # 4096x16384 bf16, µs without / with the sketch: 2 stages 86.4 / 79.7, 1 stage 79.6 / 84.8
@@ -272,6 +292,29 @@ def bulk_row_bytes(base: int, row_stride_bytes: int, row_bytes: int) -> int:
     if base % 16 or row_stride_bytes % 16:
         return 0
     return row_bytes // 16 * 16
+
+
+def prefetch_depth(op: str, block: int, x2: torch.Tensor, sketch: bool, depth: float | None = None) -> float:
+    """Steps ahead to prefetch for a launch: the caller's (the bench's sweep), else PREFETCH's."""
+    return PREFETCH.get((op, block, x2.element_size(), sketch), 0) if depth is None else depth
+
+
+def prefetch_args(x2: torch.Tensor, depth: float, grid: int, key: tuple[Any, ...]) -> dict[str, int]:
+    """The PF_BYTES / pf_ahead arguments of a kernel that calls prefetch_row: `depth` rows ahead of a
+    persistent program's own rows (grid < rows), or, with a program per row, the row a program `depth`
+    waves later reads (a wave: as many programs as the occupancy of `key` keeps resident; a fraction of
+    a wave is the bench's)."""
+    n_rows = x2.shape[0]
+    nbytes = prefetch_bytes(x2) if depth > 0 else 0
+    ahead = max(1, round(depth * (grid if grid < n_rows else resident_programs(key, x2.device))))
+    return {"PF_BYTES": nbytes, "pf_ahead": ahead}
+
+
+@triton.jit
+def prefetch_row(X_ptr, r, pf_ahead, n_rows, X_row_stride, PF_BYTES: tl.constexpr):
+    """prefetch_l2 of row r + pf_ahead (past the end the last row again: a redundant hint, no branch)."""
+    if PF_BYTES > 0:
+        prefetch_l2(X_ptr + tl.cast(tl.minimum(r + pf_ahead, n_rows - 1), tl.int64) * X_row_stride, PF_BYTES)
 
 
 @triton.jit

@@ -48,6 +48,9 @@ from optwin.kernels._common import (
     max_sum_max,
     note_occupancy,
     poll_records,
+    prefetch_args,
+    prefetch_depth,
+    prefetch_row,
     record_halves,
     record_word,
     register_cap,
@@ -154,6 +157,8 @@ def _layernorm_welford_kernel(
     EXACT_CHUNK: tl.constexpr,  # width of the pieces the cold paths read
     FINISHER_FIRST: tl.constexpr,  # program 0 finishes (a GPU starts it first); else program n_rows (the interpreter)
     PACKED: tl.constexpr,  # x is 16-bit: max |x| two elements an instruction (_abs_max_step)
+    PF_BYTES: tl.constexpr = 0,  # bytes of a row to prefetch into L2 (_common.prefetch_row); 0: none
+    pf_ahead=0,  # the row prefetched is pf_ahead rows past this program's
     PROBE: tl.constexpr = 0,  # bench only (the sketch is then wrong), bits: 1 no max |h|, 2 no records (no polls), 4 no flagged path
 ):
     # A program per row, as torch.compile's layernorm: lane l runs Welford's update over elements l,
@@ -169,6 +174,7 @@ def _layernorm_welford_kernel(
     FULL: tl.constexpr = (N // CHUNK) * CHUNK  # columns in whole pieces (N >= CHUNK)
     if not SKETCH or pid != (0 if FINISHER_FIRST else n_rows):
         row = tl.cast(pid - 1 if SKETCH and FINISHER_FIRST else pid, tl.int64)
+        prefetch_row(X_ptr, row, pf_ahead, n_rows, X_row_stride, PF_BYTES)
         X_row = X_ptr + row * X_row_stride
         xr = tl.load(X_row + cols, eviction_policy="evict_last")
         mean = xr.to(tl.float32)  # count 1: mean = h, M2 = 0
@@ -290,7 +296,8 @@ def _publish_flagged_row(X_row, flag_ptr, E_row, n_cols, CHUNK: tl.constexpr):
 
 def _welford_launch(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2: torch.Tensor,
                     buf: torch.Tensor | None, eps: float, num_warps: int | None = None, poll: int | None = None,
-                    maxnreg: int | None = None, probe: int = 0, welford_chunk: int | None = None) -> None:
+                    maxnreg: int | None = None, probe: int = 0, welford_chunk: int | None = None,
+                    prefetch: float | None = None) -> None:
     """_layernorm_welford_kernel: a program per row (and the finisher with the sketch), the row length
     compiled in (one kernel per hidden size, as torch.compile specializes). poll: rows whose records
     the finisher reads at once (a power of two; tests put flagged rows across its boundaries)."""
@@ -303,10 +310,12 @@ def _welford_launch(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, 
     warps = num_warps or max(1, chunk // (32 * ELEMS_PER_THREAD))
     cap = (WELFORD_REG_CAP if sketch else None) if maxnreg is None else maxnreg or None
     m, e = row_records("layernorm", x2.device, n_rows, words=2, extra=4) if sketch else (y2, y2)
+    key = ("layernorm-welford", x2.dtype, n, chunk, warps, cap, sketch)
+    pf = prefetch_args(x2, prefetch_depth("layernorm", n, x2, sketch, prefetch), n_rows + sketch, key)
     k = _layernorm_welford_kernel[(n_rows + sketch,)](
         x2, x2.stride(0), weight, bias, y2, y2.stride(0), buf if sketch else y2, m, e, n_rows, eps,
         N=n, CHUNK=chunk, CAP=RATIO_CAP, SKETCH=sketch, POLL=poll or RECORD_POLL, EXACT_CHUNK=_common.EXACT_CHUNK,
-        FINISHER_FIRST=not INTERPRETED, PACKED=x2.element_size() == 2, PROBE=probe, num_warps=warps, enable_fp_fusion=False, **register_cap(cap),
+        FINISHER_FIRST=not INTERPRETED, PACKED=x2.element_size() == 2, PROBE=probe, **pf, num_warps=warps, enable_fp_fusion=False, **register_cap(cap),
         **({} if INTERPRETED else {"num_stages": 1}),
     )
-    note_occupancy(("layernorm-welford", x2.dtype, n, chunk, warps, cap, sketch), k, warps)
+    note_occupancy(key, k, warps)

@@ -64,6 +64,9 @@ from optwin.kernels._common import (
     note_occupancy,
     persistent_grid,
     poll_records,
+    prefetch_args,
+    prefetch_depth,
+    prefetch_row,
     read_slot,
     record_halves,
     record_word,
@@ -213,6 +216,8 @@ def _rmsnorm_rows_kernel(
     POLL: tl.constexpr,  # record words the finisher reads at once
     EXACT_CHUNK: tl.constexpr,  # width of the pieces the cold paths read (the exact partials, the weight's)
     FINISHER_FIRST: tl.constexpr,  # program 0 finishes (a GPU starts it first); else program n_rows (the interpreter)
+    PF_BYTES: tl.constexpr = 0,  # bytes of a row to prefetch into L2 (_common.prefetch_row); 0: none
+    pf_ahead=0,  # the row prefetched is pf_ahead rows past this program's
 ):
     # A program per row (the same row computation as _rmsnorm_kernel: y is bit-identical). With the
     # sketch each row's program stores its record word (max |h|, its fp32 sum of squares) and one more
@@ -227,6 +232,7 @@ def _rmsnorm_rows_kernel(
     mask = cols < n_cols
     if not SKETCH or pid != (0 if FINISHER_FIRST else n_rows):
         for r in tl.range(first, first + 1, num_stages=STAGES):  # one row: a loop for the pipelined loads
+            prefetch_row(X_ptr, r, pf_ahead, n_rows, X_row_stride, PF_BYTES)
             row = tl.cast(r, tl.int64)
             x = tl.load(X_ptr + row * X_row_stride + cols, mask=mask, other=0.0, eviction_policy="evict_first")
             h = x.to(tl.float32)
@@ -366,7 +372,7 @@ def _rmsnorm_launch(
     x2: torch.Tensor, weight: torch.Tensor, y2: torch.Tensor, buf: torch.Tensor | None, eps: float,
     num_warps: int | None = None, stages: int | None = None, per_sm: int | None = None,
     chunk: int | None = None, maxnreg: int | None = None, const_n: bool = False, row_grid: bool | None = None,
-    poll: int | None = None,
+    poll: int | None = None, prefetch: float | None = None,
 ) -> None:
     """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows;
     one program per row where _common.ROW_GRID lists the launch (with the sketch: row records and a
@@ -397,13 +403,15 @@ def _rmsnorm_launch(
     if per_sm is None and (("rmsnorm", block) in ROW_GRID if row_grid is None else row_grid):
         m, e = row_records("rmsnorm", x2.device, n_rows) if sketch else (y2, y2)
         st = RECORD_STAGES.get(("rmsnorm", block), st) if sketch and stages is None else st
+        key = ("rmsnorm-rows", x2.dtype, block, warps, st, cap, sketch)
+        pf = prefetch_args(x2, prefetch_depth("rmsnorm", block, x2, sketch, prefetch), n_rows + sketch, key)
         k = _rmsnorm_rows_kernel[(n_rows + sketch,)](
             x2, x2.stride(0), weight, y2, y2.stride(0), buf if sketch else y2, m, e,
             n_rows, n, eps, BLOCK=block, SKETCH=sketch, STAGES=st, POLL=poll or RECORD_POLL,
-            EXACT_CHUNK=min(block, EXACT_CHUNK), FINISHER_FIRST=not INTERPRETED,
+            EXACT_CHUNK=min(block, EXACT_CHUNK), FINISHER_FIRST=not INTERPRETED, **pf,
             num_warps=warps, enable_fp_fusion=False, **regs,
         )
-        note_occupancy(("rmsnorm-rows", x2.dtype, block, warps, st, cap, sketch), k, warps)
+        note_occupancy(key, k, warps)
         return
     key = ("rmsnorm", x2.dtype, block, warps, st, cap, sketch)
     grid = persistent_grid(key, n_rows, x2.device, grid_per_sm("rmsnorm", block, sketch, per_sm))

@@ -48,7 +48,7 @@ and adds them scaled by 2^-72 to a second lane accumulator; the widest range is 
 exact pass before); other inputs +1.5 µs (bench/results/norm_chunks_h200_s16d.md).
 Launch: BLOCK = next_pow2(n); warps and stages from _common.TUNED (16 warps at BLOCK 16384, measured);
 the layout-4 sketch kernel is capped at MAXNREG registers where listed (2 programs per SM). Where
-PREFETCH lists the launch (16-bit rows, sm_90+, 16-byte aligned rows), each program first asks the L2
+_common.PREFETCH lists the launch (16-bit rows, sm_90+, 16-byte aligned rows), each program first asks the L2
 for the row it reads one step later (one cp.async.bulk.prefetch.L2 per row: _common.prefetch_l2), so
 DRAM keeps streaming while the warps are in the row's trees: H200 4096x16384 bf16 73.1 / 86.9 ->
 70.4 / 81.8 µs without / with the sketch.
@@ -80,12 +80,12 @@ from optwin.kernels._common import (
     launch_config,
     note_occupancy,
     persistent_grid,
-    prefetch_bytes,
-    prefetch_l2,
+    prefetch_args,
+    prefetch_depth,
+    prefetch_row,
     read_slot,
     register_cap,
     reset_workspace,
-    resident_programs,
     rows_view,
     store_common_features,
 )
@@ -196,15 +196,6 @@ FLUSH = 16  # rows between float64 flushes of the lane sums of squares (VARIANT 
 # than 64 uncapped on the H200's compiler (1 program per SM: 157.8 µs at 8192x8192 bf16 against 112.2
 # capped, stop 20's 109.9; layout 10 108.2 capped, 109.3 not; bench/results/norm_chunks_h200_s21f_8192x8192.md).
 MAXNREG: dict[tuple[int, int], int] = {(16384, 16): 64, (8192, 16): 64}
-# L2 prefetch (_common.prefetch_l2): rows ahead per (BLOCK, element bytes, sketch); absent: none. One
-# row ahead, on the H200 with 16-bit rows, µs without / with the sketch, no prefetch -> prefetch
-# (bench/results/softmax_prefetch_h200_s22*.md, L2 flushed, the same interleaved rounds):
-#   4096x16384 bf16 73.1 / 86.9 -> 70.4 / 81.8; HF-masked 73.5 / 96.5 -> 70.1 / 89.7; CUDA graphs
-#   69.0 / 81.2 -> 67.3 / 77.8; fp16 73.0 / 87.6 -> 70.2 / 83.9; 8192x8192 76.7 / 107.1 -> 75.6 / 91.3;
-#   2048x32768 94.1 / 109.7 -> 82.2 / 95.0.
-# Not at BLOCK 4096 (16384x4096: 76.8 / 96.6 -> 85.7 / 109.6), and two or four rows ahead lost at 4096x16384
-# (80.7 / 89.2 and 89.5 / 98.4). float32 rows: not measured.
-PREFETCH: dict[tuple[int, int, bool], int] = {(b, 2, sk): 1 for b in (8192, 16384, 32768) for sk in (False, True)}
 FUSION = False  # enable_fp_fusion of the VARIANT 3-8 sketch kernels (the sweep's option; layout 10 fuses)
 # VARIANT 10: a row whose max exceeds the format's lowest finite value by more than 128 (exp of the
 # difference is 0: ex2.approx.ftz underflows below -126 * ln 2) can read its -inf halves as that value.
@@ -502,9 +493,7 @@ def _softmax_kernel(
         wmask = wcols < n_cols // 2
     for r in tl.range(pid, n_rows, tl.num_programs(0), num_stages=STAGES):
         row = tl.cast(r, tl.int64)
-        # the row pf_ahead on (the last row again past the end: a redundant hint, no branch)
-        X_pf = X_ptr + tl.cast(tl.minimum(r + pf_ahead, n_rows - 1), tl.int64) * X_row_stride
-        prefetch_l2(X_pf, PF_BYTES)
+        prefetch_row(X_ptr, r, pf_ahead, n_rows, X_row_stride, PF_BYTES)
         if PACKED:
             Xw = (X_ptr + row * X_row_stride).to(tl.pointer_type(tl.int32))
             w = tl.load(Xw + wcols, mask=wmask, other=NEG_PAIR, eviction_policy="evict_first")  # read n (dtype)
@@ -739,7 +728,7 @@ def _softmax_launch(
     x2: torch.Tensor, y2: torch.Tensor, buf: torch.Tensor | None, num_warps: int | None = None,
     stages: int | None = None, per_sm: int | None = None,
     variant: int | None = None, fusion: bool | None = None, maxnreg: int | None = None, keep: int | None = None,
-    packed: bool | None = None, prefetch: int | None = None,
+    packed: bool | None = None, prefetch: float | None = None,
 ) -> None:
     """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows;
     without the sketch one program per row where _common.ROW_GRID lists the launch.
@@ -768,17 +757,13 @@ def _softmax_launch(
     key = ("softmax", x2.dtype, y2.dtype, block, warps, st, sketch, var, fuse, cap, kp, even, packed)
     extra = register_cap(cap)
     grid = persistent_grid(key, n_rows, x2.device, grid_per_sm("softmax", block, sketch, per_sm))
-    depth = PREFETCH.get((block, x2.element_size(), sketch), 0) if prefetch is None else prefetch
-    pf_bytes = prefetch_bytes(x2) if depth > 0 else 0
-    # rows ahead: the same program's row `depth` iterations on (persistent), else the row a program
-    # `depth` waves later reads (a program per row: as many programs resident as the occupancy allows)
-    ahead = depth * (grid if grid < n_rows else resident_programs(key, x2.device))
+    pf = prefetch_args(x2, prefetch_depth("softmax", block, x2, sketch, prefetch), grid, key)
     k = _softmax_kernel[(grid,)](
         x2, x2.stride(0), y2, y2.stride(0), buf if sketch else y2, f, i, n_rows, n, PEAK_NATS,
         BLOCK=block, SKETCH=sketch, STAGES=st, VARIANT=var,
         CHUNK=min(CHUNK, block), VEC=vec, LANES=lanes, KEEP=kp, FLUSH=FLUSH, EVEN=even, PACKED=packed,
         BF16=x2.dtype == torch.bfloat16, NEG_PAIR=NEG_INF_PAIR.get(x2.dtype, 0),
-        NEG_SAFE=NEG_SAFE.get(x2.dtype, 0.0), PF_BYTES=pf_bytes, pf_ahead=ahead,
+        NEG_SAFE=NEG_SAFE.get(x2.dtype, 0.0), **pf,
         num_warps=warps,
         enable_fp_fusion=fuse,
         **extra,
