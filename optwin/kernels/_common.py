@@ -180,11 +180,15 @@ ROW_PER_PROGRAM = 1 << 20  # per_sm that makes persistent_grid give one program 
 # launch without the sketch, no prefetch; bench/results/norms_prefetch_h200_s22c_*.md):
 #   rmsnorm   4096x16384 73.1 -> 71.6 (69.4), 8192x8192 74.2 -> 71.4 (71.8), 16384x4096 80.0 -> 72.7 (72.7)
 #   layernorm 4096x16384 79.2 -> 77.2 (71.1), 8192x8192 77.4 -> 75.4 (69.7), 16384x4096 89.8 -> 77.5 (69.2)
-# Their launches without the sketch lost with it (rmsnorm 69.4 -> 84.7 at 4096x16384, layernorm 69-71 ->
-# 93-96 at all three): they keep more programs per SM, so a wave ahead is more rows in flight in the L2.
-PREFETCH: dict[tuple[str, int, int, bool], int] = {
+# Their launches without the sketch lost with a wave ahead (rmsnorm 69.4 -> 84.7 at 4096x16384, layernorm
+# 69-71 -> 93-96 at all three): they keep more programs per SM, so a wave ahead is more rows in flight in
+# the L2. A fraction of a wave (bench/results/prefetch_fraction_h200_s22d_*.md): rmsnorm at 16384x4096
+# 73.1 -> 69.5 at half a wave (4096x16384: 70.1 -> 70.0, not taken); layernorm lost at 1/4 and 1/2 (69.3
+# -> 71.3, 75.9 at 16384x4096); with the sketch a wave stayed best or equal.
+PREFETCH: dict[tuple[str, int, int, bool], float] = {
     **{("softmax", b, 2, sk): 1 for b in (8192, 16384, 32768) for sk in (False, True)},
     **{(op, b, 2, True): 1 for op in ("rmsnorm", "layernorm") for b in (4096, 8192, 16384)},
+    ("rmsnorm", 4096, 2, False): 0.5,
 }
 
 # Loop stages of the sketched launch where they differ from TUNED's (stages only change how far loads
