@@ -74,19 +74,16 @@ def capture(op: str, shape: tuple[int, ...], dtype: torch.dtype, cfg: dict[str, 
     # CPU tensors get no L2 prefetch (_common.prefetch_bytes); a `prefetch` override compiles it as on sm_90
     from optwin.kernels import _common
 
-    mods = [m for m in (_common, sys.modules.get(f"optwin.kernels.{op}")) if hasattr(m, "prefetch_bytes")]
-    saved_pf = [m.prefetch_bytes for m in mods]
+    saved_pf = _common.prefetch_bytes
     if cfg.get("prefetch"):
-        for m in mods:
-            m.prefetch_bytes = lambda x, strides=None, piece=None: (piece or x.shape[-1]) * x.element_size() // 16 * 16
+        _common.prefetch_bytes = lambda x: x.shape[-1] * x.element_size() // 16 * 16
     try:
         launch(new_buffer(op, "cpu") if sketch else None)
     except _Captured as call:
         return call
     finally:
         JITFunction.run = saved  # type: ignore[method-assign]
-        for m, f in zip(mods, saved_pf):
-            m.prefetch_bytes = f
+        _common.prefetch_bytes = saved_pf
     raise RuntimeError(f"{op}: the launcher made no kernel call")
 
 

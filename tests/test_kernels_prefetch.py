@@ -27,20 +27,6 @@ def test_bulk_rule_needs_aligned_row_starts_and_rounds_the_size_down():
     assert bulk_row_bytes(4096, 32, 8) == 0  # less than 16 bytes: nothing to ask for
 
 
-def test_rope_tiles_prefetch_only_where_they_are_whole_blocks(monkeypatch):
-    import optwin.kernels.rope as rope_mod
-
-    calls = []
-    monkeypatch.setattr(rope_mod, "prefetch_bytes", lambda x, strides=None, piece=None: calls.append((strides, piece)) or 0)
-    x = torch.randn(1, 8, 4, 64)  # (batch, seq, heads, d): the 4 heads are one tile (rope_config)
-    pos = torch.arange(8)[None]
-    inv = rope_mod._inv_freq(64, 10000.0, x.device)
-    rope_mod._rope_launch(x, torch.empty_like(x), None, positions=pos, inv=inv, prefetch=1)
-    strided = x.transpose(1, 2).contiguous().transpose(1, 2)  # heads 8 * 64 apart: a tile is not one block
-    rope_mod._rope_launch(strided, torch.empty_like(x), None, positions=pos, inv=inv, prefetch=1)
-    assert calls == [((8 * 4 * 64, 4 * 64, 4 * 64), 4 * 64)]  # tile starts: batch, seq and head-block strides
-
-
 def test_no_prefetch_off_the_gpu():
     assert prefetch_bytes(torch.zeros(4, 4096, dtype=torch.bfloat16)) == 0
 
@@ -60,12 +46,6 @@ def _launch(op: str, x: torch.Tensor, y: torch.Tensor, buf: torch.Tensor, depth:
         from optwin.kernels.rmsnorm import EPS, _rmsnorm_launch
 
         _rmsnorm_launch(x, torch.ones(n, dtype=x.dtype), y, buf, EPS, prefetch=depth)
-    elif op == "rope":
-        from optwin.kernels.rope import _inv_freq, _rope_launch
-
-        x4, y4 = x.view(1, x.shape[0], 4, n // 4), y.view(1, x.shape[0], 4, n // 4)
-        _rope_launch(x4, y4, buf, positions=torch.arange(x.shape[0])[None] * 97, inv=_inv_freq(n // 4, 1e4, x.device),
-                     base=1e4, prefetch=depth)
     else:
         from optwin.kernels.layernorm import EPS, _layernorm_launch
 
@@ -73,7 +53,7 @@ def _launch(op: str, x: torch.Tensor, y: torch.Tensor, buf: torch.Tensor, depth:
                           welford=True, prefetch=depth)
 
 
-@pytest.mark.parametrize("op", ["softmax", "rmsnorm", "layernorm", "rope"])
+@pytest.mark.parametrize("op", ["softmax", "rmsnorm", "layernorm"])
 def test_asking_for_a_prefetch_changes_nothing(op):
     g = torch.Generator().manual_seed(3)
     x = (torch.randn(9, 4096 if op == "layernorm" else 520, generator=g) * 4).to(torch.bfloat16)

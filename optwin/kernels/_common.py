@@ -9,7 +9,6 @@ Imports triton: only the kernel modules import this one.
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Any, NamedTuple
 
@@ -281,18 +280,14 @@ def div_by_row(e, s):
 # ------------------------------------------------------------------ L2 prefetch
 
 
-def prefetch_bytes(x2: torch.Tensor, piece_strides: tuple[int, ...] | None = None, piece: int | None = None) -> int:
-    """Bytes of each piece prefetch_l2 may ask for: the piece (default a row of x2: strides
-    (stride(0),), x2.shape[1] elements) rounded down to 16 bytes, where x2 is on a GPU with the
-    bulk-copy unit (sm_90+) and every piece starts 16-byte aligned (cp.async.bulk's rule: the base
-    and every stride between pieces, in bytes, multiples of 16); 0 (no prefetch) elsewhere and in the
-    interpreter."""
+def prefetch_bytes(x2: torch.Tensor) -> int:
+    """Bytes of each row that prefetch_l2 may ask for: the row rounded down to 16 bytes, where x2 is on
+    a GPU with the bulk-copy unit (sm_90+) and every row starts 16-byte aligned (cp.async.bulk's
+    rule); 0 (no prefetch) elsewhere and in the interpreter."""
     if INTERPRETED or x2.device.type != "cuda" or torch.cuda.get_device_capability(x2.device)[0] < 9:
         return 0
     esize = x2.element_size()
-    strides = (x2.stride(0),) if piece_strides is None else piece_strides
-    step = math.gcd(*(s * esize for s in strides))  # every piece start is base + a multiple of this
-    return bulk_row_bytes(x2.data_ptr(), step, (x2.shape[1] if piece is None else piece) * esize)
+    return bulk_row_bytes(x2.data_ptr(), x2.stride(0) * esize, x2.shape[1] * esize)
 
 
 def bulk_row_bytes(base: int, row_stride_bytes: int, row_bytes: int) -> int:
@@ -308,15 +303,13 @@ def prefetch_depth(op: str, block: int, x2: torch.Tensor, sketch: bool, depth: f
     return PREFETCH.get((op, block, x2.element_size(), sketch), 0) if depth is None else depth
 
 
-def prefetch_args(x2: torch.Tensor, depth: float, grid: int, key: tuple[Any, ...], n_rows: int | None = None,
-                  nbytes: int | None = None) -> dict[str, int]:
+def prefetch_args(x2: torch.Tensor, depth: float, grid: int, key: tuple[Any, ...]) -> dict[str, int]:
     """The PF_BYTES / pf_ahead arguments of a kernel that calls prefetch_row: `depth` rows ahead of a
     persistent program's own rows (grid < rows), or, with a program per row, the row a program `depth`
     waves later reads (a wave: as many programs as the occupancy of `key` keeps resident; a fraction of
-    a wave is the bench's). n_rows / nbytes: the kernel's pieces and prefetch_bytes of one, where they
-    are not x2's rows (rope's tiles)."""
-    n_rows = x2.shape[0] if n_rows is None else n_rows
-    nbytes = (prefetch_bytes(x2) if nbytes is None else nbytes) if depth > 0 else 0
+    a wave is the bench's)."""
+    n_rows = x2.shape[0]
+    nbytes = prefetch_bytes(x2) if depth > 0 else 0
     ahead = max(1, round(depth * (grid if grid < n_rows else resident_programs(key, x2.device))))
     return {"PF_BYTES": nbytes, "pf_ahead": ahead}
 

@@ -47,10 +47,6 @@ from optwin.kernels._common import (
     last_program,
     note_occupancy,
     persistent_grid,
-    prefetch_args,
-    prefetch_bytes,
-    prefetch_depth,
-    prefetch_l2,
     read_slot,
     register_cap,
     reset_workspace,
@@ -103,8 +99,6 @@ def _rope_kernel(
     KEEP: tl.constexpr,  # independent accumulator chains per lane (divides VEC; _common's lane partials)
     LANE_ACC: tl.constexpr,  # sketch accumulators per lane ([LANES]) instead of per tile element
     FLUSH: tl.constexpr,  # tiles between float64 flushes of the lane sums of squares (LANE_ACC)
-    PF_BYTES: tl.constexpr = 0,  # bytes of a tile to prefetch into L2 (_common.prefetch_l2; contiguous tiles); 0: none
-    pf_ahead=0,  # the tile prefetched is pf_ahead tiles past the one being read
 ):
     pid = tl.program_id(0)
     hl = tl.arange(0, BLOCK_H)[:, None]  # (BLOCK_H, 1) head within the block
@@ -122,11 +116,6 @@ def _rope_kernel(
             v_sq = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)  # running sum x^2 per tile element
         p_pos = tl.zeros((), dtype=tl.int64)  # largest |position|
     for tile in tl.range(pid, n_tiles, tl.num_programs(0), num_stages=STAGES):
-        if PF_BYTES > 0:  # past the end the last tile again: a redundant hint, no branch
-            t_pf = tl.minimum(tile + pf_ahead, n_tiles - 1)
-            r_pf = tl.cast(t_pf // n_hb, tl.int64)
-            prefetch_l2(X_ptr + (r_pf // n_seq) * X_batch_stride + (r_pf % n_seq) * X_seq_stride
-                        + (t_pf % n_hb) * BLOCK_H * X_head_stride, PF_BYTES)
         row = tl.cast(tile // n_hb, tl.int64)
         hs = (tile % n_hb) * BLOCK_H + hl  # (BLOCK_H, 1) heads of this tile
         mask = (hs < n_heads) & (js < half)  # (BLOCK_H, BLOCK_D)
@@ -279,11 +268,10 @@ def _rope_launch(
     lane_acc: bool | None = None,
     maxnreg: int | None = None,
     keep: int | None = None,
-    prefetch: float | None = None,
 ) -> None:
     """Grid: one persistent program per resident slot (persistent_grid), each over its tiles.
-    block_h / num_warps / stages / per_sm / lane_acc / maxnreg (0: none) / keep / prefetch (tiles
-    ahead) override the tuned launch (the bench's sweep)."""
+    block_h / num_warps / stages / per_sm / lane_acc / maxnreg (0: none) / keep override the tuned launch
+    (the bench's sweep)."""
     _check_4d(x4)
     batch, seq, heads, d = x4.shape
     if batch * seq == 0 and buf is None:
@@ -302,13 +290,7 @@ def _rope_launch(
     key = ("rope", x4.dtype, block_h, block_d, warps, st, tables, sketch, lacc, cap, kp)
     extra = register_cap(cap)
     base_bits = struct.unpack("<q", struct.pack("<d", float(base)))[0]
-    grid = persistent_grid(key, batch * seq * n_hb, x4.device, per_sm)
-    # a tile is BLOCK_H heads x d, one block of memory where heads are d apart and fill every block
-    whole = x4.stride(3) == 1 and x4.stride(2) == d and heads % block_h == 0
-    depth = prefetch_depth("rope", block_h * d, x4, sketch, prefetch) if whole else 0
-    tile_bytes = prefetch_bytes(x4, (x4.stride(0), x4.stride(1), block_h * x4.stride(2)), block_h * d) if depth else 0
-    pf = prefetch_args(x4, depth, grid, key, n_rows=batch * seq * n_hb, nbytes=tile_bytes)
-    k = _rope_kernel[(grid,)](
+    k = _rope_kernel[(persistent_grid(key, batch * seq * n_hb, x4.device, per_sm),)](
         x4, x4.stride(0), x4.stride(1), x4.stride(2),
         y4, y4.stride(0), y4.stride(1), y4.stride(2),
         dummy if tables else positions, 0 if tables else positions.stride(0),
@@ -318,7 +300,7 @@ def _rope_launch(
         buf if sketch else dummy, f, i,
         batch * seq, seq, heads, n_hb, d // 2, base_bits,
         BLOCK_H=block_h, BLOCK_D=block_d, FROM_TABLES=tables, SKETCH=sketch, STAGES=st, VEC=vec, LANES=lanes, KEEP=kp,
-        LANE_ACC=lacc, FLUSH=FLUSH, **pf, num_warps=warps, **extra,
+        LANE_ACC=lacc, FLUSH=FLUSH, num_warps=warps, **extra,
     )
     note_occupancy(key, k, warps)
 
