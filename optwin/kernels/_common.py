@@ -284,10 +284,21 @@ def prefetch_bytes(x2: torch.Tensor) -> int:
     """Bytes of each row that prefetch_l2 may ask for: the row rounded down to 16 bytes, where x2 is on
     a GPU with the bulk-copy unit (sm_90+) and every row starts 16-byte aligned (cp.async.bulk's
     rule); 0 (no prefetch) elsewhere and in the interpreter."""
-    if INTERPRETED or x2.device.type != "cuda" or torch.cuda.get_device_capability(x2.device)[0] < 9:
+    if INTERPRETED or x2.device.type != "cuda" or not _has_bulk_copy(x2.device):
         return 0
     esize = x2.element_size()
     return bulk_row_bytes(x2.data_ptr(), x2.stride(0) * esize, x2.shape[1] * esize)
+
+
+_BULK: dict[int, bool] = {}
+
+
+def _has_bulk_copy(device: torch.device) -> bool:
+    """sm_90+ (cp.async.bulk), per device index, cached: this runs on every launch."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _BULK:
+        _BULK[idx] = torch.cuda.get_device_capability(idx)[0] >= 9
+    return _BULK[idx]
 
 
 def bulk_row_bytes(base: int, row_stride_bytes: int, row_bytes: int) -> int:

@@ -300,7 +300,8 @@ def _welford_launch(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, 
                     prefetch: float | None = None) -> None:
     """_layernorm_welford_kernel: a program per row (and the finisher with the sketch), the row length
     compiled in (one kernel per hidden size, as torch.compile specializes). poll: rows whose records
-    the finisher reads at once (a power of two; tests put flagged rows across its boundaries)."""
+    the finisher reads at once (a power of two; tests put flagged rows across its boundaries); prefetch:
+    waves of programs ahead whose rows go to the L2 first (_common.PREFETCH)."""
     n_rows, n = x2.shape
     # another chunk (or a ragged one) is not the catalog variant's numerics: the bench's sweep and tests
     chunk = welford_chunk or _welford_rule(n) or 4096

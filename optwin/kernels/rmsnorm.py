@@ -377,7 +377,8 @@ def _rmsnorm_launch(
     """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows;
     one program per row where _common.ROW_GRID lists the launch (with the sketch: row records and a
     finisher program, _rmsnorm_rows_kernel). row_grid overrides ROW_GRID (tests, the bench), poll the
-    record words the finisher reads at once (a power of two; _common.RECORD_POLL).
+    record words the finisher reads at once (a power of two; _common.RECORD_POLL), prefetch the L2
+    prefetch of the launch with a program per row, in waves of programs ahead (_common.PREFETCH).
     Rows longer than MAX_BLOCK (or than `chunk`, the bench's comparison) go to the two-pass chunked
     kernel, TRITON_CHUNK wide by default (part of the numerics: the twin's lanes).
     num_warps / stages / per_sm / chunk / maxnreg (registers per thread) / const_n (the chunked kernel
