@@ -65,3 +65,26 @@ def test_sweep_times_every_config_and_keeps_y_identical():
     for r in body:
         cells = [c.strip() for c in r.strip("|").split("|")]
         assert cells[6] == "yes" and float(cells[2]) > 0, r  # timed, and the sketch leaves y unchanged
+
+
+def test_kernel_timings_are_interleaved_rounds_and_their_medians(monkeypatch):
+    import dataclasses
+    import itertools
+
+    gk = _load_bench()
+    launched = []
+    real = gk.OPS["rmsnorm"].launch
+
+    def recording(inp, params, y, buf):
+        launched.append(buf is not None)
+        real(inp, params, y, buf)
+
+    monkeypatch.setitem(gk.OPS, "rmsnorm", dataclasses.replace(gk.OPS["rmsnorm"], launch=recording))
+    # rounds: (plain, sketched) = (5, 1), (9, 2), (6, 30): medians 6 and 2; every later timing 1 ms
+    ms = itertools.chain([5.0, 1.0, 9.0, 2.0, 6.0, 30.0], itertools.repeat(1.0))
+    monkeypatch.setattr(gk, "_timer", lambda device: lambda fn: (fn(), next(ms))[1])
+    monkeypatch.setattr(gk, "KERNEL_ROUNDS", 3)
+    r = gk.time_op("rmsnorm", (4, 256), "bfloat16", "cpu", 1.0, compile_ok=False)
+    assert launched[:6] == [False, True] * 3  # without, with, without, ...: a slow spell hits both
+    assert r["kernel_ms"] == 6.0 and r["kernel_sketch_ms"] == 2.0
+    assert abs(r["sketch_overhead"] - (2.0 / 6.0 - 1)) < 1e-12
