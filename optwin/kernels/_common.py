@@ -294,10 +294,11 @@ _BULK: dict[int, bool] = {}
 
 
 def _has_bulk_copy(device: torch.device) -> bool:
-    """sm_90+ (cp.async.bulk), per device index, cached: this runs on every launch."""
+    """An NVIDIA sm_90+ (cp.async.bulk; a ROCm build reports its own versions as capabilities), per
+    device index, cached: this runs on every launch."""
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if idx not in _BULK:
-        _BULK[idx] = torch.cuda.get_device_capability(idx)[0] >= 9
+        _BULK[idx] = torch.version.hip is None and torch.cuda.get_device_capability(idx)[0] >= 9
     return _BULK[idx]
 
 
