@@ -1,6 +1,8 @@
-"""The L2 prefetch of softmax's launch (_common.prefetch_l2): when a row may be prefetched (cp.async.bulk's
-16-byte rule), and that asking for it never changes y or the sketch. The prefetch itself runs only on
-sm_90+ GPUs (bench/norm_chunks.py checks y and the sketch there); here the rule and the launcher's path.
+"""The L2 prefetch of the softmax, rmsnorm and layernorm launches (_common.prefetch_l2): when a row may be
+prefetched (cp.async.bulk's 16-byte rule), where the launch table turns it on, and that the launchers'
+prefetch argument changes neither y nor the sketch. The prefetch instruction itself is compiled only for
+NVIDIA sm_90+ (the interpreter runs the launch path without it); on the H200, bench/norm_chunks.py checks
+y bit for bit and the sketch against ingest with it on (bench/RESULTS.md, stop 22).
 
     python -m pytest -q tests/test_kernels_prefetch.py
 """
