@@ -310,16 +310,15 @@ def bulk_row_bytes(base: int, row_stride_bytes: int, row_bytes: int) -> int:
     return row_bytes // 16 * 16
 
 
-def prefetch_depth(op: str, block: int, x2: torch.Tensor, sketch: bool, depth: float | None = None) -> float:
-    """Steps ahead to prefetch for a launch: the caller's (the bench's sweep), else PREFETCH's."""
-    return PREFETCH.get((op, block, x2.element_size(), sketch), 0) if depth is None else depth
-
-
-def prefetch_args(x2: torch.Tensor, depth: float, grid: int, key: tuple[Any, ...]) -> dict[str, int]:
-    """The PF_BYTES / pf_ahead arguments of a kernel that calls prefetch_row: `depth` rows ahead of a
-    persistent program's own rows (grid < rows), or, with a program per row, the row a program `depth`
-    waves later reads (a wave: as many programs as the occupancy of `key` keeps resident; a fraction of
-    a wave is the bench's)."""
+def prefetch_args(op: str, block: int, x2: torch.Tensor, sketch: bool, grid: int, key: tuple[Any, ...],
+                  depth: float | None = None) -> dict[str, int]:
+    """The PF_BYTES / pf_ahead arguments of a kernel that calls prefetch_row, for the launch (op, BLOCK,
+    x2's element size, sketch) of PREFETCH, or `depth` steps ahead (the bench's sweep): rows ahead of a
+    persistent program's own rows (grid < rows), or, with a program per row, the row a program that
+    many waves later reads (a wave: as many programs as the occupancy of `key` keeps resident; a
+    fraction of a wave is the bench's)."""
+    if depth is None:
+        depth = PREFETCH.get((op, block, x2.element_size(), sketch), 0)
     n_rows = x2.shape[0]
     nbytes = prefetch_bytes(x2) if depth > 0 else 0
     ahead = max(1, round(depth * (grid if grid < n_rows else resident_programs(key, x2.device))))
@@ -336,9 +335,10 @@ def prefetch_row(X_ptr, r, pf_ahead, n_rows, X_row_stride, PF_BYTES: tl.constexp
 @triton.jit
 def prefetch_l2(ptr, NBYTES: tl.constexpr):
     """Ask the L2 for NBYTES at ptr (16-byte aligned, NBYTES a multiple of 16) without waiting and
-    without a register: one cp.async.bulk.prefetch.L2 from thread 0. A persistent program calls it for
-    a row it reads later, so DRAM keeps streaming while its warps sit in the row's reduction trees
-    (with 2 programs per SM both can be between loads at once). A hint: nothing in y depends on it."""
+    without a register: one cp.async.bulk.prefetch.L2 from thread 0. A program calls it for a row that
+    it (persistent) or a program of a later wave (a program per row) reads, so DRAM keeps streaming
+    while the warps sit in a row's reduction trees (with 2 programs per SM both can be between loads
+    at once). A hint: nothing in y depends on it."""
     if NBYTES > 0:
         if not INTERPRET:
             tl.inline_asm_elementwise(

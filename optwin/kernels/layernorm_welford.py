@@ -49,7 +49,6 @@ from optwin.kernels._common import (
     note_occupancy,
     poll_records,
     prefetch_args,
-    prefetch_depth,
     prefetch_row,
     record_halves,
     record_word,
@@ -312,7 +311,7 @@ def _welford_launch(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, 
     cap = (WELFORD_REG_CAP if sketch else None) if maxnreg is None else maxnreg or None
     m, e = row_records("layernorm", x2.device, n_rows, words=2, extra=4) if sketch else (y2, y2)
     key = ("layernorm-welford", x2.dtype, n, chunk, warps, cap, sketch)
-    pf = prefetch_args(x2, prefetch_depth("layernorm", n, x2, sketch, prefetch), n_rows + sketch, key)
+    pf = prefetch_args("layernorm", n, x2, sketch, n_rows + sketch, key, prefetch)
     k = _layernorm_welford_kernel[(n_rows + sketch,)](
         x2, x2.stride(0), weight, bias, y2, y2.stride(0), buf if sketch else y2, m, e, n_rows, eps,
         N=n, CHUNK=chunk, CAP=RATIO_CAP, SKETCH=sketch, POLL=poll or RECORD_POLL, EXACT_CHUNK=_common.EXACT_CHUNK,

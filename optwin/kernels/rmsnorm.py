@@ -65,7 +65,6 @@ from optwin.kernels._common import (
     persistent_grid,
     poll_records,
     prefetch_args,
-    prefetch_depth,
     prefetch_row,
     read_slot,
     record_halves,
@@ -405,7 +404,7 @@ def _rmsnorm_launch(
         m, e = row_records("rmsnorm", x2.device, n_rows) if sketch else (y2, y2)
         st = RECORD_STAGES.get(("rmsnorm", block), st) if sketch and stages is None else st
         key = ("rmsnorm-rows", x2.dtype, block, warps, st, cap, sketch)
-        pf = prefetch_args(x2, prefetch_depth("rmsnorm", block, x2, sketch, prefetch), n_rows + sketch, key)
+        pf = prefetch_args("rmsnorm", block, x2, sketch, n_rows + sketch, key, prefetch)
         k = _rmsnorm_rows_kernel[(n_rows + sketch,)](
             x2, x2.stride(0), weight, y2, y2.stride(0), buf if sketch else y2, m, e,
             n_rows, n, eps, BLOCK=block, SKETCH=sketch, STAGES=st, POLL=poll or RECORD_POLL,

@@ -81,7 +81,6 @@ from optwin.kernels._common import (
     note_occupancy,
     persistent_grid,
     prefetch_args,
-    prefetch_depth,
     prefetch_row,
     read_slot,
     register_cap,
@@ -757,7 +756,7 @@ def _softmax_launch(
     key = ("softmax", x2.dtype, y2.dtype, block, warps, st, sketch, var, fuse, cap, kp, even, packed)
     extra = register_cap(cap)
     grid = persistent_grid(key, n_rows, x2.device, grid_per_sm("softmax", block, sketch, per_sm))
-    pf = prefetch_args(x2, prefetch_depth("softmax", block, x2, sketch, prefetch), grid, key)
+    pf = prefetch_args("softmax", block, x2, sketch, grid, key, prefetch)
     k = _softmax_kernel[(grid,)](
         x2, x2.stride(0), y2, y2.stride(0), buf if sketch else y2, f, i, n_rows, n, PEAK_NATS,
         BLOCK=block, SKETCH=sketch, STAGES=st, VARIANT=var,
