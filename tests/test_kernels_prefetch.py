@@ -16,7 +16,13 @@ os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
 import pytest
 import torch
 
-from optwin.kernels._common import PREFETCH, bulk_row_bytes, prefetch_bytes
+from optwin.kernels._common import (
+    PREFETCH,
+    TUNED_BY_ELEMENT,
+    bulk_row_bytes,
+    launch_config,
+    prefetch_bytes,
+)
 from optwin.kernels.sketch_buffer import new_buffer, read_sketch
 from optwin.kernels.softmax import _softmax_launch
 
@@ -33,11 +39,25 @@ def test_no_prefetch_off_the_gpu():
     assert prefetch_bytes(torch.zeros(4, 4096, dtype=torch.bfloat16)) == 0
 
 
-def test_prefetch_is_only_for_measured_16_bit_launches():
-    assert all(esize == 2 for _, _, esize, _ in PREFETCH)
+def test_prefetch_is_only_for_measured_launches():
+    assert all(esize in (2, 4) for _, _, esize, _ in PREFETCH)
+    # float32 layernorm lost with it at every width, and float32 rows of 32768 with every op
+    assert not any(esize == 4 and (op == "layernorm" or b > 16384) for op, b, esize, _ in PREFETCH)
     assert ("softmax", 4096, 2, True) not in PREFETCH  # 16384x4096 lost with it on the H200
-    # layernorm lost without the sketch at every width; rmsnorm but at rows of 4096
-    assert not any(not sketch for op, b, _, sketch in PREFETCH if op == "layernorm" or (op, b) == ("rmsnorm", 16384))
+    # 16-bit rows: layernorm lost without the sketch at every width; rmsnorm but at rows of 4096
+    assert not any(not sketch for op, b, esize, sketch in PREFETCH
+                   if esize == 2 and (op == "layernorm" or (op, b) == ("rmsnorm", 16384)))
+
+
+def test_float32_rows_take_their_own_measured_launch():
+    # the 16-bit sketch kernel capped at 64 registers spilled 736 bytes on float32 rows of 16384
+    assert launch_config("softmax", 16384, esize=4).warps == 32
+    assert launch_config("softmax", 16384, esize=2).warps == 16
+    assert launch_config("rmsnorm", 16384, esize=4)[1:3] == (8, 1)
+    assert launch_config("rmsnorm", 16384, esize=2)[1:3] == (8, 2)
+    # one warp count with and without the sketch (the tl.sum trees, so y, stay the same)
+    for op, block, esize in TUNED_BY_ELEMENT:
+        assert launch_config(op, block, esize=esize, sketch=True).warps == launch_config(op, block, esize=esize).warps
 
 
 def _launch(op: str, x: torch.Tensor, y: torch.Tensor, buf: torch.Tensor, depth: int) -> None:

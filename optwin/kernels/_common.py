@@ -138,6 +138,19 @@ TUNED: dict[tuple[str, int], tuple[int, int]] = {
     ("layernorm-chunked", 4096): (8, 1),
 }
 
+# TUNED per (op, BLOCK, element bytes) where a dtype measured apart from the 16-bit rows TUNED was
+# swept with; these win over TUNED. float32 rows hold twice the registers: H200, 4096x16384 float32,
+# 3 interleaved rounds, µs without / with the sketch (bench/results/fp32_sweep_h200_s23.md):
+# softmax 16 warps 172.2 / 495.0 (the sketch capped at 64 registers spills 736 bytes) -> 32 warps one
+# row ahead 146.8 / 183.2 (torch.compile 155.7); rmsnorm 8 warps 2 stages 153.2 / 147.5 (1 program
+# per SM) -> 1 stage one wave ahead 137.6 / 139.7 (torch.compile 131.4; 16 warps half a wave ahead
+# 132.4 / 148.6). Both launches keep the same warps: they set the tl.sum trees, so y is the same
+# with and without the sketch.
+TUNED_BY_ELEMENT: dict[tuple[str, int, int], tuple[int, int]] = {
+    ("softmax", 16384, 4): (32, 1),
+    ("rmsnorm", 16384, 4): (8, 1),
+}
+
 
 # Register caps (maxnreg) per (op, BLOCK) at the tuned num_warps. H200, 4096x16384 bf16, interleaved
 # rounds, µs without / with the sketch: layernorm 4 warps 2 stages 80.1/90.1 (stop 12's launch); 8
@@ -174,7 +187,7 @@ ROW_PER_PROGRAM = 1 << 20  # per_sm that makes persistent_grid give one program 
 #   69.0 / 81.2 -> 67.3 / 77.8; fp16 73.0 / 87.6 -> 70.2 / 83.9; 8192x8192 76.7 / 107.1 -> 75.6 / 91.3;
 #   2048x32768 94.1 / 109.7 -> 82.2 / 95.0.
 #   Not at BLOCK 4096 (16384x4096: 76.8 / 96.6 -> 85.7 / 109.6); two or four rows ahead lost at
-#   4096x16384 (80.7 / 89.2 and 89.5 / 98.4). float32 rows: not measured.
+#   4096x16384 (80.7 / 89.2 and 89.5 / 98.4). float32 rows: at TUNED_BY_ELEMENT's launches, below.
 # rmsnorm and layernorm (the Welford kernel; its key holds the row length) with the sketch, a program per
 # row and a finisher: one wave of programs ahead, bf16, µs with the sketch, no prefetch -> prefetch (the
 # launch without the sketch, no prefetch; bench/results/norms_prefetch_h200_s22c_*.md):
@@ -189,6 +202,12 @@ PREFETCH: dict[tuple[str, int, int, bool], float] = {
     **{("softmax", b, 2, sk): 1 for b in (8192, 16384, 32768) for sk in (False, True)},
     **{(op, b, 2, True): 1 for op in ("rmsnorm", "layernorm") for b in (4096, 8192, 16384)},
     ("rmsnorm", 4096, 2, False): 0.5,
+    # float32 rows, one step ahead, µs without / with the sketch, none -> prefetch: 4096x16384 at
+    # TUNED_BY_ELEMENT's launches (above; bench/results/fp32_defaults_h200_s23.md), 8192x8192 softmax
+    # 149.9 / 210.1 -> 144.2 / 166.2, rmsnorm 145.5 / 145.1 -> 137.2 / 137.0 (fp32_8192x8192_h200_s23.md).
+    # Not layernorm (4096x16384 139.7 -> 171.3, 8192x8192 137.2 -> 187.8, 2048x32768 163.1 -> 212.2), nor
+    # BLOCK 32768 (softmax 170.0 / 496.7 -> 162.3 / 554.4: the sketch spills at 32 warps; rmsnorm no gain).
+    **{(op, b, 4, sk): 1 for op in ("softmax", "rmsnorm") for b in (8192, 16384) for sk in (False, True)},
 }
 
 # Loop stages of the sketched launch where they differ from TUNED's (stages only change how far loads
@@ -214,13 +233,15 @@ class Launch(NamedTuple):
 
 
 def launch_config(op: str, n: int, num_warps: int | None = None, stages: int | None = None,
-                  chunk: int | None = None, maxnreg: int | None = None, sketch: bool = False) -> Launch:
-    """(BLOCK, num_warps, stages, maxnreg) for `op` over rows of n: launch_settings, then TUNED,
-    SKETCH_STAGES (a sketched launch) and REG_CAP, then the caller's overrides (the bench's sweep;
-    maxnreg=0: no cap). A kernel that reads rows in pieces passes its `chunk`: BLOCK is then the chunk
-    (any row length). A register cap applies only at the warps it was measured with."""
+                  chunk: int | None = None, maxnreg: int | None = None, sketch: bool = False,
+                  esize: int = 2) -> Launch:
+    """(BLOCK, num_warps, stages, maxnreg) for `op` over rows of n elements of esize bytes:
+    launch_settings, then TUNED_BY_ELEMENT or TUNED, SKETCH_STAGES (a sketched launch) and REG_CAP,
+    then the caller's overrides (the bench's sweep; maxnreg=0: no cap). A kernel that reads rows in
+    pieces passes its `chunk`: BLOCK is then the chunk (any row length). A register cap applies only
+    at the warps it was measured with."""
     block, warps = launch_settings(chunk or n)
-    tuned_warps, st = TUNED.get((op, block), (warps, 1))
+    tuned_warps, st = TUNED_BY_ELEMENT.get((op, block, esize)) or TUNED.get((op, block), (warps, 1))
     if sketch:
         st = SKETCH_STAGES.get((op, block), st)
     warps = num_warps or tuned_warps

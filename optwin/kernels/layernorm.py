@@ -335,7 +335,8 @@ def _layernorm_launch(
         )
         note_occupancy(key, k, warps)
         return
-    block, warps, st, cap = launch_config("layernorm", n, num_warps, stages, maxnreg=maxnreg, sketch=sketch)
+    block, warps, st, cap = launch_config("layernorm", n, num_warps, stages, maxnreg=maxnreg, sketch=sketch,
+                                   esize=x2.element_size())
     vec, lanes = lane_shape(block, x2.element_size(), warps)
     kp = min(KEEP if keep is None else keep, vec)
     key = ("layernorm", x2.dtype, block, warps, st, cap, sketch, kp)

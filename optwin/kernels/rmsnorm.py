@@ -398,7 +398,7 @@ def _rmsnorm_launch(
         )
         note_occupancy(key, k, warps)
         return
-    block, warps, st, cap = launch_config("rmsnorm", n, num_warps, stages, maxnreg=maxnreg)
+    block, warps, st, cap = launch_config("rmsnorm", n, num_warps, stages, maxnreg=maxnreg, esize=x2.element_size())
     regs = register_cap(cap)  # registers per thread
     if per_sm is None and (("rmsnorm", block) in ROW_GRID if row_grid is None else row_grid):
         m, e = row_records("rmsnorm", x2.device, n_rows) if sketch else (y2, y2)

@@ -737,7 +737,7 @@ def _softmax_launch(
     sketch = buf is not None
     if n_rows == 0 and not sketch:
         return
-    block, warps, st, _ = launch_config("softmax", n, num_warps, stages)
+    block, warps, st, _ = launch_config("softmax", n, num_warps, stages, esize=x2.element_size())
     f, i = workspace("softmax", x2.device) if sketch else (y2, y2)
     # words only for layout 10: the kernel without the sketch read them 1-3 µs slower at 4096x16384 bf16
     # (H200: 75.1 against stop 20's 73.9 µs, norm_chunks_h200_s21a.md; 77.9 against 74.5, _s21b.md)
@@ -751,7 +751,7 @@ def _softmax_launch(
     fuse = ((var == 10 or FUSION) if fusion is None else fusion) and sketch
     vec, lanes = lane_shape(block, x2.element_size(), warps)
     kp = min(KEEP if keep is None else keep, vec) if sketch and var >= 4 else 1
-    cap = (MAXNREG.get((block, warps)) if maxnreg is None else maxnreg) if sketch and var >= 4 else None
+    cap = maxnreg if maxnreg is not None else MAXNREG.get((block, warps)) if sketch and var >= 4 else None
     even = var == 8 and block == n  # VARIANT 8's select-free branch needs no column mask
     key = ("softmax", x2.dtype, y2.dtype, block, warps, st, sketch, var, fuse, cap, kp, even, packed)
     extra = register_cap(cap)
