@@ -133,7 +133,8 @@ CATALOG: dict[str, Operator] = {
         variants=(
             Variant("torch", "fp32 internally: m = max; e = exp(x-m); y = e/sum(e), rounded to dtype once"),
             Variant("naive", "e = exp(x) rounded to dtype; s = sum(e) fp32-accumulated, rounded to dtype; y = e/s rounded to dtype"),
-            Variant("triton", "fp32: m = max; e = exp(x-m) (approximate exp); s = tree-sum(e); y = (e/s).to(dtype)", production=False),
+            Variant("triton", "fp32: m = max; e = exp(x-m) (approximate exp); s = tree-sum(e); y = (e/s).to(dtype); "
+                    "rows > 65536: per-lane sums of e over 4096-wide chunks, then a tree", production=False),
         ),
         dtypes=_FLOATS,
         fault_types=_WITH_ENTROPY,

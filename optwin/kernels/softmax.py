@@ -13,6 +13,8 @@ Numerics (what optwin.twin's softmax/triton models), per row of n elements:
     y = (e / s).to(out dtype)   # e * rcp.approx(s) on NVIDIA: the bits of div.full.f32 (~2 ulp) for
                                 # s in [1, n] (_common.div_by_row); numpy division in the interpreter
 A fully masked row gives m = -inf, h - m = NaN: y is NaN, as torch.softmax gives.
+Rows longer than MAX_BLOCK (65536; a vocabulary's logits) go to optwin.kernels.softmax_long: the same
+steps over TRITON_CHUNK-wide pieces in three passes, s as per-lane sums, then a tree.
 exp and the division were tl.exp (non-ftz ex2.approx.f32: a compare and two predicated multiplies
 per element for subnormal results) and `e / s` (div.full.f32: two predicated range multiplies per
 element) before stop 19: 5 of ~17 SASS instructions per element. H200, 4096x16384 bf16, µs without /
@@ -68,6 +70,7 @@ from optwin.errors import InputError
 from optwin.kernels._common import (
     FMAX,
     INTERPRET,
+    MAX_BLOCK,
     check_device,
     div_by_row,
     exp_ftz,
@@ -76,17 +79,13 @@ from optwin.kernels._common import (
     lane_shape,
     lane_sum,
     lane_sum_squares,
-    last_program,
     launch_config,
     note_occupancy,
     persistent_grid,
     prefetch_args,
     prefetch_row,
-    read_slot,
     register_cap,
-    reset_workspace,
     rows_view,
-    store_common_features,
 )
 from optwin.kernels.packed16 import (
     LOW_BITS_PAIR,
@@ -99,6 +98,14 @@ from optwin.kernels.packed16 import (
     unpack,
 )
 from optwin.kernels.sketch_buffer import WORKSPACE, feature_names, new_buffer, workspace
+from optwin.kernels.softmax_long import softmax_long_launch
+from optwin.kernels.softmax_sketch import (
+    _exact_row_chunked,
+    _merge_extremes,
+    _peaked,
+    _row_stats_chunked,
+    publish_sketch,
+)
 
 assert feature_names("softmax") == (
     "numel", "rows", "absmax", "rms", "nonfinite", "n", "max", "min", "max_row_range", "masked_rows", "masked_frac",
@@ -323,66 +330,11 @@ def _mul_opaque(h, c):
 
 
 @triton.jit
-def _peaked(s, t, peak_nats):
-    """1 if the row's softmax entropy log(s) - t/s is below peak_nats, else 0 (int32)."""
-    return (tl.log(s) - t / s < peak_nats).to(tl.int32)
-
-
-@triton.jit
 def _peaked_exp(s, t, peak_nats):
     """_peaked without the log: H = log(s) - t/s < peak_nats  <=>  s < exp(peak_nats + t/s) (exp is
     monotone; t <= 0, so the argument is at most peak_nats). A ~30-instruction accurate logf per row
     becomes an approximate exp (~5). A NaN s compares false (0)."""
     return (s < tl.exp(peak_nats + t / s)).to(tl.int32)
-
-
-@triton.jit
-def _row_stats_chunked(X_row, n_cols, CHUNK: tl.constexpr):
-    """A row's exact statistics re-read in CHUNK-column pieces (few registers): (sumsq (float64),
-    nonfinite (NaN/+inf), -inf count, finite max, finite min; max < min when no entry is finite)."""
-    sq = tl.zeros((), dtype=tl.float64)
-    nf = tl.zeros((), dtype=tl.int64)
-    nneg = tl.zeros((), dtype=tl.int64)
-    rmax = tl.full((), -float("inf"), tl.float32)
-    rmin = tl.full((), float("inf"), tl.float32)
-    for c in tl.range(0, n_cols, CHUNK):
-        cc = c + tl.arange(0, CHUNK)
-        cm = cc < n_cols
-        h = tl.load(X_row + cc, mask=cm, other=-float("inf")).to(tl.float32)
-        ah = tl.abs(h)
-        fin = ah <= FMAX  # padding is -inf: never finite
-        a = tl.where(fin, ah, 0.0)
-        a64 = a.to(tl.float64)
-        sq += tl.sum(a64 * a64, 0)
-        nf += tl.sum(tl.where(fin | (h < -FMAX) | (~cm), 0, 1), 0).to(tl.int64)  # NaN, +inf
-        nneg += tl.sum(tl.where(cm & (h == -float("inf")), 1, 0), 0).to(tl.int64)
-        rmax = tl.maximum(rmax, tl.max(tl.where(fin, h, -float("inf")), 0))
-        rmin = tl.minimum(rmin, tl.min(tl.where(fin, h, float("inf")), 0))
-    return sq, nf, nneg, rmax, rmin
-
-
-@triton.jit
-def _exact_row_chunked(X_row, n_cols, peak_nats, CHUNK: tl.constexpr):
-    """Slow path (a row with NaN/+inf or a finite |h| >= BIG), re-read in CHUNK-column pieces so it
-    adds few registers to the kernel: (sumsq (float64), nonfinite, -inf count, max, min,
-    eligible, peaked) over the row. The entropy sums are chunk-ordered fp32 (only the peaked test
-    reads them)."""
-    sq, nf, nneg, rmax, rmin = _row_stats_chunked(X_row, n_cols, CHUNK)
-    has = rmax >= rmin
-    elig = (nf == 0) & has  # finite entries only (squares overflowed): still eligible
-    peak = tl.zeros((), dtype=tl.int32)
-    if elig:
-        s = tl.zeros((), dtype=tl.float32)
-        t = tl.zeros((), dtype=tl.float32)
-        for c in tl.range(0, n_cols, CHUNK):
-            cc = c + tl.arange(0, CHUNK)
-            h = tl.load(X_row + cc, mask=cc < n_cols, other=-float("inf")).to(tl.float32)
-            d = h - rmax
-            e = exp_ftz(d)
-            s += tl.sum(e, 0)
-            t += tl.sum(tl.where(e > 0.0, e * d, 0.0), 0)
-        peak = _peaked(s, t, peak_nats)
-    return sq, nf, nneg, rmax, rmin, elig.to(tl.int32), peak
 
 
 @triton.jit
@@ -418,19 +370,6 @@ def _lane_count(a_neg, VARIANT: tl.constexpr):
         return tl.sum(_lane_count_i32(a_neg)).to(tl.int64)
     else:
         return tl.sum(a_neg).to(tl.int64)
-
-
-@triton.jit
-def _merge_extremes(p_max, p_min, p_rng, p_rmx, rmax, rmin, F_ptr):
-    """A slow-path row's finite max and min merged into the program's max, min and smallest row max
-    (a row without a finite entry has rmax = -inf < rmin = +inf and adds nothing). Its range goes
-    straight to the workspace's float64 slot: two finite float32 values can lie more than FMAX apart
-    (3e38 and -3e38), and the float32 difference would be inf where ingest has 6e38. Only slow rows
-    can (their squares overflow), so the main loop keeps its float32 range."""
-    has = rmax >= rmin
-    tl.atomic_max(F_ptr + 4, tl.where(has, rmax.to(tl.float64) - rmin.to(tl.float64), 0.0), sem="relaxed")
-    return (tl.maximum(p_max, rmax), tl.minimum(p_min, rmin), p_rng,
-            tl.minimum(p_rmx, tl.where(has, rmax, float("inf"))))
 
 
 @triton.jit
@@ -685,42 +624,8 @@ def _softmax_kernel(
                     p_elig += elig2
                     p_peak += peak2
     if SKETCH:
-        p_amax = tl.maximum(tl.maximum(p_max, -p_min), 0.0)  # largest finite |h| (0 if none)
-        tl.atomic_max(F_ptr + 0, p_amax.to(tl.float64), sem="relaxed")
-        tl.atomic_add(F_ptr + 1, p_sq, sem="relaxed")
-        tl.atomic_max(F_ptr + 2, p_max.to(tl.float64), sem="relaxed")
-        tl.atomic_min(F_ptr + 3, p_min.to(tl.float64), sem="relaxed")
-        tl.atomic_max(F_ptr + 4, p_rng.to(tl.float64) * (2.0 if VARIANT >= 4 else 1.0), sem="relaxed")
-        tl.atomic_min(F_ptr + 5, p_rmx.to(tl.float64), sem="relaxed")
-        tl.atomic_add(I_ptr + 1, p_nf, sem="relaxed")
-        tl.atomic_add(I_ptr + 2, p_neg, sem="relaxed")
-        tl.atomic_add(I_ptr + 3, p_masked.to(tl.int64), sem="relaxed")
-        tl.atomic_add(I_ptr + 4, p_peak.to(tl.int64), sem="relaxed")
-        tl.atomic_add(I_ptr + 5, p_elig.to(tl.int64), sem="relaxed")
-        if last_program(I_ptr):
-            g_amax = read_slot(F_ptr + 0)
-            g_sq = read_slot(F_ptr + 1)
-            g_max = read_slot(F_ptr + 2)
-            g_min = read_slot(F_ptr + 3)
-            g_rng = read_slot(F_ptr + 4)
-            g_rmx = read_slot(F_ptr + 5)
-            g_nf = read_slot(I_ptr + 1)
-            g_neg = read_slot(I_ptr + 2)
-            g_masked = read_slot(I_ptr + 3)
-            g_peak = read_slot(I_ptr + 4)
-            g_elig = read_slot(I_ptr + 5)
-            reset_workspace(F_ptr, I_ptr)
-            numel = tl.cast(n_rows, tl.int64) * n_cols
-            any_fin = g_max >= g_min
-            store_common_features(S_ptr, numel, tl.cast(n_rows, tl.int64), g_amax, g_sq, numel - g_nf - g_neg, g_nf)
-            tl.store(S_ptr + 5, tl.cast(n_cols, tl.float64))
-            tl.store(S_ptr + 6, tl.where(any_fin, g_max, 0.0))
-            tl.store(S_ptr + 7, tl.where(any_fin, g_min, 0.0))
-            tl.store(S_ptr + 8, g_rng)
-            tl.store(S_ptr + 9, g_masked.to(tl.float64))
-            tl.store(S_ptr + 10, g_neg.to(tl.float64) / tl.maximum(numel, 1).to(tl.float64))
-            tl.store(S_ptr + 11, g_peak.to(tl.float64) / tl.maximum(g_elig, 1).to(tl.float64))
-            tl.store(S_ptr + 12, tl.where(any_fin, g_rmx, 0.0))
+        publish_sketch(S_ptr, F_ptr, I_ptr, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, p_masked, p_peak, p_elig,
+                       n_rows, n_cols, 2.0 if VARIANT >= 4 else 1.0)
 
 
 def _softmax_launch(
@@ -734,6 +639,9 @@ def _softmax_launch(
     num_warps / stages / per_sm / variant / fusion / maxnreg / keep override the tuned launch (the
     bench's sweep; maxnreg caps registers per thread, so a kernel keeps 2 programs per SM)."""
     n_rows, n = x2.shape
+    if n > MAX_BLOCK:  # past what a program holds in registers: the chunked kernel
+        softmax_long_launch(x2, y2, buf, PEAK_NATS, num_warps, per_sm)
+        return
     sketch = buf is not None
     if n_rows == 0 and not sketch:
         return

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from optwin.twin.numerics import Numerics
+from optwin.twin.numerics import TRITON_WHOLE_ROW_MAX, Numerics, triton_row_lanes
 
 F32 = "float32"
 FLT_MIN = 2.0**-126  # smallest normal float32
@@ -52,11 +52,16 @@ def naive_softmax(num: Numerics, x: torch.Tensor, dtype: str) -> torch.Tensor:
 def triton_softmax(num: Numerics, x: torch.Tensor, dtype: str) -> torch.Tensor:
     """Our Triton kernel: fp32 row in registers, exp approximated (modelled as exp rounded to fp32;
     the stochastic/mca modes give it its spread) and flushed to 0 below 2^-126 (ex2.approx.ftz),
-    tl.sum as a tree, one cast to dtype at the store."""
+    tl.sum as a tree, one cast to dtype at the store. Rows past TRITON_WHOLE_ROW_MAX
+    (optwin.kernels.softmax_long): s per lane over TRITON_CHUNK-wide pieces, then a tree."""
     m = num.max(x, keepdim=True)  # (..., 1) tl.max, exact
     e = num.round(torch.exp(num.round(x - m, F32)), F32)  # (..., n) fp32
     e = torch.where(e < FLT_MIN, 0.0, e)  # ex2.approx.ftz: no subnormal results
-    s = num.sum(e, acc=F32, order="pairwise", keepdim=True)  # (..., 1) tl.sum: a tree
+    n = x.shape[-1]
+    if n > TRITON_WHOLE_ROW_MAX:  # lane sums over the pieces, then a tree
+        s = num.sum(e, acc=F32, order="blocked", lanes=triton_row_lanes(n), keepdim=True)
+    else:
+        s = num.sum(e, acc=F32, order="pairwise", keepdim=True)  # (..., 1) tl.sum: a tree
     y = num.round(e / s, F32)  # (..., n) fp32
     return y if dtype == F32 else num.round(y, dtype)
 

@@ -1,0 +1,119 @@
+"""Softmax over rows longer than a program holds in registers (n > MAX_BLOCK = 65536: a vocabulary's
+logits, 128K-256K entries), with the input sketch in the same launch (softmax/triton for those rows).
+
+    TRITON_INTERPRET=1 python -c "import torch; from optwin.kernels.softmax import softmax; \
+print(softmax(torch.randn(2, 70000))[0].sum(-1))"
+
+Numerics (what optwin.twin's softmax/triton models for n > TRITON_WHOLE_ROW_MAX), per row, in
+TRITON_CHUNK-wide pieces (lane l: elements l, l + CHUNK, ...):
+    m = max over the lanes' maxima            exact
+    e = exp(h - m)                            as the row-in-registers kernel: ex2.approx.ftz (_common.exp_ftz)
+    s = tree over lanes of (lane sums of e)   each lane adds its pieces' e in order, fp32
+    y = (e / s).to(out dtype)                 e * rcp.approx(s) (_common.div_by_row); e recomputed
+Three passes over the row (max, sums, output); the row is re-read from the L2. With the sketch a fourth
+reads the row's exact statistics (softmax_sketch._row_stats_chunked, as the other kernel's slow path),
+and the sums pass carries t = sum e * (h - m) beside s for the entropy; y is the same with and without
+the sketch (the sketch only adds lanes beside s's). Persistent programs, one row at a time each.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from optwin.kernels._common import (
+    div_by_row,
+    exp_ftz,
+    launch_config,
+    note_occupancy,
+    persistent_grid,
+)
+from optwin.kernels.sketch_buffer import workspace
+from optwin.kernels.softmax_sketch import (
+    _merge_extremes,
+    _peaked,
+    _row_stats_chunked,
+    publish_sketch,
+)
+from optwin.twin.numerics import TRITON_CHUNK
+
+
+@triton.jit
+def _softmax_long_kernel(
+    X_ptr, X_row_stride, Y_ptr, Y_row_stride,
+    S_ptr,  # sketch features, float64; unused unless SKETCH
+    F_ptr,  # workspace float64 slots (absmax, sumsq, max, min, max row range, min row max)
+    I_ptr,  # workspace int64 slots (ticket, nonfinite, -inf count, masked rows, peaked rows, eligible rows)
+    n_rows, n_cols,
+    peak_nats,  # fp32: entropy below which a row is peaked
+    SKETCH: tl.constexpr,
+    CHUNK: tl.constexpr,  # columns per piece (TRITON_CHUNK: part of the numerics)
+):
+    pid = tl.program_id(0)
+    lanes = tl.arange(0, CHUNK)
+    if SKETCH:
+        p_max = tl.full((), -float("inf"), tl.float32)
+        p_min = tl.full((), float("inf"), tl.float32)
+        p_rng = tl.zeros((), dtype=tl.float32)  # stays 0: _merge_extremes writes each row's range itself
+        p_rmx = tl.full((), float("inf"), tl.float32)
+        p_sq = tl.zeros((), dtype=tl.float64)
+        p_nf = tl.zeros((), dtype=tl.int64)
+        p_neg = tl.zeros((), dtype=tl.int64)
+        p_masked = tl.zeros((), dtype=tl.int32)
+        p_peak = tl.zeros((), dtype=tl.int32)
+        p_elig = tl.zeros((), dtype=tl.int32)
+    for r in tl.range(pid, n_rows, tl.num_programs(0)):
+        X_row = X_ptr + tl.cast(r, tl.int64) * X_row_stride
+        Y_row = Y_ptr + tl.cast(r, tl.int64) * Y_row_stride
+        mv = tl.full([CHUNK], -float("inf"), tl.float32)
+        for c in tl.range(0, n_cols, CHUNK):
+            cc = c + lanes
+            mv = tl.maximum(mv, tl.load(X_row + cc, mask=cc < n_cols, other=-float("inf")).to(tl.float32))
+        m = tl.max(mv, 0)
+        sv = tl.zeros([CHUNK], dtype=tl.float32)
+        tv = tl.zeros([CHUNK], dtype=tl.float32)  # the sketch's t (dead code without it)
+        for c in tl.range(0, n_cols, CHUNK):
+            cc = c + lanes
+            d = tl.load(X_row + cc, mask=cc < n_cols, other=-float("inf")).to(tl.float32) - m
+            e = exp_ftz(d)  # padding and masked lanes: exp(-inf) = 0
+            sv += e
+            if SKETCH:
+                tv += tl.where(e > 0.0, e * d, 0.0)
+        s = tl.sum(sv, 0)
+        for c in tl.range(0, n_cols, CHUNK):
+            cc = c + lanes
+            cm = cc < n_cols
+            e = exp_ftz(tl.load(X_row + cc, mask=cm, other=-float("inf")).to(tl.float32) - m)
+            tl.store(Y_row + cc, div_by_row(e, s).to(Y_ptr.dtype.element_ty), mask=cm)
+        if SKETCH:
+            sq, nf, nneg, rmax, rmin = _row_stats_chunked(X_row, n_cols, CHUNK)
+            elig = (nf == 0) & (rmax >= rmin)  # a finite entry and no NaN/+inf: then m = rmax
+            p_max, p_min, p_rng, p_rmx = _merge_extremes(p_max, p_min, p_rng, p_rmx, rmax, rmin, F_ptr)
+            p_sq += sq
+            p_nf += nf
+            p_neg += nneg
+            p_masked += (nneg == n_cols).to(tl.int32)
+            p_elig += elig.to(tl.int32)
+            p_peak += tl.where(elig, _peaked(s, tl.sum(tv, 0), peak_nats), 0)
+    if SKETCH:
+        publish_sketch(S_ptr, F_ptr, I_ptr, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, p_masked, p_peak, p_elig,
+                       n_rows, n_cols, 1.0)
+
+
+def softmax_long_launch(x2: torch.Tensor, y2: torch.Tensor, buf: torch.Tensor | None, peak_nats: float,
+                        num_warps: int | None = None, per_sm: int | None = None) -> None:
+    """Rows of x2 longer than MAX_BLOCK into y2 (and the sketch into buf): persistent programs over
+    the rows, TRITON_CHUNK columns a piece. num_warps / per_sm: the bench's overrides."""
+    n_rows, n = x2.shape
+    sketch = buf is not None
+    if n_rows == 0 and not sketch:
+        return
+    block, warps, _, _ = launch_config("softmax-chunked", n, num_warps, 1, chunk=TRITON_CHUNK)
+    f, i = workspace("softmax", x2.device) if sketch else (y2, y2)
+    key = ("softmax-chunked", x2.dtype, y2.dtype, block, warps, sketch)
+    k = _softmax_long_kernel[(persistent_grid(key, n_rows, x2.device, per_sm),)](
+        x2, x2.stride(0), y2, y2.stride(0), buf if sketch else y2, f, i, n_rows, n, peak_nats,
+        SKETCH=sketch, CHUNK=block, num_warps=warps, enable_fp_fusion=False,
+    )
+    note_occupancy(key, k, warps)

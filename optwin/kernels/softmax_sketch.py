@@ -1,0 +1,134 @@
+"""The softmax sketch's exact per-row statistics and the program's publish step, shared by the
+row-in-registers kernel (optwin.kernels.softmax) and the long-row kernel (optwin.kernels.softmax_long).
+
+A row's exact statistics (_row_stats_chunked, _exact_row_chunked) re-read it in CHUNK-column pieces
+(few registers; the slow paths of the row-in-registers kernel, every row of the long-row kernel);
+_merge_extremes folds a row's finite max and min into a program's partials; publish_sketch adds a
+program's partials to the "softmax" workspace and, in the last program, writes the features.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from optwin.kernels._common import (
+    FMAX,
+    exp_ftz,
+    last_program,
+    read_slot,
+    reset_workspace,
+    store_common_features,
+)
+
+
+@triton.jit
+def _peaked(s, t, peak_nats):
+    """1 if the row's softmax entropy log(s) - t/s is below peak_nats, else 0 (int32)."""
+    return (tl.log(s) - t / s < peak_nats).to(tl.int32)
+
+
+@triton.jit
+def _row_stats_chunked(X_row, n_cols, CHUNK: tl.constexpr):
+    """A row's exact statistics re-read in CHUNK-column pieces (few registers): (sumsq (float64),
+    nonfinite (NaN/+inf), -inf count, finite max, finite min; max < min when no entry is finite)."""
+    sq = tl.zeros((), dtype=tl.float64)
+    nf = tl.zeros((), dtype=tl.int64)
+    nneg = tl.zeros((), dtype=tl.int64)
+    rmax = tl.full((), -float("inf"), tl.float32)
+    rmin = tl.full((), float("inf"), tl.float32)
+    for c in tl.range(0, n_cols, CHUNK):
+        cc = c + tl.arange(0, CHUNK)
+        cm = cc < n_cols
+        h = tl.load(X_row + cc, mask=cm, other=-float("inf")).to(tl.float32)
+        ah = tl.abs(h)
+        fin = ah <= FMAX  # padding is -inf: never finite
+        a = tl.where(fin, ah, 0.0)
+        a64 = a.to(tl.float64)
+        sq += tl.sum(a64 * a64, 0)
+        nf += tl.sum(tl.where(fin | (h < -FMAX) | (~cm), 0, 1), 0).to(tl.int64)  # NaN, +inf
+        nneg += tl.sum(tl.where(cm & (h == -float("inf")), 1, 0), 0).to(tl.int64)
+        rmax = tl.maximum(rmax, tl.max(tl.where(fin, h, -float("inf")), 0))
+        rmin = tl.minimum(rmin, tl.min(tl.where(fin, h, float("inf")), 0))
+    return sq, nf, nneg, rmax, rmin
+
+
+@triton.jit
+def _exact_row_chunked(X_row, n_cols, peak_nats, CHUNK: tl.constexpr):
+    """Slow path (a row with NaN/+inf or a finite |h| >= BIG), re-read in CHUNK-column pieces so it
+    adds few registers to the kernel: (sumsq (float64), nonfinite, -inf count, max, min,
+    eligible, peaked) over the row. The entropy sums are chunk-ordered fp32 (only the peaked test
+    reads them)."""
+    sq, nf, nneg, rmax, rmin = _row_stats_chunked(X_row, n_cols, CHUNK)
+    has = rmax >= rmin
+    elig = (nf == 0) & has  # finite entries only (squares overflowed): still eligible
+    peak = tl.zeros((), dtype=tl.int32)
+    if elig:
+        s = tl.zeros((), dtype=tl.float32)
+        t = tl.zeros((), dtype=tl.float32)
+        for c in tl.range(0, n_cols, CHUNK):
+            cc = c + tl.arange(0, CHUNK)
+            h = tl.load(X_row + cc, mask=cc < n_cols, other=-float("inf")).to(tl.float32)
+            d = h - rmax
+            e = exp_ftz(d)
+            s += tl.sum(e, 0)
+            t += tl.sum(tl.where(e > 0.0, e * d, 0.0), 0)
+        peak = _peaked(s, t, peak_nats)
+    return sq, nf, nneg, rmax, rmin, elig.to(tl.int32), peak
+
+
+@triton.jit
+def _merge_extremes(p_max, p_min, p_rng, p_rmx, rmax, rmin, F_ptr):
+    """A slow-path row's finite max and min merged into the program's max, min and smallest row max
+    (a row without a finite entry has rmax = -inf < rmin = +inf and adds nothing). Its range goes
+    straight to the workspace's float64 slot: two finite float32 values can lie more than FMAX apart
+    (3e38 and -3e38), and the float32 difference would be inf where ingest has 6e38. Only slow rows
+    can (their squares overflow), so the main loop keeps its float32 range."""
+    has = rmax >= rmin
+    tl.atomic_max(F_ptr + 4, tl.where(has, rmax.to(tl.float64) - rmin.to(tl.float64), 0.0), sem="relaxed")
+    return (tl.maximum(p_max, rmax), tl.minimum(p_min, rmin), p_rng,
+            tl.minimum(p_rmx, tl.where(has, rmax, float("inf"))))
+
+
+@triton.jit
+def publish_sketch(S_ptr, F_ptr, I_ptr, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, p_masked, p_peak, p_elig,
+                   n_rows, n_cols, RNG_SCALE: tl.constexpr):
+    """A program's partials into the workspace (scalar atomics); the last program (acq_rel ticket)
+    reads them back, resets the workspace and writes the softmax features. p_rng is the widest row
+    range over RNG_SCALE (the lane layouts keep it halved)."""
+    p_amax = tl.maximum(tl.maximum(p_max, -p_min), 0.0)  # largest finite |h| (0 if none)
+    tl.atomic_max(F_ptr + 0, p_amax.to(tl.float64), sem="relaxed")
+    tl.atomic_add(F_ptr + 1, p_sq, sem="relaxed")
+    tl.atomic_max(F_ptr + 2, p_max.to(tl.float64), sem="relaxed")
+    tl.atomic_min(F_ptr + 3, p_min.to(tl.float64), sem="relaxed")
+    tl.atomic_max(F_ptr + 4, p_rng.to(tl.float64) * RNG_SCALE, sem="relaxed")
+    tl.atomic_min(F_ptr + 5, p_rmx.to(tl.float64), sem="relaxed")
+    tl.atomic_add(I_ptr + 1, p_nf, sem="relaxed")
+    tl.atomic_add(I_ptr + 2, p_neg, sem="relaxed")
+    tl.atomic_add(I_ptr + 3, p_masked.to(tl.int64), sem="relaxed")
+    tl.atomic_add(I_ptr + 4, p_peak.to(tl.int64), sem="relaxed")
+    tl.atomic_add(I_ptr + 5, p_elig.to(tl.int64), sem="relaxed")
+    if last_program(I_ptr):
+        g_amax = read_slot(F_ptr + 0)
+        g_sq = read_slot(F_ptr + 1)
+        g_max = read_slot(F_ptr + 2)
+        g_min = read_slot(F_ptr + 3)
+        g_rng = read_slot(F_ptr + 4)
+        g_rmx = read_slot(F_ptr + 5)
+        g_nf = read_slot(I_ptr + 1)
+        g_neg = read_slot(I_ptr + 2)
+        g_masked = read_slot(I_ptr + 3)
+        g_peak = read_slot(I_ptr + 4)
+        g_elig = read_slot(I_ptr + 5)
+        reset_workspace(F_ptr, I_ptr)
+        numel = tl.cast(n_rows, tl.int64) * n_cols
+        any_fin = g_max >= g_min
+        store_common_features(S_ptr, numel, tl.cast(n_rows, tl.int64), g_amax, g_sq, numel - g_nf - g_neg, g_nf)
+        tl.store(S_ptr + 5, tl.cast(n_cols, tl.float64))
+        tl.store(S_ptr + 6, tl.where(any_fin, g_max, 0.0))
+        tl.store(S_ptr + 7, tl.where(any_fin, g_min, 0.0))
+        tl.store(S_ptr + 8, g_rng)
+        tl.store(S_ptr + 9, g_masked.to(tl.float64))
+        tl.store(S_ptr + 10, g_neg.to(tl.float64) / tl.maximum(numel, 1).to(tl.float64))
+        tl.store(S_ptr + 11, g_peak.to(tl.float64) / tl.maximum(g_elig, 1).to(tl.float64))
+        tl.store(S_ptr + 12, tl.where(any_fin, g_rmx, 0.0))

@@ -1,0 +1,84 @@
+"""softmax over rows longer than a program holds in registers (n > MAX_BLOCK = 65536, a vocabulary's
+logits: optwin.kernels.softmax_long) under TRITON_INTERPRET=1: y against the twin's softmax/triton
+(per-lane sums over TRITON_CHUNK pieces) and float64, y the same with and without the sketch, and the
+sketch equal to optwin.ingest's, also for rows with masks, NaN/±inf and squares past float32.
+
+    python -m pytest -q tests/test_kernels_softmax_long.py
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (the kernels read it at decoration)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from _kernel_checks import bits, close, seed
+
+from optwin import twin  # noqa: E402
+from optwin.ingest import sketch as ingest_sketch  # noqa: E402
+from optwin.kernels.sketch_buffer import read_sketch  # noqa: E402
+from optwin.kernels.softmax import softmax  # noqa: E402
+
+N = 70001  # past MAX_BLOCK, not a multiple of the chunk: the last piece is partial
+
+
+def _rows(dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
+    """Logit-like rows: plain, -inf masked, HF's finfo.min mask, one peaked, one fully masked."""
+    x = (torch.randn(5, N, generator=g) * 3).to(dtype)
+    x[1, ::7] = -float("inf")
+    x[2, N // 2:] = torch.finfo(dtype).min
+    x[3, 123] = 60.0  # nearly all the mass on one entry: a low-entropy row
+    x[4] = -float("inf")
+    return x
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_long_rows_match_the_twin_and_ingest(dtype):
+    x = _rows(dtype, seed("softmax-long", str(dtype)))
+    y, buf = softmax(x)
+    y0, _ = softmax(x, sketch=False)
+    assert torch.equal(bits(y), bits(y0))
+    emu = twin.run("softmax", "triton", str(dtype).removeprefix("torch."), {"x": x[:4]}).emulated
+    got = y[:4].double()
+    # the twin's exp is float64's rounded to float32, the interpreter's numpy's float32 exp: a last bit
+    # can differ, so float32 y by a few ulps and, rarely, a float16 y by one
+    ulp = torch.finfo(dtype).eps * torch.maximum(got.abs(), emu.abs()).clamp(min=torch.finfo(dtype).tiny)
+    assert float(((got - emu).abs() / ulp).max()) <= (1.0 if dtype == torch.float16 else 4.0)
+    if dtype == torch.float16:
+        assert int((got != emu).sum()) <= 10
+    assert bool(y[4].isnan().all())  # a fully masked row: NaN, as torch.softmax gives
+    torch.testing.assert_close(got, torch.softmax(x[:4].double(), -1), rtol=2e-3, atol=1e-7)
+    s = read_sketch("softmax", buf, x.shape)
+    close(s, ingest_sketch("softmax", {"x": x}))
+    assert s["masked_rows"] == 1 and s["peaked_frac"] == 0.25  # 1 of the 4 rows with a finite entry
+
+
+@pytest.mark.parametrize("poison", ["nan", "inf", "huge"])
+def test_long_rows_with_special_values_keep_y_and_the_sketch(poison):
+    g = seed("softmax-long-special", poison)
+    x = torch.randn(3, N, generator=g) * 2
+    if poison == "nan":
+        x[1, 5] = float("nan")
+    elif poison == "inf":
+        x[1, 5] = float("inf")
+    else:
+        x[1, :10] = 3e30  # squares past float32: float64 sums
+    y, buf = softmax(x)
+    y0, _ = softmax(x, sketch=False)
+    torch.testing.assert_close(y, y0, rtol=0, atol=0, equal_nan=True)
+    if poison != "huge":
+        assert bool(y[1].isnan().all())
+    s = read_sketch("softmax", buf, x.shape)
+    close(s, ingest_sketch("softmax", {"x": x}))
+    assert s["nonfinite"] == (0 if poison == "huge" else 1)
+
+
+def test_long_rows_to_float32_out():
+    """HF's eager attention asks for float32 probabilities of 16-bit scores."""
+    x = (torch.randn(2, N, generator=seed("softmax-long-out")) * 4).to(torch.bfloat16)
+    y, _ = softmax(x, out_dtype=torch.float32)
+    assert y.dtype == torch.float32
+    torch.testing.assert_close(y.double(), torch.softmax(x.double(), -1), rtol=1e-5, atol=1e-9)
+    torch.testing.assert_close(y.sum(-1), torch.ones(2), rtol=1e-5, atol=0)
