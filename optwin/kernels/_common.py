@@ -136,6 +136,10 @@ TUNED: dict[tuple[str, int], tuple[int, int]] = {
     # in registers where one fits: rmsnorm 16 warps 77.5/96.8 µs, layernorm 8 warps 95.2/102.9
     ("rmsnorm-chunked", 4096): (16, 1),
     ("layernorm-chunked", 4096): (8, 1),
+    # softmax rows past MAX_BLOCK (softmax_long), µs at 8 -> 16 warps, H200 bf16 (torch.compile):
+    # 256x128256 107.3 -> 84.1 (95.8), 8x128256 57.2 -> 34.2 (55.8); float32 153.9 -> 137.8 (150.4),
+    # 61.5 -> 39.6 (70.4); 4 warps slower everywhere (bench/results/softmax_long_*_h200_s23.md)
+    ("softmax-chunked", 4096): (16, 1),
 }
 
 # TUNED per (op, BLOCK, element bytes) where a dtype measured apart from the 16-bit rows TUNED was
@@ -266,6 +270,8 @@ def rows_view(x: torch.Tensor) -> torch.Tensor:
 
 # Smallest normal float32: ex2.approx.ftz flushes results below it to +0.
 FLT_MIN: tl.constexpr = tl.constexpr(2.0**-126)
+# log2(e) rounded to float32 (0x3FB8AA3B): the factor exp_ftz multiplies by before ex2
+LOG2E_F32: tl.constexpr = tl.constexpr(1.44269502162933349609375)
 
 
 @triton.jit
@@ -274,9 +280,11 @@ def exp_ftz(x):
     tl.exp gives for results >= 2^-126, +0 below. tl.exp compiles to the non-ftz ex2.approx.f32,
     whose fix-up for subnormal results costs a compare and two predicated multiplies per element (5
     SASS instructions where this is 2); a softmax or attention probability below 2^-126 is zero to
-    any tolerance. The interpreter flushes numpy's exp the same way (as optwin.twin models it)."""
+    any tolerance. The interpreter takes numpy's exp2 of the same rounded product and flushes it the
+    same way (as optwin.twin models it: at |x| ~ 40 the product's rounding moves exp by ~30 float32
+    ulps, which an exp of x itself would not show)."""
     if INTERPRET:
-        e = tl.exp(x)
+        e = tl.exp2(x * LOG2E_F32)
         return tl.where(e < FLT_MIN, 0.0, e)
     else:
         return tl.inline_asm_elementwise(

@@ -640,7 +640,7 @@ def _softmax_launch(
     bench's sweep; maxnreg caps registers per thread, so a kernel keeps 2 programs per SM)."""
     n_rows, n = x2.shape
     if n > MAX_BLOCK:  # past what a program holds in registers: the chunked kernel
-        softmax_long_launch(x2, y2, buf, PEAK_NATS, num_warps, per_sm)
+        softmax_long_launch(x2, y2, buf, PEAK_NATS, num_warps, per_sm, maxnreg)
         return
     sketch = buf is not None
     if n_rows == 0 and not sketch:

@@ -10,10 +10,12 @@ TRITON_CHUNK-wide pieces (lane l: elements l, l + CHUNK, ...):
     e = exp(h - m)                            as the row-in-registers kernel: ex2.approx.ftz (_common.exp_ftz)
     s = tree over lanes of (lane sums of e)   each lane adds its pieces' e in order, fp32
     y = (e / s).to(out dtype)                 e * rcp.approx(s) (_common.div_by_row); e recomputed
-Three passes over the row (max, sums, output); the row is re-read from the L2. With the sketch a fourth
-reads the row's exact statistics (softmax_sketch._row_stats_chunked, as the other kernel's slow path),
-and the sums pass carries t = sum e * (h - m) beside s for the entropy; y is the same with and without
-the sketch (the sketch only adds lanes beside s's). Persistent programs, one row at a time each.
+Three passes over the row (max, sums, output); the row is re-read from the L2. With the sketch the max
+pass also keeps per lane the sum of squares (fp32), the smallest non-(-inf) entry and the -inf count,
+and the sums pass carries t = sum e * (h - m) beside s for the entropy; a row whose squares come out
+non-finite (NaN/+inf, |h| past 1.8e19, HF's finfo.min masks) is re-read for exact statistics
+(softmax_sketch._row_stats_chunked, float64 squares). y is the same with and without the sketch (the
+sketch only adds lanes beside m's and s's). Persistent programs, one row at a time each.
 """
 
 from __future__ import annotations
@@ -23,11 +25,13 @@ import triton
 import triton.language as tl
 
 from optwin.kernels._common import (
+    FMAX,
     div_by_row,
     exp_ftz,
     launch_config,
     note_occupancy,
     persistent_grid,
+    register_cap,
 )
 from optwin.kernels.sketch_buffer import workspace
 from optwin.kernels.softmax_sketch import (
@@ -37,6 +41,12 @@ from optwin.kernels.softmax_sketch import (
     publish_sketch,
 )
 from optwin.twin.numerics import TRITON_CHUNK
+
+# Registers a thread of the sketched launch: 64 keeps 2 programs of 16 warps per SM (uncapped the
+# compiler took 74 for bf16 rows, 1 program per SM). H200, µs with the sketch, uncapped -> 64 (without
+# the sketch; torch.compile): 256x128256 bf16 106.8 -> 91.6 (80.7; 95.5), float32 192.8 -> 152.5
+# (135.8; 150.8) (bench/results/softmax_long_*_h200_s23b.md).
+SKETCH_MAXNREG = 64
 
 
 @triton.jit
@@ -67,9 +77,20 @@ def _softmax_long_kernel(
         X_row = X_ptr + tl.cast(r, tl.int64) * X_row_stride
         Y_row = Y_ptr + tl.cast(r, tl.int64) * Y_row_stride
         mv = tl.full([CHUNK], -float("inf"), tl.float32)
+        if SKETCH:  # per lane beside the max: squares, smallest non-(-inf) entry, -inf count
+            qv = tl.zeros([CHUNK], dtype=tl.float32)
+            lv = tl.full([CHUNK], float("inf"), tl.float32)
+            nv = tl.zeros([CHUNK], dtype=tl.int32)  # padding included, subtracted below
         for c in tl.range(0, n_cols, CHUNK):
             cc = c + lanes
-            mv = tl.maximum(mv, tl.load(X_row + cc, mask=cc < n_cols, other=-float("inf")).to(tl.float32))
+            h = tl.load(X_row + cc, mask=cc < n_cols, other=-float("inf")).to(tl.float32)
+            mv = tl.maximum(mv, h)
+            if SKETCH:
+                ninf = h == -float("inf")
+                hz = tl.where(ninf, 0.0, h)
+                qv += hz * hz  # NaN/+inf or squares past float32: non-finite, the exact pass below
+                lv = tl.minimum(lv, tl.where(ninf, float("inf"), h))
+                nv += ninf.to(tl.int32)
         m = tl.max(mv, 0)
         sv = tl.zeros([CHUNK], dtype=tl.float32)
         tv = tl.zeros([CHUNK], dtype=tl.float32)  # the sketch's t (dead code without it)
@@ -87,7 +108,13 @@ def _softmax_long_kernel(
             e = exp_ftz(tl.load(X_row + cc, mask=cm, other=-float("inf")).to(tl.float32) - m)
             tl.store(Y_row + cc, div_by_row(e, s).to(Y_ptr.dtype.element_ty), mask=cm)
         if SKETCH:
-            sq, nf, nneg, rmax, rmin = _row_stats_chunked(X_row, n_cols, CHUNK)
+            sq = tl.sum(qv, 0).to(tl.float64)
+            if sq <= FMAX:  # no NaN/+inf: m is the finite max (-inf where the row is all -inf)
+                nf = tl.zeros((), dtype=tl.int64)
+                nneg = tl.sum(nv, 0).to(tl.int64) - (tl.cdiv(n_cols, CHUNK) * CHUNK - n_cols)
+                rmax, rmin = m, tl.min(lv, 0)
+            else:  # rare: exact statistics, float64 squares (a fourth pass, from the L2)
+                sq, nf, nneg, rmax, rmin = _row_stats_chunked(X_row, n_cols, CHUNK)
             elig = (nf == 0) & (rmax >= rmin)  # a finite entry and no NaN/+inf: then m = rmax
             p_max, p_min, p_rng, p_rmx = _merge_extremes(p_max, p_min, p_rng, p_rmx, rmax, rmin, F_ptr)
             p_sq += sq
@@ -102,18 +129,19 @@ def _softmax_long_kernel(
 
 
 def softmax_long_launch(x2: torch.Tensor, y2: torch.Tensor, buf: torch.Tensor | None, peak_nats: float,
-                        num_warps: int | None = None, per_sm: int | None = None) -> None:
+                        num_warps: int | None = None, per_sm: int | None = None, maxnreg: int | None = None) -> None:
     """Rows of x2 longer than MAX_BLOCK into y2 (and the sketch into buf): persistent programs over
-    the rows, TRITON_CHUNK columns a piece. num_warps / per_sm: the bench's overrides."""
+    the rows, TRITON_CHUNK columns a piece. num_warps / per_sm / maxnreg: the bench's overrides."""
     n_rows, n = x2.shape
     sketch = buf is not None
     if n_rows == 0 and not sketch:
         return
     block, warps, _, _ = launch_config("softmax-chunked", n, num_warps, 1, chunk=TRITON_CHUNK)
     f, i = workspace("softmax", x2.device) if sketch else (y2, y2)
-    key = ("softmax-chunked", x2.dtype, y2.dtype, block, warps, sketch)
+    cap = maxnreg if maxnreg is not None else SKETCH_MAXNREG if sketch else None
+    key = ("softmax-chunked", x2.dtype, y2.dtype, block, warps, sketch, cap)
     k = _softmax_long_kernel[(persistent_grid(key, n_rows, x2.device, per_sm),)](
         x2, x2.stride(0), y2, y2.stride(0), buf if sketch else y2, f, i, n_rows, n, peak_nats,
-        SKETCH=sketch, CHUNK=block, num_warps=warps, enable_fp_fusion=False,
+        SKETCH=sketch, CHUNK=block, num_warps=warps, enable_fp_fusion=False, **register_cap(cap),
     )
     note_occupancy(key, k, warps)

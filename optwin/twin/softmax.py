@@ -17,6 +17,7 @@ from optwin.twin.numerics import TRITON_WHOLE_ROW_MAX, Numerics, triton_row_lane
 
 F32 = "float32"
 FLT_MIN = 2.0**-126  # smallest normal float32
+LOG2E_F32 = 1.44269502162933349609375  # log2(e) rounded to float32: the kernel's factor before ex2
 
 
 def reference(inputs: dict[str, torch.Tensor], params: dict) -> torch.Tensor:
@@ -50,12 +51,14 @@ def naive_softmax(num: Numerics, x: torch.Tensor, dtype: str) -> torch.Tensor:
 
 
 def triton_softmax(num: Numerics, x: torch.Tensor, dtype: str) -> torch.Tensor:
-    """Our Triton kernel: fp32 row in registers, exp approximated (modelled as exp rounded to fp32;
-    the stochastic/mca modes give it its spread) and flushed to 0 below 2^-126 (ex2.approx.ftz),
+    """Our Triton kernel: fp32 row in registers, exp(d) as ex2.approx.ftz(fp32(d * fp32(log2 e)))
+    (modelled as exp2 of the rounded product, rounded to fp32; the stochastic/mca modes give ex2's
+    last bits their spread) and flushed to 0 below 2^-126,
     tl.sum as a tree, one cast to dtype at the store. Rows past TRITON_WHOLE_ROW_MAX
     (optwin.kernels.softmax_long): s per lane over TRITON_CHUNK-wide pieces, then a tree."""
     m = num.max(x, keepdim=True)  # (..., 1) tl.max, exact
-    e = num.round(torch.exp(num.round(x - m, F32)), F32)  # (..., n) fp32
+    t = num.round(num.round(x - m, F32) * LOG2E_F32, F32)  # (..., n) fp32 base-2 argument
+    e = num.round(torch.exp2(t), F32)  # (..., n) fp32
     e = torch.where(e < FLT_MIN, 0.0, e)  # ex2.approx.ftz: no subnormal results
     n = x.shape[-1]
     if n > TRITON_WHOLE_ROW_MAX:  # lane sums over the pieces, then a tree
