@@ -61,8 +61,6 @@ atomics per program and the feature vector.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
@@ -118,12 +116,6 @@ assert WORKSPACE["softmax"][1] == ("ticket", "nonfinite", "neginf", "masked_rows
 
 # A row is peaked below this entropy (nats); passed to the kernel as a runtime float.
 PEAK_NATS = float(DEFAULT_TOLERANCES.low_entropy_nats)
-# A row's entropy is at least log(s) (s = sum exp(h - m) >= 1; H = log s - t/s with t <= 0), so only
-# rows with s < exp(peak_nats) can be peaked. LAZY_T (layouts 4 and 10) sums s alone, as the kernel
-# without the sketch does, and takes t (a re-read of the row from the L2) only for rows below PEAK_S,
-# exp(peak_nats) with a margin for the approximate exp of the test.
-LAZY_T = False
-PEAK_S = math.exp(PEAK_NATS) * (1 + 2**-10)
 # Finite |h| at or above this goes to layout 3's slow path: below it a row's fp32 sum of squares
 # cannot overflow (2**16 lanes * 2**110 < FMAX), so the main loop's test is lane-wise exact.
 BIG: tl.constexpr = tl.constexpr(2.0**55)
@@ -315,21 +307,6 @@ def _exp_sums(h, m, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _exp_sum(h, m, BLOCK: tl.constexpr):
-    """(e = exp(h - m), s = tl.sum(fold8_sum(e))): the kernel without the sketch's e and s (LAZY_T)."""
-    e = exp_ftz(h - m)
-    return e, tl.sum(fold8_sum(e, BLOCK), 0)
-
-
-@triton.jit
-def _row_t(h, m, BLOCK: tl.constexpr):
-    """t = sum e * max(h - m, -FMAX) over a row re-read for it (LAZY_T): each 8 neighbours in order,
-    then a tree (-inf lanes add -0)."""
-    d = h - m
-    return tl.sum(fold8_sum(exp_ftz(d) * tl.maximum(d, -FMAX), BLOCK), 0)
-
-
-@triton.jit
 def _sub_opaque(h, m):
     """h - m (sub.rn.f32, the bits of `h - m`) that LLVM cannot hoist out of a branch: VARIANT 8's
     two branches both compute h - m, and the hoisted copy kept h and d live together (64 registers
@@ -407,7 +384,6 @@ def _softmax_kernel(
     n_rows,
     n_cols,
     peak_nats,  # fp32: entropy below which a row is peaked
-    peak_s,  # fp32: LAZY_T takes t only for rows with s below this (PEAK_S)
     BLOCK: tl.constexpr,
     SKETCH: tl.constexpr,
     STAGES: tl.constexpr,  # loads in flight in the row loop (1: none ahead; >1: async copies)
@@ -424,7 +400,6 @@ def _softmax_kernel(
     NEG_SAFE: tl.constexpr = 0.0,  # VARIANT 10: rows with a max above this take t without the clamp
     PF_BYTES: tl.constexpr = 0,  # bytes of a row to prefetch into L2 (_common.prefetch_l2); 0: none
     pf_ahead=0,  # the row prefetched is pf_ahead rows past the one being read
-    LAZY_T: tl.constexpr = False,  # VARIANT 4/10: t only for rows with s < peak_s (see LAZY_T)
 ):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
@@ -523,15 +498,7 @@ def _softmax_kernel(
                 a_huge += lane_sum_squares(hs, BLOCK, LANES, VEC, KEEP)
             # d finite at every lane: t without the clamp. Not where the row's range or the lowest
             # value's distance to m overflows float32 (3e38 beside -3e38: d = -inf, e * d = NaN)
-            if LAZY_T:  # s alone; t below, for the rows that can be peaked
-                if m > NEG_SAFE:  # wd's lowest values give e = 0
-                    e, s = _exp_sum(_unpacked(wd, BF16, BLOCK), m, BLOCK)
-                else:  # a row of the lowest value itself (a fully masked HF row), of -inf, or NaN: re-read
-                    e, s = _exp_sum(_unpacked(tl.load(Xw + wcols, mask=wmask, other=NEG_PAIR), BF16, BLOCK), m, BLOCK)
-                t = tl.zeros((), dtype=tl.float32)
-                if s < peak_s:  # rare: re-read the row (an L2 hit)
-                    t = _row_t(_unpacked(tl.load(Xw + wcols, mask=wmask, other=NEG_PAIR), BF16, BLOCK), m, BLOCK)
-            elif (m > NEG_SAFE) & (m < POS_SAFE) & (m - rmin <= FMAX):
+            if (m > NEG_SAFE) & (m < POS_SAFE) & (m - rmin <= FMAX):
                 e, s, t = _exp_sums(_unpacked(wd, BF16, BLOCK), m, BLOCK)
             else:  # a row of the lowest value itself (a fully masked HF row), of -inf, or NaN: re-read
                 w2 = tl.load(Xw + wcols, mask=wmask, other=NEG_PAIR)
@@ -557,14 +524,7 @@ def _softmax_kernel(
                 hs = _mul_opaque(h, HUGE_SCALE)
                 hs = tl.where(hs == -float("inf"), 0.0, hs)
                 a_huge += lane_sum_squares(hs, BLOCK, LANES, VEC, KEEP)  # +inf stays non-finite: the exact pass
-            if LAZY_T:  # s alone; t below, for the rows that can be peaked
-                e, s = _exp_sum(h, m, BLOCK)
-                t = tl.zeros((), dtype=tl.float32)
-                if s < peak_s:  # rare: re-read the row (an L2 hit)
-                    t = _row_t(tl.load(X_ptr + row * X_row_stride + cols, mask=mask, other=-float("inf")).to(tl.float32),
-                               m, BLOCK)
-            else:
-                e, s, t = _exp_sums_clamped(h, m, BLOCK)
+            e, s, t = _exp_sums_clamped(h, m, BLOCK)
         elif SKETCH:  # VARIANT 3
             # one tree: the op's max and the sketch's sum of squares (-inf lanes, incl. padding, add
             # 0; NaN/+inf make it non-finite), smallest non-masked entry and the -inf count
@@ -672,7 +632,7 @@ def _softmax_launch(
     x2: torch.Tensor, y2: torch.Tensor, buf: torch.Tensor | None, num_warps: int | None = None,
     stages: int | None = None, per_sm: int | None = None,
     variant: int | None = None, fusion: bool | None = None, maxnreg: int | None = None, keep: int | None = None,
-    packed: bool | None = None, prefetch: float | None = None, lazy_t: bool | None = None,
+    packed: bool | None = None, prefetch: float | None = None,
 ) -> None:
     """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows;
     without the sketch one program per row where _common.ROW_GRID lists the launch.
@@ -701,17 +661,16 @@ def _softmax_launch(
     kp = min(KEEP if keep is None else keep, vec) if sketch and var >= 4 else 1
     cap = maxnreg if maxnreg is not None else MAXNREG.get((block, warps)) if sketch and var >= 4 else None
     even = var == 8 and block == n  # VARIANT 8's select-free branch needs no column mask
-    lazy = (LAZY_T if lazy_t is None else lazy_t) and var in (4, 10)
-    key = ("softmax", x2.dtype, y2.dtype, block, warps, st, sketch, var, fuse, cap, kp, even, packed, lazy)
+    key = ("softmax", x2.dtype, y2.dtype, block, warps, st, sketch, var, fuse, cap, kp, even, packed)
     extra = register_cap(cap)
     grid = persistent_grid(key, n_rows, x2.device, grid_per_sm("softmax", block, sketch, per_sm))
     pf = prefetch_args("softmax", block, x2, sketch, grid, key, prefetch)
     k = _softmax_kernel[(grid,)](
-        x2, x2.stride(0), y2, y2.stride(0), buf if sketch else y2, f, i, n_rows, n, PEAK_NATS, PEAK_S,
+        x2, x2.stride(0), y2, y2.stride(0), buf if sketch else y2, f, i, n_rows, n, PEAK_NATS,
         BLOCK=block, SKETCH=sketch, STAGES=st, VARIANT=var,
         CHUNK=min(CHUNK, block), VEC=vec, LANES=lanes, KEEP=kp, FLUSH=FLUSH, EVEN=even, PACKED=packed,
         BF16=x2.dtype == torch.bfloat16, NEG_PAIR=NEG_INF_PAIR.get(x2.dtype, 0),
-        NEG_SAFE=NEG_SAFE.get(x2.dtype, 0.0), LAZY_T=lazy, **pf,
+        NEG_SAFE=NEG_SAFE.get(x2.dtype, 0.0), **pf,
         num_warps=warps,
         enable_fp_fusion=fuse,
         **extra,
