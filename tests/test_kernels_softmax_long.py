@@ -1,6 +1,6 @@
 """softmax over rows longer than a program holds in registers (n > MAX_BLOCK = 65536, a vocabulary's
 logits: optwin.kernels.softmax_long) under TRITON_INTERPRET=1: y against the twin's softmax/triton
-(per-lane sums over TRITON_CHUNK pieces) and float64, y the same with and without the sketch, and the
+(per-lane online max and sum over TRITON_CHUNK pieces) and float64, y the same with and without the sketch, and the
 sketch equal to optwin.ingest's, also for rows with masks, NaN/±inf and squares past float32.
 
     python -m pytest -q tests/test_kernels_softmax_long.py

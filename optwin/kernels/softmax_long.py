@@ -4,18 +4,23 @@ logits, 128K-256K entries), with the input sketch in the same launch (softmax/tr
     TRITON_INTERPRET=1 python -c "import torch; from optwin.kernels.softmax import softmax; \
 print(softmax(torch.randn(2, 70000))[0].sum(-1))"
 
-Numerics (what optwin.twin's softmax/triton models for n > TRITON_WHOLE_ROW_MAX), per row, in
-TRITON_CHUNK-wide pieces (lane l: elements l, l + CHUNK, ...):
-    m = max over the lanes' maxima            exact
-    e = exp(h - m)                            as the row-in-registers kernel: ex2.approx.ftz (_common.exp_ftz)
-    s = tree over lanes of (lane sums of e)   each lane adds its pieces' e in order, fp32
-    y = (e / s).to(out dtype)                 e * rcp.approx(s) (_common.div_by_row); e recomputed
-Three passes over the row (max, sums, output); the row is re-read from the L2. With the sketch the max
-pass also keeps per lane the sum of squares (fp32), the smallest non-(-inf) entry and the -inf count,
-and the sums pass carries t = sum e * (h - m) beside s for the entropy; a row whose squares come out
-non-finite (NaN/+inf, |h| past 1.8e19, HF's finfo.min masks) is re-read for exact statistics
-(softmax_sketch._row_stats_chunked, float64 squares). y is the same with and without the sketch (the
-sketch only adds lanes beside m's and s's). Persistent programs, one row at a time each.
+Numerics (what optwin.twin's softmax/triton models for n > TRITON_WHOLE_ROW_MAX: twin.softmax's
+_online_lane_sum), per row, in TRITON_CHUNK-wide pieces, lane l over elements l, l + CHUNK, ...:
+    m_l' = max(m_l, h); s_l = s_l * exp(m_l - m_l') + exp(h - m_l')   online, fp32, no FMA contraction
+    m = max over the lanes                    exact
+    s = tree over lanes of s_l * exp(m_l - m)
+    y = (exp(h - m) / s).to(out dtype)        as the row-in-registers kernel: ex2.approx.ftz
+                                              (_common.exp_ftz), e * rcp.approx(s) (_common.div_by_row)
+Two passes over the row (max and sum online, then the output; the second reads from the L2). H200,
+256x128256, µs without / with the sketch, against three passes (max, sum, output) in the same rounds:
+bf16 70.6 / 81.1 against 85.5 / 92.0 (torch.compile 95.8), float32 107.8 / 124.3 against 137.1 /
+152.9 (torch.compile 150.8); at 8 rows (a decode batch) ~40 / ~56 either way: 8 programs (torch.compile
+123) (bench/results/softmax_online_*_h200_s23c.md). With the sketch the first pass also keeps per lane the sum of squares
+(fp32), the smallest non-(-inf) entry and the -inf count, and the output pass carries t = sum e *
+(h - m) for the entropy; a row whose squares come out non-finite (NaN/+inf, |h| past 1.8e19, HF's
+finfo.min masks) is re-read for exact statistics (softmax_sketch._row_stats_chunked, float64 squares).
+y is the same with and without the sketch (the sketch only adds lanes). Persistent programs, one row
+at a time each.
 """
 
 from __future__ import annotations
@@ -42,10 +47,12 @@ from optwin.kernels.softmax_sketch import (
 )
 from optwin.twin.numerics import TRITON_CHUNK
 
-# Registers a thread of the sketched launch: 64 keeps 2 programs of 16 warps per SM (uncapped the
-# compiler took 74 for bf16 rows, 1 program per SM). H200, µs with the sketch, uncapped -> 64 (without
-# the sketch; torch.compile): 256x128256 bf16 106.8 -> 91.6 (80.7; 95.5), float32 192.8 -> 152.5
-# (135.8; 150.8) (bench/results/softmax_long_*_h200_s23b.md).
+# Registers a thread of the sketched launch: 64 keeps 2 programs of 16 warps per SM. H200, 256x128256,
+# µs with the sketch: three passes, uncapped (74 registers, 1 program per SM) -> 64: bf16 106.8 -> 91.6,
+# float32 192.8 -> 152.5 (softmax_long_*_h200_s23b.md); two passes (online), 64 -> 80 registers:
+# bf16 81.1 -> 104.6, float32 124.3 -> 158.8; 32 warps (58 registers, no cap) 91.5 and 134.7, though
+# 65.6 against 70.6 without the sketch (bf16): both launches keep one warp count, for y's tl.sum tree
+# (bench/results/softmax_online_*_h200_s23c.md).
 SKETCH_MAXNREG = 64
 
 
@@ -76,15 +83,21 @@ def _softmax_long_kernel(
     for r in tl.range(pid, n_rows, tl.num_programs(0)):
         X_row = X_ptr + tl.cast(r, tl.int64) * X_row_stride
         Y_row = Y_ptr + tl.cast(r, tl.int64) * Y_row_stride
-        mv = tl.full([CHUNK], -float("inf"), tl.float32)
-        if SKETCH:  # per lane beside the max: squares, smallest non-(-inf) entry, -inf count
+        mv = tl.full([CHUNK], -float("inf"), tl.float32)  # per lane: running max and sum (online)
+        sv = tl.zeros([CHUNK], dtype=tl.float32)
+        if SKETCH:  # per lane beside them: squares, smallest non-(-inf) entry, -inf count
             qv = tl.zeros([CHUNK], dtype=tl.float32)
             lv = tl.full([CHUNK], float("inf"), tl.float32)
             nv = tl.zeros([CHUNK], dtype=tl.int32)  # padding included, subtracted below
         for c in tl.range(0, n_cols, CHUNK):
             cc = c + lanes
             h = tl.load(X_row + cc, mask=cc < n_cols, other=-float("inf")).to(tl.float32)
-            mv = tl.maximum(mv, h)
+            m_new = tl.maximum(mv, h)
+            # a lane that has seen only -inf keeps 0 (exp(-inf - -inf) is NaN); a NaN (which the max
+            # passes over) or +inf makes its sum NaN, and s with it
+            sv = tl.where((mv == -float("inf")) & (h == -float("inf")), 0.0,
+                          sv * exp_ftz(mv - m_new) + exp_ftz(h - m_new))
+            mv = m_new
             if SKETCH:
                 ninf = h == -float("inf")
                 hz = tl.where(ninf, 0.0, h)
@@ -92,21 +105,16 @@ def _softmax_long_kernel(
                 lv = tl.minimum(lv, tl.where(ninf, float("inf"), h))
                 nv += ninf.to(tl.int32)
         m = tl.max(mv, 0)
-        sv = tl.zeros([CHUNK], dtype=tl.float32)
+        s = tl.sum(tl.where((mv == -float("inf")) & (sv == 0.0), 0.0, sv * exp_ftz(mv - m)), 0)
         tv = tl.zeros([CHUNK], dtype=tl.float32)  # the sketch's t (dead code without it)
         for c in tl.range(0, n_cols, CHUNK):
             cc = c + lanes
-            d = tl.load(X_row + cc, mask=cc < n_cols, other=-float("inf")).to(tl.float32) - m
+            cm = cc < n_cols
+            d = tl.load(X_row + cc, mask=cm, other=-float("inf")).to(tl.float32) - m
             e = exp_ftz(d)  # padding and masked lanes: exp(-inf) = 0
-            sv += e
+            tl.store(Y_row + cc, div_by_row(e, s).to(Y_ptr.dtype.element_ty), mask=cm)
             if SKETCH:
                 tv += tl.where(e > 0.0, e * d, 0.0)
-        s = tl.sum(sv, 0)
-        for c in tl.range(0, n_cols, CHUNK):
-            cc = c + lanes
-            cm = cc < n_cols
-            e = exp_ftz(tl.load(X_row + cc, mask=cm, other=-float("inf")).to(tl.float32) - m)
-            tl.store(Y_row + cc, div_by_row(e, s).to(Y_ptr.dtype.element_ty), mask=cm)
         if SKETCH:
             sq = tl.sum(qv, 0).to(tl.float64)
             if sq <= FMAX:  # no NaN/+inf: m is the finite max (-inf where the row is all -inf)

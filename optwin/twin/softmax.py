@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from optwin.twin.numerics import TRITON_WHOLE_ROW_MAX, Numerics, triton_row_lanes
+from optwin.twin.numerics import TRITON_CHUNK, TRITON_WHOLE_ROW_MAX, Numerics
 
 F32 = "float32"
 FLT_MIN = 2.0**-126  # smallest normal float32
@@ -50,19 +50,45 @@ def naive_softmax(num: Numerics, x: torch.Tensor, dtype: str) -> torch.Tensor:
     return num.round(e / s, dtype)  # (..., n) dtype
 
 
-def triton_softmax(num: Numerics, x: torch.Tensor, dtype: str) -> torch.Tensor:
-    """Our Triton kernel: fp32 row in registers, exp(d) as ex2.approx.ftz(fp32(d * fp32(log2 e)))
-    (modelled as exp2 of the rounded product, rounded to fp32; the stochastic/mca modes give ex2's
-    last bits their spread) and flushed to 0 below 2^-126,
-    tl.sum as a tree, one cast to dtype at the store. Rows past TRITON_WHOLE_ROW_MAX
-    (optwin.kernels.softmax_long): s per lane over TRITON_CHUNK-wide pieces, then a tree."""
-    m = num.max(x, keepdim=True)  # (..., 1) tl.max, exact
-    t = num.round(num.round(x - m, F32) * LOG2E_F32, F32)  # (..., n) fp32 base-2 argument
-    e = num.round(torch.exp2(t), F32)  # (..., n) fp32
-    e = torch.where(e < FLT_MIN, 0.0, e)  # ex2.approx.ftz: no subnormal results
+def _exp_ftz(num: Numerics, d: torch.Tensor) -> torch.Tensor:
+    """The kernels' exp(d): ex2.approx.ftz(fp32(d * fp32(log2 e))) (optwin.kernels._common.exp_ftz),
+    modelled as exp2 of the rounded product rounded to fp32 (the stochastic/mca modes give ex2's last
+    bits their spread), 0 below 2^-126."""
+    e = num.round(torch.exp2(num.round(d * LOG2E_F32, F32)), F32)
+    return torch.where(e < FLT_MIN, 0.0, e)
+
+
+def _online_lane_sum(num: Numerics, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """s of optwin.kernels.softmax_long for rows past TRITON_WHOLE_ROW_MAX: lane l of TRITON_CHUNK
+    keeps a running max m_l and sum s_l over elements l, l + CHUNK, ... (s_l = s_l * exp(m_l - m') +
+    exp(h - m'), each product and sum rounded: no FMA contraction; a lane that has seen only -inf
+    keeps 0), then s = tree over the lanes of s_l * exp(m_l - m) (those lanes add 0). The max passes
+    over NaN as tl.maximum does; a NaN or +inf makes its lane's sum NaN, and s with it."""
     n = x.shape[-1]
-    if n > TRITON_WHOLE_ROW_MAX:  # lane sums over the pieces, then a tree
-        s = num.sum(e, acc=F32, order="blocked", lanes=triton_row_lanes(n), keepdim=True)
+    pieces = -(-n // TRITON_CHUNK)
+    xp = torch.nn.functional.pad(x, (0, pieces * TRITON_CHUNK - n), value=-float("inf"))
+    xp = xp.reshape(*x.shape[:-1], pieces, TRITON_CHUNK)  # (..., pieces, lanes)
+    mv = torch.full_like(xp[..., 0, :], -float("inf"))
+    sv = torch.zeros_like(mv)
+    for j in range(pieces):
+        h = xp[..., j, :]
+        m_new = torch.fmax(mv, h)
+        a = _exp_ftz(num, num.round(mv - m_new, F32))
+        grown = num.round(num.round(sv * a, F32) + _exp_ftz(num, num.round(h - m_new, F32)), F32)
+        sv = torch.where((mv == -float("inf")) & (h == -float("inf")), 0.0, grown)
+        mv = m_new
+    lanes = torch.where((mv == -float("inf")) & (sv == 0.0), 0.0, num.round(sv * _exp_ftz(num, num.round(mv - m, F32)), F32))
+    return num.sum(lanes, acc=F32, order="pairwise", keepdim=True)  # tl.sum over the lanes: a tree
+
+
+def triton_softmax(num: Numerics, x: torch.Tensor, dtype: str) -> torch.Tensor:
+    """Our Triton kernel: fp32 row in registers, exp as _exp_ftz, tl.sum as a tree, one cast to
+    dtype at the store. Rows past TRITON_WHOLE_ROW_MAX (optwin.kernels.softmax_long): s from per-lane
+    online sums (_online_lane_sum), the same e and y."""
+    m = num.max(x, keepdim=True)  # (..., 1) tl.max, exact
+    e = _exp_ftz(num, num.round(x - m, F32))  # (..., n) fp32
+    if x.shape[-1] > TRITON_WHOLE_ROW_MAX:
+        s = _online_lane_sum(num, x, m)
     else:
         s = num.sum(e, acc=F32, order="pairwise", keepdim=True)  # (..., 1) tl.sum: a tree
     y = num.round(e / s, F32)  # (..., n) fp32
