@@ -185,3 +185,33 @@ def test_triton_flushes_subnormal_probabilities_as_its_kernel_does(dtype: str) -
     assert float(torch_y[0, 1]) > 0  # subnormal, not flushed
     assert float(kernel[0, 1]) == 0 and float(emu[0, 1]) == 0
     assert float(emu[0, 2]) == float(kernel[0, 2].double()) > 0  # exp(-50) = 2e-22 is normal: kept
+
+
+def test_triton_exp_is_ex2_of_the_rounded_product() -> None:
+    # the kernels take exp(d) as ex2.approx(fp32(d * fp32(log2 e))): at d ~ -40 the product's rounding
+    # moves exp by tens of float32 ulps from exp(d) itself (H200, 8x128256 float32: 32.1 -> 2.1 ulps
+    # between kernel and twin once the twin took the product, bench/results/softmax_online_*_s23c.md)
+    x = torch.tensor([[0.0, -40.123456789]], dtype=torch.float64).float()
+    emu = twin.run("softmax", "triton", "float32", {"x": x}).emulated
+    d = float(x[0, 1])
+    product = float(torch.tensor(d * softmax.LOG2E_F32, dtype=torch.float64).float())
+    assert float(emu[0, 1]) * float(emu[0, 0].double().reciprocal()) == pytest.approx(2.0**product, rel=2**-23)
+    assert abs(float(emu[0, 1]) / math.exp(d) - 1) > 4 * 2**-24  # not exp(d) rounded: many ulps away
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_triton_rows_past_the_register_limit_take_online_lane_sums(dtype: str) -> None:
+    # rows past TRITON_WHOLE_ROW_MAX: optwin.kernels.softmax_long's per-lane online max and sum
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(4, 70001, generator=g) * 5).to(DT[dtype])
+    x[1, ::3] = -float("inf")  # lanes that see only -inf in their first pieces
+    x[2, :66000] = -float("inf")  # lanes that see only -inf throughout
+    emu = twin.run("softmax", "triton", dtype, {"x": x[:3]}).emulated  # the twin takes finite inputs and masks
+    ref = torch.softmax(x[:3].double(), -1)
+    tol = {"float16": (2e-3, 1e-7), "float32": (1e-5, 2e-38)}[dtype]  # float16 flushes below its subnormals
+    torch.testing.assert_close(emu, ref, rtol=tol[0], atol=tol[1])
+    kernel, _ = triton_softmax(x, sketch=False)
+    assert torch.equal(kernel[:3].double(), emu) or dtype == "float32"  # float32: numpy's exp2 last bits
+    x[3, 7] = float("nan")  # in a lane's first piece, where its running max is still -inf
+    kernel, _ = triton_softmax(x, sketch=False)
+    assert bool(kernel[3].isnan().all())  # the row's sum is NaN, as torch.softmax's row is
