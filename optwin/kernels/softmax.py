@@ -104,6 +104,7 @@ from optwin.kernels.softmax_sketch import (
     _merge_extremes,
     _peaked,
     _row_stats_chunked,
+    fresh_partials,
     publish_sketch,
 )
 
@@ -405,17 +406,7 @@ def _softmax_kernel(
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     if SKETCH:
-        p_max = tl.full((), -float("inf"), tl.float32)
-        p_min = tl.full((), float("inf"), tl.float32)
-        p_rng = tl.zeros((), dtype=tl.float32)  # VARIANT >= 4: half the widest row range
-        p_rmx = tl.full((), float("inf"), tl.float32)  # smallest row max (rows with a finite entry)
-        p_sq = tl.zeros((), dtype=tl.float64)
-        p_nf = tl.zeros((), dtype=tl.int64)
-        p_neg = tl.zeros((), dtype=tl.int64)
-        # row counts in int32 (fewer loop-carried registers; < 2**31 rows); absmax is max(p_max, -p_min)
-        p_masked = tl.zeros((), dtype=tl.int32)
-        p_peak = tl.zeros((), dtype=tl.int32)  # eligible rows with entropy < peak_nats
-        p_elig = tl.zeros((), dtype=tl.int32)  # rows with a finite entry and no NaN/+inf
+        p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, p_masked, p_peak, p_elig = fresh_partials()
         p_bad = tl.zeros((), dtype=tl.int32)  # rows left to the exact pass after the loop
         if VARIANT >= 4:
             a_sq = tl.zeros([LANES, KEEP], dtype=tl.float32)  # per lane: sum of h*h over non-(-inf) entries

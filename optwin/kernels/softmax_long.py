@@ -43,6 +43,7 @@ from optwin.kernels.softmax_sketch import (
     _merge_extremes,
     _peaked,
     _row_stats_chunked,
+    fresh_partials,
     publish_sketch,
 )
 from optwin.twin.numerics import TRITON_CHUNK
@@ -69,17 +70,8 @@ def _softmax_long_kernel(
 ):
     pid = tl.program_id(0)
     lanes = tl.arange(0, CHUNK)
-    if SKETCH:
-        p_max = tl.full((), -float("inf"), tl.float32)
-        p_min = tl.full((), float("inf"), tl.float32)
-        p_rng = tl.zeros((), dtype=tl.float32)  # stays 0: _merge_extremes writes each row's range itself
-        p_rmx = tl.full((), float("inf"), tl.float32)
-        p_sq = tl.zeros((), dtype=tl.float64)
-        p_nf = tl.zeros((), dtype=tl.int64)
-        p_neg = tl.zeros((), dtype=tl.int64)
-        p_masked = tl.zeros((), dtype=tl.int32)
-        p_peak = tl.zeros((), dtype=tl.int32)
-        p_elig = tl.zeros((), dtype=tl.int32)
+    if SKETCH:  # p_rng stays 0: _merge_extremes writes each row's range itself
+        p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, p_masked, p_peak, p_elig = fresh_partials()
     for r in tl.range(pid, n_rows, tl.num_programs(0)):
         X_row = X_ptr + tl.cast(r, tl.int64) * X_row_stride
         Y_row = Y_ptr + tl.cast(r, tl.int64) * Y_row_stride

@@ -91,6 +91,19 @@ def _merge_extremes(p_max, p_min, p_rng, p_rmx, rmax, rmin, F_ptr):
 
 
 @triton.jit
+def fresh_partials():
+    """A program's sketch partials before its first row: max, min, widest row range (the lane layouts
+    keep it halved), smallest row max (rows with a finite entry) in float32; sum of squares in float64;
+    NaN/+inf and -inf counts in int64; masked, peaked (eligible rows with entropy < peak_nats) and
+    eligible rows (a finite entry and no NaN/+inf) in int32 (fewer loop-carried registers; < 2**31
+    rows). absmax is max(max, -min)."""
+    return (tl.full((), -float("inf"), tl.float32), tl.full((), float("inf"), tl.float32),
+            tl.zeros((), dtype=tl.float32), tl.full((), float("inf"), tl.float32), tl.zeros((), dtype=tl.float64),
+            tl.zeros((), dtype=tl.int64), tl.zeros((), dtype=tl.int64), tl.zeros((), dtype=tl.int32),
+            tl.zeros((), dtype=tl.int32), tl.zeros((), dtype=tl.int32))
+
+
+@triton.jit
 def publish_sketch(S_ptr, F_ptr, I_ptr, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, p_masked, p_peak, p_elig,
                    n_rows, n_cols, RNG_SCALE: tl.constexpr):
     """A program's partials into the workspace (scalar atomics); the last program (acq_rel ticket)
