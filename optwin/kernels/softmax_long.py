@@ -11,16 +11,16 @@ _online_lane_sum), per row, in TRITON_CHUNK-wide pieces, lane l over elements l,
     s = tree over lanes of s_l * exp(m_l - m)
     y = (exp(h - m) / s).to(out dtype)        as the row-in-registers kernel: ex2.approx.ftz
                                               (_common.exp_ftz), e * rcp.approx(s) (_common.div_by_row)
-Two passes over the row (max and sum online, then the output; the second reads from the L2). H200,
+Two passes over the row (max and sum online, then the output, which re-reads the row). H200,
 256x128256, µs without / with the sketch, against three passes (max, sum, output) in the same rounds:
 bf16 70.6 / 81.1 against 85.5 / 92.0 (torch.compile 95.8), float32 107.8 / 124.3 against 137.1 /
 152.9 (torch.compile 150.8); at 8 rows (a decode batch) ~40 / ~56 either way: 8 programs (torch.compile
-123) (bench/results/softmax_online_*_h200_s23c.md). With the sketch the first pass also keeps per lane the sum of squares
-(fp32), the smallest non-(-inf) entry and the -inf count, and the output pass carries t = sum e *
-(h - m) for the entropy; a row whose squares come out non-finite (NaN/+inf, |h| past 1.8e19, HF's
-finfo.min masks) is re-read for exact statistics (softmax_sketch._row_stats_chunked, float64 squares).
-y is the same with and without the sketch (the sketch only adds lanes). Persistent programs, one row
-at a time each.
+123) (bench/results/softmax_online_*_h200_s23c.md).
+With the sketch the first pass also keeps per lane the sum of squares (fp32), the smallest non-(-inf)
+entry and the -inf count, and the output pass carries t = sum e * (h - m) for the entropy; a row whose
+squares come out non-finite (NaN/+inf, |h| past 1.8e19, HF's finfo.min masks) is re-read for exact
+statistics (softmax_sketch._row_stats_chunked, float64 squares). y is the same with and without the
+sketch (the sketch only adds lanes). Persistent programs, one row at a time each.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def _softmax_long_kernel(
                 nf = tl.zeros((), dtype=tl.int64)
                 nneg = tl.sum(nv, 0).to(tl.int64) - (tl.cdiv(n_cols, CHUNK) * CHUNK - n_cols)
                 rmax, rmin = m, tl.min(lv, 0)
-            else:  # rare: exact statistics, float64 squares (a fourth pass, from the L2)
+            else:  # rare: exact statistics, float64 squares (one more pass over the row)
                 sq, nf, nneg, rmax, rmin = _row_stats_chunked(X_row, n_cols, CHUNK)
             elig = (nf == 0) & (rmax >= rmin)  # a finite entry and no NaN/+inf: then m = rmax
             p_max, p_min, p_rng, p_rmx = _merge_extremes(p_max, p_min, p_rng, p_rmx, rmax, rmin, F_ptr)
