@@ -455,7 +455,8 @@ def sweep(shape, device: str, t0: float, budget_s: float, copy_ms: float) -> lis
     return out
 
 
-CHECK_SHAPES = [(4096, 16384), (1823, 781), (3, 65536), (7, 1025)]
+# the last: a Llama 3 vocabulary's logits, rows past MAX_BLOCK (softmax_long, the chunked norms)
+CHECK_SHAPES = [(4096, 16384), (1823, 781), (3, 65536), (7, 1025), (5, 128256)]
 TIME_SHAPE = (4096, 16384)
 
 
