@@ -3,6 +3,7 @@ bench/gpu_kernels.py's correctness check (NaN-poisoned outputs, float64 math, to
 ingest sketch, y with and without the sketch) at vocabulary widths, every dtype and mask kind.
 
     python bench/softmax_long_check.py      # on a CUDA machine; writes $OUT/softmax_long_check.md
+    TRITON_INTERPRET=1 python bench/softmax_long_check.py --smoke   # CPU dry run: one width, 2 rows
 
 Timings: BENCH_SHAPE=256x128256 BENCH_OPS=softmax python bench/norm_chunks.py (against torch.compile).
 """
@@ -20,19 +21,22 @@ import torch
 from _bench_common import write_report
 from gpu_kernels import check
 
-SHAPES = [(5, 128256), (3, 151936), (2, 262144)]  # Llama 3, Qwen 2, Gemma vocabularies
+SMOKE = "--smoke" in sys.argv
+DEV = "cpu" if SMOKE else "cuda"
+SHAPES = [(2, 70001)] if SMOKE else [(5, 128256), (3, 151936), (2, 262144)]  # Llama 3, Qwen 2, Gemma vocabularies
 
 
 def main() -> int:
     t0 = time.monotonic()
-    lines = [f"# softmax over vocabulary-wide rows on {torch.cuda.get_device_name()}", "",
+    name = "CPU (TRITON_INTERPRET smoke run)" if SMOKE else torch.cuda.get_device_name()
+    lines = [f"# softmax over vocabulary-wide rows on {name}", "",
              "| op | dtype | shape | unwritten | vs float64 | max abs vs production | sketch unwritten | "
              "sketch rel. diff vs ingest | y same w/o sketch | 2nd launch rel. diff |", "|---|---|---|---|---|---|---|---|---|---|"]
     for shape in SHAPES:
         for op in ("softmax", "softmax (no mask)", "softmax (hf mask)"):
             for dt in ("bfloat16", "float16", "float32"):
                 try:
-                    r = check(op, shape, dt, "cuda")
+                    r = check(op, shape, dt, DEV)
                     lines.append(f"| {op} | {dt} | {r['shape']} | {r['unwritten']} | {r['vs_float64']} | "
                                  f"{r['max_abs_vs_production']:.3g} | {r['sketch_unwritten']} | {r['sketch_vs_ingest']} | "
                                  f"{r['same_y']} | {r['rerun']:.1e} |")

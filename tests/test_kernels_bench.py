@@ -88,3 +88,17 @@ def test_kernel_timings_are_interleaved_rounds_and_their_medians(monkeypatch):
     assert launched[:6] == [False, True] * 3  # without, with, without, ...: a slow spell hits both
     assert r["kernel_ms"] == 6.0 and r["kernel_sketch_ms"] == 2.0
     assert abs(r["sketch_overhead"] - (2.0 / 6.0 - 1)) < 1e-12
+
+
+def test_softmax_long_check_runs_every_mask_and_dtype_on_cpu():
+    """bench/softmax_long_check.py's smoke run: rows past 65536 through the official check, each ok."""
+    env = dict(os.environ, TRITON_INTERPRET="1", OUT="")
+    out = subprocess.run([sys.executable, str(BENCH / "softmax_long_check.py"), "--smoke"], capture_output=True,
+                         text=True, env=env, check=True).stdout
+    rows = [line for line in out.splitlines() if line.startswith("| softmax")]
+    assert len(rows) == 3 * 3, out  # plain, -inf-masked and HF-masked scores; 3 dtypes
+    for r in rows:
+        cells = [c.strip() for c in r.strip("|").split("|")]
+        assert cells[2] == "2x70001" and cells[3] == "0" and cells[4] == "ok" and cells[6] == "0", r
+        assert float(cells[7].split()[0]) < 1e-6 and cells[8] == "yes", r  # sketch as ingest's; y as without it
+
