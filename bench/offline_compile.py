@@ -76,7 +76,8 @@ def capture(op: str, shape: tuple[int, ...], dtype: torch.dtype, cfg: dict[str, 
 
     saved_pf = _common.prefetch_bytes
     if cfg.get("prefetch"):
-        _common.prefetch_bytes = lambda x: x.shape[-1] * x.element_size() // 16 * 16
+        _common.prefetch_bytes = lambda x: _common.bulk_row_bytes(  # the rule, without the GPU test
+            x.data_ptr(), x.stride(0) * x.element_size(), x.shape[1] * x.element_size())
     try:
         launch(new_buffer(op, "cpu") if sketch else None)
     except _Captured as call:

@@ -18,6 +18,7 @@ import triton.language as tl
 
 from optwin.errors import InputError
 from optwin.kernels.sketch_buffer import SLOTS
+from optwin.twin.numerics import LOG2E_F32 as TWIN_LOG2E_F32
 from optwin.twin.numerics import TRITON_WHOLE_ROW_MAX
 
 # Largest row a single program holds in registers (BLOCK >= n, next power of two). The norms read
@@ -270,8 +271,8 @@ def rows_view(x: torch.Tensor) -> torch.Tensor:
 
 # Smallest normal float32: ex2.approx.ftz flushes results below it to +0.
 FLT_MIN: tl.constexpr = tl.constexpr(2.0**-126)
-# log2(e) rounded to float32 (0x3FB8AA3B): the factor exp_ftz multiplies by before ex2
-LOG2E_F32: tl.constexpr = tl.constexpr(1.44269502162933349609375)
+# log2(e) rounded to float32 (0x3FB8AA3B): the factor exp_ftz multiplies by before ex2 (the twin's)
+LOG2E_F32: tl.constexpr = tl.constexpr(TWIN_LOG2E_F32)
 
 
 @triton.jit

@@ -34,6 +34,9 @@ NOISE_MODES = ("none", "stochastic", "mca", "order")
 # l, l + CHUNK, ... in sequence), then a tree over the lanes. The kernels take both from here.
 TRITON_WHOLE_ROW_MAX = 65536
 TRITON_CHUNK = 4096
+# The Triton kernels' exp(d) is ex2.approx(d * LOG2E_F32): log2(e) rounded to float32 (0x3FB8AA3B), the
+# factor of optwin.kernels._common.exp_ftz (its PTX spells it out) and of the twin's model of it.
+LOG2E_F32 = 1.44269502162933349609375
 # Triton layernorm rows of 4096..65536 that a chunk of WELFORD_CHUNKS divides into at least 3 pieces
 # take the Welford layout (optwin.kernels.layernorm_welford, as torch.compile runs
 # layernorm): lane l of the chunk runs Welford's update over elements l, l + chunk, ... (1/count

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import torch
 
-from optwin.twin.numerics import TRITON_CHUNK, TRITON_WHOLE_ROW_MAX, Numerics
+from optwin.twin.numerics import LOG2E_F32, TRITON_CHUNK, TRITON_WHOLE_ROW_MAX, Numerics
 
 F32 = "float32"
 FLT_MIN = 2.0**-126  # smallest normal float32
-LOG2E_F32 = 1.44269502162933349609375  # log2(e) rounded to float32: the kernel's factor before ex2
 
 
 def reference(inputs: dict[str, torch.Tensor], params: dict) -> torch.Tensor:
