@@ -134,7 +134,8 @@ CATALOG: dict[str, Operator] = {
             Variant("torch", "fp32 internally: m = max; e = exp(x-m); y = e/sum(e), rounded to dtype once"),
             Variant("naive", "e = exp(x) rounded to dtype; s = sum(e) fp32-accumulated, rounded to dtype; y = e/s rounded to dtype"),
             Variant("triton", "fp32: m = max; e = exp(x-m) (approximate exp); s = tree-sum(e); y = (e/s).to(dtype); "
-                    "rows > 65536: per-lane sums of e over 4096-wide chunks, then a tree", production=False),
+                    "rows > 65536: per 4096-wide piece m_k and s_k = tree-sum(exp(x-m_k)), then "
+                    "s = sum_k s_k*exp(m_k-m) in float64, rounded to fp32 once", production=False),
         ),
         dtypes=_FLOATS,
         fault_types=_WITH_ENTROPY,

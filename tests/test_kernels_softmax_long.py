@@ -1,6 +1,6 @@
 """softmax over rows longer than a program holds in registers (n > MAX_BLOCK = 65536, a vocabulary's
 logits: optwin.kernels.softmax_long) under TRITON_INTERPRET=1: y against the twin's softmax/triton
-(per-lane online max and sum over TRITON_CHUNK pieces) and float64, y the same with and without the sketch, and the
+(sums over TRITON_CHUNK pieces, then across them) and float64, y the same with and without the sketch, and the
 sketch equal to optwin.ingest's, also for rows with masks, NaN/±inf and squares past float32.
 
     python -m pytest -q tests/test_kernels_softmax_long.py
@@ -82,3 +82,29 @@ def test_long_rows_to_float32_out():
     assert y.dtype == torch.float32
     torch.testing.assert_close(y.double(), torch.softmax(x.double(), -1), rtol=1e-5, atol=1e-9)
     torch.testing.assert_close(y.sum(-1), torch.ones(2), rtol=1e-5, atol=0)
+
+
+def test_long_rows_are_the_same_alone_and_in_a_batch():
+    """A program per (row, piece): a row's y and sketch do not depend on the rows beside it."""
+    x = _rows(torch.bfloat16, seed("softmax-long-batch"))[:4]
+    y, _ = softmax(x, sketch=False)
+    for r in range(x.shape[0]):
+        alone, buf = softmax(x[r:r + 1])
+        assert torch.equal(bits(alone[0]), bits(y[r]))
+        close(read_sketch("softmax", buf, (1, N)), ingest_sketch("softmax", {"x": x[r:r + 1]}))
+
+
+def test_long_rows_strided_and_empty():
+    x = torch.randn(3, 2 * N, generator=seed("softmax-long-strided"))[:, ::2]  # a column stride of 2
+    y, buf = softmax(x)
+    torch.testing.assert_close(y.double(), torch.softmax(x.double(), -1), rtol=1e-5, atol=1e-12)
+    close(read_sketch("softmax", buf, x.shape), ingest_sketch("softmax", {"x": x}))
+    rows = torch.randn(4, N, generator=seed("softmax-long-rows"))[::2]  # a row stride of 2N
+    y, buf = softmax(rows)
+    torch.testing.assert_close(y.double(), torch.softmax(rows.double(), -1), rtol=1e-5, atol=1e-12)
+    close(read_sketch("softmax", buf, rows.shape), ingest_sketch("softmax", {"x": rows}))
+    empty = torch.zeros(0, N)
+    y, buf = softmax(empty)
+    assert y.shape == (0, N)
+    s = read_sketch("softmax", buf, empty.shape)
+    assert s["rows"] == 0 and s["numel"] == 0 and s["nonfinite"] == 0

@@ -200,18 +200,18 @@ def test_triton_exp_is_ex2_of_the_rounded_product() -> None:
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
-def test_triton_rows_past_the_register_limit_take_online_lane_sums(dtype: str) -> None:
-    # rows past TRITON_WHOLE_ROW_MAX: optwin.kernels.softmax_long's per-lane online max and sum
+def test_triton_rows_past_the_register_limit_take_piece_sums(dtype: str) -> None:
+    # rows past TRITON_WHOLE_ROW_MAX: optwin.kernels.softmax_long's sums over 4096-wide pieces, then across them
     g = torch.Generator().manual_seed(5)
     x = (torch.randn(4, 70001, generator=g) * 5).to(DT[dtype])
-    x[1, ::3] = -float("inf")  # lanes that see only -inf in their first pieces
-    x[2, :66000] = -float("inf")  # lanes that see only -inf throughout
+    x[1, ::3] = -float("inf")
+    x[2, :66000] = -float("inf")  # pieces of only -inf
     emu = twin.run("softmax", "triton", dtype, {"x": x[:3]}).emulated  # the twin takes finite inputs and masks
     ref = torch.softmax(x[:3].double(), -1)
     tol = {"float16": (2e-3, 1e-7), "float32": (1e-5, 2e-38)}[dtype]  # float16 flushes below its subnormals
     torch.testing.assert_close(emu, ref, rtol=tol[0], atol=tol[1])
     kernel, _ = triton_softmax(x, sketch=False)
     assert torch.equal(kernel[:3].double(), emu) or dtype == "float32"  # float32: numpy's exp2 last bits
-    x[3, 7] = float("nan")  # in a lane's first piece, where its running max is still -inf
+    x[3, 7] = float("nan")  # the max passes over it; its piece's sum is NaN
     kernel, _ = triton_softmax(x, sketch=False)
     assert bool(kernel[3].isnan().all())  # the row's sum is NaN, as torch.softmax's row is

@@ -137,10 +137,11 @@ TUNED: dict[tuple[str, int], tuple[int, int]] = {
     # in registers where one fits: rmsnorm 16 warps 77.5/96.8 µs, layernorm 8 warps 95.2/102.9
     ("rmsnorm-chunked", 4096): (16, 1),
     ("layernorm-chunked", 4096): (8, 1),
-    # softmax rows past MAX_BLOCK (softmax_long), µs at 8 -> 16 warps, H200 bf16 (torch.compile):
-    # 256x128256 107.3 -> 84.1 (95.8), 8x128256 57.2 -> 34.2 (55.8); float32 153.9 -> 137.8 (150.4),
-    # 61.5 -> 39.6 (70.4); 4 warps slower everywhere (bench/results/softmax_long_*_h200_s23.md)
-    ("softmax-chunked", 4096): (16, 1),
+    # softmax rows past MAX_BLOCK, a program per (row, 4096-wide piece) (softmax_long), H200, µs without /
+    # with the sketch at 8 -> 4 warps: bf16 256x128256 60.1 / 92.4 -> 58.3 / 80.8 (CUDA graphs 55.4 / 87.4 ->
+    # 54.1 / 77.1), float32 105.6 / 122.4 -> 106.8 / 115.1, bf16 8x128256 (graphs) 4.5 / 7.9 -> 4.6 / 7.5
+    # (bench/results/long_*_h200_s24c.md; 8192-wide pieces no better)
+    ("softmax-pieces", 4096): (4, 1),
 }
 
 # TUNED per (op, BLOCK, element bytes) where a dtype measured apart from the 16-bit rows TUNED was
@@ -544,8 +545,14 @@ def last_program(T_ptr):
     """True in exactly one program: the last to take a ticket. The ticket is acq_rel (the relaxed
     merges before it are released; the last program acquires all of them) and the merges, the
     ticket and the finalizing reads are scalar atomics, issued by one thread of the program."""
+    return last_of(T_ptr, tl.num_programs(0))
+
+
+@triton.jit
+def last_of(T_ptr, count):
+    """last_program where `count` programs of the grid take a ticket (the others merge nothing)."""
     t = tl.atomic_add(T_ptr, 1, sem="acq_rel")
-    return t == tl.num_programs(0) - 1
+    return t == count - 1
 
 
 @triton.jit

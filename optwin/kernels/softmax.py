@@ -13,8 +13,8 @@ Numerics (what optwin.twin's softmax/triton models), per row of n elements:
     y = (e / s).to(out dtype)   # e * rcp.approx(s) on NVIDIA: the bits of div.full.f32 (~2 ulp) for
                                 # s in [1, n] (_common.div_by_row); numpy division in the interpreter
 A fully masked row gives m = -inf, h - m = NaN: y is NaN, as torch.softmax gives.
-Rows longer than MAX_BLOCK (65536; a vocabulary's logits) go to optwin.kernels.softmax_long: the same
-steps over TRITON_CHUNK-wide pieces in three passes, s as per-lane sums, then a tree.
+Rows longer than MAX_BLOCK (65536; a vocabulary's logits) go to optwin.kernels.softmax_long: a program
+per TRITON_CHUNK-wide piece of a row, s from the pieces' own sums.
 exp and the division were tl.exp (non-ftz ex2.approx.f32: a compare and two predicated multiplies
 per element for subnormal results) and `e / s` (div.full.f32: two predicated range multiplies per
 element) before stop 19: 5 of ~17 SASS instructions per element. H200, 4096x16384 bf16, µs without /
@@ -101,6 +101,7 @@ from optwin.kernels.sketch_buffer import WORKSPACE, feature_names, new_buffer, w
 from optwin.kernels.softmax_long import softmax_long_launch
 from optwin.kernels.softmax_sketch import (
     _exact_row_chunked,
+    _max_min,
     _merge_extremes,
     _peaked,
     _row_stats_chunked,
@@ -219,11 +220,6 @@ def _combine4(a0, a1, a2, a3, b0, b1, b2, b3):
 @triton.jit
 def _sum2(a0, a1, b0, b1):
     return a0 + b0, a1 + b1
-
-
-@triton.jit
-def _max_min(a0, a1, b0, b1):
-    return tl.maximum(a0, b0), tl.minimum(a1, b1)
 
 
 @triton.jit
@@ -616,22 +612,23 @@ def _softmax_kernel(
                     p_peak += peak2
     if SKETCH:
         publish_sketch(S_ptr, F_ptr, I_ptr, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, p_masked, p_peak, p_elig,
-                       n_rows, n_cols, 2.0 if VARIANT >= 4 else 1.0)
+                       n_rows, n_cols, tl.num_programs(0), 2.0 if VARIANT >= 4 else 1.0)
 
 
 def _softmax_launch(
     x2: torch.Tensor, y2: torch.Tensor, buf: torch.Tensor | None, num_warps: int | None = None,
     stages: int | None = None, per_sm: int | None = None,
     variant: int | None = None, fusion: bool | None = None, maxnreg: int | None = None, keep: int | None = None,
-    packed: bool | None = None, prefetch: float | None = None,
+    packed: bool | None = None, prefetch: float | None = None, piece: int | None = None,
 ) -> None:
     """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows;
     without the sketch one program per row where _common.ROW_GRID lists the launch.
     num_warps / stages / per_sm / variant / fusion / maxnreg / keep override the tuned launch (the
-    bench's sweep; maxnreg caps registers per thread, so a kernel keeps 2 programs per SM)."""
+    bench's sweep; maxnreg caps registers per thread, so a kernel keeps 2 programs per SM); piece
+    the long rows' piece width (softmax_long)."""
     n_rows, n = x2.shape
     if n > MAX_BLOCK:  # past what a program holds in registers: the chunked kernel
-        softmax_long_launch(x2, y2, buf, PEAK_NATS, num_warps, per_sm, maxnreg)
+        softmax_long_launch(x2, y2, buf, PEAK_NATS, num_warps, maxnreg, piece)
         return
     sketch = buf is not None
     if n_rows == 0 and not sketch:

@@ -1,10 +1,10 @@
 """The softmax sketch's exact per-row statistics and the program's publish step, shared by the
-row-in-registers kernel (optwin.kernels.softmax) and the long-row kernel (optwin.kernels.softmax_long).
+row-in-registers kernel (optwin.kernels.softmax) and the long-row kernels (optwin.kernels.softmax_long).
 
 A row's exact statistics (_row_stats_chunked, _exact_row_chunked) re-read it in CHUNK-column pieces
-(few registers; the slow paths of the row-in-registers kernel, every row of the long-row kernel);
-_merge_extremes folds a row's finite max and min into a program's partials; publish_sketch adds a
-program's partials to the "softmax" workspace and, in the last program, writes the features.
+(few registers; the slow paths of the row-in-registers kernel); _merge_extremes folds a row's finite
+max and min into a program's partials; publish_sketch adds a program's partials to the "softmax"
+workspace and, in the last of the programs that publish, writes the features.
 """
 
 from __future__ import annotations
@@ -15,11 +15,17 @@ import triton.language as tl
 from optwin.kernels._common import (
     FMAX,
     exp_ftz,
-    last_program,
+    last_of,
     read_slot,
     reset_workspace,
     store_common_features,
 )
+
+
+@triton.jit
+def _max_min(a0, a1, b0, b1):
+    """Combine of a tree carrying (max, min) (max and min are exact in any tree)."""
+    return tl.maximum(a0, b0), tl.minimum(a1, b1)
 
 
 @triton.jit
@@ -105,10 +111,10 @@ def fresh_partials():
 
 @triton.jit
 def publish_sketch(S_ptr, F_ptr, I_ptr, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, p_masked, p_peak, p_elig,
-                   n_rows, n_cols, RNG_SCALE: tl.constexpr):
-    """A program's partials into the workspace (scalar atomics); the last program (acq_rel ticket)
-    reads them back, resets the workspace and writes the softmax features. p_rng is the widest row
-    range over RNG_SCALE (the lane layouts keep it halved)."""
+                   n_rows, n_cols, n_pub, RNG_SCALE: tl.constexpr):
+    """A program's partials into the workspace (scalar atomics); the last of the n_pub programs that
+    publish (acq_rel ticket) reads them back, resets the workspace and writes the softmax features.
+    p_rng is the widest row range over RNG_SCALE (the lane layouts keep it halved)."""
     p_amax = tl.maximum(tl.maximum(p_max, -p_min), 0.0)  # largest finite |h| (0 if none)
     tl.atomic_max(F_ptr + 0, p_amax.to(tl.float64), sem="relaxed")
     tl.atomic_add(F_ptr + 1, p_sq, sem="relaxed")
@@ -121,7 +127,7 @@ def publish_sketch(S_ptr, F_ptr, I_ptr, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, 
     tl.atomic_add(I_ptr + 3, p_masked.to(tl.int64), sem="relaxed")
     tl.atomic_add(I_ptr + 4, p_peak.to(tl.int64), sem="relaxed")
     tl.atomic_add(I_ptr + 5, p_elig.to(tl.int64), sem="relaxed")
-    if last_program(I_ptr):
+    if last_of(I_ptr, n_pub):
         g_amax = read_slot(F_ptr + 0)
         g_sq = read_slot(F_ptr + 1)
         g_max = read_slot(F_ptr + 2)

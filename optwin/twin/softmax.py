@@ -57,37 +57,32 @@ def _exp_ftz(num: Numerics, d: torch.Tensor) -> torch.Tensor:
     return torch.where(e < FLT_MIN, 0.0, e)
 
 
-def _online_lane_sum(num: Numerics, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """s of optwin.kernels.softmax_long for rows past TRITON_WHOLE_ROW_MAX: lane l of TRITON_CHUNK
-    keeps a running max m_l and sum s_l over elements l, l + CHUNK, ... (s_l = s_l * exp(m_l - m') +
-    exp(h - m'), each product and sum rounded: no FMA contraction; a lane that has seen only -inf
-    keeps 0), then s = tree over the lanes of s_l * exp(m_l - m) (those lanes add 0). The max passes
-    over NaN as tl.maximum does; a NaN or +inf makes its lane's sum NaN, and s with it."""
+def _piece_sums(num: Numerics, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """s of optwin.kernels.softmax_long for rows past TRITON_WHOLE_ROW_MAX: each TRITON_CHUNK-wide
+    piece k sums exp(h - m_k) over itself with m_k its own max (a tree; s_k = 0 for a piece of only
+    -inf), then s = fp32(sum_k s_k * exp(m_k - m)), the products and their sum in float64 (one
+    rounding). The max passes over NaN as tl.max does; a NaN or +inf makes its piece's sum NaN, and s
+    with it."""
     n = x.shape[-1]
     pieces = -(-n // TRITON_CHUNK)
     xp = torch.nn.functional.pad(x, (0, pieces * TRITON_CHUNK - n), value=-float("inf"))
-    xp = xp.reshape(*x.shape[:-1], pieces, TRITON_CHUNK)  # (..., pieces, lanes)
-    mv = torch.full_like(xp[..., 0, :], -float("inf"))
-    sv = torch.zeros_like(mv)
-    for j in range(pieces):
-        h = xp[..., j, :]
-        m_new = torch.fmax(mv, h)
-        a = _exp_ftz(num, num.round(mv - m_new, F32))
-        grown = num.round(num.round(sv * a, F32) + _exp_ftz(num, num.round(h - m_new, F32)), F32)
-        sv = torch.where((mv == -float("inf")) & (h == -float("inf")), 0.0, grown)
-        mv = m_new
-    lanes = torch.where((mv == -float("inf")) & (sv == 0.0), 0.0, num.round(sv * _exp_ftz(num, num.round(mv - m, F32)), F32))
-    return num.sum(lanes, acc=F32, order="pairwise", keepdim=True)  # tl.sum over the lanes: a tree
+    xp = xp.reshape(*x.shape[:-1], pieces, TRITON_CHUNK)  # (..., pieces, columns)
+    mk = num.max(xp, keepdim=True)  # (..., pieces, 1)
+    base = torch.where(mk == -float("inf"), 0.0, mk)
+    sk = num.sum(_exp_ftz(num, num.round(xp - base, F32)), acc=F32, order="pairwise")  # (..., pieces)
+    mk = mk.squeeze(-1)
+    w = torch.where(mk == -float("inf"), 0.0, sk * _exp_ftz(num, num.round(mk - m, F32)))  # exact in float64
+    return num.round(w.sum(-1, keepdim=True), F32)
 
 
 def triton_softmax(num: Numerics, x: torch.Tensor, dtype: str) -> torch.Tensor:
     """Our Triton kernel: fp32 row in registers, exp as _exp_ftz, tl.sum as a tree, one cast to
-    dtype at the store. Rows past TRITON_WHOLE_ROW_MAX (optwin.kernels.softmax_long): s from per-lane
-    online sums (_online_lane_sum), the same e and y."""
+    dtype at the store. Rows past TRITON_WHOLE_ROW_MAX (optwin.kernels.softmax_long): s from the
+    sums of TRITON_CHUNK-wide pieces (_piece_sums), the same e and y."""
     m = num.max(x, keepdim=True)  # (..., 1) tl.max, exact
     e = _exp_ftz(num, num.round(x - m, F32))  # (..., n) fp32
     if x.shape[-1] > TRITON_WHOLE_ROW_MAX:
-        s = _online_lane_sum(num, x, m)
+        s = _piece_sums(num, x, m)
     else:
         s = num.sum(e, acc=F32, order="pairwise", keepdim=True)  # (..., 1) tl.sum: a tree
     y = num.round(e / s, F32)  # (..., n) fp32
