@@ -102,3 +102,14 @@ def test_softmax_long_check_runs_every_mask_and_dtype_on_cpu():
         assert cells[2] == "2x70001" and cells[3] == "0" and cells[4] == "ok" and cells[6] == "0", r
         assert float(cells[7].split()[0]) < 1e-6 and cells[8] == "yes", r  # sketch as ingest's; y as without it
 
+
+
+def test_attention_probe_variants_match_float64_on_cpu():
+    """bench/attention_probe.py's smoke run: every probe variant (pointer and TMA-descriptor loads, the
+    warp-specialized loop, FMA scaling, software pipelining) against float64, ragged and causal."""
+    env = dict(os.environ, TRITON_INTERPRET="1", OUT="")
+    out = subprocess.run([sys.executable, str(BENCH / "attention_probe.py"), "--smoke"], capture_output=True,
+                         text=True, env=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = [line for line in out.stdout.splitlines() if "desc=" in line]
+    assert len(rows) >= 2 * 10 and all("BAD" not in r for r in rows), out.stdout

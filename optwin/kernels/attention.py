@@ -133,6 +133,20 @@ def _key_block(acc, l_i, m_i, t_i, q, K_blk, V_blk, sks, svs, start_n, offs_m, o
     return acc, l_i, m_new, t_i
 
 
+@triton.jit
+def key_blocks(mb, seq_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """(lo, hi) for query block mb: unmasked key blocks [0, lo), then masked ones [lo, hi) (the causal
+    diagonal, the ragged tail); both start on multiples of BLOCK_N."""
+    full_end = (seq_k // BLOCK_N) * BLOCK_N
+    if CAUSAL:
+        hi = tl.minimum((mb + 1) * BLOCK_M, seq_k)
+        lo = (tl.minimum(mb * BLOCK_M, full_end) // BLOCK_N) * BLOCK_N
+    else:
+        hi = seq_k
+        lo = full_end
+    return lo, hi
+
+
 # Sizes are not specialized on (== 1, divisible by 16): every distinct combination over five sizes
 # compiled a kernel of its own, and a float32 (IEEE FMA dot) compile takes tens of seconds, so a
 # run over varied shapes spent minutes compiling. They only bound loops and masks here; the strides,
@@ -172,14 +186,7 @@ def _attention_kernel(
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     t_i = tl.zeros((BLOCK_M,), dtype=tl.float32)  # sketch only (dead code without it)
     acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
-    # Unmasked blocks [0, lo), then masked ones [lo, hi); both start on multiples of BLOCK_N.
-    full_end = (seq_k // BLOCK_N) * BLOCK_N
-    if CAUSAL:
-        hi = tl.minimum((mb + 1) * BLOCK_M, seq_k)
-        lo = (tl.minimum(mb * BLOCK_M, full_end) // BLOCK_N) * BLOCK_N
-    else:
-        hi = seq_k
-        lo = full_end
+    lo, hi = key_blocks(mb, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
     for start_n in range(0, lo, BLOCK_N):
         acc, l_i, m_i, t_i = _key_block(acc, l_i, m_i, t_i, q, K_blk, V_blk, sks, svs, start_n, offs_m, offs_n,
                                         offs_d, seq_k, qk_scale, False, CAUSAL, ENTROPY, IEEE)
