@@ -16,14 +16,16 @@ _piece_sums), per row, in pieces k of TRITON_CHUNK columns:
     y   = (exp(h - m) / s).to(out dtype)           as the row-in-registers kernel (_common.div_by_row)
 Two launches, a program per (row, piece): the first writes each piece's (m_k, s_k), the second reads
 its row's pieces, takes m and s and writes its piece of y. The numerics are those of the row alone:
-the same y at any batch size. H200, µs without / with the sketch against stop 23's program per row
-(per-lane online sums, then the output pass; bench/results/long_*_h200_s24c.md, 5 interleaved rounds):
+the same y at any batch size. The second launch walks the pieces last first: the first launch read
+those last, and they are still in the L2 where x outgrows it. H200, µs without / with the sketch against
+stop 23's program per row (per-lane online sums, then the output pass; 5 interleaved rounds,
+bench/results/long_*_h200_s24c.md and _s24d.md):
     bf16 8x128256 (a decode batch; CUDA graphs)   4.6 / 7.5   against 25.9 / 34.5  (torch.compile 8.9)
-    bf16 256x128256 (L2 flushed)                  58.3 / 80.8 against 69.6 / 80.2  (95.5)
-    bf16 256x128256 (CUDA graphs)                 54.1 / 77.1 against 65.9 / 75.6  (87.0)
-    float32 256x128256 (L2 flushed)               106.8 / 115.1 against 108.6 / 123.5 (150.8)
-At 8 rows one program per row left most SMs idle; at 256 rows x is read twice from DRAM (it outgrows
-the L2 between the launches) and still gains on the single program's dependent online updates.
+    bf16 64x128256 (CUDA graphs)                  11.9 / 19.6 against 26.5 / 35.2  (22.4)
+    bf16 256x128256 (L2 flushed)                  55.4 / 78.6 against 70.1 / 80.6  (96.5)
+    bf16 256x128256 (CUDA graphs)                 49.8 / 73.9 against 66.4 / 76.7  (87.2)
+    float32 256x128256 (L2 flushed)               103.6 / 112.6 against 108.1 / 124.3 (150.9)
+The second launch in piece order instead: 58.1 / 81.1, 54.0 / 77.7 and 106.9 / 115.4 at 256 rows.
 Sketch: the first launch also writes per piece its finite max and min, float64 sum of squares, NaN/+inf
 and -inf counts, and t_k = sum e*(h - m_k) over its e > 0; the second launch's program for a row's
 first piece turns the row's records into the row's features (t = sum_k exp(m_k - m) * (t_k + s_k *
@@ -161,7 +163,9 @@ def _piece_out_kernel(
     CHUNK: tl.constexpr,
     PIECES: tl.constexpr,  # next_pow2(n_pieces)
 ):
-    pid = tl.program_id(0)
+    # last piece first: the first launch read it last, so it may still be in the L2 (x outgrows the L2
+    # at a few hundred vocabulary rows)
+    pid = tl.num_programs(0) - 1 - tl.program_id(0)
     r = pid // n_pieces
     k = pid % n_pieces
     if SKETCH:  # p_rng stays 0: _merge_extremes writes the row's range itself
