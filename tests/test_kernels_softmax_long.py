@@ -108,3 +108,12 @@ def test_long_rows_strided_and_empty():
     assert y.shape == (0, N)
     s = read_sketch("softmax", buf, empty.shape)
     assert s["rows"] == 0 and s["numel"] == 0 and s["nonfinite"] == 0
+
+
+def test_rows_past_the_piece_limit_get_a_clear_error():
+    from optwin.errors import InputError
+    from optwin.kernels.softmax_long import MAX_PIECES
+
+    x = torch.zeros(1, MAX_PIECES * 4096 + 1)
+    with pytest.raises(InputError, match="exceed the 16777216 columns"):
+        softmax(x)

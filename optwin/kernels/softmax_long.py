@@ -39,6 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
+from optwin.errors import InputError
 from optwin.kernels._common import (
     FMAX,
     INTERPRET,
@@ -58,6 +59,8 @@ from optwin.kernels.softmax_sketch import (
 )
 from optwin.twin.numerics import TRITON_CHUNK
 
+# Pieces a row may have: the second launch holds a row's (m_k, s_k) in one vector (rows up to 16.7M).
+MAX_PIECES = 4096
 # Per-piece sketch records (float64, one plane each): t_k, finite max, finite min, sum of squares,
 # NaN/+inf count, -inf count.
 RECORDS = 6
@@ -208,6 +211,8 @@ def softmax_long_launch(x2: torch.Tensor, y2: torch.Tensor, buf: torch.Tensor | 
         return
     chunk, warps, _, _ = launch_config("softmax-pieces", n, num_warps, 1, chunk=piece or TRITON_CHUNK)
     pieces = triton.cdiv(n, chunk)
+    if pieces > MAX_PIECES:
+        raise InputError(f"softmax: rows of {n} exceed the {MAX_PIECES * chunk} columns a row may have")
     held = max(n_rows, 1)  # no null pointers for an empty batch
     ms = torch.empty((2, held, pieces), dtype=torch.float32, device=x2.device)
     rec = torch.empty((RECORDS, held, pieces), dtype=torch.float64, device=x2.device) if sketch else ms
