@@ -105,14 +105,18 @@ def _step(acc, l_i, m_i, q, K, V, bh, start_n, offs_m, offs_n, offs_d, stride_s,
 @triton.jit
 def _probe_fwd(Q, K, V, Y, stride_s, seq_q, seq_k, n_bh, qk_scale,
                D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-               DESC: tl.constexpr, WS: tl.constexpr, SCALED: tl.constexpr, PIPE: tl.constexpr):
+               DESC: tl.constexpr, WS: tl.constexpr, SCALED: tl.constexpr, PIPE: tl.constexpr,
+               HEAD_MAJOR: tl.constexpr):
     pid = tl.program_id(0)
-    bh = pid % n_bh
     n_m = tl.cdiv(seq_q, BLOCK_M)
-    if CAUSAL:
-        mb = n_m - 1 - pid // n_bh
+    if HEAD_MAJOR:  # a head's query blocks side by side (its keys stay in the L2)
+        bh = pid // n_m
+        mb = pid % n_m
     else:
+        bh = pid % n_bh
         mb = pid // n_bh
+    if CAUSAL:
+        mb = n_m - 1 - mb
     offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
@@ -147,7 +151,7 @@ def _probe_fwd(Q, K, V, Y, stride_s, seq_q, seq_k, n_bh, qk_scale,
 
 
 def probe(q, k, v, y, causal: bool, cfg: tuple[int, int, int, int], desc: int, ws: bool, scaled: int,
-          pipe: bool = False) -> None:
+          pipe: bool = False, head_major: bool = True) -> None:
     b, h, sq, d = q.shape
     sk = k.shape[2]
     bm, bn, warps, stages = cfg
@@ -162,7 +166,7 @@ def probe(q, k, v, y, causal: bool, cfg: tuple[int, int, int, int], desc: int, w
     kw = {} if SMOKE else {"num_stages": stages}
     LAST[0] = _probe_fwd[(triton.cdiv(sq, bm) * b * h,)](
         q, kd, vd, y, d, sq, sk, b * h, float(LOG2E / d**0.5),
-        D=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, DESC=desc, WS=ws, SCALED=scaled, PIPE=pipe, num_warps=warps, **kw)
+        D=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, DESC=desc, WS=ws, SCALED=scaled, PIPE=pipe, HEAD_MAJOR=head_major, num_warps=warps, **kw)
 
 
 def rel_err(y: torch.Tensor, q, k, v, causal: bool) -> float:
@@ -175,16 +179,16 @@ def bench_ms(fn) -> float:
 
 
 def variants() -> list[tuple[tuple[int, int, int, int], tuple]]:
-    """(config, (desc, ws, scaled, pipe)); the first run's (bench/results/attention_probe_h200_s24a.md) full grid
-    of desc x configs x ws put every variant within 0.60-0.65x sdpa; this run: pipelining and occupancy."""
+    """(config, (desc, ws, scaled, pipe, head_major)). Runs a and b (bench/results/attention_probe_h200_s24{a,b}.md)
+    put every variant within 0.55-0.65x sdpa, all with a query block of every head side by side (each
+    program then streamed its head's keys and values from DRAM); run c: the programs head-major."""
     out = []
-    for cfg in ((128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 2)):
-        for desc in (0, 3):
-            out.append((cfg, (desc, False, 0, True)))
-            out.append((cfg, (desc, False, 1, True)))
-    for cfg in ((64, 64, 4, 2), (64, 128, 4, 2), (64, 64, 4, 3), (128, 128, 8, 4)):
-        out.append((cfg, (3, False, 0, False)))
-    out.append(((128, 128, 8, 3), (3, False, 1, False)))
+    for hm in (False, True):
+        out.append(((128, 64, 8, 3), (0, False, 0, False, hm)))
+    for cfg in ((128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 4), (128, 64, 4, 3), (64, 64, 4, 3)):
+        out.append((cfg, (3, False, 0, False, True)))
+    out += [((128, 128, 8, 3), (3, False, 1, False, True)), ((128, 64, 8, 3), (3, True, 0, False, True)),
+            ((128, 128, 8, 3), (3, True, 1, False, True))]
     return out
 
 
@@ -207,15 +211,17 @@ def main() -> int:
         fl = attention_flops(b, h, s, s, d, causal)
         t_sdpa = bench_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)) if not SMOKE else 1.0
         say(f"| {int(causal)} | torch sdpa | | | | | | {t_sdpa:.3f} | {fl / t_sdpa / 1e9:.1f} | 1.00 |")
-        rows = [("optwin default", default_config(dtype, d), None), ("optwin", (128, 128, 8, 3), None)]
+        rows = [("optwin default, stop 23's order", default_config(dtype, d), False),
+                ("optwin default", default_config(dtype, d), None), ("optwin", (128, 128, 8, 3), None)]
         for cfg, opts in variants():
-            rows.append(("desc={} ws={:d} scaled={} pipe={:d}".format(*opts), cfg, opts))
+            rows.append(("desc={} ws={:d} scaled={} pipe={:d} head-major={:d}".format(*opts), cfg, opts))
         for name, cfg, opts in rows:
             if SMOKE:
                 cfg = (64, 32, cfg[2], cfg[3])
             try:
-                if opts is None:
-                    fn = lambda: attention(q, k, v, causal, sketch=False, out=y, config=cfg)  # noqa: E731
+                if opts is None or opts is False:  # the production kernel (False: the program order before stop 24)
+                    fn = lambda: attention(q, k, v, causal, sketch=False, out=y, config=cfg,  # noqa: E731
+                                           _head_major=opts is None)
                 else:
                     fn = lambda: probe(q, k, v, y, causal, cfg, *opts)  # noqa: E731
                 y.fill_(float("nan"))
@@ -227,7 +233,7 @@ def main() -> int:
                 say(f"| {int(causal)} | {name} | {cfg[0]} | {cfg[1]} | {cfg[2]} | {cfg[3]} | {type(e).__name__}: "
                     f"{str(e).splitlines()[0][:90] if str(e) else ''} | | | |")
                 continue
-            kern = LAST[0] if opts is not None else None
+            kern = LAST[0] if opts else None
             regs = f"{getattr(kern, 'n_regs', '?')} / {getattr(kern, 'n_spills', '?')}" if kern is not None else ""
             ok = err < (1e-5 if dtype == torch.float32 else 2e-2)
             bad += not ok

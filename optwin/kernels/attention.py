@@ -163,14 +163,18 @@ def _attention_kernel(
     entropy_nats,  # fp32 low-entropy threshold
     D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     SKETCH: tl.constexpr, IEEE: tl.constexpr, ENTROPY: tl.constexpr, KV_STATS: tl.constexpr,
+    HEAD_MAJOR: tl.constexpr = True,  # program order (speed only; False: stop 23's order, for the bench)
 ):
     pid = tl.program_id(0)
     n_bh = n_batch * n_heads
-    bh = pid % n_bh
-    if CAUSAL:
-        mb = n_m - 1 - pid // n_bh  # longest rows first: the short ones fill the tail
-    else:
+    if HEAD_MAJOR:  # a head's query blocks run side by side: its keys and values are read from the L2
+        bh = pid // n_m
+        mb = pid % n_m
+    else:  # a query block of every head side by side: each program streams its head's keys from DRAM
+        bh = pid % n_bh
         mb = pid // n_bh
+    if CAUSAL:
+        mb = n_m - 1 - mb  # longest rows first: the short ones fill the tail
     b = (bh // n_heads).to(tl.int64)
     h = (bh % n_heads).to(tl.int64)
     Q_blk = Q + b * sqb + h * sqh
@@ -310,6 +314,7 @@ def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, sketch: bool = True, *,
     out: torch.Tensor | None = None, low_entropy_nats: float = DEFAULT_TOLERANCES.low_entropy_nats,
     config: tuple[int, int, int, int] | None = None, _parts: tuple[bool, bool] = (True, True),
+    _head_major: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(softmax(q k^T / sqrt(d)) v in q's dtype, sketch features or None), one launch.
 
@@ -345,7 +350,7 @@ def attention(
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *y.stride()[:3],
         bsz, heads, seq_q, seq_k, n_m, triton_qk_scale(d), float(low_entropy_nats),
         D=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=bool(causal), SKETCH=sketch, IEEE=q.dtype == torch.float32,
-        ENTROPY=sketch and _parts[0], KV_STATS=_parts[1], num_warps=warps, **kwargs,
+        ENTROPY=sketch and _parts[0], KV_STATS=_parts[1], HEAD_MAJOR=_head_major, num_warps=warps, **kwargs,
     )
     LAST_COMPILED[0] = k
     return y, buf
