@@ -31,12 +31,18 @@ on the H200 too). The kernel counts every query row (ingest samples rows above 2
 into the "attention" workspace; the last program (acq_rel ticket) writes the features. Per-row
 values are fp32, cross-program sums float64: features agree with optwin.ingest to float32 rounding;
 peaked_frac may differ where a row's fp32 entropy straddles the threshold.
-Grid: one program per (query block, batch*head); causal grids start with the longest query blocks.
-Memory: read q once, k and v once per query block (L2 reuse), write y once.
-H200, [4, 32, 4096, 128] bf16, default config (bench/gpu_attention.py, 2026-11-29): 365-380 TFLOP/s
-non-causal, 352-355 causal, 1.5-1.7x torch sdpa's time (flash, 592-614 / 515-522 TFLOP/s); the
-sketch adds 15-18% (the entropy sum in the loop ~3%, the key/value pass after it ~8-10%, which
-is the next thing to fold into the loop), against 8.5 ms for the unfused float64 ingest sketch.
+Grid: one program per (query block, batch*head), head-major: a head's query blocks run side by side
+(causal: its longest first), so each head's keys and values come from DRAM once and from the L2 for
+its other query blocks. Until stop 24 the programs ran a query block of every head side by side (the
+other order): with 128 heads of 2 MB of keys and values each, every program streamed its head's keys
+from DRAM, and the kernel was bound by it.
+Memory: read q once, k and v once per head (L2 reuse across its query blocks), write y once.
+H200, [4, 32, 4096, 128] bf16, default config, ms (bench/results/attention_order_h200_s24.txt, 5
+interleaved rounds): non-causal 2.995 -> 2.406 head-major (sdpa 1.882: 0.63x -> 0.78x), causal 1.591 ->
+1.361 (sdpa 1.056: 0.66x -> 0.78x); bench/gpu_attention.py (bench/results/attention_h200_s24.md): 2.416
+/ 1.337 ms (455 / 411 TFLOP/s) against sdpa's 1.677 / 0.952 in that run (0.69x / 0.71x). The sketch adds
++13.7 % / +17.8 % (q statistics and atomics at the program's end ~5 %, the entropy sum in the loop ~1-3 %,
+the key/value pass after it ~4-9 %), against 8.6 ms for the unfused float64 ingest sketch.
 """
 
 from __future__ import annotations
