@@ -12,7 +12,8 @@ the output buffer is poisoned with NaN first; ||y - ref|| / ||ref|| and max |y -
 sdpa; the sketch against optwin.ingest.sketch (peaked_frac and max_score against an exact float64
 pass over every row: ingest samples rows above 2^22 scores, so its max_score is then a lower bound,
 checked as one); sketch on vs off must give bit-identical y.
-Timing (triton.testing.do_bench, median): [4, 32, 4096, 128] bf16, causal and not, a sweep of
+Timing (triton.testing.do_bench, median): [4, 32, 4096, 128] bf16, causal and not; sdpa and the default
+launch without and with the sketch in BENCH_ROUNDS interleaved rounds (default 5: the ratio to sdpa), a sweep of
 (BLOCK_M, BLOCK_N, num_warps, num_stages) without the sketch, then the best and the default
 config with it; TFLOP/s = 4*B*H*S*S*D (/2 causal) over time, against torch sdpa (flash backend).
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -39,6 +41,7 @@ DT = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.flo
 REL = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 2e-5}
 T0 = time.time()
 BUDGET_S = float(os.environ.get("BENCH_BUDGET_S", "230"))  # timing configs past this many seconds are skipped
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))  # interleaved rounds of sdpa and the default launch
 LINES: list[str] = []
 SMOKE = "--smoke" in sys.argv
 DEV = "cpu" if SMOKE else "cuda"
@@ -154,6 +157,20 @@ def timing(shape: tuple[int, int, int, int], quick_sweep: bool) -> None:
         t = bench_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
         base[causal] = t
         say(f"torch sdpa causal={int(causal)}: {t:.3f} ms, {fl / t / 1e9:.1f} TFLOP/s")
+    # sdpa and the default launch side by side: sdpa's time moved by 10 % between runs on one machine
+    # (bench/results/attention_*_h200_s24*), so the ratio comes from the same rounds
+    for causal in (False, True):
+        fns = {"sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+               "off": lambda: attention(q, k, v, causal, sketch=False, out=y),
+               "on": lambda: attention(q, k, v, causal, sketch=True, out=y)}
+        rounds = {n: [] for n in fns}
+        for _ in range(1 if SMOKE else ROUNDS):
+            for n, fn in fns.items():
+                rounds[n].append(bench_ms(fn))
+        med = {n: statistics.median(v) for n, v in rounds.items()}
+        say(f"interleaved ({len(rounds['sdpa'])} rounds) causal={int(causal)}: sdpa {med['sdpa']:.3f} ms, ours "
+            f"{med['off']:.3f} ms ({med['sdpa'] / med['off']:.2f}x sdpa's speed), with the sketch {med['on']:.3f} ms "
+            f"({100 * (med['on'] / med['off'] - 1):+.1f}%)")
     say("\n| causal | BLOCK_M | BLOCK_N | warps | stages | sketch | ms | TFLOP/s | vs sdpa (time ratio) | note |")
     say("|---|---|---|---|---|---|---|---|---|---|")
     for causal in (False, True):

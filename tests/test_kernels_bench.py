@@ -113,3 +113,14 @@ def test_attention_probe_variants_match_float64_on_cpu():
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = [line for line in out.stdout.splitlines() if "desc=" in line]
     assert len(rows) >= 2 * 10 and all("BAD" not in r for r in rows), out.stdout
+
+
+def test_gpu_attention_smoke_run_checks_and_times_side_by_side():
+    """bench/gpu_attention.py --smoke (CPU, interpreter): every correctness case ok, and sdpa timed in the
+    same interleaved rounds as the kernel without and with the sketch."""
+    env = dict(os.environ, TRITON_INTERPRET="1", OUT="")
+    out = subprocess.run([sys.executable, str(BENCH / "gpu_attention.py"), "--smoke"], capture_output=True, text=True,
+                         env=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "correctness: all ok" in out.stdout
+    assert sum(line.startswith("interleaved (") for line in out.stdout.splitlines()) == 2, out.stdout
