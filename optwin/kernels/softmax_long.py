@@ -130,8 +130,7 @@ def _piece_kernel(
 
 
 @triton.jit
-def _row_features(MS_ptr, R_ptr, slot0, plane, kk, km, mk, sk, m, s, n_cols, peak_nats, p_max, p_min, p_rng, p_rmx,
-                  F_ptr):
+def _row_features(R_ptr, slot0, plane, kk, km, mk, sk, m, s, n_cols, peak_nats, p_max, p_min, p_rng, p_rmx, F_ptr):
     """One row's sketch from its pieces' records, merged into fresh partials: (p_max, p_min, p_rng,
     p_rmx, sq, nonfinite, -inf count, masked, eligible, peaked)."""
     t_k = tl.load(R_ptr + slot0 + kk, mask=km, other=0.0)
@@ -192,8 +191,7 @@ def _piece_out_kernel(
         if SKETCH:
             if k == 0:
                 p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, p_masked, p_elig, p_peak = _row_features(
-                    MS_ptr, R_ptr, slot0, plane, kk, km, mk, sk, m, s, n_cols, peak_nats, p_max, p_min, p_rng, p_rmx,
-                    F_ptr)
+                    R_ptr, slot0, plane, kk, km, mk, sk, m, s, n_cols, peak_nats, p_max, p_min, p_rng, p_rmx, F_ptr)
     if SKETCH:
         if k == 0:  # a row's first piece publishes the row (or the one program of an empty launch)
             publish_sketch(S_ptr, F_ptr, I_ptr, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, p_masked, p_peak,
