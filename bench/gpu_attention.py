@@ -151,15 +151,12 @@ def timing(shape: tuple[int, int, int, int], quick_sweep: bool) -> None:
     elif "--sweep-lite" in sys.argv:  # the full sweep's leaders only (bench/results: the full table)
         sweep = [default, (128, 64, 8, 4), (128, 128, 8, 3)]
     say(f"\n## Timing [{b}, {h}, {s}, {d}] bf16 (median ms, TFLOP/s)\n")
+    # sdpa and the default launch side by side: sdpa's time moved by 10 % between runs on one machine
+    # (bench/results/attention_*_h200_s24*), so the ratio comes from the same rounds; sdpa's median there is
+    # the sweep's reference too
     base = {}
     for causal in (False, True):
         fl = attention_flops(b, h, s, s, d, causal)
-        t = bench_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
-        base[causal] = t
-        say(f"torch sdpa causal={int(causal)}: {t:.3f} ms, {fl / t / 1e9:.1f} TFLOP/s")
-    # sdpa and the default launch side by side: sdpa's time moved by 10 % between runs on one machine
-    # (bench/results/attention_*_h200_s24*), so the ratio comes from the same rounds
-    for causal in (False, True):
         fns = {"sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
                "off": lambda: attention(q, k, v, causal, sketch=False, out=y),
                "on": lambda: attention(q, k, v, causal, sketch=True, out=y)}
@@ -168,6 +165,8 @@ def timing(shape: tuple[int, int, int, int], quick_sweep: bool) -> None:
             for n, fn in fns.items():
                 rounds[n].append(bench_ms(fn))
         med = {n: statistics.median(v) for n, v in rounds.items()}
+        base[causal] = med["sdpa"]
+        say(f"torch sdpa causal={int(causal)}: {med['sdpa']:.3f} ms, {fl / med['sdpa'] / 1e9:.1f} TFLOP/s")
         say(f"interleaved ({len(rounds['sdpa'])} rounds) causal={int(causal)}: sdpa {med['sdpa']:.3f} ms, ours "
             f"{med['off']:.3f} ms ({med['sdpa'] / med['off']:.2f}x sdpa's speed), with the sketch {med['on']:.3f} ms "
             f"({100 * (med['on'] / med['off'] - 1):+.1f}%)")
