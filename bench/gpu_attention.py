@@ -6,6 +6,9 @@ math, the twin's attention/triton and torch's scaled_dot_product_attention.
     python bench/gpu_attention.py --sweep-lite   # time only the leading configs of the full sweep
     BENCH_BUDGET_S=120 python bench/gpu_attention.py   # skip timing configs after 120 s (default 230)
     TRITON_INTERPRET=1 python bench/gpu_attention.py --smoke   # CPU dry run of the script, tiny shapes
+    BENCH_AB=base python bench/gpu_attention.py --quick-timing  # rounds only, with bench/.ab/optwin_base in them
+    BENCH_LAUNCHES='{"ahead1": {"_kv_ahead": 1}, "bn128": {"config": [128, 128, 8, 3], "sketch": false}}' \
+        python bench/gpu_attention.py     # more launches in the rounds (keyword arguments; sketch on by default)
 
 Needs torch, triton and numpy only. Correctness: large and odd shapes, every dtype, causal and not;
 the output buffer is poisoned with NaN first; ||y - ref|| / ||ref|| and max |y - ref| against float64
@@ -20,6 +23,8 @@ config with it; TFLOP/s = 4*B*H*S*S*D (/2 causal) over time, against torch sdpa 
 
 from __future__ import annotations
 
+import importlib
+import json
 import math
 import os
 import statistics
@@ -28,12 +33,19 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for `optwin`
+sys.path.insert(2, str(Path(__file__).resolve().parent / ".ab"))  # frozen revisions (bench/ab_snapshot.py)
 
 import torch
 import torch.nn.functional as F
 
-from optwin.ingest.sketch import _peaked_frac, sketch as ingest_sketch
-from optwin.kernels.attention import LAST_COMPILED, attention, attention_flops, default_config
+from optwin.ingest.sketch import _peaked_frac
+from optwin.ingest.sketch import sketch as ingest_sketch
+from optwin.kernels.attention import (
+    LAST_COMPILED,
+    attention,
+    attention_flops,
+    default_config,
+)
 from optwin.kernels.sketch_buffer import read_sketch
 
 DT = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -43,6 +55,10 @@ T0 = time.time()
 BUDGET_S = float(os.environ.get("BENCH_BUDGET_S", "230"))  # timing configs past this many seconds are skipped
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))  # interleaved rounds of sdpa and the default launch
 LINES: list[str] = []
+# frozen revisions timed beside the live kernel, off and on (python bench/ab_snapshot.py NAME makes them)
+AB = {n: importlib.import_module(f"optwin_{n}.kernels.attention").attention
+      for n in os.environ.get("BENCH_AB", "").split(",") if n}
+LAUNCHES: dict[str, dict] = json.loads(os.environ.get("BENCH_LAUNCHES", "{}"))  # name: launch kwargs
 SMOKE = "--smoke" in sys.argv
 DEV = "cpu" if SMOKE else "cuda"
 
@@ -160,6 +176,11 @@ def timing(shape: tuple[int, int, int, int], quick_sweep: bool) -> None:
         fns = {"sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
                "off": lambda: attention(q, k, v, causal, sketch=False, out=y),
                "on": lambda: attention(q, k, v, causal, sketch=True, out=y)}
+        for name, kw in LAUNCHES.items():
+            fns[name] = lambda kw=kw: attention(q, k, v, causal, out=y, **{"sketch": True, **kw})
+        for name, fn_ab in AB.items():
+            fns[f"{name} off"] = lambda fn_ab=fn_ab: fn_ab(q, k, v, causal, sketch=False, out=y)
+            fns[f"{name} on"] = lambda fn_ab=fn_ab: fn_ab(q, k, v, causal, sketch=True, out=y)
         rounds = {n: [] for n in fns}
         for _ in range(1 if SMOKE else ROUNDS):
             for n, fn in fns.items():
@@ -170,6 +191,13 @@ def timing(shape: tuple[int, int, int, int], quick_sweep: bool) -> None:
         say(f"interleaved ({len(rounds['sdpa'])} rounds) causal={int(causal)}: sdpa {med['sdpa']:.3f} ms, ours "
             f"{med['off']:.3f} ms ({med['sdpa'] / med['off']:.2f}x sdpa's speed), with the sketch {med['on']:.3f} ms "
             f"({100 * (med['on'] / med['off'] - 1):+.1f}%)")
+        for n in list(fns)[3:]:  # the frozen revisions' "on" against their "off", the rest against ours
+            mine = n.endswith(" on") and n[:-3] + " off" in med
+            ref = med[n[:-3] + " off"] if mine else med["off"]
+            say(f"  {n}: {med[n]:.3f} ms ({100 * (med[n] / ref - 1):+.1f}% against {'its' if mine else 'our'} launch "
+                f"without the sketch; {med['sdpa'] / med[n]:.2f}x sdpa's speed)")
+    if "--quick-timing" in sys.argv:  # the interleaved rounds only
+        return
     say("\n| causal | BLOCK_M | BLOCK_N | warps | stages | sketch | ms | TFLOP/s | vs sdpa (time ratio) | note |")
     say("|---|---|---|---|---|---|---|---|---|---|")
     for causal in (False, True):
@@ -195,7 +223,7 @@ def timing(shape: tuple[int, int, int, int], quick_sweep: bool) -> None:
             say(f"| {int(causal)} | {cfg[0]} | {cfg[1]} | {cfg[2]} | {cfg[3]} | on | {t_on:.3f} | {fl / t_on / 1e9:.1f} | "
                 f"{t_on / base[causal]:.2f} | sketch cost {100 * (t_on / t_off - 1):+.1f}% (off re-timed {t_off:.3f}) |")
         # where the sketch's cost sits (default config): entropy in the loop, key/value pass after it
-        for parts, what in (((False, False), "q stats + atomics only"), ((True, False), "+ entropy"),
+        for parts, what in (((False, False), "q stats + record only"), ((True, False), "+ entropy"),
                             ((False, True), "+ k/v pass"), ((True, True), "full sketch")):
             t = bench_ms(lambda: attention(q, k, v, causal, sketch=True, out=y, _parts=parts))
             say(f"| {int(causal)} | {default[0]} | {default[1]} | {default[2]} | {default[3]} | {what} | {t:.3f} | "

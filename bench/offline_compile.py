@@ -3,6 +3,8 @@ compiler made of them: registers, spills, barriers, SASS instructions.
 
     python bench/offline_compile.py rmsnorm layernorm                  # bf16 4096x16384, shipped launch
     python bench/offline_compile.py layernorm --cfg '{"num_warps": 8, "maxnreg": 128}' --dtype float16
+    python bench/offline_compile.py attention --shape 4x32x4096x128 --cfg '{"causal": true}'  # B x H x S x D;
+        # cfg: causal, config ([BLOCK_M, BLOCK_N, num_warps, num_stages]), parts ([entropy, key/value stats])
 
 Each op's real launcher runs on CPU tensors of the shape (bench/gpu_kernels.py's `_sweep_launcher`)
 with the kernel call intercepted, so the compiled kernel gets the launcher's own arguments, constexprs
@@ -55,8 +57,42 @@ class _Captured(Exception):
         self.fn, self.args, self.kwargs = fn, args, kwargs
 
 
+def _intercepted(launch: Any) -> _Captured:
+    """The kernel call that `launch()` makes (the call is not run)."""
+
+    def intercept(self: JITFunction, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
+        raise _Captured(self, args, kwargs)
+
+    saved = JITFunction.run
+    JITFunction.run = intercept  # type: ignore[method-assign]
+    try:
+        launch()
+    except _Captured as call:
+        return call
+    finally:
+        JITFunction.run = saved  # type: ignore[method-assign]
+    raise RuntimeError("the launcher made no kernel call")
+
+
+def capture_attention(shape: tuple[int, ...], dtype: torch.dtype, cfg: dict[str, Any], sketch: bool) -> _Captured:
+    """The attention launcher's kernel call for CPU q = k = v of `shape` (B, H, S, D)."""
+    from optwin.kernels import attention as mod
+
+    q = torch.zeros(shape, dtype=dtype)
+    saved = mod.check_device
+    mod.check_device = lambda *t: None  # CPU tensors: the launcher only reads their shapes and strides
+    try:
+        return _intercepted(lambda: mod.attention(
+            q, q, q, bool(cfg.get("causal")), sketch=sketch, config=tuple(cfg["config"]) if "config" in cfg else None,
+            _parts=tuple(cfg.get("parts", (True, True)))))
+    finally:
+        mod.check_device = saved
+
+
 def capture(op: str, shape: tuple[int, ...], dtype: torch.dtype, cfg: dict[str, Any], sketch: bool) -> _Captured:
     """The kernel call op's launcher makes for CPU inputs of `shape` (the call is not run)."""
+    if op == "attention":
+        return capture_attention(shape, dtype, cfg, sketch)
     from gpu_kernels import OPS, _sweep_launcher
 
     from optwin.kernels.sketch_buffer import new_buffer
@@ -65,12 +101,6 @@ def capture(op: str, shape: tuple[int, ...], dtype: torch.dtype, cfg: dict[str, 
     x2 = {k: (v.reshape(-1, v.shape[-1]) if k == "x" and op != "rope" else v) for k, v in inp.items()}
     y = torch.empty_like(x2["x"])
     launch = _sweep_launcher(op, x2, params, y, cfg)
-
-    def intercept(self: JITFunction, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
-        raise _Captured(self, args, kwargs)
-
-    saved = JITFunction.run
-    JITFunction.run = intercept  # type: ignore[method-assign]
     # CPU tensors get no L2 prefetch (_common.prefetch_bytes); a `prefetch` override compiles it as on sm_90
     from optwin.kernels import _common
 
@@ -79,13 +109,9 @@ def capture(op: str, shape: tuple[int, ...], dtype: torch.dtype, cfg: dict[str, 
         _common.prefetch_bytes = lambda x: _common.bulk_row_bytes(  # the rule, without the GPU test
             x.data_ptr(), x.stride(0) * x.element_size(), x.shape[1] * x.element_size())
     try:
-        launch(new_buffer(op, "cpu") if sketch else None)
-    except _Captured as call:
-        return call
+        return _intercepted(lambda: launch(new_buffer(op, "cpu") if sketch else None))
     finally:
-        JITFunction.run = saved  # type: ignore[method-assign]
         _common.prefetch_bytes = saved_pf
-    raise RuntimeError(f"{op}: the launcher made no kernel call")
 
 
 def compile_call(call: _Captured) -> Any:
@@ -159,8 +185,8 @@ def report(op: str, shape: tuple[int, ...], dtype: torch.dtype, cfg: dict[str, A
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("ops", nargs="+", choices=["rmsnorm", "layernorm", "softmax", "rope"])
-    ap.add_argument("--shape", default="4096x16384", help="rows x n (rope: seq x heads x d)")
+    ap.add_argument("ops", nargs="+", choices=["rmsnorm", "layernorm", "softmax", "rope", "attention"])
+    ap.add_argument("--shape", default="4096x16384", help="rows x n (rope: seq x heads x d; attention: B x H x S x D)")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--cfg", default="{}", help="launch overrides as JSON, e.g. '{\"num_warps\": 8}'")
     ap.add_argument("--sketch", default="both", choices=["both", "yes", "no"], help="which launches to compile")

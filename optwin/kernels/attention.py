@@ -55,26 +55,26 @@ import triton.language as tl
 
 from optwin.catalog import DEFAULT_TOLERANCES
 from optwin.errors import InputError
-from optwin.kernels._common import (
-    FMAX,
-    INTERPRET,
-    check_device,
-    finite_lanes,
-    last_program,
-    read_slot,
-    reset_workspace,
-    store_common_features,
+from optwin.kernels._common import INTERPRET, check_device
+from optwin.kernels.attention_sketch import (
+    RECORD_POLL_ROWS,
+    RECORD_WORDS,
+    add_kv_tile,
+    empty_kv_rows,
+    finish_sketch,
+    kv_partials,
+    load_kv_tile,
+    query_partials,
+    row_partials,
+    store_record,
 )
-from optwin.kernels.sketch_buffer import WORKSPACE, feature_names, new_buffer, workspace
+from optwin.kernels.sketch_buffer import feature_names, new_buffer, row_records
 from optwin.twin.attention import triton_block_n, triton_qk_scale
 
 assert feature_names("attention") == (
     "numel", "rows", "absmax", "rms", "nonfinite", "batch", "heads", "seq_q", "seq_k", "d", "causal",
     "score_bound", "v_absmax", "peaked_frac", "max_score")
-assert [n for n, _ in WORKSPACE["attention"][0]] == ["absmax", "sumsq", "v_absmax", "q_norm2", "k_norm2", "max_score"]
-assert WORKSPACE["attention"][1] == ("ticket", "nonfinite_qk", "nonfinite_v", "peaked_rows", "finite_rows")
 
-LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 LAST_COMPILED: list = [None]  # the last launch's compiled kernel (the bench reads its registers)
 
@@ -161,16 +161,36 @@ def key_blocks(mb, seq_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: 
 def _attention_kernel(
     Q, K, V, Y,  # (B, H, S, D) each, last dim contiguous; Y contiguous in q's dtype
     S_ptr,  # sketch features, float64; unused unless SKETCH
-    F_ptr,  # workspace float64 slots (absmax, sumsq, v_absmax, max row ||q||^2, max row ||k||^2, max score)
-    I_ptr,  # workspace int64 slots (ticket, nonfinite q+k, nonfinite v, peaked rows, finite rows)
+    R_ptr,  # program records, int64 (>= programs * RECORD_WORDS), all -1 (sketch_buffer.row_records)
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, syb, syh, sys,
     n_batch, n_heads, seq_q, seq_k, n_m,  # n_m = cdiv(seq_q, BLOCK_M)
     qk_scale,  # fp32 log2(e)/sqrt(d)
     entropy_nats,  # fp32 low-entropy threshold
     D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     SKETCH: tl.constexpr, IEEE: tl.constexpr, ENTROPY: tl.constexpr, KV_STATS: tl.constexpr,
+    KV_AHEAD: tl.constexpr,  # key/value tiles of the sketch's share loaded before y's store (1 or 2)
+    POLL: tl.constexpr,  # records the finisher reads at once
     HEAD_MAJOR: tl.constexpr = True,  # program order (speed only; False: stop 23's order, for the bench)
 ):
+    pid = tl.program_id(0)
+    n_prog = n_m * n_batch * n_heads
+    if SKETCH and pid == n_prog:  # the grid's last program: the sketch's finisher
+        finish_sketch(R_ptr, S_ptr, n_prog, n_batch, n_heads, seq_q, seq_k, qk_scale, D, CAUSAL, POLL)
+    else:
+        _query_block(Q, K, V, Y, R_ptr, sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, syb, syh, sys,
+                     n_batch, n_heads, seq_q, seq_k, n_m, qk_scale, entropy_nats, D, BLOCK_M, BLOCK_N, CAUSAL,
+                     SKETCH, IEEE, ENTROPY, KV_STATS, KV_AHEAD, HEAD_MAJOR)
+
+
+@triton.jit
+def _query_block(
+    Q, K, V, Y, R_ptr, sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, syb, syh, sys,
+    n_batch, n_heads, seq_q, seq_k, n_m, qk_scale, entropy_nats,
+    D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    SKETCH: tl.constexpr, IEEE: tl.constexpr, ENTROPY: tl.constexpr, KV_STATS: tl.constexpr,
+    KV_AHEAD: tl.constexpr, HEAD_MAJOR: tl.constexpr,
+):
+    """One program's query block: the forward, then (SKETCH) its partials into its record."""
     pid = tl.program_id(0)
     n_bh = n_batch * n_heads
     if HEAD_MAJOR:  # a head's query blocks run side by side: its keys and values are read from the L2
@@ -203,84 +223,31 @@ def _attention_kernel(
     for start_n in range(lo, hi, BLOCK_N):
         acc, l_i, m_i, t_i = _key_block(acc, l_i, m_i, t_i, q, K_blk, V_blk, sks, svs, start_n, offs_m, offs_n,
                                         offs_d, seq_k, qk_scale, True, CAUSAL, ENTROPY, IEEE)
+    if SKETCH and KV_STATS:
+        # the program's share of key/value tiles, j = mb, mb + n_m, ... (every tile of a head exactly once,
+        # L2 hits): the first KV_AHEAD tiles are loaded here, so their latency passes during y's store
+        kk0, vv0, kvm0 = load_kv_tile(K_blk, V_blk, sks, svs, mb, offs_n, offs_d, seq_k, D, BLOCK_N)
+        if KV_AHEAD == 2:
+            kk1, vv1, kvm1 = load_kv_tile(K_blk, V_blk, sks, svs, mb + n_m, offs_n, offs_d, seq_k, D, BLOCK_N)
     y = acc / l_i[:, None]
     Y_blk = Y + b * syb + h * syh
     tl.store(Y_blk + offs_m[:, None].to(tl.int64) * sys + offs_d[None, :], _cast(y, Y.dtype.element_ty),
              mask=row_ok[:, None])
 
     if SKETCH:
-        # rows: entropy in nats from the online sums (finite l and t only)
-        ent = tl.log(l_i) - LN2 * t_i / l_i
-        fin_row = row_ok & (l_i <= FMAX) & (tl.abs(t_i) <= FMAX)  # NaN fails
-        n_fin = tl.sum(fin_row.to(tl.int32), 0).to(tl.int64)
-        n_peak = tl.sum((fin_row & (ent < entropy_nats)).to(tl.int32), 0).to(tl.int64)
-        # largest scaled score of the tile's rows: m (finite rows only; NaN fails both tests)
-        p_mmax = tl.max(tl.where(row_ok & (m_i <= FMAX) & (m_i >= -FMAX), m_i, -float("inf")), 0)
-        # this program's query tile (padding rows are 0 and outside the mask)
-        qmask = row_ok[:, None] & (offs_d[None, :] < D)
-        a, a2, nf = finite_lanes(q.to(tl.float32), qmask)
-        rn2 = tl.sum(a2, 1)  # (BLOCK_M,) fp32 row ||q||^2 over finite entries
-        p_amax = tl.max(tl.max(a, 1), 0)
-        p_sq = tl.sum(rn2.to(tl.float64), 0)
-        p_qn2 = tl.max(rn2, 0)
-        p_nf = tl.sum(tl.sum(nf, 1), 0).to(tl.int64)
-        # this program's share of key/value tiles: j = mb, mb + n_m, ...
-        p_kn2 = tl.zeros((), dtype=tl.float32)
-        p_vmax = tl.zeros((), dtype=tl.float32)
-        p_vnf = tl.zeros((), dtype=tl.int64)
+        p_fin, p_peak, p_mmax = row_partials(l_i, t_i, m_i, row_ok, entropy_nats)
+        p_amax, p_sq, p_qn2, p_nf = query_partials(q, row_ok, offs_d, D)
+        k_a, k_sq, k_n2, k_nf, v_a, v_nf = empty_kv_rows(BLOCK_N)
         if KV_STATS:
-            n_kt = tl.cdiv(seq_k, BLOCK_N)
-            for j in range(mb, n_kt, n_m):
-                cols = j * BLOCK_N + offs_n
-                kvmask = (cols < seq_k)[:, None] & (offs_d[None, :] < D)
-                kk = tl.load(K_blk + cols[:, None].to(tl.int64) * sks + offs_d[None, :], mask=kvmask, other=0.0)
-                ka, ka2, knf = finite_lanes(kk.to(tl.float32), kvmask)
-                krn2 = tl.sum(ka2, 1)  # (BLOCK_N,)
-                p_amax = tl.maximum(p_amax, tl.max(tl.max(ka, 1), 0))
-                p_sq += tl.sum(krn2.to(tl.float64), 0)
-                p_kn2 = tl.maximum(p_kn2, tl.max(krn2, 0))
-                p_nf += tl.sum(tl.sum(knf, 1), 0).to(tl.int64)
-                vv = tl.load(V_blk + cols[:, None].to(tl.int64) * svs + offs_d[None, :], mask=kvmask, other=0.0)
-                va, _, vnf = finite_lanes(vv.to(tl.float32), kvmask)
-                p_vmax = tl.maximum(p_vmax, tl.max(tl.max(va, 1), 0))
-                p_vnf += tl.sum(tl.sum(vnf, 1), 0).to(tl.int64)
-        tl.atomic_max(F_ptr + 0, p_amax.to(tl.float64), sem="relaxed")
-        tl.atomic_add(F_ptr + 1, p_sq, sem="relaxed")
-        tl.atomic_max(F_ptr + 2, p_vmax.to(tl.float64), sem="relaxed")
-        tl.atomic_max(F_ptr + 3, p_qn2.to(tl.float64), sem="relaxed")
-        tl.atomic_max(F_ptr + 4, p_kn2.to(tl.float64), sem="relaxed")
-        tl.atomic_max(F_ptr + 5, p_mmax.to(tl.float64), sem="relaxed")
-        tl.atomic_add(I_ptr + 1, p_nf, sem="relaxed")
-        tl.atomic_add(I_ptr + 2, p_vnf, sem="relaxed")
-        tl.atomic_add(I_ptr + 3, n_peak, sem="relaxed")
-        tl.atomic_add(I_ptr + 4, n_fin, sem="relaxed")
-        if last_program(I_ptr):  # read back and reset the workspace, write the features
-            g_amax = read_slot(F_ptr + 0)
-            g_sq = read_slot(F_ptr + 1)
-            g_vmax = read_slot(F_ptr + 2)
-            g_qn2 = read_slot(F_ptr + 3)
-            g_kn2 = read_slot(F_ptr + 4)
-            g_mmax = read_slot(F_ptr + 5)
-            g_nf = read_slot(I_ptr + 1)
-            g_vnf = read_slot(I_ptr + 2)
-            g_peak = read_slot(I_ptr + 3)
-            g_fin = read_slot(I_ptr + 4)
-            reset_workspace(F_ptr, I_ptr)
-            rows = tl.cast(n_bh, tl.int64) * seq_q
-            numel_q = rows * D
-            numel_k = tl.cast(n_bh, tl.int64) * seq_k * D
-            store_common_features(S_ptr, numel_q, rows, g_amax, g_sq, numel_q + numel_k - g_nf, g_nf + g_vnf)
-            tl.store(S_ptr + 5, tl.cast(n_batch, tl.float64))
-            tl.store(S_ptr + 6, tl.cast(n_heads, tl.float64))
-            tl.store(S_ptr + 7, tl.cast(seq_q, tl.float64))
-            tl.store(S_ptr + 8, tl.cast(seq_k, tl.float64))
-            tl.store(S_ptr + 9, tl.full((), D, tl.float64))
-            tl.store(S_ptr + 10, tl.full((), 1.0 if CAUSAL else 0.0, tl.float64))
-            tl.store(S_ptr + 11, tl.sqrt(g_qn2) * tl.sqrt(g_kn2) / tl.sqrt(tl.full((), D, tl.float64)))
-            tl.store(S_ptr + 12, g_vmax)
-            tl.store(S_ptr + 13, g_peak.to(tl.float64) / tl.maximum(g_fin, 1).to(tl.float64))
-            # m is in log2 units, fp32(q.k) * qk_scale: back to the unscaled q.k (0 with no finite row)
-            tl.store(S_ptr + 14, tl.where(g_mmax > -FMAX, g_mmax / tl.cast(qk_scale, tl.float64), 0.0))
+            k_a, k_sq, k_n2, k_nf, v_a, v_nf = add_kv_tile(kk0, vv0, kvm0, k_a, k_sq, k_n2, k_nf, v_a, v_nf)
+            if KV_AHEAD == 2:
+                k_a, k_sq, k_n2, k_nf, v_a, v_nf = add_kv_tile(kk1, vv1, kvm1, k_a, k_sq, k_n2, k_nf, v_a, v_nf)
+            for j in range(mb + KV_AHEAD * n_m, tl.cdiv(seq_k, BLOCK_N), n_m):  # seq_k past KV_AHEAD tiles a program
+                kk, vv, kvm = load_kv_tile(K_blk, V_blk, sks, svs, j, offs_n, offs_d, seq_k, D, BLOCK_N)
+                k_a, k_sq, k_n2, k_nf, v_a, v_nf = add_kv_tile(kk, vv, kvm, k_a, k_sq, k_n2, k_nf, v_a, v_nf)
+        p_ka, p_ksq, p_kn2, p_knf, p_vmax, p_vnf = kv_partials(k_a, k_sq, k_n2, k_nf, v_a, v_nf)
+        store_record(R_ptr, pid, tl.maximum(p_amax, p_ka), p_vmax, p_qn2, p_kn2, p_mmax, p_sq + p_ksq,
+                     p_nf + p_knf, p_vnf, p_peak, p_fin)
 
 
 def default_config(dtype: torch.dtype, d: int) -> tuple[int, int, int, int]:
@@ -293,6 +260,12 @@ def default_config(dtype: torch.dtype, d: int) -> tuple[int, int, int, int]:
     if d >= 256:
         return 64, bn, 4, 2
     return 128, bn, 8, 3
+
+
+def kv_ahead(block_n: int, d: int, warps: int, elem_bytes: int) -> int:
+    """Key/value tiles of the sketch's share loaded before y's store: 2 where a thread's four tiles
+    take <= 64 registers (16-bit [64, 128] tiles at 8 warps: 64 bytes a tile), else 1."""
+    return 2 if block_n * d * elem_bytes // (32 * warps) <= 64 else 1
 
 
 def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -320,7 +293,7 @@ def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, sketch: bool = True, *,
     out: torch.Tensor | None = None, low_entropy_nats: float = DEFAULT_TOLERANCES.low_entropy_nats,
     config: tuple[int, int, int, int] | None = None, _parts: tuple[bool, bool] = (True, True),
-    _head_major: bool = True,
+    _head_major: bool = True, _kv_ahead: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(softmax(q k^T / sqrt(d)) v in q's dtype, sketch features or None), one launch.
 
@@ -329,7 +302,8 @@ def attention(
     default_config's is not the catalog variant's numerics. Read the features with
     optwin.kernels.read_sketch("attention", buf).
     `_parts` (bench only: the sketch is then incomplete): (entropy on, key/value statistics on), to
-    time the sketch's pieces.
+    time the sketch's pieces. `_head_major`, `_kv_ahead` (bench only): the program order, the key/value
+    tiles loaded before y's store (kv_ahead's choice by default); neither changes y or the sketch.
     """
     check_device(q, k, v)
     check_inputs(q, k, v)
@@ -348,15 +322,17 @@ def attention(
         return y, None
     if seq_q == 0 or seq_k == 0 or bsz * heads == 0:
         raise InputError(f"attention: empty inputs q {tuple(q.shape)}, k {tuple(k.shape)}")
-    f, i = workspace("attention", q.device) if sketch else (y, y)
     n_m = triton.cdiv(seq_q, bm)
+    n_prog = n_m * bsz * heads
+    rec = row_records("attention", q.device, n_prog, words=RECORD_WORDS, extra=1)[0] if sketch else y
     kwargs = {} if os.environ.get("TRITON_INTERPRET") == "1" else {"num_stages": stages}
-    k = _attention_kernel[(n_m * bsz * heads,)](
-        q, k, v, y, buf if sketch else y, f, i,
+    k = _attention_kernel[(n_prog + 1 if sketch else n_prog,)](
+        q, k, v, y, buf if sketch else y, rec,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *y.stride()[:3],
         bsz, heads, seq_q, seq_k, n_m, triton_qk_scale(d), float(low_entropy_nats),
         D=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=bool(causal), SKETCH=sketch, IEEE=q.dtype == torch.float32,
-        ENTROPY=sketch and _parts[0], KV_STATS=_parts[1], HEAD_MAJOR=_head_major, num_warps=warps, **kwargs,
+        ENTROPY=sketch and _parts[0], KV_STATS=_parts[1], KV_AHEAD=_kv_ahead or kv_ahead(bn, d, warps, q.element_size()),
+        POLL=RECORD_POLL_ROWS * warps, HEAD_MAJOR=_head_major, num_warps=warps, **kwargs,
     )
     LAST_COMPILED[0] = k
     return y, buf

@@ -50,11 +50,10 @@ WORKSPACE: dict[str, tuple[tuple[tuple[str, float], ...], tuple[str, ...]]] = {
         ("ticket", "nonfinite", "param_nonfinite"),
     ),
     "rope": ((("absmax", 0.0), ("sumsq", 0.0), ("max_pos", 0.0)), ("ticket", "nonfinite")),
-    "attention": (
-        (("absmax", 0.0), ("sumsq", 0.0), ("v_absmax", 0.0), ("q_norm2", 0.0), ("k_norm2", 0.0), ("max_score", -INF)),
-        ("ticket", "nonfinite_qk", "nonfinite_v", "peaked_rows", "finite_rows"),
-    ),
 }
+# Ops whose kernel publishes through program records only (no workspace): attention's programs, one per SM,
+# each store a record that the grid's last program reduces (optwin.kernels.attention_sketch).
+RECORD_OPS = ("attention",)
 
 # Slots of each kind in every op's workspace (its own, then unused ones), and the offset of the float
 # identities: _common.reset_workspace copies and zeroes this many without knowing the op.
@@ -75,8 +74,8 @@ def feature_names(op: str) -> tuple[str, ...]:
     from optwin.ingest.sketch import SKETCH_FEATURES  # torch + catalog only
 
     operator(op)
-    if op not in WORKSPACE:
-        raise InputError(f"{op}: no Triton sketch kernel; expected one of {', '.join(WORKSPACE)}")
+    if op not in WORKSPACE and op not in RECORD_OPS:
+        raise InputError(f"{op}: no Triton sketch kernel; expected one of {', '.join((*WORKSPACE, *RECORD_OPS))}")
     return SKETCH_FEATURES[op]
 
 
