@@ -173,13 +173,15 @@ def report(op: str, shape: tuple[int, ...], dtype: torch.dtype, cfg: dict[str, A
     """One row: the kernel, its launch and what ptxas made of it (vector_loads: the PTX has 16-byte
     global loads, i.e. the alignment specialization took)."""
     call = capture(op, shape, dtype, cfg, sketch)
-    ptx = compile_call(call).asm["ptx"]
+    compiled = compile_call(call)
+    ptx = compiled.asm["ptx"]
     launch = {k: v for k, v in call.kwargs.items() if k in OPTIONS or k == "STAGES"}
     sass_file = None
     if sass_dir is not None:
         sass_dir.mkdir(parents=True, exist_ok=True)
         sass_file = sass_dir / f"{op}_{'sketch' if sketch else 'plain'}.sass"
     return {"op": op, "kernel": call.fn.__name__, "sketch": sketch, **launch, **ptxas_report(ptx, sass_file),
+            "shared": int(compiled.metadata.shared),
             "vector_loads": bool(re.search(r"ld\.global[.\w:]*\.v4\.b32", ptx))}
 
 
@@ -202,14 +204,15 @@ def main() -> None:
                 print(json.dumps(report(op, shape, getattr(torch, args.dtype), cfg, sketch, args.sass)))
         return
     print(f"triton {triton.__version__}, sm_90a, {args.dtype} {args.shape}, cfg {cfg or 'the shipped launch'}\n")
-    print("| op | kernel | sketch | num_warps | stages | maxnreg | registers | spill bytes (st/ld) | bar.sync (PTX) | SASS |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| op | kernel | sketch | num_warps | stages | maxnreg | registers | spill bytes (st/ld) | shared bytes | "
+          "bar.sync (PTX) | SASS |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for op in args.ops:
         for sketch in sketches:
             r = report(op, shape, getattr(torch, args.dtype), cfg, sketch, args.sass)
             print(f"| {op} | {r['kernel']} | {'yes' if sketch else 'no'} | {r.get('num_warps', '-')} | "
                   f"{r.get('STAGES', '-')} | {r.get('maxnreg') or '-'} | {r['registers']} | "
-                  f"{r['spill_stores']}/{r['spill_loads']} | {r['bar_sync_ptx']} | {r['sass_instructions']} |")
+                  f"{r['spill_stores']}/{r['spill_loads']} | {r['shared']} | {r['bar_sync_ptx']} | {r['sass_instructions']} |")
 
 
 if __name__ == "__main__":

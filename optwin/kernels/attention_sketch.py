@@ -36,7 +36,7 @@ LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
 # (largest scaled score, 0), (sum of squares as float64 hi, lo), (NaN/±inf in q and k, in v), (peaked
 # rows, rows with a finite softmax); two words of 0 (the poll reads a power of two of words per row).
 RECORD_WORDS: tl.constexpr = tl.constexpr(8)
-RECORD_POLL_ROWS = 64  # records the finisher reads per warp and poll: 16 words a thread
+RECORD_POLL_ROWS = 128  # records the finisher reads per warp and poll: 32 words a thread
 
 
 @triton.jit

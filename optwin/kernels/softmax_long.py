@@ -198,6 +198,12 @@ def _piece_out_kernel(
                            p_elig, n_rows, n_cols, n_pub, 1.0)
 
 
+# Registers a thread of the sketched launches (both kernels): uncapped, the first launch's sketch at 4 warps
+# held 152 (offline sm_90a), 3 programs per SM. H200, bf16 256x128256, µs with the sketch: 78.5 uncapped,
+# 74.7 at 96, 77.0 at 128; without the sketch 55.3 either way (bench/results/long_maxnreg_h200_s25.md)
+SKETCH_REG_CAP = 96
+
+
 def softmax_long_launch(x2: torch.Tensor, y2: torch.Tensor, buf: torch.Tensor | None, peak_nats: float,
                         num_warps: int | None = None, maxnreg: int | None = None, piece: int | None = None) -> None:
     """Rows of x2 longer than MAX_BLOCK into y2 (and the sketch into buf): two launches of a program
@@ -215,6 +221,8 @@ def softmax_long_launch(x2: torch.Tensor, y2: torch.Tensor, buf: torch.Tensor | 
     ms = torch.empty((2, held, pieces), dtype=torch.float32, device=x2.device)
     rec = torch.empty((RECORDS, held, pieces), dtype=torch.float64, device=x2.device) if sketch else ms
     f, i = workspace("softmax", x2.device) if sketch else (y2, y2)
+    if maxnreg is None and sketch:
+        maxnreg = SKETCH_REG_CAP
     extra = {"num_warps": warps, "enable_fp_fusion": False, **register_cap(maxnreg)}
     if n_rows:
         # FMA contraction only touches the sketch's products (t, squares): y's path has none
