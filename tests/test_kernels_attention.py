@@ -171,6 +171,44 @@ def test_peaked_frac_counts_low_entropy_rows():
     assert read_sketch("attention", buf, q.shape)["peaked_frac"] == 1.0
 
 
+def test_peaked_frac_over_sampled_query_blocks():
+    """Above ENTROPY_ROWS rows the sketch sums the entropies of every ent_stride-th query block, by
+    (block + head) so each head samples other positions: peaked_frac is then exact over those blocks'
+    rows, and every row still counts for max_score."""
+    from optwin.catalog import DEFAULT_TOLERANCES
+    from optwin.ingest.sketch import logit_row_entropy
+    from optwin.kernels.attention import default_config
+
+    g = _gen("sampled")
+    b, h, sq, sk, d = 1, 3, 300, 40, 16
+    q = torch.randn(b, h, sq, d, generator=g) * torch.linspace(0.1, 12.0, sq)[:, None]  # flat to peaked rows
+    inp = {"q": q.half(), "k": torch.randn(b, h, sk, d, generator=g).half(), "v": torch.rand(b, h, sk, d, generator=g).half()}
+    bm = default_config(torch.float16, d)[0]
+    for causal in (False, True):
+        full = read_sketch("attention", run(inp, causal, _entropy_stride=1)[1], q.shape)
+        got = read_sketch("attention", run(inp, causal, _entropy_stride=2)[1], q.shape)
+        scores = inp["q"].double() @ inp["k"].double().transpose(-1, -2) / math.sqrt(d)  # (b, h, sq, sk)
+        if causal:
+            scores = scores.masked_fill(torch.ones(sq, sk, dtype=torch.bool).triu(1), -math.inf)
+        ent, elig = logit_row_entropy(scores.reshape(-1, sk))
+        blocks = torch.arange(sq) // bm
+        sampled = ((blocks[None, :] + torch.arange(h)[:, None]) % 2 == 0).reshape(-1)  # (h * sq,), b = 1
+        assert 0 < int(sampled.sum()) < h * sq
+        peaked = elig & (ent < DEFAULT_TOLERANCES.low_entropy_nats)
+        want = float(peaked[sampled].sum()) / float(elig[sampled].sum())
+        assert got["peaked_frac"] == pytest.approx(want, abs=1.5 / float(elig[sampled].sum()))
+        assert 0.05 < want < 0.95 and got["peaked_frac"] != full["peaked_frac"]  # the sample is not every row
+        assert {n: v for n, v in got.items() if n != "peaked_frac"} == {n: v for n, v in full.items() if n != "peaked_frac"}
+
+
+def test_entropy_stride_keeps_enough_rows():
+    from optwin.kernels.attention import ENTROPY_ROWS, entropy_stride
+
+    assert entropy_stride(2 * 8 * 1000, 8) == 1  # small launches: every row
+    assert entropy_stride(4 * 32 * 4096, 32) == 8 and 4 * 32 * 4096 // 8 >= ENTROPY_ROWS
+    assert entropy_stride(1 << 30, 4) == 4  # at most a head's query blocks: every head keeps one
+
+
 def test_workspace_is_reset_between_launches():
     inp = qkv((1, 3, 33, 33, 16), "float16", _gen("reset"))
     s1 = read_sketch("attention", run(inp, True)[1], inp["q"].shape)

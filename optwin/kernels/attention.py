@@ -93,7 +93,7 @@ def _cast(x, dtype: tl.constexpr):
 
 @triton.jit
 def _key_block(acc, l_i, m_i, t_i, q, K_blk, V_blk, sks, svs, start_n, offs_m, offs_n, offs_d, seq_k, qk_scale,
-               MASKED: tl.constexpr, CAUSAL: tl.constexpr, SKETCH: tl.constexpr, IEEE: tl.constexpr):
+               sampled, MASKED: tl.constexpr, CAUSAL: tl.constexpr, SKETCH: tl.constexpr, IEEE: tl.constexpr):
     """One key block [start_n, start_n + BLOCK_N): the online-softmax step. MASKED blocks (the causal
     diagonal, the ragged tail) mask keys by -inf; the others load and compute without masks."""
     cols = start_n + offs_n  # (BLOCK_N,)
@@ -119,11 +119,12 @@ def _key_block(acc, l_i, m_i, t_i, q, K_blk, V_blk, sks, svs, start_n, offs_m, o
     dx = x - m_new[:, None]  # (BLOCK_M, BLOCK_N) <= 0; -inf where masked
     p = tl.math.exp2(dx)
     alpha = tl.math.exp2(m_i - m_new)  # 0 on the first block (m_i = -inf)
-    if SKETCH:  # t = sum p*(x - m), rescaled to the new max like l; l = 0 before the first block
-        pd = p * dx
-        if MASKED:
-            pd = tl.where(keep, pd, 0.0)  # 0 * -inf
-        t_i = alpha * (t_i + tl.where(l_i > 0, l_i * (m_i - m_new), 0.0)) + tl.sum(pd, 1)
+    if SKETCH:  # noqa: SIM102 - a constexpr branch
+        if sampled:  # t = sum p*(x - m), rescaled to the new max like l; l = 0 before the first block
+            pd = p * dx
+            if MASKED:
+                pd = tl.where(keep, pd, 0.0)  # 0 * -inf
+            t_i = alpha * (t_i + tl.where(l_i > 0, l_i * (m_i - m_new), 0.0)) + tl.sum(pd, 1)
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
     if MASKED:
@@ -166,6 +167,7 @@ def _attention_kernel(
     n_batch, n_heads, seq_q, seq_k, n_m,  # n_m = cdiv(seq_q, BLOCK_M)
     qk_scale,  # fp32 log2(e)/sqrt(d)
     entropy_nats,  # fp32 low-entropy threshold
+    ent_stride,  # the query blocks whose rows' entropies the sketch sums: (mb + bh) % ent_stride == 0
     D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     SKETCH: tl.constexpr, IEEE: tl.constexpr, ENTROPY: tl.constexpr, KV_STATS: tl.constexpr,
     KV_AHEAD: tl.constexpr,  # key/value tiles of the sketch's share loaded before y's store (1 or 2)
@@ -178,14 +180,14 @@ def _attention_kernel(
         finish_sketch(R_ptr, S_ptr, n_prog, n_batch, n_heads, seq_q, seq_k, qk_scale, D, CAUSAL, POLL)
     else:
         _query_block(Q, K, V, Y, R_ptr, sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, syb, syh, sys,
-                     n_batch, n_heads, seq_q, seq_k, n_m, qk_scale, entropy_nats, D, BLOCK_M, BLOCK_N, CAUSAL,
+                     n_batch, n_heads, seq_q, seq_k, n_m, qk_scale, entropy_nats, ent_stride, D, BLOCK_M, BLOCK_N, CAUSAL,
                      SKETCH, IEEE, ENTROPY, KV_STATS, KV_AHEAD, HEAD_MAJOR)
 
 
 @triton.jit
 def _query_block(
     Q, K, V, Y, R_ptr, sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, syb, syh, sys,
-    n_batch, n_heads, seq_q, seq_k, n_m, qk_scale, entropy_nats,
+    n_batch, n_heads, seq_q, seq_k, n_m, qk_scale, entropy_nats, ent_stride,
     D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     SKETCH: tl.constexpr, IEEE: tl.constexpr, ENTROPY: tl.constexpr, KV_STATS: tl.constexpr,
     KV_AHEAD: tl.constexpr, HEAD_MAJOR: tl.constexpr,
@@ -217,32 +219,44 @@ def _query_block(
     t_i = tl.zeros((BLOCK_M,), dtype=tl.float32)  # sketch only (dead code without it)
     acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
     lo, hi = key_blocks(mb, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
+    # the entropy sums of a sample of the query blocks (every block where ent_stride is 1): each head samples
+    # other block positions, so the sample covers every position alike
+    sampled = (mb + bh) % ent_stride == 0
     for start_n in range(0, lo, BLOCK_N):
         acc, l_i, m_i, t_i = _key_block(acc, l_i, m_i, t_i, q, K_blk, V_blk, sks, svs, start_n, offs_m, offs_n,
-                                        offs_d, seq_k, qk_scale, False, CAUSAL, ENTROPY, IEEE)
+                                        offs_d, seq_k, qk_scale, sampled, False, CAUSAL, ENTROPY, IEEE)
     for start_n in range(lo, hi, BLOCK_N):
         acc, l_i, m_i, t_i = _key_block(acc, l_i, m_i, t_i, q, K_blk, V_blk, sks, svs, start_n, offs_m, offs_n,
-                                        offs_d, seq_k, qk_scale, True, CAUSAL, ENTROPY, IEEE)
+                                        offs_d, seq_k, qk_scale, sampled, True, CAUSAL, ENTROPY, IEEE)
     if SKETCH and KV_STATS:
-        # the program's share of key/value tiles, j = mb, mb + n_m, ... (every tile of a head exactly once,
-        # L2 hits): the first KV_AHEAD tiles are loaded here, so their latency passes during y's store
-        kk0, vv0, kvm0 = load_kv_tile(K_blk, V_blk, sks, svs, mb, offs_n, offs_d, seq_k, D, BLOCK_N)
+        # the program's share of the key/value tiles: those starting inside its own query range [mb*BM,
+        # (mb+1)*BM), which its loop read last, causal or not (L2 hits), then round robin the tiles past
+        # every program's range (seq_k > seq_q); every tile of a head exactly once. The first KV_AHEAD are
+        # loaded here, so their latency passes during y's store
+        n_kt = tl.cdiv(seq_k, BLOCK_N)
+        j_lo = tl.cdiv(mb * BLOCK_M, BLOCK_N)
+        j_hi = tl.minimum(tl.cdiv((mb + 1) * BLOCK_M, BLOCK_N), n_kt)
+        k_end = tl.minimum(j_hi * BLOCK_N, seq_k)  # keys past it are other programs' (all masked if j_hi <= j_lo)
+        kk0, vv0, kvm0 = load_kv_tile(K_blk, V_blk, sks, svs, j_lo, offs_n, offs_d, k_end, D, BLOCK_N)
         if KV_AHEAD == 2:
-            kk1, vv1, kvm1 = load_kv_tile(K_blk, V_blk, sks, svs, mb + n_m, offs_n, offs_d, seq_k, D, BLOCK_N)
+            kk1, vv1, kvm1 = load_kv_tile(K_blk, V_blk, sks, svs, j_lo + 1, offs_n, offs_d, k_end, D, BLOCK_N)
     y = acc / l_i[:, None]
     Y_blk = Y + b * syb + h * syh
     tl.store(Y_blk + offs_m[:, None].to(tl.int64) * sys + offs_d[None, :], _cast(y, Y.dtype.element_ty),
              mask=row_ok[:, None])
 
     if SKETCH:
-        p_fin, p_peak, p_mmax = row_partials(l_i, t_i, m_i, row_ok, entropy_nats)
+        p_fin, p_peak, p_mmax = row_partials(l_i, t_i, m_i, row_ok, sampled, entropy_nats)
         p_amax, p_sq, p_qn2, p_nf = query_partials(q, row_ok, offs_d, D)
         k_a, k_sq, k_n2, k_nf, v_a, v_nf = empty_kv_rows(BLOCK_N)
         if KV_STATS:
             k_a, k_sq, k_n2, k_nf, v_a, v_nf = add_kv_tile(kk0, vv0, kvm0, k_a, k_sq, k_n2, k_nf, v_a, v_nf)
             if KV_AHEAD == 2:
                 k_a, k_sq, k_n2, k_nf, v_a, v_nf = add_kv_tile(kk1, vv1, kvm1, k_a, k_sq, k_n2, k_nf, v_a, v_nf)
-            for j in range(mb + KV_AHEAD * n_m, tl.cdiv(seq_k, BLOCK_N), n_m):  # seq_k past KV_AHEAD tiles a program
+            for j in range(j_lo + KV_AHEAD, j_hi):  # BLOCK_M / BLOCK_N > KV_AHEAD
+                kk, vv, kvm = load_kv_tile(K_blk, V_blk, sks, svs, j, offs_n, offs_d, seq_k, D, BLOCK_N)
+                k_a, k_sq, k_n2, k_nf, v_a, v_nf = add_kv_tile(kk, vv, kvm, k_a, k_sq, k_n2, k_nf, v_a, v_nf)
+            for j in range(tl.cdiv(n_m * BLOCK_M, BLOCK_N) + mb, n_kt, n_m):  # past every program's range
                 kk, vv, kvm = load_kv_tile(K_blk, V_blk, sks, svs, j, offs_n, offs_d, seq_k, D, BLOCK_N)
                 k_a, k_sq, k_n2, k_nf, v_a, v_nf = add_kv_tile(kk, vv, kvm, k_a, k_sq, k_n2, k_nf, v_a, v_nf)
         p_ka, p_ksq, p_kn2, p_knf, p_vmax, p_vnf = kv_partials(k_a, k_sq, k_n2, k_nf, v_a, v_nf)
@@ -260,6 +274,23 @@ def default_config(dtype: torch.dtype, d: int) -> tuple[int, int, int, int]:
     if d >= 256:
         return 64, bn, 4, 2
     return 128, bn, 8, 3
+
+
+# Query rows whose entropies the sketch sums, at least: above it, a sample of the query blocks (peaked_frac
+# over the sample). optwin.ingest forms the scores of at most 2^22 elements (a strided row sample: 8 rows of
+# each head at [4, 32, 4096, 128]); the kernel's sample holds 2^16 rows or more. The entropy sum costs the
+# key loop a multiply-add per score: H200, [4, 32, 4096, 128] bf16, ... (bench/results/attention_ab_h200_s25c.md)
+ENTROPY_ROWS = 1 << 16
+
+
+def entropy_stride(rows: int, n_m: int) -> int:
+    """Every ent_stride-th query block (by (mb + bh) % ent_stride) sums its rows' entropies: the largest
+    power of two that keeps >= ENTROPY_ROWS rows, 1 (every block) for launches of fewer, and at most the
+    query blocks of a head (n_m), so every head keeps one."""
+    stride = 1
+    while rows // (2 * stride) >= ENTROPY_ROWS and 2 * stride <= n_m:
+        stride *= 2
+    return stride
 
 
 def kv_ahead(block_n: int, d: int, warps: int, elem_bytes: int) -> int:
@@ -293,7 +324,7 @@ def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, sketch: bool = True, *,
     out: torch.Tensor | None = None, low_entropy_nats: float = DEFAULT_TOLERANCES.low_entropy_nats,
     config: tuple[int, int, int, int] | None = None, _parts: tuple[bool, bool] = (True, True),
-    _head_major: bool = True, _kv_ahead: int | None = None,
+    _head_major: bool = True, _kv_ahead: int | None = None, _entropy_stride: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(softmax(q k^T / sqrt(d)) v in q's dtype, sketch features or None), one launch.
 
@@ -330,6 +361,7 @@ def attention(
         q, k, v, y, buf if sketch else y, rec,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *y.stride()[:3],
         bsz, heads, seq_q, seq_k, n_m, triton_qk_scale(d), float(low_entropy_nats),
+        _entropy_stride or entropy_stride(bsz * heads * seq_q, n_m),
         D=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=bool(causal), SKETCH=sketch, IEEE=q.dtype == torch.float32,
         ENTROPY=sketch and _parts[0], KV_STATS=_parts[1], KV_AHEAD=_kv_ahead or kv_ahead(bn, d, warps, q.element_size()),
         POLL=RECORD_POLL_ROWS * warps, HEAD_MAJOR=_head_major, num_warps=warps, **kwargs,

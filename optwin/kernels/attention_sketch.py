@@ -69,12 +69,13 @@ def query_partials(q, row_ok, offs_d, D: tl.constexpr):
 
 
 @triton.jit
-def row_partials(l_i, t_i, m_i, row_ok, entropy_nats):
+def row_partials(l_i, t_i, m_i, row_ok, sampled, entropy_nats):
     """(rows with a finite softmax, those peaked, largest m) of a program's rows from the online sums:
     entropy H = ln l - ln2 * t / l in nats, peaked below entropy_nats; finite l and t only (NaN fails
-    both tests). m is the row's largest scaled score (finite rows only). One tree."""
+    both tests), and the program's rows only where it summed t (sampled). m is the row's largest scaled
+    score (finite rows only), every program's. One tree."""
     ent = tl.log(l_i) - LN2 * t_i / l_i
-    fin_row = row_ok & (l_i <= FMAX) & (tl.abs(t_i) <= FMAX)
+    fin_row = row_ok & (l_i <= FMAX) & (tl.abs(t_i) <= FMAX) & sampled
     n_fin = fin_row.to(tl.int32)
     n_peak = (fin_row & (ent < entropy_nats)).to(tl.int32)
     m_fin = tl.where(row_ok & (m_i <= FMAX) & (m_i >= -FMAX), m_i, -float("inf"))
@@ -85,10 +86,10 @@ def row_partials(l_i, t_i, m_i, row_ok, entropy_nats):
 
 
 @triton.jit
-def load_kv_tile(K_blk, V_blk, sks, svs, j, offs_n, offs_d, seq_k, D: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Key tile j and value tile j ([BLOCK_N, D] each; keys past seq_k read as 0) and their mask."""
+def load_kv_tile(K_blk, V_blk, sks, svs, j, offs_n, offs_d, k_end, D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Key tile j and value tile j ([BLOCK_N, D] each; keys from k_end on read as 0) and their mask."""
     cols = j * BLOCK_N + offs_n
-    kvmask = (cols < seq_k)[:, None] & (offs_d[None, :] < D)
+    kvmask = (cols < k_end)[:, None] & (offs_d[None, :] < D)
     kk = tl.load(K_blk + cols[:, None].to(tl.int64) * sks + offs_d[None, :], mask=kvmask, other=0.0)
     vv = tl.load(V_blk + cols[:, None].to(tl.int64) * svs + offs_d[None, :], mask=kvmask, other=0.0)
     return kk, vv, kvmask
