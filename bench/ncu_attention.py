@@ -1,0 +1,107 @@
+r"""Our flash attention launched once without and once with the sketch inside a profiler range, for Nsight
+Compute's per-instruction counters: where in the kernel the warps stall (the key loop, y's store, the
+sketch's tail), which the timing variants of bench/gpu_attention.py can only guess at.
+
+    ncu --clock-control none --profile-from-start off --section SourceCounters --section WarpStateStats \
+        --page source --print-source sass --csv --log-file $OUT/ncu_attn.csv python bench/ncu_attention.py
+    BENCH_CAUSAL=1 ncu ...                                   # the causal launches ([4, 32, 4096, 128] bf16)
+    python bench/ncu_attention.py --where ncu_attn.csv      # anywhere: stall samples by region and opcode
+    TRITON_INTERPRET=1 python bench/ncu_attention.py --smoke   # CPU dry run of the launches
+
+Regions of the SASS, in address order: up to the first loop's back edge ("key loop" ends at the last
+backward branch before y's stores), y's store, and what follows it (the sketch's tail, the finisher).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for `optwin`
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # bench/
+
+from ncu_kernels import _num  # noqa: E402
+
+
+def _sections(path: str) -> list[tuple[str, list[dict[str, str]]]]:
+    sections: list[tuple[str, list[dict[str, str]]]] = []
+    head: list[str] = []
+    with open(path, newline="") as f:
+        for r in csv.reader(ln for ln in f if ln.startswith('"')):
+            if r[0] == "Kernel Name":
+                sections.append((r[1], []))
+            elif r[0] == "Address":
+                head = r
+            elif sections:
+                sections[-1][1].append(dict(zip(head, r)))
+    return sections
+
+
+def _opcode(source: str) -> str:
+    words = source.split()
+    return (words[1] if words[0].startswith("@") and len(words) > 1 else words[0]) if words else "?"
+
+
+def where(path: str, top: int = 25) -> str:
+    """Per launch: stall samples and executed warp instructions in three regions (before y's first
+    128-bit store, y's stores, after them), and the `top` instructions by stall samples, in address order."""
+    out = []
+    for i, (name, rows) in enumerate(_sections(path)):
+        samples = [_num(r["Warp Stall Sampling (All Samples)"]) for r in rows]
+        executed = [_num(r["Instructions Executed"]) for r in rows]
+        total = sum(samples) or 1.0
+        ops = [_opcode(r["Source"]) for r in rows]
+        stores = [k for k, op in enumerate(ops) if op.startswith("STG.E.128")]
+        first, last = (stores[0], stores[-1]) if stores else (len(rows), len(rows))
+        regions = {"before y's store": range(0, first), "y's store": range(first, last + 1),
+                   "after it": range(last + 1, len(rows))}
+        out.append(f"## {i}: {name[:90]}\n")
+        out.append(f"stall samples {total:.0f}, warp instructions executed {sum(executed):.3g}\n")
+        out.append("| region | stall samples | share | warp instructions |\n|---|---:|---:|---:|")
+        for label, idx in regions.items():
+            s = sum(samples[k] for k in idx)
+            out.append(f"| {label} | {s:.0f} | {100 * s / total:.1f}% | {sum(executed[k] for k in idx):.3g} |")
+        out.append("\n| address | region | opcode | stall share | executed |\n|---|---|---|---:|---:|")
+        for k in sorted(sorted(range(len(rows)), key=lambda k: -samples[k])[:top]):
+            region = next(label for label, idx in regions.items() if k in idx)
+            out.append(f"| {rows[k]['Address']} | {region} | {rows[k]['Source'][:60]} | "
+                       f"{100 * samples[k] / total:.2f}% | {executed[k]:.3g} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def main() -> None:
+    import torch
+
+    from optwin.kernels.attention import attention
+
+    smoke = "--smoke" in sys.argv
+    dev = "cpu" if smoke else "cuda"
+    b, h, s, d = (1, 2, 130, 64) if smoke else (4, 32, 4096, 128)
+    causal = os.environ.get("BENCH_CAUSAL") == "1"
+    g = torch.Generator(device=dev).manual_seed(7)
+    q, k, v = (torch.randn(b, h, s, d, device=dev, generator=g).to(torch.bfloat16) for _ in range(3))
+    y = torch.empty_like(q)
+    launches = [("off", lambda: attention(q, k, v, causal, sketch=False, out=y)),
+                ("on", lambda: attention(q, k, v, causal, sketch=True, out=y))]
+    for _, fn in launches:  # compile and warm up outside the range
+        fn()
+        fn()
+    if dev == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStart()
+    for label, fn in launches:
+        print(f"launch: attention {label}, causal={int(causal)}, [{b}, {h}, {s}, {d}] bf16", flush=True)
+        fn()
+    if dev == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStop()
+
+
+if __name__ == "__main__":
+    if "--where" in sys.argv:
+        print(where(sys.argv[sys.argv.index("--where") + 1]))
+    else:
+        main()
