@@ -55,15 +55,17 @@ import triton.language as tl
 
 from optwin.catalog import DEFAULT_TOLERANCES
 from optwin.errors import InputError
-from optwin.kernels._common import INTERPRET, check_device
+from optwin.kernels._common import FMAX, INTERPRET, check_device
 from optwin.kernels.attention_sketch import (
     RECORD_POLL_ROWS,
     RECORD_WORDS,
-    add_kv_tile,
-    empty_kv_rows,
     finish_sketch,
-    kv_partials,
+    kv_exact,
+    kv_fast_add,
+    kv_fast_first,
+    kv_fast_partials,
     load_kv_tile,
+    query_fast,
     query_partials,
     row_partials,
     store_record,
@@ -237,9 +239,9 @@ def _query_block(
         j_lo = tl.cdiv(mb * BLOCK_M, BLOCK_N)
         j_hi = tl.minimum(tl.cdiv((mb + 1) * BLOCK_M, BLOCK_N), n_kt)
         k_end = tl.minimum(j_hi * BLOCK_N, seq_k)  # keys past it are other programs' (all masked if j_hi <= j_lo)
-        kk0, vv0, kvm0 = load_kv_tile(K_blk, V_blk, sks, svs, j_lo, offs_n, offs_d, k_end, D, BLOCK_N)
+        kk0, vv0, _ = load_kv_tile(K_blk, V_blk, sks, svs, j_lo, offs_n, offs_d, k_end, D, BLOCK_N)
         if KV_AHEAD == 2:
-            kk1, vv1, kvm1 = load_kv_tile(K_blk, V_blk, sks, svs, j_lo + 1, offs_n, offs_d, k_end, D, BLOCK_N)
+            kk1, vv1, _ = load_kv_tile(K_blk, V_blk, sks, svs, j_lo + 1, offs_n, offs_d, k_end, D, BLOCK_N)
     y = acc / l_i[:, None]
     Y_blk = Y + b * syb + h * syh
     tl.store(Y_blk + offs_m[:, None].to(tl.int64) * sys + offs_d[None, :], _cast(y, Y.dtype.element_ty),
@@ -247,19 +249,35 @@ def _query_block(
 
     if SKETCH:
         p_fin, p_peak, p_mmax = row_partials(l_i, t_i, m_i, row_ok, sampled, entropy_nats)
-        p_amax, p_sq, p_qn2, p_nf = query_partials(q, row_ok, offs_d, D)
-        k_a, k_sq, k_n2, k_nf, v_a, v_nf = empty_kv_rows(BLOCK_N)
+        # the fast path: no finiteness test per entry; NaN/±inf (or squares past float32) make a sum
+        # non-finite, and then the program's tiles are read again for the exact partials
+        p_amax, p_sq, p_qn2 = query_fast(q)
+        p_nf = tl.zeros((), dtype=tl.int32)
+        p_ka = tl.zeros((), dtype=tl.float32)
+        p_vmax = tl.zeros((), dtype=tl.float32)
+        p_v2 = tl.zeros((), dtype=tl.float32)
+        p_kn2 = tl.zeros((), dtype=tl.float32)
+        p_ksq = tl.zeros((), dtype=tl.float64)
+        p_knf = tl.zeros((), dtype=tl.int32)
+        p_vnf = tl.zeros((), dtype=tl.int32)
         if KV_STATS:
-            k_a, k_sq, k_n2, k_nf, v_a, v_nf = add_kv_tile(kk0, vv0, kvm0, k_a, k_sq, k_n2, k_nf, v_a, v_nf)
+            j_rr = tl.cdiv(n_m * BLOCK_M, BLOCK_N) + mb  # the round robin past every program's range
             if KV_AHEAD == 2:
-                k_a, k_sq, k_n2, k_nf, v_a, v_nf = add_kv_tile(kk1, vv1, kvm1, k_a, k_sq, k_n2, k_nf, v_a, v_nf)
+                k_a, v_a, v_2, k_n2, k_sq = kv_fast_first(kk0, vv0, kk1, vv1, True)
+            else:
+                k_a, v_a, v_2, k_n2, k_sq = kv_fast_first(kk0, vv0, kk0, vv0, False)
             for j in range(j_lo + KV_AHEAD, j_hi):  # BLOCK_M / BLOCK_N > KV_AHEAD
-                kk, vv, kvm = load_kv_tile(K_blk, V_blk, sks, svs, j, offs_n, offs_d, seq_k, D, BLOCK_N)
-                k_a, k_sq, k_n2, k_nf, v_a, v_nf = add_kv_tile(kk, vv, kvm, k_a, k_sq, k_n2, k_nf, v_a, v_nf)
-            for j in range(tl.cdiv(n_m * BLOCK_M, BLOCK_N) + mb, n_kt, n_m):  # past every program's range
-                kk, vv, kvm = load_kv_tile(K_blk, V_blk, sks, svs, j, offs_n, offs_d, seq_k, D, BLOCK_N)
-                k_a, k_sq, k_n2, k_nf, v_a, v_nf = add_kv_tile(kk, vv, kvm, k_a, k_sq, k_n2, k_nf, v_a, v_nf)
-        p_ka, p_ksq, p_kn2, p_knf, p_vmax, p_vnf = kv_partials(k_a, k_sq, k_n2, k_nf, v_a, v_nf)
+                kk, vv, _ = load_kv_tile(K_blk, V_blk, sks, svs, j, offs_n, offs_d, seq_k, D, BLOCK_N)
+                k_a, v_a, v_2, k_n2, k_sq = kv_fast_add(kk, vv, k_a, v_a, v_2, k_n2, k_sq)
+            for j in range(j_rr, n_kt, n_m):
+                kk, vv, _ = load_kv_tile(K_blk, V_blk, sks, svs, j, offs_n, offs_d, seq_k, D, BLOCK_N)
+                k_a, v_a, v_2, k_n2, k_sq = kv_fast_add(kk, vv, k_a, v_a, v_2, k_n2, k_sq)
+            p_ka, p_vmax, p_v2, p_kn2, p_ksq = kv_fast_partials(k_a, v_a, v_2, k_n2, k_sq)
+        if not (p_sq + p_ksq + p_v2.to(tl.float64) <= FMAX):  # rare: the exact partials (NaN fails the test)
+            p_amax, p_sq, p_qn2, p_nf = query_partials(q, row_ok, offs_d, D)
+            if KV_STATS:
+                p_ka, p_ksq, p_kn2, p_knf, p_vmax, p_vnf = kv_exact(K_blk, V_blk, sks, svs, j_lo, j_hi, j_rr, n_kt,
+                                                                    n_m, offs_n, offs_d, seq_k, D, BLOCK_N)
         store_record(R_ptr, pid, tl.maximum(p_amax, p_ka), p_vmax, p_qn2, p_kn2, p_mmax, p_sq + p_ksq,
                      p_nf + p_knf, p_vnf, p_peak, p_fin)
 

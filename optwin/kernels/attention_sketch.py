@@ -55,9 +55,95 @@ def _kv_combine(a0, a1, a2, a3, a4, a5, b0, b1, b2, b3, b4, b5):
 
 
 @triton.jit
+def _max_sum(a0, a1, b0, b1):
+    return tl.maximum(a0, b0), a1 + b1
+
+
+@triton.jit
+def _max_max_sum(a0, a1, a2, b0, b1, b2):
+    return tl.maximum(a0, b0), tl.maximum(a1, b1), a2 + b2
+
+
+@triton.jit
+def rows_max_sum(r, r64):
+    """(max r, sum r64) of per-row vectors (r64: float64 sums): one tree."""
+    if INTERPRET:
+        return tl.max(r, 0), tl.sum(r64, 0)
+    else:
+        return tl.reduce((r, r64), 0, _max_sum)
+
+
+@triton.jit
+def query_fast(q):
+    """(max |q|, sum of q^2 (float64), max row ||q||^2) of a query tile (padding rows are 0) without a
+    finiteness test per entry: a NaN/±inf, or a square past float32, makes the sum non-finite, and the
+    caller then takes query_partials' exact path."""
+    h = q.to(tl.float32)
+    r_n2 = tl.sum(h * h, 1)  # fp32 row ||q||^2
+    n2, sq = rows_max_sum(r_n2, r_n2.to(tl.float64))
+    return tl.max(tl.abs(h)), sq, n2
+
+
+@triton.jit
+def kv_fast_first(kk0, vv0, kk1, vv1, TWO: tl.constexpr):
+    """The fast path's partials of the first one or two (TWO) key/value tiles of a program's share (keys
+    outside it read as 0): elementwise |k| max, |v| max and v^2 sum (tile-shaped, reduced once at the end:
+    no per-tile tree), per key row ||k||^2 max and float64 sum. Non-finite entries make a sum non-finite."""
+    kh = kk0.to(tl.float32)
+    vh = vv0.to(tl.float32)
+    kn2 = tl.sum(kh * kh, 1)
+    if TWO:
+        kh1 = kk1.to(tl.float32)
+        vh1 = vv1.to(tl.float32)
+        r1 = tl.sum(kh1 * kh1, 1)
+        return (tl.maximum(tl.abs(kh), tl.abs(kh1)), tl.maximum(tl.abs(vh), tl.abs(vh1)), vh * vh + vh1 * vh1,
+                tl.maximum(kn2, r1), kn2.to(tl.float64) + r1.to(tl.float64))
+    else:
+        return tl.abs(kh), tl.abs(vh), vh * vh, kn2, kn2.to(tl.float64)
+
+
+@triton.jit
+def kv_fast_add(kk, vv, k_a, v_a, v_2, k_n2, k_sq):
+    """One more tile into kv_fast_first's partials (shares past two tiles: BLOCK_M > 2 BLOCK_N, seq_k > seq_q)."""
+    kh = kk.to(tl.float32)
+    vh = vv.to(tl.float32)
+    r = tl.sum(kh * kh, 1)
+    return (tl.maximum(k_a, tl.abs(kh)), tl.maximum(v_a, tl.abs(vh)), v_2 + vh * vh, tl.maximum(k_n2, r),
+            k_sq + r.to(tl.float64))
+
+
+@triton.jit
+def kv_fast_partials(k_a, v_a, v_2, k_n2, k_sq):
+    """(|k| max, |v| max, v^2 sum (the non-finite detector), max row ||k||^2, sum of k^2): two trees."""
+    if INTERPRET:
+        ka, va, v2 = tl.max(k_a), tl.max(v_a), tl.sum(v_2)
+    else:
+        ka, va, v2 = tl.reduce((k_a, v_a, v_2), None, _max_max_sum)
+    n2, sq = rows_max_sum(k_n2, k_sq)
+    return ka, va, v2, n2, sq
+
+
+@triton.jit
+def kv_exact(K_blk, V_blk, sks, svs, j_lo, j_hi, j_rr, n_kt, n_m, offs_n, offs_d, seq_k, D: tl.constexpr,
+             BLOCK_N: tl.constexpr):
+    """The exact partials of a program's share (tiles [j_lo, j_hi), then j_rr, j_rr + n_m, ... < n_kt),
+    re-read: finite entries only, NaN/±inf counted. (|k| max, sum of k^2, max row ||k||^2, k's NaN/±inf,
+    |v| max, v's NaN/±inf)."""
+    k_a, k_sq, k_n2, k_nf, v_a, v_nf = empty_kv_rows(BLOCK_N)
+    for j in range(j_lo, j_hi):
+        kk, vv, kvm = load_kv_tile(K_blk, V_blk, sks, svs, j, offs_n, offs_d, seq_k, D, BLOCK_N)
+        k_a, k_sq, k_n2, k_nf, v_a, v_nf = add_kv_tile(kk, vv, kvm, k_a, k_sq, k_n2, k_nf, v_a, v_nf)
+    for j in range(j_rr, n_kt, n_m):
+        kk, vv, kvm = load_kv_tile(K_blk, V_blk, sks, svs, j, offs_n, offs_d, seq_k, D, BLOCK_N)
+        k_a, k_sq, k_n2, k_nf, v_a, v_nf = add_kv_tile(kk, vv, kvm, k_a, k_sq, k_n2, k_nf, v_a, v_nf)
+    return kv_partials(k_a, k_sq, k_n2, k_nf, v_a, v_nf)
+
+
+@triton.jit
 def query_partials(q, row_ok, offs_d, D: tl.constexpr):
     """(|q| max, sum of q^2 (float64), max row ||q||^2, NaN/±inf count (int32)) of a query tile over its
-    finite entries; padding rows are outside row_ok. One tree across the warps."""
+    finite entries; padding rows are outside row_ok. One tree across the warps. The exact path (query_fast's
+    sums were not finite)."""
     a, a2, nf = finite_lanes(q.to(tl.float32), row_ok[:, None] & (offs_d[None, :] < D))
     r_a = tl.max(a, 1)
     r_n2 = tl.sum(a2, 1)  # fp32 row ||q||^2
