@@ -8,8 +8,8 @@ sketch's tail), which the timing variants of bench/gpu_attention.py can only gue
     python bench/ncu_attention.py --where ncu_attn.csv      # anywhere: stall samples by region and opcode
     TRITON_INTERPRET=1 python bench/ncu_attention.py --smoke   # CPU dry run of the launches
 
-Regions of the SASS, in address order: up to the first loop's back edge ("key loop" ends at the last
-backward branch before y's stores), y's store, and what follows it (the sketch's tail, the finisher).
+Instructions are grouped by how often they ran: the key loop's body once per key block and warp, a
+program's tail once per program and warp ([4, 32, 4096, 128]: 4096 programs x 8 warps = 32768).
 """
 
 from __future__ import annotations
@@ -44,30 +44,29 @@ def _opcode(source: str) -> str:
     return (words[1] if words[0].startswith("@") and len(words) > 1 else words[0]) if words else "?"
 
 
-def where(path: str, top: int = 25) -> str:
-    """Per launch: stall samples and executed warp instructions in three regions (before y's first
-    128-bit store, y's stores, after them), and the `top` instructions by stall samples, in address order."""
+def where(path: str, top: int = 20) -> str:
+    """Per launch: stall samples and executed warp instructions by how often an instruction ran (its
+    execution count to 2 digits: the key loop's body runs once per key block and warp, a program's tail
+    once per program and warp, the sampled entropy once per sampled block), and the `top` instructions
+    by stall samples, in address order."""
     out = []
     for i, (name, rows) in enumerate(_sections(path)):
         samples = [_num(r["Warp Stall Sampling (All Samples)"]) for r in rows]
         executed = [_num(r["Instructions Executed"]) for r in rows]
         total = sum(samples) or 1.0
-        ops = [_opcode(r["Source"]) for r in rows]
-        stores = [k for k, op in enumerate(ops) if op.startswith("STG.E.128")]
-        first, last = (stores[0], stores[-1]) if stores else (len(rows), len(rows))
-        regions = {"before y's store": range(0, first), "y's store": range(first, last + 1),
-                   "after it": range(last + 1, len(rows))}
+        groups: dict[float, list[int]] = {}
+        for k, e in enumerate(executed):
+            groups.setdefault(float(f"{e:.2g}"), []).append(k)
         out.append(f"## {i}: {name[:90]}\n")
-        out.append(f"stall samples {total:.0f}, warp instructions executed {sum(executed):.3g}\n")
-        out.append("| region | stall samples | share | warp instructions |\n|---|---:|---:|---:|")
-        for label, idx in regions.items():
+        out.append(f"stall samples {total:.0f}, warp instructions executed {sum(executed):.4g}\n")
+        out.append("| runs per instruction | SASS | warp instructions | stall samples | share |\n|---:|---:|---:|---:|---:|")
+        for e, idx in sorted(groups.items(), key=lambda kv: -sum(samples[k] for k in kv[1]))[:8]:
             s = sum(samples[k] for k in idx)
-            out.append(f"| {label} | {s:.0f} | {100 * s / total:.1f}% | {sum(executed[k] for k in idx):.3g} |")
-        out.append("\n| address | region | opcode | stall share | executed |\n|---|---|---|---:|---:|")
+            out.append(f"| {e:.3g} | {len(idx)} | {sum(executed[k] for k in idx):.3g} | {s:.0f} | {100 * s / total:.1f}% |")
+        out.append("\n| address | opcode | stall share | executed |\n|---|---|---:|---:|")
         for k in sorted(sorted(range(len(rows)), key=lambda k: -samples[k])[:top]):
-            region = next(label for label, idx in regions.items() if k in idx)
-            out.append(f"| {rows[k]['Address']} | {region} | {rows[k]['Source'][:60]} | "
-                       f"{100 * samples[k] / total:.2f}% | {executed[k]:.3g} |")
+            out.append(f"| {rows[k]['Address']} | {rows[k]['Source'][:60]} | {100 * samples[k] / total:.2f}% | "
+                       f"{executed[k]:.3g} |")
         out.append("")
     return "\n".join(out)
 

@@ -16,21 +16,28 @@ Numerics (what optwin.twin's attention/triton models), per query row, key blocks
 The causal mask is top-left aligned as torch sdpa's is_causal (query i sees keys j <= i), so every
 row keeps key 0 and no row is fully masked, whatever seq_q and seq_k are.
 
-Sketch (SKETCH constexpr; off compiles no sketch code): optwin.ingest.sketch's attention features.
-Every program: its query tile's finite-only partials (|q| max, sum of q^2, max row ||q||^2, NaN/±inf
-count), its rows' largest score (max_score = max m / c: the online max is the row's score maximum) and its rows' entropies from the online softmax, H = ln l - ln2 * t / l with
-t = sum p*(x - m) rescaled like l (t' = a*(t + l*(m - m')) + sum p*(x - m')), rows with
-H < low_entropy_nats counted as peaked among the rows whose l and t are finite (ingest's
-"rows with a finite softmax"; a score that overflows fp32 to -inf outside the mask makes t NaN and
-drops the row, where ingest's float64 scores would count it); and one share of the key/value
-tiles (tiles j = m-block, m-block + n_m, ...: every key row of a (batch, head) exactly once, the
-share of a program is ~BLOCK_M keys, L2 hits since the main loop just read them): |k| max, sum of
-k^2, max row ||k||^2, |v| max, counts. t rides in the key loop, the rest runs after the output
-store, and none of it touches m, l or acc: y is bit-identical with and without the sketch (checked
-on the H200 too). The kernel counts every query row (ingest samples rows above 2^22 scores). Partials merge with scalar atomics
-into the "attention" workspace; the last program (acq_rel ticket) writes the features. Per-row
-values are fp32, cross-program sums float64: features agree with optwin.ingest to float32 rounding;
-peaked_frac may differ where a row's fp32 entropy straddles the threshold.
+Sketch (SKETCH constexpr; off compiles no sketch code): optwin.ingest.sketch's attention features,
+gathered by optwin.kernels.attention_sketch. Every program: its query tile (|q| max, sum of q^2, max
+row ||q||^2), its rows' largest score (max_score = max m / c: the online max is the row's score
+maximum), and its share of the key/value tiles: the tiles that start inside its own query range,
+which its key loop read last (L2 hits, causal or not), then round robin the tiles past every
+program's range (seq_k > seq_q); every key row of a (batch, head) exactly once. |k| max, sum of k^2,
+max row ||k||^2, |v| max. Those run without a finiteness test per entry (max and squares only); a
+NaN/±inf, or a square past float32, makes a sum non-finite and the program then re-reads its tiles for
+the exact finite-only partials and the NaN/±inf counts.
+Entropies from the online softmax, H = ln l - ln2 * t / l with t = sum p*(x - m) rescaled like l
+(t' = a*(t + l*(m - m')) + sum p*(x - m')), rows with H < low_entropy_nats counted as peaked among the
+rows whose l and t are finite (ingest's "rows with a finite softmax"; a score that overflows fp32 to
+-inf outside the mask makes t NaN and drops the row, where ingest's float64 scores would count it).
+t costs the key loop a multiply-add per score, so above ENTROPY_ROWS query rows only every
+ent_stride-th query block sums it (by (block + head): every position alike), and peaked_frac is over
+that sample (>= 2^16 rows; optwin.ingest's own sample is 2^22 scores, 8 rows a head at [4, 32, 4096,
+128]). t rides in the key loop, the rest runs after the output store, and none of it touches m, l or
+acc: y is bit-identical with and without the sketch (checked on the H200 too).
+Each program stores its partials as a record (attention_sketch.RECORD_WORDS int64 words) and exits; the
+grid's last program polls the records and writes the features. Per-row values are fp32, cross-program
+sums float64: features agree with optwin.ingest to float32 rounding; peaked_frac may differ where a
+row's fp32 entropy straddles the threshold.
 Grid: one program per (query block, batch*head), head-major: a head's query blocks run side by side
 (causal: its longest first), so each head's keys and values come from DRAM once and from the L2 for
 its other query blocks. Until stop 24 the programs ran a query block of every head side by side (the
@@ -40,9 +47,11 @@ Memory: read q once, k and v once per head (L2 reuse across its query blocks), w
 H200, [4, 32, 4096, 128] bf16, default config, ms (bench/results/attention_order_h200_s24.txt, 5
 interleaved rounds): non-causal 2.995 -> 2.406 head-major (sdpa 1.882: 0.63x -> 0.78x), causal 1.591 ->
 1.361 (sdpa 1.056: 0.66x -> 0.78x); bench/gpu_attention.py (bench/results/attention_h200_s24.md): 2.416
-/ 1.337 ms (455 / 411 TFLOP/s) against sdpa's 1.677 / 0.952 in that run (0.69x / 0.71x). The sketch adds
-+13.7 % / +17.8 % (q statistics and atomics at the program's end ~5 %, the entropy sum in the loop ~1-3 %,
-the key/value pass after it ~4-9 %), against 8.6 ms for the unfused float64 ingest sketch.
+/ 1.337 ms (455 / 411 TFLOP/s) against sdpa's 1.677 / 0.952 in that run (0.69x / 0.71x).
+The sketch's cost, 7 interleaved rounds (bench/results/attention_ab_h200_s25d.md): +15.5 % / +15.7 % with
+stop 24's sketch (workspace atomics and an acq_rel ticket per program, a tree per statistic, the share
+j = mb, mb + n_m, ...) -> +2.1 % / +9.1 % (records, a tree per group, the fast path, the own-range share,
+sampled entropies); the unfused float64 ingest sketch takes 8.6 ms.
 """
 
 from __future__ import annotations
@@ -297,7 +306,9 @@ def default_config(dtype: torch.dtype, d: int) -> tuple[int, int, int, int]:
 # Query rows whose entropies the sketch sums, at least: above it, a sample of the query blocks (peaked_frac
 # over the sample). optwin.ingest forms the scores of at most 2^22 elements (a strided row sample: 8 rows of
 # each head at [4, 32, 4096, 128]); the kernel's sample holds 2^16 rows or more. The entropy sum costs the
-# key loop a multiply-add per score: H200, [4, 32, 4096, 128] bf16, ... (bench/results/attention_ab_h200_s25c.md)
+# key loop a multiply-add per score: H200, [4, 32, 4096, 128] bf16, ms with the sketch, every row -> every 8th
+# block: non-causal 2.732 -> 2.508 and 2.551 -> 2.463, causal 1.550 -> 1.584 and 1.472 -> 1.481 (no gain:
+# the key loop's branch on it), two runs (bench/results/attention_ab_h200_s25{c,d}.md)
 ENTROPY_ROWS = 1 << 16
 
 
