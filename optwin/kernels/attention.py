@@ -168,8 +168,9 @@ def key_blocks(mb, seq_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: 
 # Sizes are not specialized on (== 1, divisible by 16): every distinct combination over five sizes
 # compiled a kernel of its own, and a float32 (IEEE FMA dot) compile takes tens of seconds, so a
 # run over varied shapes spent minutes compiling. They only bound loops and masks here; the strides,
-# which decide vector widths, stay specialized.
-@triton.jit(do_not_specialize=["n_batch", "n_heads", "seq_q", "seq_k", "n_m"])
+# which decide vector widths, stay specialized. ent_stride (1, 2, 4, ...) too: specialized, 1 and the
+# multiples of 16 compiled kernels of their own.
+@triton.jit(do_not_specialize=["n_batch", "n_heads", "seq_q", "seq_k", "n_m", "ent_stride"])
 def _attention_kernel(
     Q, K, V, Y,  # (B, H, S, D) each, last dim contiguous; Y contiguous in q's dtype
     S_ptr,  # sketch features, float64; unused unless SKETCH
