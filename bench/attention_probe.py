@@ -211,8 +211,8 @@ def main() -> int:
         fl = attention_flops(b, h, s, s, d, causal)
         t_sdpa = bench_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)) if not SMOKE else 1.0
         say(f"| {int(causal)} | torch sdpa | | | | | | {t_sdpa:.3f} | {fl / t_sdpa / 1e9:.1f} | 1.00 |")
-        rows = [("optwin default, stop 23's order", default_config(dtype, d), False),
-                ("optwin default", default_config(dtype, d), None), ("optwin", (128, 128, 8, 3), None)]
+        rows = [("optwin default, stop 23's order", default_config(dtype, d, causal), False),
+                ("optwin default", default_config(dtype, d, causal), None), ("optwin", (128, 128, 8, 3), None)]
         for cfg, opts in variants():
             rows.append(("desc={} ws={:d} scaled={} pipe={:d} head-major={:d}".format(*opts), cfg, opts))
         for name, cfg, opts in rows:

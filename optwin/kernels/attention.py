@@ -292,16 +292,20 @@ def _query_block(
                      p_nf + p_knf, p_vnf, p_peak, p_fin)
 
 
-def default_config(dtype: torch.dtype, d: int) -> tuple[int, int, int, int]:
+def default_config(dtype: torch.dtype, d: int, causal: bool = False) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) for a head dim d. BLOCK_N is the twin's (numerics);
-    the rest only sets speed. Interpreter: the same blocks (tests exercise the real tiling)."""
+    the rest only sets speed. Interpreter: the same blocks (tests exercise the real tiling).
+    Causal 16-bit launches load 4 key blocks ahead: H200, [4, 32, 4096, 128] bf16, 7 interleaved rounds, ms
+    without / with the sketch, 3 -> 4 stages: causal 1.380 / 1.492 -> 1.350 / 1.417, non-causal 2.464 / 2.461 ->
+    2.484 / 2.479 (bench/results/attention_s4_h200_s25e.md; the sweeps of stops 24-25 agree: causal 1.337 ->
+    1.300, 1.324 -> 1.302; non-causal 2.416 -> 2.480, 2.405 -> 2.382)."""
     name = str(dtype).removeprefix("torch.")
     bn = triton_block_n(name, d)
     if dtype == torch.float32:
         return 64, bn, 4, 1 if d >= 256 else 2
     if d >= 256:
         return 64, bn, 4, 2
-    return 128, bn, 8, 3
+    return 128, bn, 8, 4 if causal else 3
 
 
 # Query rows whose entropies the sketch sums, at least: above it, a sample of the query blocks (peaked_frac
@@ -377,7 +381,7 @@ def attention(
         if tuple(out.shape) != tuple(q.shape) or out.dtype != q.dtype or out.stride(-1) != 1:
             raise InputError(f"attention: out must be {tuple(q.shape)} {q.dtype} with a contiguous last dim")
         y = out
-    bm, bn, warps, stages = config or default_config(q.dtype, d)
+    bm, bn, warps, stages = config or default_config(q.dtype, d, bool(causal))
     buf = new_buffer("attention", q.device) if sketch else None
     if (seq_q == 0 or bsz * heads == 0) and not sketch:
         return y, None
