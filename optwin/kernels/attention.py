@@ -51,7 +51,8 @@ interleaved rounds): non-causal 2.995 -> 2.406 head-major (sdpa 1.882: 0.63x -> 
 The sketch's cost, 7 interleaved rounds (bench/results/attention_ab_h200_s25d.md): +15.5 % / +15.7 % with
 stop 24's sketch (workspace atomics and an acq_rel ticket per program, a tree per statistic, the share
 j = mb, mb + n_m, ...) -> +2.1 % / +9.1 % (records, a tree per group, the fast path, the own-range share,
-sampled entropies); the unfused float64 ingest sketch takes 8.6 ms.
+sampled entropies); with causal launches at 4 stages (default_config) +1.5 % / +3.5 %: 2.407 / 2.444 and
+1.364 / 1.413 ms (bench/results/attention_h200_s25f.md). The unfused float64 ingest sketch takes 8.6 ms.
 """
 
 from __future__ import annotations
