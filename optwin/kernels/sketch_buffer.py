@@ -11,7 +11,8 @@ features, in optwin.ingest's order, as float64 into the call's buffer. The buffe
 the kernel completes: no second launch, no zero-fill, no host sync. `read_sketch` is one `.tolist()`.
 rmsnorm's and layernorm's launches with a program per row write row records instead (one or two
 64-bit words per row, `row_records`), which their finisher program polls and resets
-(optwin.kernels._common.poll_records).
+(optwin.kernels._common.poll_records); attention's programs (one per SM) write a record each the same way
+(RECORD_OPS: no workspace).
 
 Definitions follow optwin.ingest.sketch exactly (magnitudes over finite elements, counts of
 non-finite values; softmax's -inf is a mask, not a non-finite). Per-row values are float32 (the
