@@ -14,7 +14,6 @@ program's tail once per program and warp ([4, 32, 4096, 128]: 4096 programs x 8 
 
 from __future__ import annotations
 
-import csv
 import os
 import sys
 from pathlib import Path
@@ -22,26 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for `optwin`
 sys.path.insert(1, str(Path(__file__).resolve().parent))  # bench/
 
-from ncu_kernels import _num  # noqa: E402
-
-
-def _sections(path: str) -> list[tuple[str, list[dict[str, str]]]]:
-    sections: list[tuple[str, list[dict[str, str]]]] = []
-    head: list[str] = []
-    with open(path, newline="") as f:
-        for r in csv.reader(ln for ln in f if ln.startswith('"')):
-            if r[0] == "Kernel Name":
-                sections.append((r[1], []))
-            elif r[0] == "Address":
-                head = r
-            elif sections:
-                sections[-1][1].append(dict(zip(head, r)))
-    return sections
-
-
-def _opcode(source: str) -> str:
-    words = source.split()
-    return (words[1] if words[0].startswith("@") and len(words) > 1 else words[0]) if words else "?"
+from ncu_kernels import _num, source_sections  # noqa: E402
 
 
 def where(path: str, top: int = 20) -> str:
@@ -50,7 +30,7 @@ def where(path: str, top: int = 20) -> str:
     once per program and warp, the sampled entropy once per sampled block), and the `top` instructions
     by stall samples, in address order."""
     out = []
-    for i, (name, rows) in enumerate(_sections(path)):
+    for i, (name, rows) in enumerate(source_sections(path)):
         samples = [_num(r["Warp Stall Sampling (All Samples)"]) for r in rows]
         executed = [_num(r["Instructions Executed"]) for r in rows]
         total = sum(samples) or 1.0

@@ -79,12 +79,9 @@ def stalls(path: str, top: int = 6) -> str:
     return "\n".join(out)
 
 
-def sass(path: str, elements: int, top: int = 16) -> str:
-    """The source-page log (SASS with counters) as one markdown row per kernel: warp instructions
-    executed per element of the input (x 32 threads / `elements`) by opcode, and the opcodes where
-    the stall samples fall (a stall is charged to the instruction that waits: the first user of a load
-    collects the memory latency)."""
-    out = ["| # | kernel | SASS per element | by opcode | stall samples by opcode |", "|---|---|---:|---|---|"]
+def source_sections(path: str) -> list[tuple[str, list[dict[str, str]]]]:
+    """The source-page log (SASS with counters) as (kernel name, its SASS lines as {column: value}), one
+    per profiled launch."""
     sections: list[tuple[str, list[dict[str, str]]]] = []
     head: list[str] = []
     with open(path, newline="") as f:
@@ -95,7 +92,16 @@ def sass(path: str, elements: int, top: int = 16) -> str:
                 head = r
             elif sections:
                 sections[-1][1].append(dict(zip(head, r)))
-    for i, (name, rows) in enumerate(sections):
+    return sections
+
+
+def sass(path: str, elements: int, top: int = 16) -> str:
+    """The source-page log (SASS with counters) as one markdown row per kernel: warp instructions
+    executed per element of the input (x 32 threads / `elements`) by opcode, and the opcodes where
+    the stall samples fall (a stall is charged to the instruction that waits: the first user of a load
+    collects the memory latency)."""
+    out = ["| # | kernel | SASS per element | by opcode | stall samples by opcode |", "|---|---|---:|---|---|"]
+    for i, (name, rows) in enumerate(source_sections(path)):
         ops: dict[str, float] = {}
         stall: dict[str, float] = {}
         for r in rows:

@@ -63,3 +63,15 @@ def test_launch_list_without_gpu_runs_every_kernel_once_more_per_config():
     launches = [ln.split(": ", 1)[1] for ln in out.stdout.splitlines() if ln.startswith("launch ")]
     assert launches == ["rmsnorm ours", "rmsnorm ours +sketch", "rmsnorm ours {'num_warps': 2}",
                         "rmsnorm ours {'num_warps': 2} +sketch", "softmax ours", "softmax ours +sketch"]
+
+
+def test_attention_where_groups_instructions_by_how_often_they_ran():
+    md = bench_script("ncu_attention").where(str(ART / "source.csv"), top=5)
+    parts = md.split("## ")[1:]
+    assert len(parts) == 2 and all("_softmax_kernel" in p for p in parts)
+    for part in parts:
+        groups = [ln for ln in part.splitlines() if ln.startswith("| ") and ln.endswith("% |") and "0x" not in ln]
+        shares = [float(ln.split("|")[5].strip().rstrip("%")) for ln in groups]
+        assert shares == sorted(shares, reverse=True) and 99.0 <= sum(shares) <= 100.1  # every group, largest first
+        top = [ln for ln in part.splitlines() if "| 0x" in ln]
+        assert len(top) == 5 and [ln.split("|")[1] for ln in top] == sorted(ln.split("|")[1] for ln in top)
