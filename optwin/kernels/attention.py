@@ -390,7 +390,7 @@ def attention(
         raise InputError(f"attention: empty inputs q {tuple(q.shape)}, k {tuple(k.shape)}")
     n_m = triton.cdiv(seq_q, bm)
     n_prog = n_m * bsz * heads
-    rec = row_records("attention", q.device, n_prog, words=RECORD_WORDS, extra=1)[0] if sketch else y
+    rec = row_records("attention", q.device, n_prog, words=RECORD_WORDS.value, extra=1)[0] if sketch else y
     kwargs = {} if os.environ.get("TRITON_INTERPRET") == "1" else {"num_stages": stages}
     k = _attention_kernel[(n_prog + 1 if sketch else n_prog,)](
         q, k, v, y, buf if sketch else y, rec,
