@@ -124,3 +124,18 @@ def test_gpu_attention_smoke_run_checks_and_times_side_by_side():
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "correctness: all ok" in out.stdout
     assert sum(line.startswith("interleaved (") for line in out.stdout.splitlines()) == 2, out.stdout
+
+
+
+def test_gpu_attention_times_extra_launches_in_the_same_rounds():
+    """BENCH_LAUNCHES adds launches (any keyword arguments of attention) to the interleaved rounds; each is
+    reported against our launch without the sketch; --quick-timing stops after the rounds."""
+    env = dict(os.environ, TRITON_INTERPRET="1", OUT="",
+               BENCH_LAUNCHES='{"stride2": {"_entropy_stride": 2}, "plain s2": {"sketch": false, "config": [128, 64, 8, 2]}}')
+    out = subprocess.run([sys.executable, str(BENCH / "gpu_attention.py"), "--smoke", "--quick-timing"],
+                         capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    assert sum(ln.startswith("  stride2: ") for ln in lines) == 2 and sum(ln.startswith("  plain s2: ") for ln in lines) == 2
+    assert all("against our launch without the sketch" in ln for ln in lines if ln.startswith("  stride2: "))
+    assert not any(ln.startswith("| 0 | 128 |") for ln in lines)  # no sweep table after the rounds

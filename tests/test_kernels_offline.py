@@ -53,3 +53,21 @@ def test_every_norm_kernel_compiles_with_and_without_the_sketch():
         assert r["registers"] > 0 and r["vector_loads"], r
     # the sketch adds work: more instructions than the same kernel without it
     assert rows[1]["sass_instructions"] > rows[0]["sass_instructions"]
+
+
+def test_attention_sketch_fits_its_registers_without_spills():
+    """The flash kernel holds one program per SM (128-160 KB of shared memory) and its sketched launch sits at
+    the 255-register limit: at the production launches (128 x 64 blocks, 8 warps; causal at 4 stages) it
+    must fit, with no spills at 3 stages and at most a few words at 4 (this machine's triton 3.9: 32 bytes;
+    the H200's triton 3.6 compiled the 3-stage kernel to 254 registers without spills)."""
+    for causal, stages, spill_limit in ((False, 3, 0), (True, 4, 64)):
+        rows = _compile("attention", "--shape", "1x2x256x128", "--cfg", json.dumps({"causal": causal}))
+        assert [r["sketch"] for r in rows] == [False, True]
+        plain, sketched = rows
+        assert plain["kernel"] == sketched["kernel"] == "_attention_kernel" and plain["num_warps"] == 8
+        assert plain["num_stages"] == sketched["num_stages"] == stages
+        assert plain["spill_stores"] == 0 and sketched["spill_stores"] <= spill_limit, (plain, sketched)
+        for r in rows:
+            assert r["registers"] <= 255 and r["vector_loads"], r
+            assert r["shared"] <= 227 * 1024, r  # sm_90's opt-in shared memory a program
+        assert sketched["sass_instructions"] > plain["sass_instructions"]
