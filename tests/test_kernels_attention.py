@@ -209,6 +209,19 @@ def test_entropy_stride_keeps_enough_rows():
     assert entropy_stride(1 << 30, 4) == 4  # at most a head's query blocks: every head keeps one
 
 
+def test_finisher_reduces_records_over_several_polls():
+    """The grid's last program reads the programs' records a poll at a time: a non-finite entry in the last
+    poll's programs, and records left at the sentinel for the next launch (the same call twice agrees)."""
+    g = _gen("polls")
+    inp = qkv((2, 19, 3, 5, 16), "float16", g)  # 38 programs: polls of 16 records, 6 in the last
+    inp["v"][1, 18, 4, 7] = float("nan")  # the last program's value tile
+    inp["q"][1, 2, 0, 0] = 300.0  # the largest finite |q|, in the third poll too
+    want = ingest_sketch("attention", inp, {"causal": False})
+    got = [read_sketch("attention", run(inp, False, _poll=16)[1], inp["q"].shape) for _ in range(2)]
+    assert got[0] == got[1] and got[0]["nonfinite"] == 1 and got[0]["absmax"] == 300.0
+    sketch_close(got[0], want)
+
+
 def test_workspace_is_reset_between_launches():
     inp = qkv((1, 3, 33, 33, 16), "float16", _gen("reset"))
     s1 = read_sketch("attention", run(inp, True)[1], inp["q"].shape)

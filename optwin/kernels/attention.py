@@ -360,6 +360,7 @@ def attention(
     out: torch.Tensor | None = None, low_entropy_nats: float = DEFAULT_TOLERANCES.low_entropy_nats,
     config: tuple[int, int, int, int] | None = None, _parts: tuple[bool, bool] = (True, True),
     _head_major: bool = True, _kv_ahead: int | None = None, _entropy_stride: int | None = None,
+    _poll: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(softmax(q k^T / sqrt(d)) v in q's dtype, sketch features or None), one launch.
 
@@ -369,7 +370,8 @@ def attention(
     optwin.kernels.read_sketch("attention", buf).
     `_parts` (bench only: the sketch is then incomplete): (entropy on, key/value statistics on), to
     time the sketch's pieces. `_head_major`, `_kv_ahead` (bench only): the program order, the key/value
-    tiles loaded before y's store (kv_ahead's choice by default); neither changes y or the sketch.
+    tiles loaded before y's store (kv_ahead's choice by default); neither changes y or the sketch. `_poll`
+    (tests): records the finisher reads at once (a power of two).
     """
     check_device(q, k, v)
     check_inputs(q, k, v)
@@ -399,7 +401,7 @@ def attention(
         _entropy_stride or entropy_stride(bsz * heads * seq_q, n_m),
         D=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=bool(causal), SKETCH=sketch, IEEE=q.dtype == torch.float32,
         ENTROPY=sketch and _parts[0], KV_STATS=_parts[1], KV_AHEAD=_kv_ahead or kv_ahead(bn, d, warps, q.element_size()),
-        POLL=RECORD_POLL_ROWS * warps, HEAD_MAJOR=_head_major, num_warps=warps, **kwargs,
+        POLL=_poll or RECORD_POLL_ROWS * warps, HEAD_MAJOR=_head_major, num_warps=warps, **kwargs,
     )
     LAST_COMPILED[0] = k
     return y, buf
