@@ -1,14 +1,17 @@
 """The attention kernel's input sketch (optwin.kernels.attention): a program's partials, its record, and
 the finisher program that reduces the records into the features.
 
-    TRITON_INTERPRET=1 python -c "import torch; from optwin.kernels import attention, read_sketch; \
-q = torch.randn(1, 2, 40, 16); print(read_sketch('attention', attention(q, q, q)[1]))"
+    TRITON_INTERPRET=1 python -c "import torch; from optwin.kernels import read_sketch; \
+from optwin.kernels.attention import attention; q = torch.randn(1, 2, 40, 16); \
+print(read_sketch('attention', attention(q, q, q)[1], q.shape))"
 
 Each program's partials (finite entries only): its query tile (|q| max, sum of q^2, max row ||q||^2,
 NaN/±inf count), its rows' online-softmax sums (rows with a finite softmax, peaked rows, largest score)
 and its share of the key/value tiles (|k| max, sum of k^2, max row ||k||^2, |v| max, counts). Each
-group is one reduction tree over per-row vectors: the kernel runs one program per SM (128 KB of shared
-memory), so every barrier at a program's end stalls the SM's tensor cores.
+group is one reduction tree: the kernel runs one program per SM (128-160 KB of shared memory), so every
+barrier at a program's end stalls the SM's tensor cores. The fast path (query_fast, kv_fast_*) takes
+maxima and squares only; a non-finite sum sends the program to the exact partials (query_partials,
+kv_exact), which re-read its tiles.
 
 Records, not atomics and a ticket: a program stores its partials as RECORD_WORDS int64 words (two 32-bit
 halves each, sketch_buffer.row_records) and exits; one extra program, the grid's last, polls the words
