@@ -209,6 +209,21 @@ def test_entropy_stride_keeps_enough_rows():
     assert entropy_stride(1 << 30, 4) == 4  # at most a head's query blocks: every head keeps one
 
 
+@pytest.mark.parametrize("config", [(128, 32, 8, 2), (32, 64, 4, 2)])
+def test_key_value_share_covers_every_key_once_at_other_block_ratios(config):
+    """Each program's share is the key tiles starting in its own query range (then round robin past every
+    range): with 4 key tiles a query block (two loaded ahead, two in the loop) and with half a tile, the
+    sketch still counts every key and value once, with and without a non-finite entry."""
+    inp = qkv((1, 2, 150, 290, 64), "bfloat16", _gen("share", config))
+    for poison in (False, True):
+        if poison:
+            inp["v"][0, 1, 289, 3] = float("inf")  # the last key: round robin past every query range
+        _, buf = run(inp, True, config=config)
+        got = read_sketch("attention", buf, inp["q"].shape)
+        sketch_close(got, ingest_sketch("attention", inp, {"causal": True}))
+        assert got["nonfinite"] == float(poison)
+
+
 def test_finisher_reduces_records_over_several_polls():
     """The grid's last program reads the programs' records a poll at a time: a non-finite entry in the last
     poll's programs, and records left at the sentinel for the next launch (the same call twice agrees)."""
