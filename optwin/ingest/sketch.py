@@ -71,7 +71,7 @@ attention (q, k, v [batch, heads, seq, d]; param causal)
   mask applied) whose scores are finite. Exact when batch*heads*seq_q*seq_k <= 2^22; above that
   every s-th query row of each head is used (s chosen to fit that budget, at least one row per
   head), so the sketch costs a small fraction of the attention itself (the Triton kernel's fused
-  sketch, optwin.kernels.attention, sums every row's entropy up to 2^16 query rows and a sample of
+  sketch, optwin.kernels.attention, sums every row's entropy below 2^17 query rows and a sample of
   whole query blocks of at least 2^16 rows above); ``max_score``: the largest
   unscaled score q_i.k_j over the visible keys (signed; same rows as peaked_frac, so a lower bound when
   rows are sampled, exact otherwise): the math variant forms q@k^T in the input dtype and overflows

@@ -29,7 +29,7 @@ Entropies from the online softmax, H = ln l - ln2 * t / l with t = sum p*(x - m)
 (t' = a*(t + l*(m - m')) + sum p*(x - m')), rows with H < low_entropy_nats counted as peaked among the
 rows whose l and t are finite (ingest's "rows with a finite softmax"; a score that overflows fp32 to
 -inf outside the mask makes t NaN and drops the row, where ingest's float64 scores would count it).
-t costs the key loop a multiply-add per score, so above ENTROPY_ROWS query rows only every
+t costs the key loop a multiply-add per score, so from 2 * ENTROPY_ROWS query rows on only every
 ent_stride-th query block sums it (by (block + head): every position alike), and peaked_frac is over
 that sample (>= 2^16 rows; optwin.ingest's own sample is 2^22 scores, 8 rows a head at [4, 32, 4096,
 128]). t rides in the key loop, the rest runs after the output store, and none of it touches m, l or
