@@ -172,7 +172,7 @@ def test_peaked_frac_counts_low_entropy_rows():
 
 
 def test_peaked_frac_over_sampled_query_blocks():
-    """Above ENTROPY_ROWS rows the sketch sums the entropies of every ent_stride-th query block, by
+    """From 2 * ENTROPY_ROWS query rows on the sketch sums the entropies of every ent_stride-th query block, by
     (block + head) so each head samples other positions: peaked_frac is then exact over those blocks'
     rows, and every row still counts for max_score."""
     from optwin.catalog import DEFAULT_TOLERANCES

@@ -309,7 +309,7 @@ def default_config(dtype: torch.dtype, d: int, causal: bool = False) -> tuple[in
     return 128, bn, 8, 4 if causal else 3
 
 
-# Query rows whose entropies the sketch sums, at least: above it, a sample of the query blocks (peaked_frac
+# Query rows whose entropies the sketch sums, at least: from twice as many on, a sample of the query blocks (peaked_frac
 # over the sample). optwin.ingest forms the scores of at most 2^22 elements (a strided row sample: 8 rows of
 # each head at [4, 32, 4096, 128]); the kernel's sample holds 2^16 rows or more. The entropy sum costs the
 # key loop a multiply-add per score: H200, [4, 32, 4096, 128] bf16, ms with the sketch, every row -> every 8th
