@@ -273,10 +273,9 @@ def _query_block(
         p_vnf = tl.zeros((), dtype=tl.int32)
         if KV_STATS:
             j_rr = tl.cdiv(n_m * BLOCK_M, BLOCK_N) + mb  # the round robin past every program's range
+            k_a, v_a, v_2, k_n2, k_sq = kv_fast_first(kk0, vv0)
             if KV_AHEAD == 2:
-                k_a, v_a, v_2, k_n2, k_sq = kv_fast_first(kk0, vv0, kk1, vv1, True)
-            else:
-                k_a, v_a, v_2, k_n2, k_sq = kv_fast_first(kk0, vv0, kk0, vv0, False)
+                k_a, v_a, v_2, k_n2, k_sq = kv_fast_add(kk1, vv1, k_a, v_a, v_2, k_n2, k_sq)
             for j in range(j_lo + KV_AHEAD, j_hi):  # BLOCK_M / BLOCK_N > KV_AHEAD
                 kk, vv, _ = load_kv_tile(K_blk, V_blk, sks, svs, j, offs_n, offs_d, seq_k, D, BLOCK_N)
                 k_a, v_a, v_2, k_n2, k_sq = kv_fast_add(kk, vv, k_a, v_a, v_2, k_n2, k_sq)

@@ -88,26 +88,19 @@ def query_fast(q):
 
 
 @triton.jit
-def kv_fast_first(kk0, vv0, kk1, vv1, TWO: tl.constexpr):
-    """The fast path's partials of the first one or two (TWO) key/value tiles of a program's share (keys
-    outside it read as 0): elementwise |k| max, |v| max and v^2 sum (tile-shaped, reduced once at the end:
-    no per-tile tree), per key row ||k||^2 max and float64 sum. Non-finite entries make a sum non-finite."""
-    kh = kk0.to(tl.float32)
-    vh = vv0.to(tl.float32)
+def kv_fast_first(kk, vv):
+    """The fast path's partials of the first key/value tile of a program's share (keys outside it read as
+    0): elementwise |k| max, |v| max and v^2 sum (tile-shaped, reduced once at the end: no per-tile tree),
+    per key row ||k||^2 max and float64 sum. Non-finite entries make a sum non-finite."""
+    kh = kk.to(tl.float32)
+    vh = vv.to(tl.float32)
     kn2 = tl.sum(kh * kh, 1)
-    if TWO:
-        kh1 = kk1.to(tl.float32)
-        vh1 = vv1.to(tl.float32)
-        r1 = tl.sum(kh1 * kh1, 1)
-        return (tl.maximum(tl.abs(kh), tl.abs(kh1)), tl.maximum(tl.abs(vh), tl.abs(vh1)), vh * vh + vh1 * vh1,
-                tl.maximum(kn2, r1), kn2.to(tl.float64) + r1.to(tl.float64))
-    else:
-        return tl.abs(kh), tl.abs(vh), vh * vh, kn2, kn2.to(tl.float64)
+    return tl.abs(kh), tl.abs(vh), vh * vh, kn2, kn2.to(tl.float64)
 
 
 @triton.jit
 def kv_fast_add(kk, vv, k_a, v_a, v_2, k_n2, k_sq):
-    """One more tile into kv_fast_first's partials (shares past two tiles: BLOCK_M > 2 BLOCK_N, seq_k > seq_q)."""
+    """One more tile into kv_fast_first's partials."""
     kh = kk.to(tl.float32)
     vh = vv.to(tl.float32)
     r = tl.sum(kh * kh, 1)
