@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -81,16 +82,43 @@ def graph_ms(fn: Callable[[], Any], calls: int = 10, replays: int = 20) -> float
     return start.elapsed_time(end) / (replays * calls)
 
 
+SLEEP_CYCLES = 400_000  # ~0.2 ms at the H200's clock: longer than any host launch here
+
+
+def events_ms(fn: Callable[[], Any], flush: bool, sleep: bool, calls: int = 1, reps: int = 40) -> float:
+    """Median ms per call of `calls` launches between two events, over `reps` repetitions; flush: a 256 MB
+    zero_ first (L2 flushed, as triton.testing.do_bench); sleep: a GPU sleep queued before it, so the
+    host is ahead of the GPU and a slow host launch cannot show up as GPU time."""
+    cache = torch.empty(256 << 20, dtype=torch.int8, device="cuda") if flush else None  # L2 is 60 MB
+    times = []
+    for _ in range(reps):
+        if sleep:
+            torch.cuda._sleep(SLEEP_CYCLES)
+        if flush:
+            cache.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        times.append((start, end))
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in times) / calls
+
+
 def entry_ms(fn: Callable[[], Any], method: str = "do_bench", smoke: bool = False) -> float:
     """ms of one entry in one round of an interleaved bench: do_bench's median (L2 flushed before each
-    call), with method "graph" the mean of CUDA graph replays (graph_ms), and in a CPU smoke run one
-    wall-clock call."""
+    call), with method "graph" the mean of CUDA graph replays (graph_ms), "flush_sleep" do_bench's flush
+    with the host kept ahead (events_ms: the kernel's own time, no host launch cost), and in a CPU
+    smoke run one wall-clock call."""
     if smoke:
         t = time.perf_counter()
         fn()
         return 1e3 * (time.perf_counter() - t)
     if method == "graph":
         return graph_ms(fn)
+    if method == "flush_sleep":
+        return events_ms(fn, flush=True, sleep=True)
     import triton.testing
 
     return float(triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median"))

@@ -7,6 +7,7 @@ as torch.compile), timed side by side in interleaved rounds, with torch.compile 
     BENCH_OPS="softmax,softmax (hf mask)" python bench/norm_chunks.py   # any bench/gpu_kernels.py OPS entry
     BENCH_CONFIGS='{"layernorm": [{"num_warps": 8, "maxnreg": 128}]}' python bench/norm_chunks.py
     BENCH_METHOD=graph python bench/norm_chunks.py           # CUDA graph replays instead of do_bench
+    BENCH_METHOD=flush_sleep python bench/norm_chunks.py     # do_bench's flush, host launch cost hidden
     BENCH_SHAPE=8192x8192 python bench/norm_chunks.py        # another timing shape (bf16)
     BENCH_DTYPE=float16 python bench/norm_chunks.py          # another dtype of the inputs
     TRITON_INTERPRET=1 python bench/norm_chunks.py --smoke   # CPU dry run of the script, small shapes
@@ -47,7 +48,7 @@ DEV = "cpu" if SMOKE else "cuda"
 SHAPE = (64, 700) if SMOKE else tuple(int(v) for v in os.environ.get("BENCH_SHAPE", "4096x16384").split("x"))
 ROUNDS = 1 if SMOKE else int(os.environ.get("BENCH_ROUNDS", "7"))
 DTYPE = getattr(torch, os.environ.get("BENCH_DTYPE", "bfloat16"))
-METHOD = os.environ.get("BENCH_METHOD", "do_bench")  # or "graph": CUDA graph replays
+METHOD = os.environ.get("BENCH_METHOD", "do_bench")  # or "graph" (CUDA graph replays), "flush_sleep"
 TWIN_ROWS = 8 if SMOKE else 16
 
 

@@ -30,34 +30,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, f
 sys.path.insert(1, str(Path(__file__).resolve().parent))  # bench/
 
 import torch
-from _bench_common import graph_ms, write_report
+from _bench_common import events_ms, graph_ms, write_report
 
 from optwin.kernels import production as P
 from optwin.kernels._common import occupancy_table
 from optwin.kernels.rmsnorm import EPS, _rmsnorm_launch
 from optwin.kernels.sketch_buffer import new_buffer
 
-ROUNDS, REPS = 5, 40
-SLEEP_CYCLES = 400_000  # ~0.2 ms at the H200's clock: longer than any host launch here
-
-
-def events_ms(fn: Callable[[], Any], flush: bool, sleep: bool, calls: int = 1) -> float:
-    """Median ms per call of `calls` launches between two events, over REPS repetitions."""
-    cache = torch.empty(256 << 20, dtype=torch.int8, device="cuda") if flush else None  # L2 is 60 MB
-    times = []
-    for _ in range(REPS):
-        if sleep:
-            torch.cuda._sleep(SLEEP_CYCLES)
-        if flush:
-            cache.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        times.append((start, end))
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in times) / calls
+ROUNDS = 5
 
 
 METHODS: dict[str, Callable[[Callable[[], Any]], float]] = {

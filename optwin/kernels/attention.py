@@ -80,6 +80,7 @@ from optwin.kernels.attention_sketch import (
     row_partials,
     store_record,
 )
+from optwin.kernels.fast_launch import launch
 from optwin.kernels.sketch_buffer import feature_names, new_buffer, row_records
 from optwin.twin.attention import triton_block_n, triton_qk_scale
 
@@ -393,7 +394,7 @@ def attention(
     n_prog = n_m * bsz * heads
     rec = row_records("attention", q.device, n_prog, words=RECORD_WORDS.value, extra=1)[0] if sketch else y
     kwargs = {} if os.environ.get("TRITON_INTERPRET") == "1" else {"num_stages": stages}
-    k = _attention_kernel[(n_prog + 1 if sketch else n_prog,)](
+    k = launch(_attention_kernel, (n_prog + 1 if sketch else n_prog,),
         q, k, v, y, buf if sketch else y, rec,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *y.stride()[:3],
         bsz, heads, seq_q, seq_k, n_m, triton_qk_scale(d), float(low_entropy_nats),

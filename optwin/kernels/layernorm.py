@@ -69,6 +69,7 @@ from optwin.kernels._common import (
     rows_view,
     sum_squares,
 )
+from optwin.kernels.fast_launch import launch
 from optwin.kernels.layernorm_sketch import (
     _chunked_exact_row,
     _const_abs,
@@ -328,7 +329,7 @@ def _layernorm_launch(
     if n > MAX_BLOCK or (chunk is not None and n > chunk):
         block, warps, _, _ = launch_config("layernorm-chunked", n, num_warps, 1, chunk=chunk or TRITON_CHUNK)
         key = ("layernorm-chunked", x2.dtype, block, warps, sketch, const_n)
-        k = _layernorm_chunked_kernel[(persistent_grid(key, n_rows, x2.device, per_sm),)](
+        k = launch(_layernorm_chunked_kernel, (persistent_grid(key, n_rows, x2.device, per_sm),),
             x2, x2.stride(0), weight, bias, y2, y2.stride(0), buf if sketch else y2, f, i,
             n_rows, n, eps, CAP=RATIO_CAP, CHUNK=block, SKETCH=sketch, CONST_N=n if const_n and n % block == 0 else 0,
             num_warps=warps, enable_fp_fusion=False,
@@ -342,7 +343,7 @@ def _layernorm_launch(
     key = ("layernorm", x2.dtype, block, warps, st, cap, sketch, kp)
     regs = register_cap(cap)  # registers per thread
     grid = persistent_grid(key, n_rows, x2.device, grid_per_sm("layernorm", block, sketch, per_sm))
-    k = _layernorm_kernel[(grid,)](
+    k = launch(_layernorm_kernel, (grid,),
         x2, x2.stride(0), weight, bias, y2, y2.stride(0), buf if sketch else y2, f, i,
         n_rows, n, eps, CAP=RATIO_CAP, BLOCK=block, SKETCH=sketch, STAGES=st, VEC=vec, LANES=lanes, KEEP=kp,
         EXACT_CHUNK=min(EXACT_CHUNK, block),

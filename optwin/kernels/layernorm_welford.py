@@ -56,6 +56,7 @@ from optwin.kernels._common import (
     release_flag,
     store_common_features,
 )
+from optwin.kernels.fast_launch import launch
 from optwin.kernels.layernorm_sketch import (
     _chunked_exact_row,
     _could_be_constant,
@@ -312,7 +313,7 @@ def _welford_launch(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, 
     m, e = row_records("layernorm", x2.device, n_rows, words=2, extra=4) if sketch else (y2, y2)
     key = ("layernorm-welford", x2.dtype, n, chunk, warps, cap, sketch)
     pf = prefetch_args("layernorm", n, x2, sketch, n_rows + sketch, key, prefetch)
-    k = _layernorm_welford_kernel[(n_rows + sketch,)](
+    k = launch(_layernorm_welford_kernel, (n_rows + sketch,),
         x2, x2.stride(0), weight, bias, y2, y2.stride(0), buf if sketch else y2, m, e, n_rows, eps,
         N=n, CHUNK=chunk, CAP=RATIO_CAP, SKETCH=sketch, POLL=poll or RECORD_POLL, EXACT_CHUNK=_common.EXACT_CHUNK,
         FINISHER_FIRST=not INTERPRETED, PACKED=x2.element_size() == 2, PROBE=probe, **pf, num_warps=warps, enable_fp_fusion=False, **register_cap(cap),

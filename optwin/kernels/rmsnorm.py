@@ -76,6 +76,7 @@ from optwin.kernels._common import (
     sum_and_max,
     sum_squares,
 )
+from optwin.kernels.fast_launch import launch
 from optwin.kernels.sketch_buffer import (
     WORKSPACE,
     feature_names,
@@ -391,7 +392,7 @@ def _rmsnorm_launch(
     if n > MAX_BLOCK or (chunk is not None and n > chunk):
         block, warps, _, _ = launch_config("rmsnorm-chunked", n, num_warps, 1, chunk=chunk or TRITON_CHUNK)
         key = ("rmsnorm-chunked", x2.dtype, block, warps, sketch, const_n)
-        k = _rmsnorm_chunked_kernel[(persistent_grid(key, n_rows, x2.device, per_sm),)](
+        k = launch(_rmsnorm_chunked_kernel, (persistent_grid(key, n_rows, x2.device, per_sm),),
             x2, x2.stride(0), weight, y2, y2.stride(0), buf if sketch else y2, f, i,
             n_rows, n, eps, CHUNK=block, SKETCH=sketch, CONST_N=n if const_n and n % block == 0 else 0,
             num_warps=warps, enable_fp_fusion=False,
@@ -405,7 +406,7 @@ def _rmsnorm_launch(
         st = RECORD_STAGES.get(("rmsnorm", block), st) if sketch and stages is None else st
         key = ("rmsnorm-rows", x2.dtype, block, warps, st, cap, sketch)
         pf = prefetch_args("rmsnorm", block, x2, sketch, n_rows + sketch, key, prefetch)
-        k = _rmsnorm_rows_kernel[(n_rows + sketch,)](
+        k = launch(_rmsnorm_rows_kernel, (n_rows + sketch,),
             x2, x2.stride(0), weight, y2, y2.stride(0), buf if sketch else y2, m, e,
             n_rows, n, eps, BLOCK=block, SKETCH=sketch, STAGES=st, POLL=poll or RECORD_POLL,
             EXACT_CHUNK=min(block, EXACT_CHUNK), FINISHER_FIRST=not INTERPRETED, **pf,
@@ -415,7 +416,7 @@ def _rmsnorm_launch(
         return
     key = ("rmsnorm", x2.dtype, block, warps, st, cap, sketch)
     grid = persistent_grid(key, n_rows, x2.device, grid_per_sm("rmsnorm", block, sketch, per_sm))
-    k = _rmsnorm_kernel[(grid,)](
+    k = launch(_rmsnorm_kernel, (grid,),
         x2, x2.stride(0), weight, y2, y2.stride(0), buf if sketch else y2, f, i,
         n_rows, n, eps, BLOCK=block, SKETCH=sketch, STAGES=st,
         num_warps=warps, enable_fp_fusion=False, **regs,

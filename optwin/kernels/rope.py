@@ -52,6 +52,7 @@ from optwin.kernels._common import (
     reset_workspace,
     store_common_features,
 )
+from optwin.kernels.fast_launch import launch
 from optwin.kernels.production import rope_inv_freq
 from optwin.kernels.sketch_buffer import WORKSPACE, feature_names, new_buffer, workspace
 
@@ -290,7 +291,7 @@ def _rope_launch(
     key = ("rope", x4.dtype, block_h, block_d, warps, st, tables, sketch, lacc, cap, kp)
     extra = register_cap(cap)
     base_bits = struct.unpack("<q", struct.pack("<d", float(base)))[0]
-    k = _rope_kernel[(persistent_grid(key, batch * seq * n_hb, x4.device, per_sm),)](
+    k = launch(_rope_kernel, (persistent_grid(key, batch * seq * n_hb, x4.device, per_sm),),
         x4, x4.stride(0), x4.stride(1), x4.stride(2),
         y4, y4.stride(0), y4.stride(1), y4.stride(2),
         dummy if tables else positions, 0 if tables else positions.stride(0),

@@ -88,8 +88,12 @@ def new_buffer(op: str, device: torch.device | str) -> torch.Tensor:
 def _stream_key(op: str, device: torch.device) -> tuple[str, str, int]:
     """(op, device, current stream): launches on different streams may overlap, so each stream gets
     its own workspace and row records."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    return op, str(device), int(stream)
+    if device.type != "cuda":
+        return op, str(device), 0
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    # the raw handle (what Triton launches on), not torch.cuda.current_stream(): that builds a Stream
+    # object, ~5 µs of every sketched launch's host time (bench/launch_cost.py --profile)
+    return op, f"cuda:{idx}", int(torch._C._cuda_getCurrentRawStream(idx))
 
 
 def workspace(op: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -87,6 +87,7 @@ from optwin.kernels._common import (
     register_cap,
     rows_view,
 )
+from optwin.kernels.fast_launch import launch
 from optwin.kernels.packed16 import (
     LOW_BITS_PAIR,
     NEG_INF_PAIR,
@@ -653,7 +654,7 @@ def _softmax_launch(
     extra = register_cap(cap)
     grid = persistent_grid(key, n_rows, x2.device, grid_per_sm("softmax", block, sketch, per_sm))
     pf = prefetch_args("softmax", block, x2, sketch, grid, key, prefetch)
-    k = _softmax_kernel[(grid,)](
+    k = launch(_softmax_kernel, (grid,),
         x2, x2.stride(0), y2, y2.stride(0), buf if sketch else y2, f, i, n_rows, n, PEAK_NATS,
         BLOCK=block, SKETCH=sketch, STAGES=st, VARIANT=var,
         CHUNK=min(CHUNK, block), VEC=vec, LANES=lanes, KEEP=kp, FLUSH=FLUSH, EVEN=even, PACKED=packed,

@@ -49,6 +49,7 @@ from optwin.kernels._common import (
     note_occupancy,
     register_cap,
 )
+from optwin.kernels.fast_launch import launch
 from optwin.kernels.sketch_buffer import workspace
 from optwin.kernels.softmax_sketch import (
     _max_min,
@@ -226,10 +227,10 @@ def softmax_long_launch(x2: torch.Tensor, y2: torch.Tensor, buf: torch.Tensor | 
     extra = {"num_warps": warps, "enable_fp_fusion": False, **register_cap(maxnreg)}
     if n_rows:
         # FMA contraction only touches the sketch's products (t, squares): y's path has none
-        k = _piece_kernel[(n_rows * pieces,)](x2, x2.stride(0), ms, rec, n_rows, n, pieces, SKETCH=sketch, CHUNK=chunk,
+        k = launch(_piece_kernel, (n_rows * pieces,), x2, x2.stride(0), ms, rec, n_rows, n, pieces, SKETCH=sketch, CHUNK=chunk,
                                               **{**extra, "enable_fp_fusion": sketch})
         note_occupancy(("softmax-pieces", x2.dtype, chunk, warps, sketch, maxnreg), k, warps)
-    k = _piece_out_kernel[(max(n_rows * pieces, 1),)](
+    k = launch(_piece_out_kernel, (max(n_rows * pieces, 1),),
         x2, x2.stride(0), y2, y2.stride(0), ms, rec, buf if sketch else y2, f, i, n_rows, n, pieces, held, peak_nats,
         SKETCH=sketch, CHUNK=chunk, PIECES=triton.next_power_of_2(pieces), **extra,
     )

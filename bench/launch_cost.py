@@ -1,0 +1,154 @@
+"""Host cost of one kernel launch, with and without the sketch, side by side in interleaved rounds:
+what an eager (not graph-captured) caller pays in Python and the driver before the GPU sees the kernel.
+When it exceeds the GPU time queued ahead of a launch (do_bench's 256 MB L2 flush, ~70 µs on the H200),
+it shows up as kernel time in do_bench; BENCH_METHOD=flush_sleep of bench/norm_chunks.py hides it.
+
+    python bench/launch_cost.py            # on a CUDA machine; writes $OUT/launch_cost.md
+    BENCH_SHAPE=64x4096 python bench/launch_cost.py
+    python bench/launch_cost.py --profile  # also cProfile each sketched launch: where the host time goes
+    python bench/launch_cost.py --split    # also each launch's own parts: Triton's JIT call alone, the bare launcher
+
+Each entry: µs of host wall time per call over CALLS launches back to back, through
+optwin.kernels.fast_launch and through Triton's own call (fast_launch off) (the GPU queue never
+fills: the launches are small), median over ROUNDS interleaved rounds. Launch = the bench's launcher
+(bench/gpu_kernels.py OPS: the op's `_*_launch` into given buffers); torch eager of the production
+variant beside it for scale.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for `optwin`
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # bench/
+
+import torch
+from _bench_common import write_report
+from gpu_kernels import OPS
+
+from optwin.kernels import fast_launch
+from optwin.kernels.sketch_buffer import new_buffer
+
+SHAPE = tuple(int(v) for v in os.environ.get("BENCH_SHAPE", "64x4096").split("x"))
+ROUNDS, CALLS = 7, 200
+
+
+def host_us(fn) -> float:
+    """µs of host time per call of fn, CALLS calls back to back, then one sync (not timed)."""
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(CALLS):
+        fn()
+    dt = time.perf_counter() - t
+    torch.cuda.synchronize()
+    return 1e6 * dt / CALLS
+
+
+def main() -> str:
+    g = torch.Generator().manual_seed(0)
+    entries = {}
+    for name in ("rmsnorm", "layernorm", "softmax", "rope"):
+        b = OPS[name]
+        inp, params = b.make(SHAPE, torch.bfloat16, "cuda", g)
+        y, buf = torch.empty_like(inp["x"]), new_buffer(b.op, "cuda")
+        entries[(name, "no sketch")] = lambda b=b, inp=inp, params=params, y=y: b.launch(inp, params, y, None)
+        entries[(name, "sketch")] = lambda b=b, inp=inp, params=params, y=y, buf=buf: b.launch(inp, params, y, buf)
+        entries[(name, "torch eager")] = lambda b=b, inp=inp, params=params: b.eager(inp, params)
+    for fn in entries.values():  # compile and warm up
+        fn()
+        fn()
+    res: dict[tuple[str, str, bool], list[float]] = {}
+    for _ in range(ROUNDS):
+        for (name, kind), fn in entries.items():
+            for direct in (True, False) if kind != "torch eager" else (True,):
+                fast_launch._state["direct"] = direct
+                res.setdefault((name, kind, direct), []).append(host_us(fn))
+    fast_launch._state["direct"] = True
+    lines = [f"# Host µs per launch, bf16 {SHAPE[0]}x{SHAPE[1]}; {torch.cuda.get_device_name()}, {ROUNDS} interleaved "
+             f"rounds of {CALLS} calls", "", "optwin.kernels.fast_launch (Triton's own `kernel[grid](...)` call in brackets)",
+             "", "| op | no sketch | sketch | sketch - no sketch | torch eager |", "|---|---:|---:|---:|---:|"]
+    for name in ("rmsnorm", "layernorm", "softmax", "rope"):
+        m = {(w, d): statistics.median(v) for (n, w, d), v in res.items() if n == name}
+        cells = [f"{m[(w, True)]:.1f} ({m[(w, False)]:.1f})" for w in ("no sketch", "sketch")]
+        diff = m[("sketch", True)] - m[("no sketch", True)]
+        lines.append(f"| {name} | {cells[0]} | {cells[1]} | {diff:+.1f} | {m[('torch eager', True)]:.1f} |")
+    if "--split" in sys.argv:
+        lines += ["", *split(entries)]
+    if "--profile" in sys.argv:
+        lines += ["", *profiles(entries)]
+    return "\n".join(lines) + f"\n\ntorch {torch.__version__}\n"
+
+
+def split(entries) -> list[str]:
+    """Per launch: the whole launcher, then the same kernel call replayed through Triton's JIT (`kernel[grid](...)`
+    with the launcher's arguments), then the compiled kernel's bare launcher (`CompiledKernel.run`, what is
+    left once the arguments are bound and the kernel is looked up)."""
+    import inspect
+
+    from triton.runtime.jit import JITFunction
+
+    rows = ["| launch | launcher | JIT call only | bare launcher |", "|---|---:|---:|---:|"]
+    for (name, kind), fn in entries.items():
+        if kind == "torch eager":
+            continue
+        seen = {}
+
+        def intercept(self, *args, grid, warmup, **kwargs):
+            seen.update(fn=self, args=args, kwargs=kwargs, grid=grid)
+            return saved(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+        saved = JITFunction.run
+        JITFunction.run = intercept
+        fast_launch._state["direct"] = False  # the call must reach JITFunction.run to be seen
+        try:
+            fn()
+        finally:
+            JITFunction.run = saved
+            fast_launch._state["direct"] = True
+        jf, args, kwargs, grid = seen["fn"], seen["args"], seen["kwargs"], seen["grid"]
+        kernel = jf[grid](*args, **kwargs)
+        params = list(inspect.signature(jf.fn).parameters.values())[len(args):]
+        bound = [*args] + [kwargs.get(p.name, p.default) for p in params]
+        g = tuple(grid) + (1,) * (3 - len(grid))
+        stream = torch.cuda.current_stream().cuda_stream
+        if inspect.Parameter.empty not in bound:
+            bare = lambda: kernel.run(g[0], g[1], g[2], stream, kernel.function, kernel.packed_metadata, None,  # noqa: E731
+                                      None, None, *bound)
+            bare()
+            t_bare = f"{statistics.median(host_us(bare) for _ in range(ROUNDS)):.1f}"
+        else:  # defaulted arguments the launcher did not pass: the bare call would need their values
+            t_bare = "n/a"
+        t_jit = statistics.median(host_us(lambda: jf[grid](*args, **kwargs)) for _ in range(ROUNDS))
+        t_all = statistics.median(host_us(fn) for _ in range(ROUNDS))
+        rows.append(f"| {name}, {kind} | {t_all:.1f} | {t_jit:.1f} | {t_bare} |")
+    return ["## Where a launch's host time goes (µs)", "", *rows]
+
+
+def profiles(entries) -> list[str]:
+    """Each sketched launch under cProfile (CALLS calls): the functions with the most own time."""
+    import cProfile
+    import io
+    import pstats
+
+    out = []
+    for (name, kind), fn in entries.items():
+        if kind == "torch eager":
+            continue
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(CALLS):
+            fn()
+        prof.disable()
+        torch.cuda.synchronize()
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(18)
+        out += [f"## {name}, {kind}: cProfile, {CALLS} calls, by own time", "", "```", text.getvalue().strip(), "```", ""]
+    return out
+
+
+if __name__ == "__main__":
+    write_report(main(), "launch_cost.md")
