@@ -62,9 +62,15 @@ def _params(kernel: JITFunction) -> tuple[tuple[str, Any], ...]:
     return got
 
 
+def _hooked(hook: Any) -> bool:
+    """A launch hook is installed: a plain callable (older Triton), or a HookChain with calls in it
+    (Triton 3.5+ always holds a chain, empty unless a profiler adds to it)."""
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
 def launch(kernel: JITFunction, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> Any:
     """kernel[grid](*args, **kwargs), returning the CompiledKernel; direct once the key was seen."""
-    if not _state["direct"] or _knobs.runtime.launch_enter_hook is not None:
+    if not _state["direct"] or _hooked(_knobs.runtime.launch_enter_hook) or _hooked(_knobs.runtime.launch_exit_hook):
         return kernel[grid](*args, **kwargs)
     device = driver.active.get_current_device()  # Triton compiles and loads per current device
     key = (id(kernel), device, len(grid), *(_arg_key(a) for a in args),
