@@ -35,31 +35,30 @@ try:
 except ImportError:  # older Triton: no knobs module; launch hooks then go unseen, so keep its call
     _knobs = None
 
-_PLANS: dict[tuple[Any, ...], Any] = {}  # key -> CompiledKernel
-_PARAMS: dict[int, tuple[tuple[str, Any], ...]] = {}  # id(kernel) -> ((name, default), ...) in order
+_PLANS: dict[tuple[Any, ...], tuple[Any, tuple[tuple[str, Any], ...]]] = {}  # key -> (CompiledKernel, the rest)
+MAX_PLANS = 4096
 _state = {"direct": not INTERPRETED and _knobs is not None}
+_driver: list[Any] = []  # (current device, current stream) of the active driver, bound on first use
 
 
 def _arg_key(v: Any) -> Any:
-    """What Triton's specialization of one argument depends on (or more)."""
-    if isinstance(v, torch.Tensor):
-        return v.dtype, v.data_ptr() % 16 == 0
-    if isinstance(v, bool) or v is None:
-        return v
-    if isinstance(v, int):
-        return int, v == 1, v % 16 == 0, -(2**31) <= v < 2**31, v < 2**63
-    if isinstance(v, float):
+    """What Triton's specialization of one argument depends on (or more). Exact types first: this runs
+    for every argument of every launch."""
+    t = type(v)
+    if t is int:
+        return v == 1, v & 15 == 0, -(2**31) <= v < 2**31, v < 2**63
+    if t is torch.Tensor or isinstance(v, torch.Tensor):
+        return v.dtype, v.data_ptr() & 15 == 0
+    if t is float:
         return float
-    return v  # constexprs, dtypes, strings: by value
+    return v  # bools, None, constexprs, dtypes, strings: by value
 
 
-def _params(kernel: JITFunction) -> tuple[tuple[str, Any], ...]:
-    """(name, default) of the kernel's parameters in signature order (cached per kernel)."""
-    got = _PARAMS.get(id(kernel))
-    if got is None:
-        got = tuple((p.name, p.default) for p in inspect.signature(kernel.fn).parameters.values())
-        _PARAMS[id(kernel)] = got
-    return got
+def _rest(kernel: JITFunction, n_args: int) -> tuple[tuple[str, Any], ...]:
+    """(name, default) of the parameters after the first n_args, in signature order: the keyword
+    arguments the launch passes by name or leaves at their defaults."""
+    params = list(inspect.signature(kernel.fn).parameters.values())[n_args:]
+    return tuple((p.name, p.default) for p in params)
 
 
 def _hooked(hook: Any) -> bool:
@@ -72,22 +71,23 @@ def launch(kernel: JITFunction, grid: tuple[int, ...], *args: Any, **kwargs: Any
     """kernel[grid](*args, **kwargs), returning the CompiledKernel; direct once the key was seen."""
     if not _state["direct"] or _hooked(_knobs.runtime.launch_enter_hook) or _hooked(_knobs.runtime.launch_exit_hook):
         return kernel[grid](*args, **kwargs)
-    device = driver.active.get_current_device()  # Triton compiles and loads per current device
-    key = (id(kernel), device, len(grid), *(_arg_key(a) for a in args),
-           *((k, _arg_key(v)) for k, v in kwargs.items()))
-    compiled = _PLANS.get(key)
-    if compiled is None:
+    if not _driver:
+        _driver.extend((driver.active.get_current_device, driver.active.get_current_stream))
+    device = _driver[0]()  # Triton compiles and loads per current device
+    key = (id(kernel), device, len(grid), tuple(kwargs), *map(_arg_key, args), *map(_arg_key, kwargs.values()))
+    plan = _PLANS.get(key)
+    if plan is None:
         compiled = kernel[grid](*args, **kwargs)
-        _PLANS[key] = compiled
+        if len(_PLANS) >= MAX_PLANS:  # an argument keyed by value that changes every call: stay bounded
+            _PLANS.clear()
+        _PLANS[key] = (compiled, _rest(kernel, len(args)))
         return compiled
-    bound = list(args)
-    for name, default in _params(kernel)[len(args):]:
-        bound.append(kwargs.get(name, default))
-    stream = driver.active.get_current_stream(device)
+    compiled, rest = plan
     g1 = grid[1] if len(grid) > 1 else 1
     g2 = grid[2] if len(grid) > 2 else 1
     try:
-        compiled.run(grid[0], g1, g2, stream, compiled.function, compiled.packed_metadata, None, None, None, *bound)
+        compiled.run(grid[0], g1, g2, _driver[1](device), compiled.function, compiled.packed_metadata, None, None,
+                     None, *args, *[kwargs.get(name, default) for name, default in rest])
     except TypeError:  # a launcher of another signature: Triton's own call from now on
         _state["direct"] = False
         return kernel[grid](*args, **kwargs)

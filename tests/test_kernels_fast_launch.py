@@ -1,0 +1,59 @@
+"""optwin.kernels.fast_launch: the specialization key it caches compiled kernels under, its hook test,
+and its launches under the interpreter (where it hands every call to Triton). The direct path itself
+runs only on a GPU: bench/launch_cost.py times it there, and the GPU checks (bench/row_records_check.py,
+bench/gpu_kernels.py, bench/gpu_attention.py) launch every kernel through it."""
+
+from __future__ import annotations
+
+import torch
+
+from optwin.kernels import fast_launch
+from optwin.kernels.fast_launch import _arg_key, _hooked
+
+
+def test_int_key_separates_what_triton_specializes():
+    keys = {v: _arg_key(v) for v in (1, 2, 16, 17, 32, 2**31 - 16, 2**31, -16, 2**40)}
+    assert keys[1] != keys[2]  # == 1 is a constant to Triton
+    assert keys[16] != keys[17] and keys[16] == keys[32]  # divisible by 16, or not
+    assert keys[2**31 - 16] != keys[2**31]  # int32 against int64 arguments
+    assert keys[-16] == keys[16]  # the same specialization: one compiled kernel for both
+    assert _arg_key(True) != _arg_key(1) and _arg_key(False) != _arg_key(0)  # bools by value
+
+
+def test_tensor_key_is_dtype_and_16_byte_alignment():
+    x = torch.zeros(64, dtype=torch.float32)
+    assert _arg_key(x) == (torch.float32, True)
+    assert _arg_key(x[1:]) == (torch.float32, False)  # 4 bytes in: not aligned
+    assert _arg_key(x[4:]) == (torch.float32, True)
+    assert _arg_key(x.to(torch.float16)) != _arg_key(x)
+    assert _arg_key(torch.nn.Parameter(x)) == _arg_key(x)  # a subclass keys as a tensor
+
+
+def test_other_arguments_key_by_value_and_floats_by_type():
+    assert _arg_key(1e-6) == _arg_key(2.5)  # fp32 scalars: never specialized
+    assert _arg_key(None) is None
+    assert _arg_key("evict_first") == "evict_first"
+
+
+class _Chain:
+    def __init__(self, calls):
+        self.calls = calls
+
+
+def test_hooks_count_only_when_something_listens():
+    assert not _hooked(None)
+    assert not _hooked(_Chain([]))  # Triton 3.5+ always holds an empty chain
+    assert _hooked(_Chain([print]))
+    assert _hooked(print)  # older Triton: a plain callable
+
+
+def test_interpreter_launches_go_through_triton(monkeypatch):
+    from optwin.kernels.rmsnorm import rmsnorm
+
+    assert fast_launch._state["direct"] is False  # TRITON_INTERPRET=1 in the tests
+    x = torch.randn(5, 48)
+    w = torch.ones(48)
+    y, _ = rmsnorm(x, w, 1e-6, sketch=False)
+    want = x / torch.sqrt((x * x).mean(-1, keepdim=True) + 1e-6)
+    assert torch.allclose(y, want, rtol=1e-5, atol=1e-6)
+    assert not fast_launch._PLANS  # nothing cached: every call was Triton's own
