@@ -5,10 +5,14 @@ bench/gpu_kernels.py, bench/gpu_attention.py) launch every kernel through it."""
 
 from __future__ import annotations
 
-import torch
+import os
 
-from optwin.kernels import fast_launch
-from optwin.kernels.fast_launch import _arg_key, _hooked
+os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (the kernels read it at decoration)
+
+import torch  # noqa: E402
+
+from optwin.kernels import fast_launch  # noqa: E402
+from optwin.kernels.fast_launch import _arg_key, _hooked  # noqa: E402
 
 
 def test_int_key_separates_what_triton_specializes():
@@ -47,7 +51,7 @@ def test_hooks_count_only_when_something_listens():
     assert _hooked(print)  # older Triton: a plain callable
 
 
-def test_interpreter_launches_go_through_triton(monkeypatch):
+def test_interpreter_launches_go_through_triton():
     from optwin.kernels.rmsnorm import rmsnorm
 
     assert fast_launch._state["direct"] is False  # TRITON_INTERPRET=1 in the tests
