@@ -7,6 +7,8 @@ it shows up as kernel time in do_bench; BENCH_METHOD=flush_sleep of bench/norm_c
     BENCH_SHAPE=64x4096 python bench/launch_cost.py
     python bench/launch_cost.py --profile  # also cProfile each sketched launch: where the host time goes
     python bench/launch_cost.py --split    # also each launch's own parts: Triton's JIT call alone, the bare launcher
+    python bench/launch_cost.py --host     # any machine, no GPU: our launchers' own Python, the kernel call left out
+    BENCH_AB=base python bench/launch_cost.py --host   # ... beside a frozen package (bench/ab_snapshot.py)
 
 Each entry: µs of host wall time per call over CALLS launches back to back, through
 optwin.kernels.fast_launch and through Triton's own call (fast_launch off) (the GPU queue never
@@ -150,5 +152,66 @@ def profiles(entries) -> list[str]:
     return out
 
 
+def host_only() -> str:
+    """Our launchers' own Python per call (CPU tensors, no GPU needed): the kernel call replaced by a
+    no-op and the device check skipped, so what is timed is the launch logic around the call (configs,
+    grids, workspaces, occupancy). The launch itself and Triton's part are --split's columns on a GPU.
+    BENCH_AB=name,...: frozen packages (bench/ab_snapshot.py) timed in the same interleaved rounds."""
+    import importlib
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent / ".ab"))
+    pkgs = ["optwin", *(f"optwin_{n}" for n in os.environ.get("BENCH_AB", "").split(",") if n)]
+    saved = []  # (module, attribute, value): put back at the end (a test runs this in its process)
+    for pkg in pkgs:
+        for m in ("rmsnorm", "layernorm", "layernorm_welford", "softmax", "softmax_long", "rope"):
+            mod = importlib.import_module(f"{pkg}.kernels.{m}")
+            for attr in ("launch", "check_device"):
+                if hasattr(mod, attr):
+                    saved.append((mod, attr, getattr(mod, attr)))
+                    setattr(mod, attr, lambda *a, **k: None)
+    try:
+        return _host_table(pkgs)
+    finally:
+        for mod, attr, value in saved:
+            setattr(mod, attr, value)
+
+
+def _host_table(pkgs: list[str]) -> str:
+    """host_only's rounds and table, with the kernel calls already left out."""
+    import importlib
+
+    from gpu_kernels import _sweep_launcher
+
+    g = torch.Generator().manual_seed(0)
+    entries = {}
+    for name in ("rmsnorm", "layernorm", "softmax", "rope"):
+        b = OPS[name]
+        inp, params = b.make(SHAPE, torch.bfloat16, "cpu", g)
+        if name != "rope":
+            inp = {k: (v.reshape(-1, v.shape[-1]) if k == "x" else v) for k, v in inp.items()}
+        y = torch.empty_like(inp["x"])
+        for pkg in pkgs:
+            buf = importlib.import_module(f"{pkg}.kernels.sketch_buffer").new_buffer(b.op, "cpu")
+            f = _sweep_launcher(name, inp, params, y, {"pkg": pkg})
+            for sk in (False, True):
+                entries[(name, pkg, sk)] = (lambda f=f, bb=buf if sk else None: f(bb))
+    res: dict[tuple, list[float]] = {}
+    for fn in entries.values():
+        fn()
+    for _ in range(ROUNDS):
+        for k, fn in entries.items():
+            t = time.perf_counter()
+            for _ in range(CALLS):
+                fn()
+            res.setdefault(k, []).append(1e6 * (time.perf_counter() - t) / CALLS)
+    lines = [f"# Our launchers' host µs per call (kernel call left out), bf16 {SHAPE[0]}x{SHAPE[1]}, CPU tensors; "
+             f"median of {ROUNDS} interleaved rounds of {CALLS} calls", "",
+             "| op | " + " | ".join(f"{p} no sketch | {p} sketch" for p in pkgs) + " |", "|---|" + "---:|" * (2 * len(pkgs))]
+    for name in ("rmsnorm", "layernorm", "softmax", "rope"):
+        cells = [f"{statistics.median(res[(name, p, sk)]):.1f}" for p in pkgs for sk in (False, True)]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + f"\n\ntorch {torch.__version__}\n"
+
+
 if __name__ == "__main__":
-    write_report(main(), "launch_cost.md")
+    write_report(host_only() if "--host" in sys.argv else main(), "launch_cost.md")

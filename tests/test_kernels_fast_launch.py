@@ -61,3 +61,34 @@ def test_interpreter_launches_go_through_triton():
     want = x / torch.sqrt((x * x).mean(-1, keepdim=True) + 1e-6)
     assert torch.allclose(y, want, rtol=1e-5, atol=1e-6)
     assert not fast_launch._PLANS  # nothing cached: every call was Triton's own
+
+
+def test_host_pow2_and_cdiv_match_triton():
+    import triton
+
+    from optwin.kernels._common import cdiv, next_pow2
+
+    assert all(next_pow2(v) == triton.next_power_of_2(v) for v in [*range(0, 4100), 65535, 65536, 65537, 2**40 + 3])
+    assert all(cdiv(a, b) == triton.cdiv(a, b) for a in range(-40, 300) for b in range(1, 33))
+
+
+def test_launch_cost_host_table_runs_on_cpu():
+    """bench/launch_cost.py --host: our launchers' own Python, timed with the kernel call left out."""
+    import sys
+    from pathlib import Path
+
+    bench = str(Path(__file__).resolve().parents[1] / "bench")
+    sys.path.insert(0, bench)
+    try:
+        import launch_cost
+    finally:
+        sys.path.remove(bench)
+    launch_cost.ROUNDS, launch_cost.CALLS = 1, 3
+    table = launch_cost.host_only()
+    rows = [line for line in table.splitlines() if line.startswith("| ") and line.split("|")[1].strip() in
+            ("rmsnorm", "layernorm", "softmax", "rope")]
+    assert len(rows) == 4
+    assert all(float(c) > 0 for r in rows for c in r.strip("|").split("|")[1:])
+    from optwin.kernels import rmsnorm
+
+    assert rmsnorm.launch is fast_launch.launch  # the kernel calls are back after the bench

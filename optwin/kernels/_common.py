@@ -101,13 +101,24 @@ def occupancy_table() -> dict[tuple[Any, ...], int]:
     return dict(_OCCUPANCY)
 
 
+def next_pow2(n: int) -> int:
+    """triton.next_power_of_2 on the host (0 stays 0): the same values without its constexpr-function
+    wrapper, ~3 µs a call on the CI machine, several of which every launch paid (bench/launch_cost.py --host)."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
+def cdiv(a: int, b: int) -> int:
+    """triton.cdiv on the host, without its wrapper (~5 µs a call on the CI machine)."""
+    return -(-a // b)
+
+
 def launch_settings(n: int) -> tuple[int, int]:
     """(BLOCK, num_warps) for a row of n elements: one row per program, BLOCK = next_pow2(n).
 
     Warps grow with the block so each thread holds at most ~16-64 elements (Liger-Kernel's table).
     num_warps fixes the per-thread chunk of each tl.sum tree, so it is part of the numerics.
     """
-    block = triton.next_power_of_2(max(int(n), 1))
+    block = next_pow2(max(int(n), 1))
     if block > MAX_BLOCK:
         raise InputError(f"row length {n} exceeds the single-program limit {MAX_BLOCK}")
     warps = 32 if block >= 32768 else 16 if block >= 8192 else 8 if block >= 2048 else 4

@@ -65,7 +65,7 @@ import triton.language as tl
 
 from optwin.catalog import DEFAULT_TOLERANCES
 from optwin.errors import InputError
-from optwin.kernels._common import FMAX, INTERPRET, check_device
+from optwin.kernels._common import FMAX, INTERPRET, cdiv, check_device
 from optwin.kernels.attention_sketch import (
     RECORD_POLL_ROWS,
     RECORD_WORDS,
@@ -390,7 +390,7 @@ def attention(
         return y, None
     if seq_q == 0 or seq_k == 0 or bsz * heads == 0:
         raise InputError(f"attention: empty inputs q {tuple(q.shape)}, k {tuple(k.shape)}")
-    n_m = triton.cdiv(seq_q, bm)
+    n_m = cdiv(seq_q, bm)
     n_prog = n_m * bsz * heads
     rec = row_records("attention", q.device, n_prog, words=RECORD_WORDS.value, extra=1)[0] if sketch else y
     kwargs = {} if os.environ.get("TRITON_INTERPRET") == "1" else {"num_stages": stages}

@@ -39,12 +39,14 @@ from optwin.catalog import CATALOG
 from optwin.errors import InputError
 from optwin.kernels._common import (
     MAX_BLOCK,
+    cdiv,
     check_device,
     finite_lanes,
     lane_max,
     lane_shape,
     lane_sum,
     last_program,
+    next_pow2,
     note_occupancy,
     persistent_grid,
     read_slot,
@@ -215,7 +217,7 @@ def _inv_freq(d: int, base: float, device: torch.device) -> torch.Tensor:
 def _check_4d(x: torch.Tensor) -> None:
     if x.ndim != 4 or x.shape[-1] % 2 or x.stride(-1) != 1:
         raise InputError(f"rope: x must be (batch, seq, heads, d) with even, contiguous d; got {tuple(x.shape)}")
-    if triton.next_power_of_2(x.shape[2]) * triton.next_power_of_2(x.shape[3]) > MAX_BLOCK:
+    if next_pow2(x.shape[2]) * next_pow2(x.shape[3]) > MAX_BLOCK:
         raise InputError(f"rope: heads*d = {x.shape[2] * x.shape[3]} exceeds the single-program limit {MAX_BLOCK}")
 
 
@@ -246,7 +248,7 @@ def rope_config(heads: int, d: int, sketch: bool, block_h: int | None = None, nu
                 stages: int | None = None) -> tuple[int, int, int, int]:
     """(BLOCK_H, BLOCK_D, num_warps, stages): ROPE_TUNED, else all heads in one tile with warps by
     tile size; the arguments override (the bench's sweep)."""
-    full_h, block_d = triton.next_power_of_2(heads), triton.next_power_of_2(d // 2)
+    full_h, block_d = next_pow2(heads), next_pow2(d // 2)
     tile = full_h * block_d * 2
     bh, w, st = ROPE_TUNED.get((full_h, block_d, sketch), (full_h, 16 if tile >= 8192 else 8 if tile >= 2048 else 4, 1))
     bh = min(block_h or bh, full_h)
@@ -280,7 +282,7 @@ def _rope_launch(
     tables = cos is not None
     sketch = buf is not None
     block_h, block_d, warps, st = rope_config(heads, d, sketch, block_h, num_warps, stages)
-    n_hb = triton.cdiv(heads, block_h)
+    n_hb = cdiv(heads, block_h)
     dummy = y4
     f, i = workspace("rope", x4.device) if sketch else (dummy, dummy)
     measured = (block_h, block_d, warps) in ROPE_MAXNREG

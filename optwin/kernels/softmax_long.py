@@ -43,9 +43,11 @@ from optwin.errors import InputError
 from optwin.kernels._common import (
     FMAX,
     INTERPRET,
+    cdiv,
     div_by_row,
     exp_ftz,
     launch_config,
+    next_pow2,
     note_occupancy,
     register_cap,
 )
@@ -215,7 +217,7 @@ def softmax_long_launch(x2: torch.Tensor, y2: torch.Tensor, buf: torch.Tensor | 
     if n_rows == 0 and not sketch:
         return
     chunk, warps, _, _ = launch_config("softmax-pieces", n, num_warps, 1, chunk=piece or TRITON_CHUNK)
-    pieces = triton.cdiv(n, chunk)
+    pieces = cdiv(n, chunk)
     if pieces > MAX_PIECES:
         raise InputError(f"softmax: rows of {n} exceed the {MAX_PIECES * chunk} columns a row may have")
     held = max(n_rows, 1)  # no null pointers for an empty batch
@@ -232,6 +234,6 @@ def softmax_long_launch(x2: torch.Tensor, y2: torch.Tensor, buf: torch.Tensor | 
         note_occupancy(("softmax-pieces", x2.dtype, chunk, warps, sketch, maxnreg), k, warps)
     k = launch(_piece_out_kernel, (max(n_rows * pieces, 1),),
         x2, x2.stride(0), y2, y2.stride(0), ms, rec, buf if sketch else y2, f, i, n_rows, n, pieces, held, peak_nats,
-        SKETCH=sketch, CHUNK=chunk, PIECES=triton.next_power_of_2(pieces), **extra,
+        SKETCH=sketch, CHUNK=chunk, PIECES=next_pow2(pieces), **extra,
     )
     note_occupancy(("softmax-pieces-out", x2.dtype, y2.dtype, chunk, warps, sketch, maxnreg), k, warps)
