@@ -92,3 +92,23 @@ def test_launch_cost_host_table_runs_on_cpu():
     from optwin.kernels import rmsnorm
 
     assert rmsnorm.launch is fast_launch.launch  # the kernel calls are back after the bench
+
+
+def test_constexprs_and_options_key_by_value():
+    """Constexpr ints must not share a plan by their divisibility: PIECES=32 and PIECES=64 are two kernels
+    (the bug of the first GPU run: a 2x262144 launch ran the 5x128256 plan and read half its pieces)."""
+    from optwin.kernels.fast_launch import _key, _rest
+    from optwin.kernels.softmax_long import _piece_out_kernel as k
+
+    x = torch.zeros(8, 64)
+
+    def key(pieces_const, n_pieces=64, warps=4, **extra):
+        args = (x, 64, x, 64, x, x, x, x, x, 2, 64, n_pieces, 2, 0.5)
+        return _key(k, 0, (128,), args, {"SKETCH": False, "CHUNK": 4096, "PIECES": pieces_const, "num_warps": warps,
+                                          **extra})
+
+    assert key(32) != key(64)  # a constexpr: by value
+    assert key(64, warps=4) != key(64, warps=8)  # a launch option: by value
+    assert key(64, n_pieces=64) == key(64, n_pieces=32)  # runtime ints: both divisible by 16, one kernel
+    assert key(64, n_pieces=64) != key(64, n_pieces=38)
+    assert [n for n, _ in _rest(k, 14)] == ["SKETCH", "CHUNK", "PIECES"]  # filled from the keywords, in order

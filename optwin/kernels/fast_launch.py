@@ -12,10 +12,11 @@ cache key, checking the kernel's globals), its compiled kernel's bare launcher 7
 How: the first call of each specialization goes through Triton (it compiles, launches, and returns
 the CompiledKernel); later calls with the same key call CompiledKernel.run directly with the arguments
 in signature order, as JITFunction.run does after its lookup. The key holds what Triton specializes on,
-or more: each tensor's dtype and whether its address is 16-byte aligned, each int's type, whether it is
-1 or divisible by 16 and whether it fits 32 bits, every other argument's value (constexprs, launch
-options). A finer key only means more first calls, never a wrong kernel.
-Off unless OPTWIN_FAST_LAUNCH=1 (see _state: one GPU check is unexplained). Falls back to Triton's own
+or more: constexpr parameters and launch options by value; for the runtime arguments each tensor's
+dtype and whether its address is 16-byte aligned, each int's type, whether it is 1 or divisible by 16
+and whether it fits 32 bits, every other argument's value. A finer key only means more first calls,
+never a wrong kernel.
+Off unless OPTWIN_FAST_LAUNCH=1 (see _state: the fix of its one GPU failure awaits a GPU run). Falls back to Triton's own
 call under TRITON_INTERPRET=1, without a GPU driver, with a launch hook installed (profilers), and
 for good once the direct call fails (another Triton whose launcher takes other arguments).
 """
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import inspect
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from triton.runtime import driver
@@ -39,19 +40,19 @@ except ImportError:  # older Triton: no knobs module; launch hooks then go unsee
 
 _PLANS: dict[tuple[Any, ...], tuple[Any, tuple[tuple[str, Any], ...]]] = {}  # key -> (CompiledKernel, the rest)
 MAX_PLANS = 4096
-# Opt-in (OPTWIN_FAST_LAUNCH=1) until bench/softmax_long_check.py's 2x262144 rows are explained: in the one
-# H200 run with the direct path on (bench/results/softmax_long_check_h200_s26.md) all 9 of them were off
-# float64 in a few elements, y the same with and without the sketch; stop 24's run of the same check
-# passed 27 of 27. The 2x262144 launches are the only ones whose first piece kernel ran direct on a plan
-# from another shape (5x128256); Triton's own specialization of the two is the same (checked offline),
-# so the cause is not yet known, and the device time to tell it from a stop-25 change ran out.
+# Opt-in (OPTWIN_FAST_LAUNCH=1) until the GPU checks pass with it. Its one H200 run with the direct path on
+# (bench/results/softmax_long_check_h200_s26.md) failed all 9 checks at 2x262144: the key then took every int
+# by its specialization class, constexprs too, so PIECES=64 (2x262144) found the plan compiled at
+# PIECES=32 (5x128256) and half of each row's pieces went unread. Constexprs and launch options are now
+# keyed by value (_key; tests/test_kernels_fast_launch.py), which no GPU run has checked yet.
 _state = {"direct": not INTERPRETED and _knobs is not None and os.environ.get("OPTWIN_FAST_LAUNCH") == "1"}
+_SIGS: dict[int, Any] = {}  # id(kernel) -> _Signature
 _driver: list[Any] = []  # (current device, current stream) of the active driver, bound on first use
 
 
 def _arg_key(v: Any) -> Any:
-    """What Triton's specialization of one argument depends on (or more). Exact types first: this runs
-    for every argument of every launch."""
+    """What Triton's specialization of one runtime argument depends on (or more). Exact types first: this
+    runs for every argument of every launch."""
     t = type(v)
     if t is int:
         return v == 1, v & 15 == 0, -(2**31) <= v < 2**31, v < 2**63
@@ -59,14 +60,51 @@ def _arg_key(v: Any) -> Any:
         return v.dtype, v.data_ptr() & 15 == 0
     if t is float:
         return float
-    return v  # bools, None, constexprs, dtypes, strings: by value
+    return v  # bools, None, dtypes, strings: by value
+
+
+class _Signature(NamedTuple):
+    """A kernel's parameters as the key and the bound call need them."""
+
+    constexpr: tuple[bool, ...]  # per parameter, in signature order
+    names: dict[str, int]  # parameter name -> position
+    defaults: tuple[Any, ...]  # per parameter (inspect.Parameter.empty where none)
+
+
+def _signature(kernel: JITFunction) -> _Signature:
+    """The kernel's _Signature, cached per kernel."""
+    sig = _SIGS.get(id(kernel))
+    if sig is None:
+        params = list(inspect.signature(kernel.fn).parameters.values())
+        # Triton's own reading where it has one (JITFunction.params); the interpreter's wrapper has none:
+        # the annotation, as Triton reads it
+        by_name = {p.name: p.is_constexpr for p in getattr(kernel, "params", ())}
+        flags = tuple(by_name.get(p.name, "constexpr" in str(p.annotation)) for p in params)
+        sig = _Signature(flags, {p.name: i for i, p in enumerate(params)},
+                         tuple(p.default for p in params))
+        _SIGS[id(kernel)] = sig
+    return sig
+
+
+def _key(kernel: JITFunction, device: int, grid: tuple[int, ...], args: tuple[Any, ...], kwargs: dict[str, Any]):
+    """The plan's key: constexprs and launch options by value (each value is its own kernel), runtime
+    arguments by what Triton specializes them on (_arg_key)."""
+    sig = _signature(kernel)
+    flags = sig.constexpr
+    key = [id(kernel), device, len(grid)]
+    key += [a if c else _arg_key(a) for a, c in zip(args, flags)]
+    for name, v in kwargs.items():
+        at = sig.names.get(name)
+        key.append((name, _arg_key(v) if at is not None and not flags[at] else v))
+    return tuple(key)
 
 
 def _rest(kernel: JITFunction, n_args: int) -> tuple[tuple[str, Any], ...]:
     """(name, default) of the parameters after the first n_args, in signature order: the keyword
     arguments the launch passes by name or leaves at their defaults."""
-    params = list(inspect.signature(kernel.fn).parameters.values())[n_args:]
-    return tuple((p.name, p.default) for p in params)
+    sig = _signature(kernel)
+    order = sorted(sig.names, key=sig.names.get)
+    return tuple((n, sig.defaults[sig.names[n]]) for n in order[n_args:])
 
 
 def _hooked(hook: Any) -> bool:
@@ -86,7 +124,7 @@ def launch(kernel: JITFunction, grid: tuple[int, ...], *args: Any, **kwargs: Any
             _state["direct"] = False
             return kernel[grid](*args, **kwargs)
     device = _driver[0]()  # Triton compiles and loads per current device
-    key = (id(kernel), device, len(grid), tuple(kwargs), *map(_arg_key, args), *map(_arg_key, kwargs.values()))
+    key = _key(kernel, device, grid, args, kwargs)
     plan = _PLANS.get(key)
     if plan is None:
         compiled = kernel[grid](*args, **kwargs)
