@@ -112,3 +112,76 @@ def test_constexprs_and_options_key_by_value():
     assert key(64, n_pieces=64) == key(64, n_pieces=32)  # runtime ints: both divisible by 16, one kernel
     assert key(64, n_pieces=64) != key(64, n_pieces=38)
     assert [n for n, _ in _rest(k, 14)] == ["SKETCH", "CHUNK", "PIECES"]  # filled from the keywords, in order
+
+
+def _captured_launches():
+    """Every kernel call our launchers make over shapes, dtypes and sketch on/off that share many
+    specialization classes (rows 2/3/5, widths with 32/38/64 pieces, ...): (kernel, grid, args, kwargs),
+    recorded instead of launched."""
+    import sys
+    from pathlib import Path
+
+    bench = str(Path(__file__).resolve().parents[1] / "bench")
+    sys.path.insert(0, bench)
+    try:
+        from gpu_kernels import OPS, _sweep_launcher
+    finally:
+        sys.path.remove(bench)
+    import importlib
+
+    from optwin.kernels.sketch_buffer import new_buffer
+
+    calls = []
+    mods = [importlib.import_module(f"optwin.kernels.{m}") for m in
+            ("rmsnorm", "layernorm", "layernorm_welford", "softmax", "softmax_long", "rope")]
+    saved = [(m, m.launch) for m in mods]
+    for m in mods:
+        m.launch = lambda kernel, grid, *a, **k: calls.append((kernel, grid, a, k))
+    try:
+        g = torch.Generator().manual_seed(0)
+        shapes = {"rmsnorm": [(5, 4096), (2, 8192), (3, 781), (16, 16384), (1, 100000)],
+                  "layernorm": [(5, 4096), (2, 8192), (3, 781), (16, 16384), (1, 100000)],
+                  "softmax": [(5, 128256), (3, 151936), (2, 262144), (4, 4096), (3, 781), (1, 3)],
+                  "rope": [(16, 4096), (7, 2048), (1, 4096)]}
+        for op, sh in shapes.items():
+            for shape in sh:
+                for dt in (torch.bfloat16, torch.float32):
+                    inp, params = OPS[op].make(shape, dt, "cpu", g)
+                    if op != "rope":
+                        inp = {k: (v.reshape(-1, v.shape[-1]) if k == "x" else v) for k, v in inp.items()}
+                    y = torch.empty_like(inp["x"])
+                    f = _sweep_launcher(op, inp, params, y, {})
+                    f(None)
+                    f(new_buffer(op, "cpu"))
+    finally:
+        for m, fn in saved:
+            m.launch = fn
+    return calls
+
+
+def test_equal_plan_keys_mean_equal_triton_specializations():
+    """The property the direct path rests on: two calls with the same fast_launch key get the same
+    kernel from Triton (the same specialization by Triton's own native_specialize_impl for sm_90, and the
+    same constexprs and options). The first key broke it for constexpr ints."""
+    import pytest
+
+    nvidia = pytest.importorskip("triton.backends.nvidia.compiler")
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import GPUTarget
+
+    from optwin.kernels.fast_launch import _key, _signature
+
+    backend = nvidia.CUDABackend(GPUTarget("cuda", 90, 32))
+    seen: dict = {}
+    calls = _captured_launches()
+    assert len(calls) > 40
+    for kernel, grid, args, kwargs in calls:
+        sig = _signature(kernel)
+        names = sorted(sig.names, key=sig.names.get)
+        values = list(args) + [kwargs.get(n, sig.defaults[sig.names[n]]) for n in names[len(args):]]
+        triton_spec = tuple(("constexpr", v) if c else native_specialize_impl(backend, v, False, True, True)
+                            for v, c in zip(values, sig.constexpr))
+        options = tuple(sorted((k, v) for k, v in kwargs.items() if k not in sig.names))
+        key = _key(kernel, 0, grid, args, kwargs)
+        assert seen.setdefault(key, (triton_spec, options)) == (triton_spec, options), kernel
+    assert len(seen) > 10

@@ -44,7 +44,8 @@ MAX_PLANS = 4096
 # (bench/results/softmax_long_check_h200_s26.md) failed all 9 checks at 2x262144: the key then took every int
 # by its specialization class, constexprs too, so PIECES=64 (2x262144) found the plan compiled at
 # PIECES=32 (5x128256) and half of each row's pieces went unread. Constexprs and launch options are now
-# keyed by value (_key; tests/test_kernels_fast_launch.py), which no GPU run has checked yet.
+# keyed by value (_key); tests/test_kernels_fast_launch.py checks that equal keys mean equal Triton
+# specializations over every launch our launchers make. No GPU run has checked the fix yet.
 _state = {"direct": not INTERPRETED and _knobs is not None and os.environ.get("OPTWIN_FAST_LAUNCH") == "1"}
 _SIGS: dict[int, Any] = {}  # id(kernel) -> _Signature
 _driver: list[Any] = []  # (current device, current stream) of the active driver, bound on first use
