@@ -15,10 +15,12 @@ in signature order, as JITFunction.run does after its lookup. The key holds what
 or more: constexpr parameters and launch options by value; for the runtime arguments each tensor's
 dtype and whether its address is 16-byte aligned, each int's type, whether it is 1 or divisible by 16
 and whether it fits 32 bits, every other argument's value. A finer key only means more first calls,
-never a wrong kernel.
-Off unless OPTWIN_FAST_LAUNCH=1 (see _state: the fix of its one GPU failure awaits a GPU run). Falls back to Triton's own
-call under TRITON_INTERPRET=1, without a GPU driver, with a launch hook installed (profilers), and
-for good once the direct call fails (another Triton whose launcher takes other arguments).
+never a wrong kernel. H200 host, per launch, direct / Triton's call: 54-78 / 69-105 µs without the
+sketch, 59-79 / 77-109 µs with it (bench/results/launch_cost_h200_s26c.md).
+Off unless OPTWIN_FAST_LAUNCH=1 (see _state: the fix of its one GPU failure awaits a GPU run). Falls
+back to Triton's own call under TRITON_INTERPRET=1, without a GPU driver, with a launch hook installed
+(profilers), and for good once the direct call fails (another Triton whose launcher takes other
+arguments).
 """
 
 from __future__ import annotations
