@@ -133,7 +133,7 @@ def _captured_launches():
 
     calls = []
     mods = [importlib.import_module(f"optwin.kernels.{m}") for m in
-            ("rmsnorm", "layernorm", "layernorm_welford", "softmax", "softmax_long", "rope")]
+            ("rmsnorm", "layernorm", "layernorm_welford", "softmax", "softmax_long", "rope", "attention")]
     saved = [(m, m.launch) for m in mods]
     for m in mods:
         m.launch = lambda kernel, grid, *a, **k: calls.append((kernel, grid, a, k))
@@ -153,6 +153,14 @@ def _captured_launches():
                     f = _sweep_launcher(op, inp, params, y, {})
                     f(None)
                     f(new_buffer(op, "cpu"))
+        attention = mods[-1].attention
+        for b, h, sq, sk, d in ((1, 2, 40, 40, 16), (2, 3, 129, 77, 64), (1, 4, 256, 256, 128), (1, 1, 17, 300, 128)):
+            for dt in (torch.bfloat16, torch.float32):
+                q = torch.zeros(b, h, sq, d, dtype=dt)
+                kv = torch.zeros(b, h, sk, d, dtype=dt)
+                for causal in (False, True):
+                    for sk_on in (False, True):
+                        attention(q, kv, kv, causal, sketch=sk_on)
     finally:
         for m, fn in saved:
             m.launch = fn
