@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, f
 sys.path.insert(1, str(Path(__file__).resolve().parent))  # bench/
 
 import torch
-from _bench_common import SLEEP_CYCLES, graph_ms, write_report
+from _bench_common import events_ms, graph_ms, write_report
 from gpu_kernels import OPS
 
 from optwin.kernels.sketch_buffer import new_buffer
@@ -29,25 +29,6 @@ SHAPE = tuple(int(v) for v in os.environ.get("BENCH_SHAPE", "4096x16384").split(
 SMALL = (16, SHAPE[1])  # rows divisible by 16, as the large shape's: the same compiled kernel
 OP_NAMES = os.environ.get("BENCH_OPS", "rmsnorm,layernorm,softmax,rope").split(",")
 ROUNDS, REPS = 5, 30
-
-
-def flushed_ms(fn, warm=None) -> float:
-    """Median ms of fn after a 256 MB flush (host kept ahead by a GPU sleep); warm runs between the
-    flush and the timed launch, untimed."""
-    cache = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
-    times = []
-    for _ in range(REPS):
-        torch.cuda._sleep(SLEEP_CYCLES)
-        cache.zero_()
-        if warm is not None:
-            warm()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        times.append((start, end))
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in times)
 
 
 def main() -> str:
@@ -66,7 +47,8 @@ def main() -> str:
     for run, warm in entries.values():
         run()
         warm()
-    methods = {"flushed": lambda r, w: flushed_ms(r), "flushed, code warm": flushed_ms,
+    methods = {"flushed": lambda r, w: events_ms(r, flush=True, sleep=True, reps=REPS),
+               "flushed, code warm": lambda r, w: events_ms(r, flush=True, sleep=True, reps=REPS, warm=w),
                "graph": lambda r, w: graph_ms(r)}
     res: dict[tuple, list[float]] = {}
     for _ in range(ROUNDS):

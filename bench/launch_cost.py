@@ -19,6 +19,8 @@ variant beside it for scale.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
 import statistics
 import sys
@@ -37,6 +39,41 @@ from optwin.kernels.sketch_buffer import new_buffer
 
 SHAPE = tuple(int(v) for v in os.environ.get("BENCH_SHAPE", "64x4096").split("x"))
 ROUNDS, CALLS = 7, 200
+
+
+# The kernel modules whose launchers call fast_launch.launch (and check_device)
+KERNEL_MODULES = ("rmsnorm", "layernorm", "layernorm_welford", "softmax", "softmax_long", "rope", "attention")
+
+
+@contextlib.contextmanager
+def kernel_calls_replaced(call, pkgs=("optwin",)):
+    """Within the block, every launcher of `pkgs` calls `call(kernel, grid, *args, **kwargs)` instead of
+    launching, and skips its device check (CPU tensors); both are put back after (tests run this in
+    their process)."""
+    saved = []
+    for pkg in pkgs:
+        for m in KERNEL_MODULES:
+            mod = importlib.import_module(f"{pkg}.kernels.{m}")
+            for attr, value in (("launch", call), ("check_device", lambda *t: None)):
+                if hasattr(mod, attr):
+                    saved.append((mod, attr, getattr(mod, attr)))
+                    setattr(mod, attr, value)
+    try:
+        yield
+    finally:
+        for mod, attr, value in saved:
+            setattr(mod, attr, value)
+
+
+@contextlib.contextmanager
+def direct_launch(on: bool):
+    """fast_launch's direct path on or off within the block, whatever OPTWIN_FAST_LAUNCH set."""
+    before = fast_launch._state["direct"]
+    fast_launch._state["direct"] = on
+    try:
+        yield
+    finally:
+        fast_launch._state["direct"] = before
 
 
 def host_us(fn) -> float:
@@ -67,9 +104,8 @@ def main() -> str:
     for _ in range(ROUNDS):
         for (name, kind), fn in entries.items():
             for direct in (True, False) if kind != "torch eager" else (True,):
-                fast_launch._state["direct"] = direct
-                res.setdefault((name, kind, direct), []).append(host_us(fn))
-    fast_launch._state["direct"] = True
+                with direct_launch(direct):
+                    res.setdefault((name, kind, direct), []).append(host_us(fn))
     lines = [f"# Host µs per launch, bf16 {SHAPE[0]}x{SHAPE[1]}; {torch.cuda.get_device_name()}, {ROUNDS} interleaved "
              f"rounds of {CALLS} calls", "", "optwin.kernels.fast_launch (Triton's own `kernel[grid](...)` call in brackets)",
              "", "| op | no sketch | sketch | sketch - no sketch | torch eager |", "|---|---:|---:|---:|---:|"]
@@ -105,16 +141,14 @@ def split(entries) -> list[str]:
 
         saved = JITFunction.run
         JITFunction.run = intercept
-        fast_launch._state["direct"] = False  # the call must reach JITFunction.run to be seen
         try:
-            fn()
+            with direct_launch(False):  # the call must reach JITFunction.run to be seen
+                fn()
         finally:
             JITFunction.run = saved
-            fast_launch._state["direct"] = True
         jf, args, kwargs, grid = seen["fn"], seen["args"], seen["kwargs"], seen["grid"]
         kernel = jf[grid](*args, **kwargs)
-        params = list(inspect.signature(jf.fn).parameters.values())[len(args):]
-        bound = [*args] + [kwargs.get(p.name, p.default) for p in params]
+        bound = [*args] + [kwargs.get(name, default) for name, default in fast_launch._rest(jf, len(args))]
         g = tuple(grid) + (1,) * (3 - len(grid))
         stream = torch.cuda.current_stream().cuda_stream
         if inspect.Parameter.empty not in bound:
@@ -157,29 +191,14 @@ def host_only() -> str:
     no-op and the device check skipped, so what is timed is the launch logic around the call (configs,
     grids, workspaces, occupancy). The launch itself and Triton's part are --split's columns on a GPU.
     BENCH_AB=name,...: frozen packages (bench/ab_snapshot.py) timed in the same interleaved rounds."""
-    import importlib
-
     sys.path.insert(0, str(Path(__file__).resolve().parent / ".ab"))
     pkgs = ["optwin", *(f"optwin_{n}" for n in os.environ.get("BENCH_AB", "").split(",") if n)]
-    saved = []  # (module, attribute, value): put back at the end (a test runs this in its process)
-    for pkg in pkgs:
-        for m in ("rmsnorm", "layernorm", "layernorm_welford", "softmax", "softmax_long", "rope"):
-            mod = importlib.import_module(f"{pkg}.kernels.{m}")
-            for attr in ("launch", "check_device"):
-                if hasattr(mod, attr):
-                    saved.append((mod, attr, getattr(mod, attr)))
-                    setattr(mod, attr, lambda *a, **k: None)
-    try:
+    with kernel_calls_replaced(lambda *a, **k: None, pkgs):
         return _host_table(pkgs)
-    finally:
-        for mod, attr, value in saved:
-            setattr(mod, attr, value)
 
 
 def _host_table(pkgs: list[str]) -> str:
     """host_only's rounds and table, with the kernel calls already left out."""
-    import importlib
-
     from gpu_kernels import _sweep_launcher
 
     g = torch.Generator().manual_seed(0)

@@ -6,6 +6,7 @@ bench/gpu_kernels.py, bench/gpu_attention.py) launch every kernel through it."""
 from __future__ import annotations
 
 import os
+import sys
 
 os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (the kernels read it at decoration)
 
@@ -74,15 +75,7 @@ def test_host_pow2_and_cdiv_match_triton():
 
 def test_launch_cost_host_table_runs_on_cpu():
     """bench/launch_cost.py --host: our launchers' own Python, timed with the kernel call left out."""
-    import sys
-    from pathlib import Path
-
-    bench = str(Path(__file__).resolve().parents[1] / "bench")
-    sys.path.insert(0, bench)
-    try:
-        import launch_cost
-    finally:
-        sys.path.remove(bench)
+    launch_cost = _launch_cost()
     launch_cost.ROUNDS, launch_cost.CALLS = 1, 3
     table = launch_cost.host_only()
     rows = [line for line in table.splitlines() if line.startswith("| ") and line.split("|")[1].strip() in
@@ -114,30 +107,30 @@ def test_constexprs_and_options_key_by_value():
     assert [n for n, _ in _rest(k, 14)] == ["SKETCH", "CHUNK", "PIECES"]  # filled from the keywords, in order
 
 
-def _captured_launches():
-    """Every kernel call our launchers make over shapes, dtypes and sketch on/off that share many
-    specialization classes (rows 2/3/5, widths with 32/38/64 pieces, ...): (kernel, grid, args, kwargs),
-    recorded instead of launched."""
-    import sys
+def _launch_cost():
+    """bench/launch_cost.py as a module (bench/ is not a package)."""
     from pathlib import Path
 
     bench = str(Path(__file__).resolve().parents[1] / "bench")
     sys.path.insert(0, bench)
     try:
-        from gpu_kernels import OPS, _sweep_launcher
+        import launch_cost
     finally:
         sys.path.remove(bench)
-    import importlib
+    return launch_cost
 
+
+def _captured_launches():
+    """Every kernel call our launchers make over shapes, dtypes and sketch on/off that share many
+    specialization classes (rows 2/3/5, widths with 32/38/64 pieces, ...): (kernel, grid, args, kwargs),
+    recorded instead of launched (launch_cost.kernel_calls_replaced)."""
+    from optwin.kernels.attention import attention
     from optwin.kernels.sketch_buffer import new_buffer
 
+    launch_cost = _launch_cost()
+    OPS, _sweep_launcher = launch_cost.OPS, sys.modules["gpu_kernels"]._sweep_launcher  # imported by launch_cost
     calls = []
-    mods = [importlib.import_module(f"optwin.kernels.{m}") for m in
-            ("rmsnorm", "layernorm", "layernorm_welford", "softmax", "softmax_long", "rope", "attention")]
-    saved = [(m, m.launch) for m in mods]
-    for m in mods:
-        m.launch = lambda kernel, grid, *a, **k: calls.append((kernel, grid, a, k))
-    try:
+    with launch_cost.kernel_calls_replaced(lambda kernel, grid, *a, **k: calls.append((kernel, grid, a, k))):
         g = torch.Generator().manual_seed(0)
         shapes = {"rmsnorm": [(5, 4096), (2, 8192), (3, 781), (16, 16384), (1, 100000)],
                   "layernorm": [(5, 4096), (2, 8192), (3, 781), (16, 16384), (1, 100000)],
@@ -153,7 +146,6 @@ def _captured_launches():
                     f = _sweep_launcher(op, inp, params, y, {})
                     f(None)
                     f(new_buffer(op, "cpu"))
-        attention = mods[-1].attention
         for b, h, sq, sk, d in ((1, 2, 40, 40, 16), (2, 3, 129, 77, 64), (1, 4, 256, 256, 128), (1, 1, 17, 300, 128)):
             for dt in (torch.bfloat16, torch.float32):
                 q = torch.zeros(b, h, sq, d, dtype=dt)
@@ -161,9 +153,6 @@ def _captured_launches():
                 for causal in (False, True):
                     for sk_on in (False, True):
                         attention(q, kv, kv, causal, sketch=sk_on)
-    finally:
-        for m, fn in saved:
-            m.launch = fn
     return calls
 
 
@@ -177,7 +166,7 @@ def test_equal_plan_keys_mean_equal_triton_specializations():
     from triton._C.libtriton import native_specialize_impl
     from triton.backends.compiler import GPUTarget
 
-    from optwin.kernels.fast_launch import _key, _signature
+    from optwin.kernels.fast_launch import _key, _rest, _signature
 
     backend = nvidia.CUDABackend(GPUTarget("cuda", 90, 32))
     seen: dict = {}
@@ -185,8 +174,7 @@ def test_equal_plan_keys_mean_equal_triton_specializations():
     assert len(calls) > 40
     for kernel, grid, args, kwargs in calls:
         sig = _signature(kernel)
-        names = sorted(sig.names, key=sig.names.get)
-        values = list(args) + [kwargs.get(n, sig.defaults[sig.names[n]]) for n in names[len(args):]]
+        values = list(args) + [kwargs.get(n, default) for n, default in _rest(kernel, len(args))]
         triton_spec = tuple(("constexpr", v) if c else native_specialize_impl(backend, v, False, True, True)
                             for v, c in zip(values, sig.constexpr))
         options = tuple(sorted((k, v) for k, v in kwargs.items() if k not in sig.names))

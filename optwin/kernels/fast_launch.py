@@ -106,8 +106,7 @@ def _rest(kernel: JITFunction, n_args: int) -> tuple[tuple[str, Any], ...]:
     """(name, default) of the parameters after the first n_args, in signature order: the keyword
     arguments the launch passes by name or leaves at their defaults."""
     sig = _signature(kernel)
-    order = sorted(sig.names, key=sig.names.get)
-    return tuple((n, sig.defaults[sig.names[n]]) for n in order[n_args:])
+    return tuple(zip(list(sig.names)[n_args:], sig.defaults[n_args:]))  # names: in signature order
 
 
 def _hooked(hook: Any) -> bool:
