@@ -15,9 +15,10 @@ in signature order, as JITFunction.run does after its lookup. The key holds what
 or more: constexpr parameters and launch options by value; for the runtime arguments each tensor's
 dtype and whether its address is 16-byte aligned, each int's type, whether it is 1 or divisible by 16
 and whether it fits 32 bits, every other argument's value. A finer key only means more first calls,
-never a wrong kernel. H200 host, per launch, direct / Triton's call: 54-78 / 69-105 µs without the
-sketch, 59-79 / 77-109 µs with it (bench/results/launch_cost_h200_s26c.md).
-Off unless OPTWIN_FAST_LAUNCH=1 (see _state: the fix of its one GPU failure awaits a GPU run). Falls
+never a wrong kernel. H200 hosts, per launch, direct / Triton's call: 54-78 / 69-105 µs without the
+sketch, 59-79 / 77-109 µs with it on one (bench/results/launch_cost_h200_s26c.md); 28-34 / 37-52 and
+30-35 / 41-55 on a faster one (launch_cost_h200_s27_fastlaunch.md).
+On by default; OPTWIN_FAST_LAUNCH=0 turns it off (see _state). Falls
 back to Triton's own call under TRITON_INTERPRET=1, without a GPU driver, with a launch hook installed
 (profilers), and for good once the direct call fails (another Triton whose launcher takes other
 arguments).
@@ -42,13 +43,13 @@ except ImportError:  # older Triton: no knobs module; launch hooks then go unsee
 
 _PLANS: dict[tuple[Any, ...], tuple[Any, tuple[tuple[str, Any], ...]]] = {}  # key -> (CompiledKernel, the rest)
 MAX_PLANS = 4096
-# Opt-in (OPTWIN_FAST_LAUNCH=1) until the GPU checks pass with it. Its one H200 run with the direct path on
-# (bench/results/softmax_long_check_h200_s26.md) failed all 9 checks at 2x262144: the key then took every int
-# by its specialization class, constexprs too, so PIECES=64 (2x262144) found the plan compiled at
-# PIECES=32 (5x128256) and half of each row's pieces went unread. Constexprs and launch options are now
-# keyed by value (_key); tests/test_kernels_fast_launch.py checks that equal keys mean equal Triton
-# specializations over every launch our launchers make. No GPU run has checked the fix yet.
-_state = {"direct": not INTERPRETED and _knobs is not None and os.environ.get("OPTWIN_FAST_LAUNCH") == "1"}
+# On unless OPTWIN_FAST_LAUNCH=0. Its first H200 run with the direct path on (bench/results/
+# softmax_long_check_h200_s26.md) failed all 9 checks at 2x262144: the key then took every int by its
+# specialization class, constexprs too, so PIECES=64 (2x262144) found the plan compiled at PIECES=32
+# (5x128256) and half of each row's pieces went unread. Constexprs and launch options are now keyed by
+# value (_key); tests/test_kernels_fast_launch.py checks that equal keys mean equal Triton specializations
+# over every launch our launchers make, and the H200 checks pass with it (bench/results/*_h200_s27_fastlaunch.md).
+_state = {"direct": not INTERPRETED and _knobs is not None and os.environ.get("OPTWIN_FAST_LAUNCH", "1") != "0"}
 _SIGS: dict[int, Any] = {}  # id(kernel) -> _Signature
 _driver: list[Any] = []  # (current device, current stream) of the active driver, bound on first use
 
