@@ -108,7 +108,7 @@ def _rope(x: torch.Tensor, pos: torch.Tensor, lane_acc: bool, **kw) -> tuple[tor
 
 
 @pytest.mark.parametrize("poison", ["none", "nan", "inf", "overflow"])
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
 def test_rope_lane_accumulators_match_per_element_and_ingest(poison, dtype):
     g = seed("rope-lanes", poison, dtype)
     x = torch.randn(70, 6, 32, generator=g)  # 70 positions over 2 programs: the float64 flush runs

@@ -65,6 +65,7 @@ from optwin.kernels.layernorm_sketch import (
     _ratio,
     _store_own_features,
 )
+from optwin.kernels.packed16 import abs_max_pairs
 from optwin.kernels.sketch_buffer import RATIO_CAP, row_records
 from optwin.twin.numerics import welford_chunk as _welford_rule
 
@@ -119,19 +120,13 @@ def _abs_max_start(xr, h, PACKED: tl.constexpr):
 
 @triton.jit
 def _abs_max_step(acc, xr, h, PACKED: tl.constexpr):
-    """Running max |x| per lane. PACKED (16-bit x): max.xorsign.abs on pairs, one instruction for two
+    """Running max |x| per lane. PACKED (16-bit x): packed16.abs_max_pairs, one instruction for two
     elements, in x's dtype (exact; the sign is garbage, take |acc| at the end; a NaN loses to a number,
     but such a row is flagged and recomputed); else fp32 max(acc, |h|), one instruction an element."""
-    if not PACKED:
-        return tl.maximum(acc, tl.abs(h))
-    elif INTERPRET:
-        return tl.maximum(tl.abs(acc.to(tl.float32)), tl.abs(h)).to(xr.dtype)
-    elif xr.dtype == tl.bfloat16:
-        return tl.inline_asm_elementwise("max.xorsign.abs.bf16x2 $0, $1, $2;", "=r,r,r", [acc, xr], dtype=tl.bfloat16,
-                                         is_pure=True, pack=2)
+    if PACKED:
+        return abs_max_pairs(acc, xr)
     else:
-        return tl.inline_asm_elementwise("max.xorsign.abs.f16x2 $0, $1, $2;", "=r,r,r", [acc, xr], dtype=tl.float16,
-                                         is_pure=True, pack=2)
+        return tl.maximum(acc, tl.abs(h))
 
 
 @triton.jit

@@ -123,3 +123,19 @@ def row_max_min(w, wl, BF16: tl.constexpr):
     m_lo, m_hi = unpack(wm, BF16)
     n_lo, n_hi = unpack(wn, BF16)
     return tl.maximum(m_lo, m_hi), tl.minimum(n_lo, n_hi)
+
+
+@triton.jit
+def abs_max_pairs(a, b):
+    """max(|a|, |b|) of two 16-bit float tensors of one shape, two elements an instruction
+    (max.xorsign.abs.bf16x2 / .f16x2 on the element pairs a thread holds: pack=2), in their dtype.
+    Exact in magnitude; the sign is garbage (take |.| of the final value). A NaN loses to a number:
+    callers that must see NaN count it elsewhere (their sums of squares turn non-finite)."""
+    if INTERPRET:
+        return tl.maximum(tl.abs(a.to(tl.float32)), tl.abs(b.to(tl.float32))).to(a.dtype)
+    elif a.dtype == tl.bfloat16:
+        return tl.inline_asm_elementwise("max.xorsign.abs.bf16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.bfloat16,
+                                         is_pure=True, pack=2)
+    else:
+        return tl.inline_asm_elementwise("max.xorsign.abs.f16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.float16,
+                                         is_pure=True, pack=2)
