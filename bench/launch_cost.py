@@ -65,17 +65,6 @@ def kernel_calls_replaced(call, pkgs=("optwin",)):
             setattr(mod, attr, value)
 
 
-@contextlib.contextmanager
-def direct_launch(on: bool):
-    """fast_launch's direct path on or off within the block, whatever OPTWIN_FAST_LAUNCH set."""
-    before = fast_launch._state["direct"]
-    fast_launch._state["direct"] = on
-    try:
-        yield
-    finally:
-        fast_launch._state["direct"] = before
-
-
 def host_us(fn) -> float:
     """µs of host time per call of fn, CALLS calls back to back, then one sync (not timed)."""
     torch.cuda.synchronize()
@@ -104,7 +93,7 @@ def main() -> str:
     for _ in range(ROUNDS):
         for (name, kind), fn in entries.items():
             for direct in (True, False) if kind != "torch eager" else (True,):
-                with direct_launch(direct):
+                with fast_launch.direct(direct):
                     res.setdefault((name, kind, direct), []).append(host_us(fn))
     lines = [f"# Host µs per launch, bf16 {SHAPE[0]}x{SHAPE[1]}; {torch.cuda.get_device_name()}, {ROUNDS} interleaved "
              f"rounds of {CALLS} calls", "", "optwin.kernels.fast_launch (Triton's own `kernel[grid](...)` call in brackets)",
@@ -142,7 +131,7 @@ def split(entries) -> list[str]:
         saved = JITFunction.run
         JITFunction.run = intercept
         try:
-            with direct_launch(False):  # the call must reach JITFunction.run to be seen
+            with fast_launch.direct(False):  # the call must reach JITFunction.run to be seen
                 fn()
         finally:
             JITFunction.run = saved

@@ -9,6 +9,7 @@ A random-weight Llama built from a config (transformers; eager attention, so the
 once patched), bf16, one forward of batch x seq tokens. Timed side by side in interleaved rounds (CUDA
 events around FORWARDS forwards; the median over rounds):
   as is | as is + monitor | patched | patched + monitor
+(and the patched model through Triton's own launch call: optwin.kernels.fast_launch off),
 with the monitor (policy "warn", a real fingerprint database) watching rmsnorm and rope, the ops both
 forms have (the unpatched softmax runs inside HF's eager attention, recorded as attention), checking
 every call (sampling "always"), then with the default sampling after its warm-up. The monitor's cost
@@ -20,6 +21,7 @@ difference per op.
 from __future__ import annotations
 
 import argparse
+import gc
 import math
 import os
 import statistics
@@ -37,6 +39,7 @@ from _bench_common import worst_diff, write_report
 import optwin.kernels
 import optwin.monitor as om
 from optwin.ingest import sketch
+from optwin.kernels import fast_launch
 
 OPS = ("rmsnorm", "rope")  # watched in every monitored config
 SAMPLING_WARMUP = 120  # forwards before the default-sampling timing: past its 100-call warm-up
@@ -58,8 +61,18 @@ def build_llama(smoke: bool, device: str, dtype: torch.dtype) -> torch.nn.Module
 
 
 def _timer(device: str) -> Callable[[Callable[[], Any], int], float]:
-    """ms per call of fn over n calls: CUDA events on the GPU, perf_counter on the CPU."""
+    """ms per call of fn over n calls: CUDA events on the GPU, perf_counter on the CPU; the garbage
+    collector off while timed, as timeit has it (a host-bound forward read 4.4 to 8.3 ms across five
+    rounds with it on: bench/results/monitor_fused_h200_s27_small_gc.md)."""
     def timed(fn: Callable[[], Any], n: int) -> float:
+        gc.collect()
+        gc.disable()
+        try:
+            return _span(fn, n)
+        finally:
+            gc.enable()
+
+    def _span(fn: Callable[[], Any], n: int) -> float:
         if device != "cuda":
             t0 = time.perf_counter()
             for _ in range(n):
@@ -86,9 +99,13 @@ def _configs(model: torch.nn.Module, db: str, ids: torch.Tensor,
     def fwd() -> None:
         model(ids)
 
-    def run(patched: bool, sampling: str | None, ops: tuple[str, ...] = OPS,
-            warmup: int = 1) -> Callable[[], tuple[float, int, int, int]]:
+    def run(patched: bool, sampling: str | None, ops: tuple[str, ...] = OPS, warmup: int = 1,
+            direct: bool = True) -> Callable[[], tuple[float, int, int, int]]:
         def go() -> tuple[float, int, int, int]:
+            with fast_launch.direct(direct and fast_launch._state["direct"]):
+                return timed_config()
+
+        def timed_config() -> tuple[float, int, int, int]:
             handle = optwin.kernels.patch(model) if patched else None
             mon = om.monitor(model, db=db, sampling=sampling, ops=ops) if sampling else None
             try:
@@ -116,6 +133,8 @@ def _configs(model: torch.nn.Module, db: str, ids: torch.Tensor,
         "as is + monitor (torch sketches)": run(False, "always"),
         "patched": run(True, None),
         "patched + monitor (fused sketches)": run(True, "always"),
+        "patched, Triton's launch call": run(True, None, direct=False),
+        "patched + monitor (fused), Triton's launch call": run(True, "always", direct=False),
         "patched + monitor, softmax too": run(True, "always", (*OPS, "softmax")),
         "as is + monitor, default sampling": run(False, "default", warmup=SAMPLING_WARMUP),
         "patched + monitor, default sampling": run(True, "default", warmup=SAMPLING_WARMUP),

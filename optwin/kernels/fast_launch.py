@@ -26,8 +26,10 @@ arguments).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import torch
@@ -52,6 +54,18 @@ MAX_PLANS = 4096
 _state = {"direct": not INTERPRETED and _knobs is not None and os.environ.get("OPTWIN_FAST_LAUNCH", "1") != "0"}
 _SIGS: dict[int, Any] = {}  # id(kernel) -> _Signature
 _driver: list[Any] = []  # (current device, current stream) of the active driver, bound on first use
+
+
+@contextlib.contextmanager
+def direct(on: bool) -> Iterator[None]:
+    """The direct path on or off within the block, whatever OPTWIN_FAST_LAUNCH set, then as before
+    (benches time both in the same rounds). On still falls back where launch() falls back."""
+    before = _state["direct"]
+    _state["direct"] = on
+    try:
+        yield
+    finally:
+        _state["direct"] = before
 
 
 def _arg_key(v: Any) -> Any:
