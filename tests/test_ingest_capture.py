@@ -202,3 +202,32 @@ def test_interception_is_per_thread_nests_and_unwinds() -> None:
     assert [r["op"] for r in outer.records()] == ["layernorm", "softmax", "matmul"]
     F.softmax(x, -1)  # after the block: nothing records, nothing raises
     assert len(outer.records()) == 3
+
+
+def test_gqa_attention_inputs_made_only_for_recorded_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A grouped-query Llama (eager attention): the attention record has k and v repeated to q's heads,
+    and a capture that does not record attention never makes them (no repeat of k and v per call)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=64, attn_implementation="eager")
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, 97, (2, 12))
+    repeats = Counter()
+    orig = torch.Tensor.repeat_interleave
+
+    def counted(self, *a, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
+        repeats["n"] += 1
+        return orig(self, *a, **k)
+
+    monkeypatch.setattr(torch.Tensor, "repeat_interleave", counted)
+    with torch.no_grad():
+        with capture(model, ops=("rmsnorm", "rope")) as rec:
+            model(ids)
+        assert repeats["n"] == 0 and {r["op"] for r in rec.records()} == {"rmsnorm", "rope"}
+        with capture(model, ops=("attention",)) as rec:
+            model(ids)
+    att = rec.records()
+    assert len(att) == 2 and repeats["n"] == 4  # k and v of each layer, for its record only
+    assert all(r["sketch"]["heads"] == 4 and r["sketch"]["seq_k"] == 12 for r in att)

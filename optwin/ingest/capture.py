@@ -47,6 +47,7 @@ A call the sketch cannot take (unexpected shapes) is counted in `Recorder.skippe
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import random
@@ -506,15 +507,34 @@ def _install_module_hooks(rec: Recorder, model: nn.Module,
 # ----------------------------------------------------------------------------- wrapped functions
 
 
+def _attention_inputs(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> dict[str, torch.Tensor]:
+    """q, k, v of an eager attention call, grouped keys and values repeated to q's heads (GQA)."""
+    k, v = key, value
+    if k.shape[1] != query.shape[1] and query.shape[1] % k.shape[1] == 0:
+        rep = query.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    return {"q": query, "k": k, "v": v}
+
+
+def _rope_inputs(x: torch.Tensor, pos: torch.Tensor, unsqueeze_dim: int) -> dict[str, torch.Tensor]:
+    """One of apply_rotary_pos_emb's q / k as the catalog's (b*s, h, d) x, with its (b*s,) positions."""
+    xs = x.transpose(1, 2) if unsqueeze_dim == 1 else x  # (b, s, h, d)
+    b, s, h, d = xs.shape
+    p = pos.reshape(-1, pos.shape[-1]).expand(b, s).reshape(-1)  # (b*s,)
+    return {"x": xs.reshape(b * s, h, d), "positions": p}
+
+
+# The wrapped functions hand `record` a function that makes the inputs, not the inputs: a monitor calls
+# it only for the calls its sampling keeps, and not at all for ops it does not watch. Made eagerly, the
+# GQA repeat (copies of k and v, every eager attention call of a GQA model) and rope's (b*s, h, d)
+# copies ran on every call. (It did not move the host time of the H200's host-bound Llama forward
+# with the monitor at default sampling, +12.5 %: bench/results/monitor_fused_h200_s27_small_lazy.md.)
 def _wrap_eager(rec: Recorder, orig: Callable) -> Callable:
     def eager_attention_forward(module, query, key, value, attention_mask, *args, **kwargs):  # noqa: ANN001
         if rec.suppress == 0:
-            k, v = key, value
-            if k.shape[1] != query.shape[1] and query.shape[1] % k.shape[1] == 0:
-                rep = query.shape[1] // k.shape[1]
-                k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
             causal = bool(getattr(module, "is_causal", False)) and query.shape[2] > 1
-            rec.record("attention", "math", {"q": query, "k": k, "v": v}, {"causal": causal})
+            rec.record("attention", "math", functools.partial(_attention_inputs, query, key, value), {"causal": causal},
+                       dtype=_dtype_name(query))
         rec.suppress += 1
         try:
             return orig(module, query, key, value, attention_mask, *args, **kwargs)
@@ -536,13 +556,11 @@ def _wrap_rope(rec: Recorder, orig: Callable) -> Callable:
             if pos is None or q.ndim != 4:
                 rec.skipped["rope: positions unknown (no rotary-embedding module ran)"] += 1
             else:
-                base = rec.last_base or 10000.0
+                params = {"base": rec.last_base or 10000.0}
+                site = rec.stream
                 for name, x in (("q", q), ("k", k)):
-                    xs = x.transpose(1, 2) if unsq == 1 else x  # (b, s, h, d)
-                    b, s, h, d = xs.shape
-                    p = pos.reshape(-1, pos.shape[-1]).expand(b, s).reshape(-1)  # (b*s,)
-                    rec.record("rope", "fp32-angles", {"x": xs.reshape(b * s, h, d), "positions": p},
-                               {"base": base}, dtype=_dtype_name(x), stream=f"{rec.stream}:{name}")
+                    rec.record("rope", "fp32-angles", functools.partial(_rope_inputs, x, pos, unsq), params,
+                               dtype=_dtype_name(x), stream=f"{site}:{name}")
         rec.suppress += 1
         try:
             return orig(q, k, cos, sin, *args, **kwargs)
