@@ -42,6 +42,7 @@ from optwin.ingest import sketch
 from optwin.kernels import fast_launch
 
 OPS = ("rmsnorm", "rope")  # watched in every monitored config
+PROFILERS: list = []  # --profile: enabled around the timed forwards only (not the setup or warm-up)
 SAMPLING_WARMUP = 120  # forwards before the default-sampling timing: past its 100-call warm-up
 
 
@@ -116,7 +117,13 @@ def _configs(model: torch.nn.Module, db: str, ids: torch.Tensor,
                 if mon is not None:
                     mon.flush()
                 before = (mon.stats.calls, mon.stats.checked, mon.stats.warnings) if mon is not None else (0, 0, 0)
-                ms = timed(fwd, forwards)
+                for prof in PROFILERS:
+                    prof.enable()
+                try:
+                    ms = timed(fwd, forwards)
+                finally:
+                    for prof in PROFILERS:
+                        prof.disable()
                 if mon is None:
                     return ms, 0, 0, 0
                 mon.flush()
@@ -210,8 +217,8 @@ def check_fused(model: torch.nn.Module, db: str, ids: torch.Tensor) -> list[str]
 
 
 def profile(model: torch.nn.Module, db: str, ids: torch.Tensor, config: str, forwards: int) -> list[str]:
-    """Host time of one config under cProfile (functions by own time), after its warm-up: where a
-    monitored forward spends the host's time."""
+    """Host time of one config's timed forwards under cProfile (functions by own time; its setup and
+    warm-up run unprofiled): where a monitored forward spends the host's time."""
     import cProfile
     import io
     import pstats
@@ -220,11 +227,14 @@ def profile(model: torch.nn.Module, db: str, ids: torch.Tensor, config: str, for
     with torch.no_grad():
         go()  # compile, warm up
         prof = cProfile.Profile()
-        prof.enable()
-        ms = go()[0]
-        prof.disable()
+        PROFILERS.append(prof)
+        try:
+            ms = go()[0]
+        finally:
+            PROFILERS.remove(prof)
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
+    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats("optwin|capture|monitor", 30)
     return [f"## cProfile of `{config}` ({forwards} forwards, {ms:.2f} ms each)", "", "```", buf.getvalue(), "```"]
 
 

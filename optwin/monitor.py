@@ -209,6 +209,7 @@ class Monitor:
         self._handles: list[Any] = []
         self._undo: list[Any] = []
         self._interceptor: _MonitorInterceptor | None = None
+        self._targets: tuple[intercept.Target, ...] = ()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -220,7 +221,8 @@ class Monitor:
                 self._handles += _install_module_fallback(rec, self.model)
         self._undo = _cap._patch_transformers(rec)
         self._interceptor = _MonitorInterceptor(rec)
-        intercept.enter(self._interceptor, _cap.TARGETS)
+        self._targets = _cap.watched_targets(rec)
+        intercept.enter(self._interceptor, self._targets)
         if rec.takes_fused:
             sketch_sink.push(rec)
         return self
@@ -229,7 +231,7 @@ class Monitor:
         if self._interceptor is None:
             return
         try:
-            intercept.leave(self._interceptor, _cap.TARGETS)
+            intercept.leave(self._interceptor, self._targets)
         finally:
             self._interceptor = None
             if self._rec is not None:

@@ -145,6 +145,26 @@ def test_unsampled_matmul_calls_make_no_input_views(db, monkeypatch):
     assert 200 <= mon.stats.checked <= 210  # and both streams still checked as before
 
 
+def test_only_the_watched_ops_functions_are_wrapped(db):
+    """A monitor of rmsnorm leaves F.linear (and every other intercepted function of an unwatched op)
+    unwrapped: its calls never reach the monitor. Watching matmul wraps it; stopping unwraps it."""
+    import torch.nn.functional as F
+
+    from optwin.ingest import intercept
+
+    model = Block()
+    g = torch.Generator().manual_seed(3)
+    plain = F.linear
+    with om.monitor(model, db=db, ops=("rmsnorm",), clock=_fake_clock()) as mon:
+        assert F.linear is plain and torch.matmul is intercept.original(torch.matmul)
+        model(_x(g, 4.0))
+    assert mon.stats.calls == 1  # the norm's module hook; the projection is not a call it sees
+    with om.monitor(model, db=db, ops=("rmsnorm", "matmul"), clock=_fake_clock()) as mon:
+        assert F.linear is not plain and intercept.original(F.linear) is plain
+        model(_x(g, 4.0))
+    assert mon.stats.calls == 2 and F.linear is plain
+
+
 def test_async_readback_queue_drains(db):
     """The CUDA path (event-gated queue) run on CPU: sketches queue, are read on later calls."""
     model = Block()
