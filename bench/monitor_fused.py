@@ -42,7 +42,7 @@ from optwin.ingest import sketch
 from optwin.kernels import fast_launch
 
 OPS = ("rmsnorm", "rope")  # watched in every monitored config
-PROFILERS: list = []  # --profile: enabled around the timed forwards only (not the setup or warm-up)
+PROFILERS: list = []  # --profile: enabled around the timed forwards only (not the setup, warm-up or collection)
 SAMPLING_WARMUP = 120  # forwards before the default-sampling timing: past its 100-call warm-up
 
 
@@ -68,9 +68,13 @@ def _timer(device: str) -> Callable[[Callable[[], Any], int], float]:
     def timed(fn: Callable[[], Any], n: int) -> float:
         gc.collect()
         gc.disable()
+        for prof in PROFILERS:
+            prof.enable()
         try:
             return _span(fn, n)
         finally:
+            for prof in PROFILERS:
+                prof.disable()
             gc.enable()
 
     def _span(fn: Callable[[], Any], n: int) -> float:
@@ -117,13 +121,7 @@ def _configs(model: torch.nn.Module, db: str, ids: torch.Tensor,
                 if mon is not None:
                     mon.flush()
                 before = (mon.stats.calls, mon.stats.checked, mon.stats.warnings) if mon is not None else (0, 0, 0)
-                for prof in PROFILERS:
-                    prof.enable()
-                try:
-                    ms = timed(fwd, forwards)
-                finally:
-                    for prof in PROFILERS:
-                        prof.disable()
+                ms = timed(fwd, forwards)
                 if mon is None:
                     return ms, 0, 0, 0
                 mon.flush()
