@@ -563,7 +563,7 @@ def _wrap_rope(rec: Recorder, orig: Callable) -> Callable:
             pos = rec.last_positions
             if pos is None or q.ndim != 4:
                 rec.skipped["rope: positions unknown (no rotary-embedding module ran)"] += 1
-            else:
+            elif rec.watches("rope"):  # record() would drop both calls; the stream's frame walk need not run
                 params = {"base": rec.last_base or 10000.0}
                 site = rec.stream
                 for name, x in (("q", q), ("k", k)):
