@@ -21,7 +21,14 @@ from optwin import twin
 from optwin.errors import InputError
 from optwin.ingest.sketch import sketch as ingest_sketch
 from optwin.kernels.layernorm import EPS, _layernorm_launch, layernorm
-from optwin.kernels.sketch_buffer import SENTINEL, new_buffer, read_sketch, row_records
+from optwin.kernels.sketch_buffer import (
+    SENTINEL,
+    SLOTS,
+    new_buffer,
+    read_sketch,
+    row_records,
+    workspace,
+)
 from optwin.twin.layernorm import EPS32, welford
 from optwin.twin.numerics import (
     Numerics,
@@ -89,8 +96,9 @@ def test_a_constant_row_normalizes_to_the_bias():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_sketch_matches_ingest_with_flagged_rows_across_polls(dtype):
     """Rows with NaN, ±inf, an fp32-square overflow, a constant and a near-constant row take the
-    flagged path (exact partials in the extra record, the flag released after them), on both sides of
-    4-row polls; the max |x| runs packed (two bf16 an instruction) or in fp32."""
+    flagged path (exact partials merged into the workspace, the flag released after them), on both
+    sides of 4-row polls; the max |x| runs packed (two bf16 an instruction) or in fp32. The finisher
+    leaves the workspace at its identities, ready for the next launch."""
     inp = _inputs(11, 6144, dtype, 7)
     x = inp["x"]
     x[1, 5], x[3, 0], x[4, 6143] = float("nan"), float("inf"), -float("inf")
@@ -99,6 +107,8 @@ def test_sketch_matches_ingest_with_flagged_rows_across_polls(dtype):
     x[8] = x[8] * 1e-3 + 1000.0  # near-constant: |mean|/std past 2^16, not constant
     x[10, 3] = -41.0  # the largest |x| of the plain rows, negative
     y, got = _launch(inp, sketch=True, poll=4)
+    f, i = workspace("layernorm", x.device)
+    assert torch.equal(f[:SLOTS], f[SLOTS:]) and not bool(i.any())
     y0, _ = _launch(inp, sketch=False)
     bits = torch.int32 if dtype == torch.float32 else torch.int16
     assert torch.equal(y.view(bits), y0.view(bits))

@@ -117,14 +117,21 @@ def _store_own_features(S_ptr, g_ratio, g_minstd, g_const, n_rows, CAP: tl.const
 
 
 @triton.jit
-def _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ratio, p_minstd, p_nf, p_const, n_rows, n_cols, CAP: tl.constexpr):
-    """Merge one program's sketch partials into the workspace; the last program writes the features."""
+def _merge_partials(F_ptr, I_ptr, p_amax, p_sq, p_ratio, p_minstd, p_nf, p_const):
+    """Partials (absmax, float64 sum of squares, max |mean|/std, min std, NaN/±inf count (int64),
+    constant |c| or below 0) merged into the workspace's slots (relaxed scalar atomics)."""
     tl.atomic_max(F_ptr + 0, p_amax.to(tl.float64), sem="relaxed")
     tl.atomic_add(F_ptr + 1, p_sq, sem="relaxed")
     tl.atomic_max(F_ptr + 2, p_ratio.to(tl.float64), sem="relaxed")
     tl.atomic_min(F_ptr + 3, p_minstd.to(tl.float64), sem="relaxed")
     tl.atomic_max(F_ptr + 4, tl.maximum(p_const, 0.0).to(tl.float64), sem="relaxed")
     tl.atomic_add(I_ptr + 1, p_nf, sem="relaxed")
+
+
+@triton.jit
+def _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ratio, p_minstd, p_nf, p_const, n_rows, n_cols, CAP: tl.constexpr):
+    """Merge one program's sketch partials into the workspace; the last program writes the features."""
+    _merge_partials(F_ptr, I_ptr, p_amax, p_sq, p_ratio, p_minstd, p_nf, p_const)
     if last_program(I_ptr):
         g_ratio = read_slot(F_ptr + 2)
         g_minstd = read_slot(F_ptr + 3)

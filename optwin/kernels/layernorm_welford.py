@@ -25,8 +25,11 @@ The sketch (y is bit-identical with and without it: the merge tree carries max |
 count, and the same merges): each row's program stores two record words, (mean, var) and (max |x|, 0)
 (sketch_buffer.row_records), and one more program, the finisher, polls them (_common.poll_records) and
 derives each row's sum of squares, std and |mean|/std as the persistent kernel's slots do. A row with
-NaN/±inf, overflowing squares, or that could be constant writes exact float64 partials to its extra
-record and flags its second word.
+NaN/±inf, overflowing squares, or that could be constant merges its exact float64 partials into the
+"layernorm" workspace with scalar atomics and flags its second word (released after them); the
+finisher acquires each flag, adds the workspace to its own partials and resets it. The finisher holds one
+row a thread a poll, and the cold paths read pieces of two elements a thread, so the sketched kernel fits
+the plain one's 32 registers (WELFORD_REG_CAP).
 """
 
 from __future__ import annotations
@@ -43,30 +46,30 @@ from optwin.kernels._common import (
     INTERPRETED,
     MAX_BLOCK,
     RECORD_FLAG_HI,
-    RECORD_POLL,
     acquire_flag,
     max_sum_max,
     note_occupancy,
     poll_records,
     prefetch_args,
     prefetch_row,
-    record_halves,
+    read_slot,
     record_word,
     register_cap,
     release_flag,
+    reset_workspace,
     store_common_features,
 )
 from optwin.kernels.fast_launch import launch
 from optwin.kernels.layernorm_sketch import (
     _chunked_exact_row,
     _could_be_constant,
-    _merge_row,
+    _merge_partials,
     _param_features,
     _ratio,
     _store_own_features,
 )
 from optwin.kernels.packed16 import abs_max_pairs
-from optwin.kernels.sketch_buffer import RATIO_CAP, row_records
+from optwin.kernels.sketch_buffer import RATIO_CAP, row_records, workspace
 from optwin.twin.numerics import welford_chunk as _welford_rule
 
 # The Welford launch: twin.numerics.welford_chunk's chunk (numerics), 8 elements (one 16-byte bf16
@@ -77,10 +80,16 @@ from optwin.twin.numerics import welford_chunk as _welford_rule
 # (bench/results/layernorm_welford_h200_s20*.md). The chunk must divide the row: a ragged last piece
 # (12000 at 4096) ran no faster than the row in registers, and +13 % against +7 % with the sketch.
 ELEMS_PER_THREAD = 8
-# Registers a thread of the sketched Welford launch (None: the compiler's, 40 at 4096/16 with triton 3.9
-# offline: 3 programs per SM against 4 without the sketch). Capped at 32 it spilled: 82.5 against 76.6
-# µs with the sketch (norm_chunks_h200_s20b.md).
-WELFORD_REG_CAP: int | None = None
+# Registers a thread of the sketched Welford launch, rows up to WELFORD_CAP_MAX_N long (longer: the
+# compiler's). The plain kernel takes 32 there (triton 3.6, sm_90a offline: bench/offline_compile.py), 4
+# programs per SM at 16 warps; the sketched one, uncapped, 40 (3 programs), set by its cold parts: the
+# flagged rows' exact pass and the finisher, whose spills at 32 land outside the rows' loop and the
+# finisher's poll loop (12 bytes stored, 0-4 loaded, once per flagged row or launch). Before stop 28 the
+# finisher merged the flagged rows' partials itself and took 54 (56-79 at 4 and 8 warps): capped at 32
+# then it spilled in its poll loop (82.5 against 76.6 µs, norm_chunks_h200_s20b.md). At 32768 the plain
+# kernel takes 40 and the sketched one 50; capped at 40 it spills in the rows' loop.
+WELFORD_REG_CAP = 32
+WELFORD_CAP_MAX_N = 16384
 
 
 @triton.jit
@@ -141,7 +150,8 @@ def _welford_merge_max(ma, qa, wa, xa, mb, qb, wb, xb):
 def _layernorm_welford_kernel(
     X_ptr, X_row_stride, W_ptr, B_ptr, Y_ptr, Y_row_stride, S_ptr,  # as _layernorm_kernel
     M_ptr,  # row record words, int64 (>= 2 * n_rows,), all -1 (sketch_buffer.row_records); unused unless SKETCH
-    E_ptr,  # extra records, int64 (>= n_rows, 4)
+    F_ptr,  # the "layernorm" workspace's float64 slots (sketch_buffer.workspace): the flagged rows' partials
+    I_ptr,  # its int64 slots
     n_rows,
     eps,  # fp32 scalar
     N: tl.constexpr,  # the row length, compiled in: a runtime length ran the piece loops 30 % slower (H200)
@@ -224,19 +234,13 @@ def _layernorm_welford_kernel(
                      eviction_policy="evict_first")
         if SKETCH and PROBE < 4:  # noqa: SIM102 - a constexpr branch
             if not plain:
-                _publish_flagged_row(X_row, M_ptr + row * 2 + 1, E_ptr + row * 4, N, EXACT_CHUNK)
+                _publish_flagged_row(X_row, M_ptr + row * 2 + 1, F_ptr, I_ptr, N, EXACT_CHUNK, CAP)
     else:  # the finisher: the parameters' partials while rows run, then the records in row order
-        param_nf = _param_features(W_ptr, B_ptr, S_ptr, tl.arange(0, EXACT_CHUNK), N, EXACT_CHUNK)
+        param_nf = _param_features(W_ptr, B_ptr, S_ptr, tl.arange(0, EXACT_CHUNK), N, EXACT_CHUNK).to(tl.int32)
         v_amax = tl.zeros([POLL], dtype=tl.float32)  # per row slot across the polls, reduced at the end
         v_sq = tl.zeros([POLL], dtype=tl.float64)
         v_ratio = tl.zeros([POLL], dtype=tl.float32)
         v_minstd = tl.full([POLL], float("inf"), tl.float32)
-        g_amax = tl.zeros((), dtype=tl.float32)  # the flagged rows' partials
-        g_sq = tl.zeros((), dtype=tl.float64)
-        g_ratio = tl.zeros((), dtype=tl.float32)
-        g_minstd = tl.full((), float("inf"), tl.float32)
-        g_const = tl.zeros((), dtype=tl.float32)
-        g_nf = tl.zeros((), dtype=tl.int64)
         for r0 in range(0, n_rows if PROBE // 2 % 2 == 0 else 0, POLL):
             lo, hi = poll_records(M_ptr, r0, n_rows, POLL, 2)
             m_bits, amax_bits = tl.split(lo)  # word 0 = (mean, var), word 1 = (max |h|, 0 or the flag)
@@ -252,39 +256,35 @@ def _layernorm_welford_kernel(
             v_ratio = tl.maximum(v_ratio, tl.where(plain, _ratio(m, sf, -1.0, CAP), 0.0))
             v_minstd = tl.minimum(v_minstd, tl.where(plain, sf, float("inf")))
             r = tl.min(tl.where(flagged, rows, n_rows), axis=0)
-            while r < n_rows:  # rare: the flagged rows one by one, merged as the persistent kernel merges them
-                e = E_ptr + r * 4 * acquire_flag(M_ptr + r * 2 + 1)
-                a_bits, nf_bits = record_halves(tl.load(e, volatile=True))
-                mf_bits, sf_bits = record_halves(tl.load(e + 2, volatile=True))
-                c_bits, _ = record_halves(tl.load(e + 3, volatile=True))
-                g_amax, g_ratio, g_minstd, g_sq, g_nf, g_const = _merge_row(
-                    g_amax, g_ratio, g_minstd, g_sq, g_nf, g_const, a_bits.to(tl.float32, bitcast=True),
-                    tl.load(e + 1, volatile=True).to(tl.float64, bitcast=True), nf_bits.to(tl.float32, bitcast=True),
-                    mf_bits.to(tl.float32, bitcast=True), sf_bits.to(tl.float32, bitcast=True),
-                    c_bits.to(tl.float32, bitcast=True), CAP)
-                r = tl.min(tl.where(flagged & (rows > r), rows, n_rows), axis=0)
+            while r < n_rows:  # rare: each flagged row merged its partials into the workspace before its flag
+                acquired = acquire_flag(M_ptr + r * 2 + 1)  # 1, behind the acquire
+                r = tl.min(tl.where(flagged & (rows > r), rows, n_rows) * acquired, axis=0)
         m_amax, s_sq, m_ratio = max_sum_max(v_amax, v_sq, v_ratio)
+        g_amax = read_slot(F_ptr + 0)  # the flagged rows' partials
+        g_sq = read_slot(F_ptr + 1)
+        g_ratio = read_slot(F_ptr + 2)
+        g_minstd = read_slot(F_ptr + 3)
+        g_const = read_slot(F_ptr + 4)
+        g_nf = read_slot(I_ptr + 1)
+        reset_workspace(F_ptr, I_ptr)
         numel = tl.cast(n_rows, tl.int64) * N
-        store_common_features(S_ptr, numel, tl.cast(n_rows, tl.int64), tl.maximum(m_amax, g_amax).to(tl.float64),
+        store_common_features(S_ptr, numel, tl.cast(n_rows, tl.int64), tl.maximum(m_amax.to(tl.float64), g_amax),
                               s_sq + g_sq, numel - g_nf, g_nf + param_nf)
         tl.store(S_ptr + 5, tl.cast(N, tl.float64))
-        _store_own_features(S_ptr, tl.maximum(m_ratio, g_ratio).to(tl.float64),
-                            tl.minimum(tl.min(v_minstd, axis=0), g_minstd).to(tl.float64), g_const.to(tl.float64),
-                            n_rows, CAP)
+        _store_own_features(S_ptr, tl.maximum(m_ratio.to(tl.float64), g_ratio),
+                            tl.minimum(tl.min(v_minstd, axis=0).to(tl.float64), g_minstd), g_const, n_rows, CAP)
 
 
 @triton.jit
-def _publish_flagged_row(X_row, flag_ptr, E_row, n_cols, CHUNK: tl.constexpr):
+def _publish_flagged_row(X_row, flag_ptr, F_ptr, I_ptr, n_cols, CHUNK: tl.constexpr, CAP: tl.constexpr):
     """A row the finisher cannot derive from (mean, var) (NaN/±inf, overflowing squares, or one that
-    could be constant): its exact finite-only partials (_chunked_exact_row, float64 sums) into its
-    extra record (max |h| | NaN/±inf count, sum of squares float64, mean | std, constant |c| or -1),
-    which the finisher merges with _merge_row; then the flag on its second word (the first gets a
-    non-sentinel word: the finisher waits for both)."""
+    could be constant): its exact finite-only partials (_chunked_exact_row, float64 sums) merged into
+    the workspace with scalar atomics, then the flag on its second record word, released after them
+    (the first gets a non-sentinel word: the finisher waits for both, then acquires the flag).
+    The merge is here, not in the finisher: the finisher's registers set the whole kernel's (stop 28:
+    54 a thread with the flagged rows' partials merged in its poll loop, 2 programs per SM)."""
     amax, sq, nf, mf, sf, c = _chunked_exact_row(X_row, tl.arange(0, CHUNK), n_cols, CHUNK)
-    tl.store(E_row, record_word(amax, nf))
-    tl.store(E_row + 1, sq.to(tl.int64, bitcast=True))
-    tl.store(E_row + 2, record_word(mf, sf))
-    tl.store(E_row + 3, record_word(c, tl.zeros((), tl.float32)))
+    _merge_partials(F_ptr, I_ptr, amax, sq, _ratio(mf, sf, c, CAP), sf, nf.to(tl.int64), c)
     tl.store(flag_ptr - 1, record_word(tl.zeros((), tl.float32), tl.zeros((), tl.float32)))
     release_flag(flag_ptr)
 
@@ -304,13 +304,17 @@ def _welford_launch(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, 
         raise InputError(f"layernorm: the Welford launch takes rows of {chunk}..{MAX_BLOCK}, got {n}")
     sketch = buf is not None
     warps = num_warps or max(1, chunk // (32 * ELEMS_PER_THREAD))
-    cap = (WELFORD_REG_CAP if sketch else None) if maxnreg is None else maxnreg or None
-    m, e = row_records("layernorm", x2.device, n_rows, words=2, extra=4) if sketch else (y2, y2)
+    shipped_cap = WELFORD_REG_CAP if sketch and n <= WELFORD_CAP_MAX_N else None
+    cap = shipped_cap if maxnreg is None else maxnreg or None
+    # the finisher polls a row a thread; the cold paths read two elements a thread a piece (registers)
+    exact_chunk = min(_common.EXACT_CHUNK, 64 * warps)
+    m = row_records("layernorm", x2.device, n_rows, words=2, extra=0)[0] if sketch else y2
+    f, i = workspace("layernorm", x2.device) if sketch else (y2, y2)
     key = ("layernorm-welford", x2.dtype, n, chunk, warps, cap, sketch)
     pf = prefetch_args("layernorm", n, x2, sketch, n_rows + sketch, key, prefetch)
     k = launch(_layernorm_welford_kernel, (n_rows + sketch,),
-        x2, x2.stride(0), weight, bias, y2, y2.stride(0), buf if sketch else y2, m, e, n_rows, eps,
-        N=n, CHUNK=chunk, CAP=RATIO_CAP, SKETCH=sketch, POLL=poll or RECORD_POLL, EXACT_CHUNK=_common.EXACT_CHUNK,
+        x2, x2.stride(0), weight, bias, y2, y2.stride(0), buf if sketch else y2, m, f, i, n_rows, eps,
+        N=n, CHUNK=chunk, CAP=RATIO_CAP, SKETCH=sketch, POLL=poll or 32 * warps, EXACT_CHUNK=exact_chunk,
         FINISHER_FIRST=not INTERPRETED, PACKED=x2.element_size() == 2, PROBE=probe, **pf, num_warps=warps, enable_fp_fusion=False, **register_cap(cap),
         **({} if INTERPRETED else {"num_stages": 1}),
     )
