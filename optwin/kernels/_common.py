@@ -403,6 +403,20 @@ def _max_sum_max(a0, a1, a2, b0, b1, b2):
 
 
 @triton.jit
+def _max_sum_max_min(a0, a1, a2, a3, b0, b1, b2, b3):
+    return tl.maximum(a0, b0), a1 + b1, tl.maximum(a2, b2), tl.minimum(a3, b3)
+
+
+@triton.jit
+def max_sum_max_min(a, s, m, n):
+    """(max a, sum s, max m, min n) over every axis in ONE reduction tree (one cross-warp exchange)."""
+    if INTERPRET:
+        return tl.max(a), tl.sum(s), tl.max(m), tl.min(n)
+    else:
+        return tl.reduce((a, s, m, n), None, _max_sum_max_min)
+
+
+@triton.jit
 def max_sum_max(a, s, m):
     """(max a, sum s, max m) over every axis in ONE reduction tree (one cross-warp exchange)."""
     if INTERPRET:

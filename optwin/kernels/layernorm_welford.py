@@ -46,8 +46,9 @@ from optwin.kernels._common import (
     INTERPRETED,
     MAX_BLOCK,
     RECORD_FLAG_HI,
+    RECORD_POLL,
     acquire_flag,
-    max_sum_max,
+    max_sum_max_min,
     note_occupancy,
     poll_records,
     prefetch_args,
@@ -88,7 +89,7 @@ ELEMS_PER_THREAD = 8
 # finisher merged the flagged rows' partials itself and took 54 (56-79 at 4 and 8 warps): capped at 32
 # then it spilled in its poll loop (82.5 against 76.6 µs, norm_chunks_h200_s20b.md). At 32768 the plain
 # kernel takes 40 and the sketched one 50; capped at 40 it spills in the rows' loop.
-WELFORD_REG_CAP = 32
+WELFORD_REG_CAP: int | None = None
 WELFORD_CAP_MAX_N = 16384
 
 
@@ -221,8 +222,11 @@ def _layernorm_welford_kernel(
         if SKETCH:  # before y: the finisher's wait ends with the last row's sums, not with its stores
             plain = ((var + m * m) * N <= FMAX) & ~_could_be_constant(m, var)
             if plain and PROBE // 2 % 2 == 0:  # the rare rest after y
-                tl.store(M_ptr + row * 2, record_word(m, var))
-                tl.store(M_ptr + row * 2 + 1, record_word(hmax, tl.zeros((), tl.float32)))
+                # the row's own partials, derived here: the finisher reads every row's record in one
+                # program, and at 16384 rows its per-row sqrt and division made it the kernel's tail
+                sf = tl.sqrt(var)
+                tl.store(M_ptr + row * 2, record_word(_ratio(m, sf, -1.0, CAP), sf))
+                tl.store(M_ptr + row * 2 + 1, record_word(hmax, (var + m * m) * N))  # as _slot_partials
         rs = tl.math.rsqrt(var + eps)  # approximate rsqrt
         Y_row = Y_ptr + row * Y_row_stride
         for c0 in tl.range(0, N, CHUNK):
@@ -241,38 +245,39 @@ def _layernorm_welford_kernel(
         v_sq = tl.zeros([POLL], dtype=tl.float64)
         v_ratio = tl.zeros([POLL], dtype=tl.float32)
         v_minstd = tl.full([POLL], float("inf"), tl.float32)
+        first_flagged = n_rows
         for r0 in range(0, n_rows if PROBE // 2 % 2 == 0 else 0, POLL):
             lo, hi = poll_records(M_ptr, r0, n_rows, POLL, 2)
-            m_bits, amax_bits = tl.split(lo)  # word 0 = (mean, var), word 1 = (max |h|, 0 or the flag)
-            var_bits, tag = tl.split(hi)
+            ratio_bits, amax_bits = tl.split(lo)  # word 0 = (|mean|/std, std), word 1 = (max |h|, sum h*h or the flag)
+            sf_bits, tag = tl.split(hi)
             rows = r0 + tl.arange(0, POLL)
             flagged = tag == RECORD_FLAG_HI
             plain = (rows < n_rows) & ~flagged
-            m = m_bits.to(tl.float32, bitcast=True)
-            var = var_bits.to(tl.float32, bitcast=True)
-            sf = tl.sqrt(var)
             v_amax = tl.maximum(v_amax, tl.where(plain, amax_bits.to(tl.float32, bitcast=True), 0.0))
-            v_sq += tl.where(plain, (var + m * m) * N, 0.0).to(tl.float64)  # as _slot_partials
-            v_ratio = tl.maximum(v_ratio, tl.where(plain, _ratio(m, sf, -1.0, CAP), 0.0))
-            v_minstd = tl.minimum(v_minstd, tl.where(plain, sf, float("inf")))
+            v_sq += tl.where(plain, tag.to(tl.float32, bitcast=True), 0.0).to(tl.float64)
+            v_ratio = tl.maximum(v_ratio, tl.where(plain, ratio_bits.to(tl.float32, bitcast=True), 0.0))
+            v_minstd = tl.minimum(v_minstd, tl.where(plain, sf_bits.to(tl.float32, bitcast=True), float("inf")))
             r = tl.min(tl.where(flagged, rows, n_rows), axis=0)
+            first_flagged = tl.minimum(first_flagged, r)
             while r < n_rows:  # rare: each flagged row merged its partials into the workspace before its flag
                 acquired = acquire_flag(M_ptr + r * 2 + 1)  # 1, behind the acquire
                 r = tl.min(tl.where(flagged & (rows > r), rows, n_rows) * acquired, axis=0)
-        m_amax, s_sq, m_ratio = max_sum_max(v_amax, v_sq, v_ratio)
-        g_amax = read_slot(F_ptr + 0)  # the flagged rows' partials
-        g_sq = read_slot(F_ptr + 1)
-        g_ratio = read_slot(F_ptr + 2)
-        g_minstd = read_slot(F_ptr + 3)
-        g_const = read_slot(F_ptr + 4)
-        g_nf = read_slot(I_ptr + 1)
-        reset_workspace(F_ptr, I_ptr)
+        m_amax, s_sq, m_ratio, m_minstd = max_sum_max_min(v_amax, v_sq, v_ratio, v_minstd)
+        g_amax, g_sq, g_ratio, g_minstd = m_amax.to(tl.float64), s_sq, m_ratio.to(tl.float64), m_minstd.to(tl.float64)
+        g_const = tl.zeros((), dtype=tl.float64)
+        g_nf = tl.zeros((), dtype=tl.int64)
+        if first_flagged < n_rows:  # the flagged rows' partials; untouched, the workspace is still at its identities
+            g_amax = tl.maximum(g_amax, read_slot(F_ptr + 0))
+            g_sq += read_slot(F_ptr + 1)
+            g_ratio = tl.maximum(g_ratio, read_slot(F_ptr + 2))
+            g_minstd = tl.minimum(g_minstd, read_slot(F_ptr + 3))
+            g_const = read_slot(F_ptr + 4)
+            g_nf = read_slot(I_ptr + 1)
+            reset_workspace(F_ptr, I_ptr)
         numel = tl.cast(n_rows, tl.int64) * N
-        store_common_features(S_ptr, numel, tl.cast(n_rows, tl.int64), tl.maximum(m_amax.to(tl.float64), g_amax),
-                              s_sq + g_sq, numel - g_nf, g_nf + param_nf)
+        store_common_features(S_ptr, numel, tl.cast(n_rows, tl.int64), g_amax, g_sq, numel - g_nf, g_nf + param_nf)
         tl.store(S_ptr + 5, tl.cast(N, tl.float64))
-        _store_own_features(S_ptr, tl.maximum(m_ratio.to(tl.float64), g_ratio),
-                            tl.minimum(tl.min(v_minstd, axis=0).to(tl.float64), g_minstd), g_const, n_rows, CAP)
+        _store_own_features(S_ptr, g_ratio, g_minstd, g_const, n_rows, CAP)
 
 
 @triton.jit
@@ -306,15 +311,13 @@ def _welford_launch(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, 
     warps = num_warps or max(1, chunk // (32 * ELEMS_PER_THREAD))
     shipped_cap = WELFORD_REG_CAP if sketch and n <= WELFORD_CAP_MAX_N else None
     cap = shipped_cap if maxnreg is None else maxnreg or None
-    # the finisher polls a row a thread; the cold paths read two elements a thread a piece (registers)
-    exact_chunk = min(_common.EXACT_CHUNK, 64 * warps)
     m = row_records("layernorm", x2.device, n_rows, words=2, extra=0)[0] if sketch else y2
     f, i = workspace("layernorm", x2.device) if sketch else (y2, y2)
     key = ("layernorm-welford", x2.dtype, n, chunk, warps, cap, sketch)
     pf = prefetch_args("layernorm", n, x2, sketch, n_rows + sketch, key, prefetch)
     k = launch(_layernorm_welford_kernel, (n_rows + sketch,),
         x2, x2.stride(0), weight, bias, y2, y2.stride(0), buf if sketch else y2, m, f, i, n_rows, eps,
-        N=n, CHUNK=chunk, CAP=RATIO_CAP, SKETCH=sketch, POLL=poll or 32 * warps, EXACT_CHUNK=exact_chunk,
+        N=n, CHUNK=chunk, CAP=RATIO_CAP, SKETCH=sketch, POLL=poll or RECORD_POLL, EXACT_CHUNK=_common.EXACT_CHUNK,
         FINISHER_FIRST=not INTERPRETED, PACKED=x2.element_size() == 2, PROBE=probe, **pf, num_warps=warps, enable_fp_fusion=False, **register_cap(cap),
         **({} if INTERPRETED else {"num_stages": 1}),
     )
