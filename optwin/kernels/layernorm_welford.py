@@ -22,14 +22,23 @@ With the sketch at 4096x16384: 76.5 / 73.4 flushed / graph, against the row-in-r
 75.5; the sketch costs +7.5 to +34 % of this kernel over those widths (RESULTS.md, stop 20).
 Compiled without FMA contraction: the FMAs are written out, and the twin models each rounding.
 The sketch (y is bit-identical with and without it: the merge tree carries max |x| beside mean, M2 and
-count, and the same merges): each row's program stores two record words, (mean, var) and (max |x|, 0)
-(sketch_buffer.row_records), and one more program, the finisher, polls them (_common.poll_records) and
-derives each row's sum of squares, std and |mean|/std as the persistent kernel's slots do. A row with
-NaN/±inf, overflowing squares, or that could be constant merges its exact float64 partials into the
-"layernorm" workspace with scalar atomics and flags its second word (released after them); the
-finisher acquires each flag, adds the workspace to its own partials and resets it. The finisher holds one
-row a thread a poll, and the cold paths read pieces of two elements a thread, so the sketched kernel fits
-the plain one's 32 registers (WELFORD_REG_CAP).
+count, and the same merges): each row's program derives its own partials from (mean, var) as the
+persistent kernel's slots do and stores them as two record words, (|mean|/std, std) and (max |x|, sum of
+squares) (sketch_buffer.row_records); one more program, the finisher, polls them (_common.poll_records)
+and reduces them. A row with NaN/±inf, overflowing squares, or that could be constant merges its exact
+float64 partials into the "layernorm" workspace with scalar atomics and flags its second word (released
+after them); the finisher acquires each flag and, if any row was flagged, adds the workspace to its own
+partials and resets it.
+Where the sketch's cost is (stop 28, H200 bf16, µs without the sketch / with / with the records and
+the finisher's polls left out, PROBE=2): 4096x16384 71.0 / 76.8 / 75.2, 16384x4096 69.3 / 76.6 / 72.1,
+8192x5120 47.4 / 51.3 / 45.9 (bench/results/layernorm_tail_h200_s28_*.md). The finisher reads every
+row's record in one program: at 16384 rows it was the kernel's tail while it took a sqrt and a division
+a row itself (stop 27's layout: 77.6 / 53.6 µs at 16384x4096 / 8192x5120 in the same rounds). Not
+occupancy: 2, 3 or 4 programs per SM (54, 40, 32 registers) gave 77.7, 77.0 and 89.9 µs at 4096x16384
+(the cap of 32 spills nothing in the rows' loop, but schedules it worse; layernorm_welford_ab_h200_s28_*.md),
+and folding the finisher's per-thread rows (80 -> 63 registers at 4 warps) moved nothing
+(layernorm_lanes_h200_s28_*.md). The rows per poll matter: 512 is the fastest of 128..2048 at every
+shape timed (layernorm_probe_h200_s28_*.md).
 """
 
 from __future__ import annotations
@@ -81,16 +90,11 @@ from optwin.twin.numerics import welford_chunk as _welford_rule
 # (bench/results/layernorm_welford_h200_s20*.md). The chunk must divide the row: a ragged last piece
 # (12000 at 4096) ran no faster than the row in registers, and +13 % against +7 % with the sketch.
 ELEMS_PER_THREAD = 8
-# Registers a thread of the sketched Welford launch, rows up to WELFORD_CAP_MAX_N long (longer: the
-# compiler's). The plain kernel takes 32 there (triton 3.6, sm_90a offline: bench/offline_compile.py), 4
-# programs per SM at 16 warps; the sketched one, uncapped, 40 (3 programs), set by its cold parts: the
-# flagged rows' exact pass and the finisher, whose spills at 32 land outside the rows' loop and the
-# finisher's poll loop (12 bytes stored, 0-4 loaded, once per flagged row or launch). Before stop 28 the
-# finisher merged the flagged rows' partials itself and took 54 (56-79 at 4 and 8 warps): capped at 32
-# then it spilled in its poll loop (82.5 against 76.6 µs, norm_chunks_h200_s20b.md). At 32768 the plain
-# kernel takes 40 and the sketched one 50; capped at 40 it spills in the rows' loop.
+# Registers a thread of the sketched Welford launch (None: the compiler's, 40 at 4096/16 with triton 3.6
+# offline). A cap of 32, the plain kernel's, spills only in the cold paths but ran 89.9 against 77.0 µs at
+# 4096x16384 (stop 28), and 32 before stop 28's finisher spilled in its poll loop (82.5 against 76.6 µs,
+# norm_chunks_h200_s20b.md).
 WELFORD_REG_CAP: int | None = None
-WELFORD_CAP_MAX_N = 16384
 
 
 @triton.jit
@@ -171,10 +175,10 @@ def _layernorm_welford_kernel(
     # l + CHUNK, ... (the first piece sets mean = h, M2 = 0; every lane has the same count, so 1/count is
     # one division per piece), a tree of Chan merges gives the row's mean and M2, and a second pass
     # re-reads the row (an L2 hit) for y. Few registers a thread (no row held), so many programs per SM.
-    # With the sketch each row's program stores two record words, (mean, var) and (max |h|, 0), and one
-    # more program, the finisher, polls them (_common.poll_records) and derives each row's sum of
-    # squares, std and |mean|/std as _slot_partials does. A row with NaN/±inf (or overflowing squares),
-    # or one that could be constant, writes exact partials to its extra record and flags its second word.
+    # With the sketch each row's program stores two record words, (|mean|/std, std) and (max |h|, sum of
+    # squares), and one more program, the finisher, polls and reduces them (_common.poll_records). A row
+    # with NaN/±inf (or overflowing squares), or one that could be constant, merges exact partials into the
+    # workspace and flags its second word.
     pid = tl.program_id(0)
     cols = tl.arange(0, CHUNK)
     FULL: tl.constexpr = (N // CHUNK) * CHUNK  # columns in whole pieces (N >= CHUNK)
@@ -286,8 +290,7 @@ def _publish_flagged_row(X_row, flag_ptr, F_ptr, I_ptr, n_cols, CHUNK: tl.conste
     could be constant): its exact finite-only partials (_chunked_exact_row, float64 sums) merged into
     the workspace with scalar atomics, then the flag on its second record word, released after them
     (the first gets a non-sentinel word: the finisher waits for both, then acquires the flag).
-    The merge is here, not in the finisher: the finisher's registers set the whole kernel's (stop 28:
-    54 a thread with the flagged rows' partials merged in its poll loop, 2 programs per SM)."""
+    The merge is here, not in the finisher, which would hold its partials in registers across every poll."""
     amax, sq, nf, mf, sf, c = _chunked_exact_row(X_row, tl.arange(0, CHUNK), n_cols, CHUNK)
     _merge_partials(F_ptr, I_ptr, amax, sq, _ratio(mf, sf, c, CAP), sf, nf.to(tl.int64), c)
     tl.store(flag_ptr - 1, record_word(tl.zeros((), tl.float32), tl.zeros((), tl.float32)))
@@ -309,8 +312,7 @@ def _welford_launch(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, 
         raise InputError(f"layernorm: the Welford launch takes rows of {chunk}..{MAX_BLOCK}, got {n}")
     sketch = buf is not None
     warps = num_warps or max(1, chunk // (32 * ELEMS_PER_THREAD))
-    shipped_cap = WELFORD_REG_CAP if sketch and n <= WELFORD_CAP_MAX_N else None
-    cap = shipped_cap if maxnreg is None else maxnreg or None
+    cap = (WELFORD_REG_CAP if sketch else None) if maxnreg is None else maxnreg or None
     m = row_records("layernorm", x2.device, n_rows, words=2, extra=0)[0] if sketch else y2
     f, i = workspace("layernorm", x2.device) if sketch else (y2, y2)
     key = ("layernorm-welford", x2.dtype, n, chunk, warps, cap, sketch)
