@@ -371,43 +371,6 @@ def _lane_count(a_neg, VARIANT: tl.constexpr):
 
 
 @triton.jit
-def packed_row(w, Xw, wcols, wmask, a_sq, a_neg, a_huge, BF16: tl.constexpr, BLOCK: tl.constexpr,
-               LANES: tl.constexpr, VEC: tl.constexpr, KEEP: tl.constexpr, NEG_PAIR: tl.constexpr,
-               NEG_SAFE: tl.constexpr):
-    """VARIANT 10's row (layout 4 on the words w of a row, read at Xw + wcols): (e, s, t, m, rmin) as
-    layout 4 has them, and the lane accumulators a_sq, a_neg (two 16-bit -inf counts a lane, padding
-    included) and a_huge with the row added. Shared by the persistent kernel and the program-per-row
-    one (optwin.kernels.softmax_rows)."""
-    ninf = neg_inf_mask(w, BF16)  # 0xFFFF per -inf half
-    ones = ninf & LOW_BITS_PAIR  # 1 per -inf half
-    a_prev = a_sq
-    n_prev = a_neg
-    a_neg += lane_sum(ones, BLOCK // 2, LANES, VEC // 2, KEEP)  # padding included
-    a_sq += lane_sum_squares(_unpacked(w & ~ninf, BF16, BLOCK), BLOCK, LANES, VEC, KEEP)  # HUGE rows below
-    # only wd lives across the max tree: -inf halves read as the format's lowest finite value
-    # (0xFF80 - 1 = 0xFF7F, 0xFC00 - 1 = 0xFBFF), whose e is still 0 where m > NEG_SAFE
-    wd = w - ones
-    m, rmin = row_max_min(w, w ^ (ninf & SIGN_PAIR), BF16)  # the min's -inf halves made +inf
-    if tl.maximum(m, -rmin) >= HUGE:  # a finite |h| >= HUGE (every HF-masked row) or +inf
-        a_sq = a_prev  # as layout 4: the squares scaled, in their own lanes
-        if tl.sum(_lane_count_i32(a_neg - n_prev)) == 0:  # no -inf (HF masks): wd is the row
-            hw = wd
-        else:  # wd reads -inf as the lowest value: re-read the row (an L2 hit) and zero them
-            w2 = tl.load(Xw + wcols, mask=wmask, other=NEG_PAIR)
-            hw = w2 & ~neg_inf_mask(w2, BF16)
-        hs = _mul_opaque(_unpacked(hw, BF16, BLOCK), HUGE_SCALE)
-        a_huge += lane_sum_squares(hs, BLOCK, LANES, VEC, KEEP)
-    # d finite at every lane: t without the clamp. Not where the row's range or the lowest
-    # value's distance to m overflows float32 (3e38 beside -3e38: d = -inf, e * d = NaN)
-    if (m > NEG_SAFE) & (m < POS_SAFE) & (m - rmin <= FMAX):
-        e, s, t = _exp_sums(_unpacked(wd, BF16, BLOCK), m, BLOCK)
-    else:  # a row of the lowest value itself (a fully masked HF row), of -inf, or NaN: re-read
-        w2 = tl.load(Xw + wcols, mask=wmask, other=NEG_PAIR)
-        e, s, t = _exp_sums_clamped(_unpacked(w2, BF16, BLOCK), m, BLOCK)
-    return e, s, t, m, rmin, a_sq, a_neg, a_huge
-
-
-@triton.jit
 def _softmax_kernel(
     X_ptr,  # x as (n_rows, n_cols) in dtype, last dim contiguous
     X_row_stride,
@@ -502,8 +465,32 @@ def _softmax_kernel(
                 s, t = _row_sums(e, e * tl.maximum(d, -FMAX), BLOCK)
                 rmin = tl.min(tl.min(lo, 1), 0)  # across threads: one value each
         elif SKETCH and VARIANT == 10:  # layout 4 on the words (PACKED)
-            e, s, t, m, rmin, a_sq, a_neg, a_huge = packed_row(w, Xw, wcols, wmask, a_sq, a_neg, a_huge, BF16, BLOCK,
-                                                               LANES, VEC, KEEP, NEG_PAIR, NEG_SAFE)
+            ninf = neg_inf_mask(w, BF16)  # 0xFFFF per -inf half
+            ones = ninf & LOW_BITS_PAIR  # 1 per -inf half
+            a_prev = a_sq
+            n_prev = a_neg
+            a_neg += lane_sum(ones, BLOCK // 2, LANES, VEC // 2, KEEP)  # padding included
+            a_sq += lane_sum_squares(_unpacked(w & ~ninf, BF16, BLOCK), BLOCK, LANES, VEC, KEEP)  # HUGE rows below
+            # only wd lives across the max tree: -inf halves read as the format's lowest finite value
+            # (0xFF80 - 1 = 0xFF7F, 0xFC00 - 1 = 0xFBFF), whose e is still 0 where m > NEG_SAFE
+            wd = w - ones
+            m, rmin = row_max_min(w, w ^ (ninf & SIGN_PAIR), BF16)  # the min's -inf halves made +inf
+            if tl.maximum(m, -rmin) >= HUGE:  # a finite |h| >= HUGE (every HF-masked row) or +inf
+                a_sq = a_prev  # as layout 4: the squares scaled, in their own lanes
+                if tl.sum(_lane_count_i32(a_neg - n_prev)) == 0:  # no -inf (HF masks): wd is the row
+                    hw = wd
+                else:  # wd reads -inf as the lowest value: re-read the row (an L2 hit) and zero them
+                    w2 = tl.load(Xw + wcols, mask=wmask, other=NEG_PAIR)
+                    hw = w2 & ~neg_inf_mask(w2, BF16)
+                hs = _mul_opaque(_unpacked(hw, BF16, BLOCK), HUGE_SCALE)
+                a_huge += lane_sum_squares(hs, BLOCK, LANES, VEC, KEEP)
+            # d finite at every lane: t without the clamp. Not where the row's range or the lowest
+            # value's distance to m overflows float32 (3e38 beside -3e38: d = -inf, e * d = NaN)
+            if (m > NEG_SAFE) & (m < POS_SAFE) & (m - rmin <= FMAX):
+                e, s, t = _exp_sums(_unpacked(wd, BF16, BLOCK), m, BLOCK)
+            else:  # a row of the lowest value itself (a fully masked HF row), of -inf, or NaN: re-read
+                w2 = tl.load(Xw + wcols, mask=wmask, other=NEG_PAIR)
+                e, s, t = _exp_sums_clamped(_unpacked(w2, BF16, BLOCK), m, BLOCK)
         elif SKETCH and VARIANT == 4:
             ninf = h == -float("inf")
             hz = tl.where(ninf, 0.0, h)
@@ -633,14 +620,13 @@ def _softmax_launch(
     x2: torch.Tensor, y2: torch.Tensor, buf: torch.Tensor | None, num_warps: int | None = None,
     stages: int | None = None, per_sm: int | None = None,
     variant: int | None = None, fusion: bool | None = None, maxnreg: int | None = None, keep: int | None = None,
-    packed: bool | None = None, prefetch: float | None = None, piece: int | None = None, rows: bool | None = None,
+    packed: bool | None = None, prefetch: float | None = None, piece: int | None = None,
 ) -> None:
     """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows;
     without the sketch one program per row where _common.ROW_GRID lists the launch.
     num_warps / stages / per_sm / variant / fusion / maxnreg / keep override the tuned launch (the
     bench's sweep; maxnreg caps registers per thread, so a kernel keeps 2 programs per SM); piece
-    the long rows' piece width (softmax_long); rows=False keeps the persistent sketched launch where
-    optwin.kernels.softmax_rows would take the rows (True: there only)."""
+    the long rows' piece width (softmax_long)."""
     n_rows, n = x2.shape
     if n > MAX_BLOCK:  # past what a program holds in registers: the chunked kernel
         softmax_long_launch(x2, y2, buf, PEAK_NATS, num_warps, maxnreg, piece)
@@ -659,13 +645,6 @@ def _softmax_launch(
         raise InputError(f"softmax: no sketch layout {var} (layouts {', '.join(map(str, LAYOUTS))})")
     if var == 10 and not packed:
         raise InputError(f"softmax: sketch layout 10 reads 16-bit pairs; not for {x2.dtype} rows of {n}")
-    if packed and var == 10 and rows is not False and per_sm is None and stages is None and keep is None:
-        # imported here: softmax_rows builds on this module's row code
-        from optwin.kernels.softmax_rows import ROWS_BLOCKS, softmax_rows_launch
-
-        if block in ROWS_BLOCKS or rows:
-            softmax_rows_launch(x2, y2, buf, num_warps, maxnreg, prefetch=prefetch)
-            return
     fuse = ((var == 10 or FUSION) if fusion is None else fusion) and sketch
     vec, lanes = lane_shape(block, x2.element_size(), warps)
     kp = min(KEEP if keep is None else keep, vec) if sketch and var >= 4 else 1

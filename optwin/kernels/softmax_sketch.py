@@ -4,8 +4,7 @@ row-in-registers kernel (optwin.kernels.softmax) and the long-row kernels (optwi
 A row's exact statistics (_row_stats_chunked, _exact_row_chunked) re-read it in CHUNK-column pieces
 (few registers; the slow paths of the row-in-registers kernel); _merge_extremes folds a row's finite
 max and min into a program's partials; publish_sketch adds a program's partials to the "softmax"
-workspace and, in the last of the programs that publish, writes the features (merge_partials, then
-store_features, which optwin.kernels.softmax_rows' finisher shares).
+workspace and, in the last of the programs that publish, writes the features.
 """
 
 from __future__ import annotations
@@ -111,9 +110,10 @@ def fresh_partials():
 
 
 @triton.jit
-def merge_partials(F_ptr, I_ptr, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, p_masked, p_peak, p_elig,
-                   RNG_SCALE: tl.constexpr):
-    """Partials (fresh_partials' order) merged into the "softmax" workspace with relaxed scalar atomics;
+def publish_sketch(S_ptr, F_ptr, I_ptr, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, p_masked, p_peak, p_elig,
+                   n_rows, n_cols, n_pub, RNG_SCALE: tl.constexpr):
+    """A program's partials into the workspace (scalar atomics); the last of the n_pub programs that
+    publish (acq_rel ticket) reads them back, resets the workspace and writes the softmax features.
     p_rng is the widest row range over RNG_SCALE (the lane layouts keep it halved)."""
     p_amax = tl.maximum(tl.maximum(p_max, -p_min), 0.0)  # largest finite |h| (0 if none)
     tl.atomic_max(F_ptr + 0, p_amax.to(tl.float64), sem="relaxed")
@@ -127,31 +127,6 @@ def merge_partials(F_ptr, I_ptr, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, 
     tl.atomic_add(I_ptr + 3, p_masked.to(tl.int64), sem="relaxed")
     tl.atomic_add(I_ptr + 4, p_peak.to(tl.int64), sem="relaxed")
     tl.atomic_add(I_ptr + 5, p_elig.to(tl.int64), sem="relaxed")
-
-
-@triton.jit
-def store_features(S_ptr, g_amax, g_sq, g_max, g_min, g_rng, g_rmx, g_nf, g_neg, g_masked, g_peak, g_elig,
-                   n_rows, n_cols):
-    """The softmax features from the whole launch's float64 / int64 totals."""
-    numel = tl.cast(n_rows, tl.int64) * n_cols
-    any_fin = g_max >= g_min
-    store_common_features(S_ptr, numel, tl.cast(n_rows, tl.int64), g_amax, g_sq, numel - g_nf - g_neg, g_nf)
-    tl.store(S_ptr + 5, tl.cast(n_cols, tl.float64))
-    tl.store(S_ptr + 6, tl.where(any_fin, g_max, 0.0))
-    tl.store(S_ptr + 7, tl.where(any_fin, g_min, 0.0))
-    tl.store(S_ptr + 8, g_rng)
-    tl.store(S_ptr + 9, g_masked.to(tl.float64))
-    tl.store(S_ptr + 10, g_neg.to(tl.float64) / tl.maximum(numel, 1).to(tl.float64))
-    tl.store(S_ptr + 11, g_peak.to(tl.float64) / tl.maximum(g_elig, 1).to(tl.float64))
-    tl.store(S_ptr + 12, tl.where(any_fin, g_rmx, 0.0))
-
-
-@triton.jit
-def publish_sketch(S_ptr, F_ptr, I_ptr, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, p_masked, p_peak, p_elig,
-                   n_rows, n_cols, n_pub, RNG_SCALE: tl.constexpr):
-    """A program's partials into the workspace (merge_partials); the last of the n_pub programs that
-    publish (acq_rel ticket) reads them back, resets the workspace and writes the softmax features."""
-    merge_partials(F_ptr, I_ptr, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, p_masked, p_peak, p_elig, RNG_SCALE)
     if last_of(I_ptr, n_pub):
         g_amax = read_slot(F_ptr + 0)
         g_sq = read_slot(F_ptr + 1)
@@ -165,5 +140,14 @@ def publish_sketch(S_ptr, F_ptr, I_ptr, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, 
         g_peak = read_slot(I_ptr + 4)
         g_elig = read_slot(I_ptr + 5)
         reset_workspace(F_ptr, I_ptr)
-        store_features(S_ptr, g_amax, g_sq, g_max, g_min, g_rng, g_rmx, g_nf, g_neg, g_masked, g_peak, g_elig,
-                       n_rows, n_cols)
+        numel = tl.cast(n_rows, tl.int64) * n_cols
+        any_fin = g_max >= g_min
+        store_common_features(S_ptr, numel, tl.cast(n_rows, tl.int64), g_amax, g_sq, numel - g_nf - g_neg, g_nf)
+        tl.store(S_ptr + 5, tl.cast(n_cols, tl.float64))
+        tl.store(S_ptr + 6, tl.where(any_fin, g_max, 0.0))
+        tl.store(S_ptr + 7, tl.where(any_fin, g_min, 0.0))
+        tl.store(S_ptr + 8, g_rng)
+        tl.store(S_ptr + 9, g_masked.to(tl.float64))
+        tl.store(S_ptr + 10, g_neg.to(tl.float64) / tl.maximum(numel, 1).to(tl.float64))
+        tl.store(S_ptr + 11, g_peak.to(tl.float64) / tl.maximum(g_elig, 1).to(tl.float64))
+        tl.store(S_ptr + 12, tl.where(any_fin, g_rmx, 0.0))
