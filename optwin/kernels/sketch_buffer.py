@@ -10,7 +10,8 @@ registers, merges them once into a small per-(op, device, stream) workspace with
 features, in optwin.ingest's order, as float64 into the call's buffer. The buffer is final when
 the kernel completes: no second launch, no zero-fill, no host sync. `read_sketch` is one `.tolist()`.
 rmsnorm's and layernorm's launches with a program per row write row records instead (one or two
-64-bit words per row, `row_records`), which their finisher program polls and resets
+64-bit words per row, `row_records`; layernorm's flagged rows also merge into its workspace), which
+their finisher program polls and resets
 (optwin.kernels._common.poll_records); attention's programs (one per SM) write a record each the same way
 (RECORD_OPS: no workspace).
 
@@ -64,8 +65,9 @@ _WS: dict[tuple[str, str, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
 # Row records (the launches with a program per row): int64 words per row, SENTINEL between
 # launches; a row's program overwrites it and the finisher program polls the words until none holds
-# the sentinel in either half, reduces them and writes the sentinel back (_common.poll_records). Each
-# row has an extra record (two int64 for rmsnorm, four for layernorm) for partials the words cannot hold.
+# the sentinel in either half, reduces them and writes the sentinel back (_common.poll_records). A row
+# whose partials the words cannot hold puts them elsewhere: rmsnorm's in its extra record (two int64),
+# layernorm's merged into the op's workspace (no extra record).
 SENTINEL = -1  # all ones: a NaN pattern in both halves, which no record half takes
 _RECORDS: dict[tuple[str, str, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
