@@ -128,3 +128,14 @@ def test_which_inputs_take_the_packed_layout():
         got, same = softmax_layout(t, None)
         assert same
         close(got, ingest_sketch("softmax", {"x": t}))
+
+
+@pytest.mark.parametrize("probe", [1, 2, 4, 8, 16, 32, 63])
+def test_bench_probes_leave_y_bit_identical(probe):
+    """The kernel's PROBE bits (bench only) leave parts of the sketch out to time them; y must stay the
+    kernel's, or the timings compare different work."""
+    x = _masked_rows(13, 300, torch.bfloat16, seed("packed-probe", probe))
+    y0, y = torch.empty_like(x), torch.full_like(x, float("nan"))
+    _softmax_launch(x, y0, None)
+    _softmax_launch(x, y, new_buffer("softmax", x.device), probe=probe)
+    assert torch.equal(y.view(torch.int16), y0.view(torch.int16))

@@ -398,6 +398,9 @@ def _softmax_kernel(
     NEG_SAFE: tl.constexpr = 0.0,  # VARIANT 10: rows with a max above this take t without the clamp
     PF_BYTES: tl.constexpr = 0,  # bytes of a row to prefetch into L2 (_common.prefetch_l2); 0: none
     pf_ahead=0,  # the row prefetched is pf_ahead rows past the one being read
+    PROBE: tl.constexpr = 0,  # bench only, VARIANT 10 (y stays the same; the sketch is then wrong), bits: 1 no t
+    # (s alone), 2 no min (a plain max tree), 4 no lane accumulators, 8 no per-row scalars, 16 no flushes,
+    # 32 no publish (no atomics, no ticket, no features written)
 ):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
@@ -469,13 +472,20 @@ def _softmax_kernel(
             ones = ninf & LOW_BITS_PAIR  # 1 per -inf half
             a_prev = a_sq
             n_prev = a_neg
-            a_neg += lane_sum(ones, BLOCK // 2, LANES, VEC // 2, KEEP)  # padding included
-            a_sq += lane_sum_squares(_unpacked(w & ~ninf, BF16, BLOCK), BLOCK, LANES, VEC, KEEP)  # HUGE rows below
+            if PROBE // 4 % 2 == 0:
+                a_neg += lane_sum(ones, BLOCK // 2, LANES, VEC // 2, KEEP)  # padding included
+                a_sq += lane_sum_squares(_unpacked(w & ~ninf, BF16, BLOCK), BLOCK, LANES, VEC, KEEP)  # HUGE rows below
             # only wd lives across the max tree: -inf halves read as the format's lowest finite value
             # (0xFF80 - 1 = 0xFF7F, 0xFC00 - 1 = 0xFBFF), whose e is still 0 where m > NEG_SAFE
             wd = w - ones
-            m, rmin = row_max_min(w, w ^ (ninf & SIGN_PAIR), BF16)  # the min's -inf halves made +inf
-            if tl.maximum(m, -rmin) >= HUGE:  # a finite |h| >= HUGE (every HF-masked row) or +inf
+            if PROBE // 2 % 2 == 0:
+                m, rmin = row_max_min(w, w ^ (ninf & SIGN_PAIR), BF16)  # the min's -inf halves made +inf
+            else:
+                m = tl.max(_unpacked(w, BF16, BLOCK), 0)
+                rmin = m
+            if PROBE // 4 % 2 == 1:
+                pass
+            elif tl.maximum(m, -rmin) >= HUGE:  # a finite |h| >= HUGE (every HF-masked row) or +inf
                 a_sq = a_prev  # as layout 4: the squares scaled, in their own lanes
                 if tl.sum(_lane_count_i32(a_neg - n_prev)) == 0:  # no -inf (HF masks): wd is the row
                     hw = wd
@@ -486,7 +496,11 @@ def _softmax_kernel(
                 a_huge += lane_sum_squares(hs, BLOCK, LANES, VEC, KEEP)
             # d finite at every lane: t without the clamp. Not where the row's range or the lowest
             # value's distance to m overflows float32 (3e38 beside -3e38: d = -inf, e * d = NaN)
-            if (m > NEG_SAFE) & (m < POS_SAFE) & (m - rmin <= FMAX):
+            if PROBE % 2 == 1:
+                e = exp_ftz(_unpacked(wd, BF16, BLOCK) - m)
+                s = tl.sum(fold8_sum(e, BLOCK), axis=0)
+                t = tl.zeros((), dtype=tl.float32)
+            elif (m > NEG_SAFE) & (m < POS_SAFE) & (m - rmin <= FMAX):
                 e, s, t = _exp_sums(_unpacked(wd, BF16, BLOCK), m, BLOCK)
             else:  # a row of the lowest value itself (a fully masked HF row), of -inf, or NaN: re-read
                 w2 = tl.load(Xw + wcols, mask=wmask, other=NEG_PAIR)
@@ -533,7 +547,7 @@ def _softmax_kernel(
         y = div_by_row(e, s)
         tl.store(Y_ptr + row * Y_row_stride + cols, y.to(Y_ptr.dtype.element_ty), mask=mask,
                  eviction_policy="evict_first")  # write n
-        if SKETCH and VARIANT >= 4:  # scalars only; a program with NaN/+inf rows redoes them after the loop
+        if SKETCH and VARIANT >= 4 and PROBE // 8 % 2 == 0:  # scalars only; a program with NaN/+inf rows redoes them after the loop
             p_min = tl.minimum(p_min, rmin)  # fully masked rows: rmin = +inf
             # half the range, in float32: a row can hold 3e38 and -3e38, whose difference is inf in
             # float32 but not its half (halving commutes with the rounding); fully masked rows: -inf
@@ -544,14 +558,15 @@ def _softmax_kernel(
             p_elig += (s <= FMAX).to(tl.int32)  # NaN for NaN/+inf rows and rows with no finite entry
             p_peak += _peaked_exp(s, t, peak_nats)  # a NaN s compares false
         if SKETCH and VARIANT >= 4:
-            n_left -= 1
-            if n_left == 0:
-                p_sq += tl.sum(a_sq).to(tl.float64) + tl.sum(a_huge.to(tl.float64)) * HUGE_UNSCALE
-                p_neg += _lane_count(a_neg, VARIANT)  # <= FLUSH * BLOCK: exact in fp32
-                a_sq = tl.zeros([LANES, KEEP], dtype=tl.float32)
-                a_huge = tl.zeros([LANES, KEEP], dtype=tl.float32)
-                a_neg = tl.zeros_like(a_neg)
-                n_left = FLUSH
+            if PROBE // 16 % 2 == 0:
+                n_left -= 1
+                if n_left == 0:
+                    p_sq += tl.sum(a_sq).to(tl.float64) + tl.sum(a_huge.to(tl.float64)) * HUGE_UNSCALE
+                    p_neg += _lane_count(a_neg, VARIANT)  # <= FLUSH * BLOCK: exact in fp32
+                    a_sq = tl.zeros([LANES, KEEP], dtype=tl.float32)
+                    a_huge = tl.zeros([LANES, KEEP], dtype=tl.float32)
+                    a_neg = tl.zeros_like(a_neg)
+                    n_left = FLUSH
         elif SKETCH:  # scalars only, so h dies at the store; rows with NaN/+inf wait for the exact pass
             # no NaN/+inf and every finite |h| < BIG (squares cannot overflow): a test _row_is_slow repeats
             ok = (sq <= FMAX) & (tl.maximum(m, -rmin) < BIG)
@@ -611,7 +626,7 @@ def _softmax_kernel(
                     p_masked += (nneg2 == n_cols).to(tl.int32)
                     p_elig += elig2
                     p_peak += peak2
-    if SKETCH:
+    if SKETCH and PROBE // 32 % 2 == 0:
         publish_sketch(S_ptr, F_ptr, I_ptr, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, p_masked, p_peak, p_elig,
                        n_rows, n_cols, tl.num_programs(0), 2.0 if VARIANT >= 4 else 1.0)
 
@@ -620,13 +635,14 @@ def _softmax_launch(
     x2: torch.Tensor, y2: torch.Tensor, buf: torch.Tensor | None, num_warps: int | None = None,
     stages: int | None = None, per_sm: int | None = None,
     variant: int | None = None, fusion: bool | None = None, maxnreg: int | None = None, keep: int | None = None,
-    packed: bool | None = None, prefetch: float | None = None, piece: int | None = None,
+    packed: bool | None = None, prefetch: float | None = None, piece: int | None = None, probe: int = 0,
 ) -> None:
     """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows;
     without the sketch one program per row where _common.ROW_GRID lists the launch.
     num_warps / stages / per_sm / variant / fusion / maxnreg / keep override the tuned launch (the
     bench's sweep; maxnreg caps registers per thread, so a kernel keeps 2 programs per SM); piece
-    the long rows' piece width (softmax_long)."""
+    the long rows' piece width (softmax_long); probe: the kernel's PROBE (bench only: where the sketch's
+    time goes, bench/RESULTS.md stop 28)."""
     n_rows, n = x2.shape
     if n > MAX_BLOCK:  # past what a program holds in registers: the chunked kernel
         softmax_long_launch(x2, y2, buf, PEAK_NATS, num_warps, maxnreg, piece)
@@ -650,7 +666,7 @@ def _softmax_launch(
     kp = min(KEEP if keep is None else keep, vec) if sketch and var >= 4 else 1
     cap = maxnreg if maxnreg is not None else MAXNREG.get((block, warps)) if sketch and var >= 4 else None
     even = var == 8 and block == n  # VARIANT 8's select-free branch needs no column mask
-    key = ("softmax", x2.dtype, y2.dtype, block, warps, st, sketch, var, fuse, cap, kp, even, packed)
+    key = ("softmax", x2.dtype, y2.dtype, block, warps, st, sketch, var, fuse, cap, kp, even, packed, probe)
     extra = register_cap(cap)
     grid = persistent_grid(key, n_rows, x2.device, grid_per_sm("softmax", block, sketch, per_sm))
     pf = prefetch_args("softmax", block, x2, sketch, grid, key, prefetch)
@@ -659,7 +675,7 @@ def _softmax_launch(
         BLOCK=block, SKETCH=sketch, STAGES=st, VARIANT=var,
         CHUNK=min(CHUNK, block), VEC=vec, LANES=lanes, KEEP=kp, FLUSH=FLUSH, EVEN=even, PACKED=packed,
         BF16=x2.dtype == torch.bfloat16, NEG_PAIR=NEG_INF_PAIR.get(x2.dtype, 0),
-        NEG_SAFE=NEG_SAFE.get(x2.dtype, 0.0), **pf,
+        NEG_SAFE=NEG_SAFE.get(x2.dtype, 0.0), **pf, PROBE=probe,
         num_warps=warps,
         enable_fp_fusion=fuse,
         **extra,
