@@ -12,6 +12,8 @@ and options. Arguments are specialized as Triton specializes them at launch: 16-
 and integers divisible by 16 get the divisibility attribute, an integer equal to 1 becomes a
 constant. Without the alignment the loads compile to one element per instruction, with registers and
 spills that say nothing of the real kernel (stop 12's offline numbers were wrong that way).
+The table also gives the largest loop's SASS instructions and the spill instructions inside loops
+(loop_report: where stop 28 looked for a register cap's spills).
 
 Registers and spills come from this machine's triton and the ptxas bundled with it (ptxas-blackwell
 where present: it knows sm_90a), which need not be the device's: triton 3.9 here read rmsnorm's
@@ -144,6 +146,32 @@ def compile_call(call: _Captured) -> Any:
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
+def sass_loops(sass: str) -> list[tuple[int, int]]:
+    """(first, last) instruction indices of each loop of a SASS listing (a branch back to an earlier
+    address), largest first."""
+    ins = [(int(m.group(1), 16), m.group(2)) for m in
+           (re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line) for line in sass.splitlines()) if m]
+    at = {a: i for i, (a, _) in enumerate(ins)}
+    loops = []
+    for i, (a, text) in enumerate(ins):
+        m = re.search(r"BRA (?:`\(.*?\) )?0x([0-9a-f]+)", text)
+        if m and int(m.group(1), 16) < a and int(m.group(1), 16) in at:
+            loops.append((at[int(m.group(1), 16)], i))
+    return sorted(loops, key=lambda lo_hi: lo_hi[0] - lo_hi[1])
+
+
+def loop_report(sass: str) -> dict[str, Any]:
+    """The largest loop's size in SASS instructions (a persistent kernel's row loop; cold branches inside
+    it count too; a loop the compiler unrolled is none: the Welford kernel's piece loops, its row length
+    compiled in, leave the finisher's poll loop) and the spill instructions (STL/LDL) inside any loop:
+    spills after the loops (a finisher's tail, a cold path) cost once, spills inside them every pass."""
+    lines = [line for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line)]
+    loops = sass_loops(sass)
+    inside = {i for lo, hi in loops for i in range(lo, hi + 1)}
+    return {"largest_loop_sass": loops[0][1] - loops[0][0] + 1 if loops else 0,
+            "spills_in_loops": sum(1 for i in inside if re.search(r"\b(STL|LDL)\b", lines[i]))}
+
+
 def ptxas_report(ptx: str, sass_file: Path | None = None) -> dict[str, Any]:
     """Registers, spill bytes and barriers of the PTX assembled for sm_90a by triton's bundled ptxas
     (the SASS listing also written to sass_file when given)."""
@@ -165,6 +193,7 @@ def ptxas_report(ptx: str, sass_file: Path | None = None) -> dict[str, Any]:
         "spill_loads": int(spills.group(2)) if spills else None,
         "bar_sync_ptx": ptx.count("bar.sync"),
         "sass_instructions": sum(1 for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line)),
+        **loop_report(sass),
     }
 
 
@@ -205,14 +234,15 @@ def main() -> None:
         return
     print(f"triton {triton.__version__}, sm_90a, {args.dtype} {args.shape}, cfg {cfg or 'the shipped launch'}\n")
     print("| op | kernel | sketch | num_warps | stages | maxnreg | registers | spill bytes (st/ld) | shared bytes | "
-          "bar.sync (PTX) | SASS |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "bar.sync (PTX) | SASS | largest loop | spills in loops |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for op in args.ops:
         for sketch in sketches:
             r = report(op, shape, getattr(torch, args.dtype), cfg, sketch, args.sass)
             print(f"| {op} | {r['kernel']} | {'yes' if sketch else 'no'} | {r.get('num_warps', '-')} | "
                   f"{r.get('STAGES', '-')} | {r.get('maxnreg') or '-'} | {r['registers']} | "
-                  f"{r['spill_stores']}/{r['spill_loads']} | {r['shared']} | {r['bar_sync_ptx']} | {r['sass_instructions']} |")
+                  f"{r['spill_stores']}/{r['spill_loads']} | {r['shared']} | {r['bar_sync_ptx']} | {r['sass_instructions']} | "
+                  f"{r['largest_loop_sass']} | {r['spills_in_loops']} |")
 
 
 if __name__ == "__main__":

@@ -43,6 +43,9 @@ def test_layernorm_welford_kernel_holds_no_row_in_registers():
     assert plain["registers"] <= 40 and sketched["registers"] <= 48, (plain, sketched)
     assert plain["vector_loads"] and sketched["vector_loads"]
     assert sketched["sass_instructions"] > plain["sass_instructions"]
+    # the piece loops are unrolled (the row length compiled in): the sketched kernel's loop is the finisher's
+    assert plain["largest_loop_sass"] == 0 < sketched["largest_loop_sass"]
+    assert sketched["spills_in_loops"] == 0
 
 
 def test_every_norm_kernel_compiles_with_and_without_the_sketch():
@@ -51,8 +54,10 @@ def test_every_norm_kernel_compiles_with_and_without_the_sketch():
                                                       ("softmax", False), ("softmax", True)]
     for r in rows:
         assert r["registers"] > 0 and r["vector_loads"], r
-    # the sketch adds work: more instructions than the same kernel without it
+        assert r["largest_loop_sass"] > 0 and r["spills_in_loops"] == 0, r  # persistent: a row loop, no spills in it
+    # the sketch adds work: more instructions than the same kernel without it, in the row loop too
     assert rows[1]["sass_instructions"] > rows[0]["sass_instructions"]
+    assert rows[3]["largest_loop_sass"] > rows[2]["largest_loop_sass"]
 
 
 def test_attention_sketch_fits_its_registers_without_spills():
