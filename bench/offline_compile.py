@@ -146,11 +146,15 @@ def compile_call(call: _Captured) -> Any:
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
-def sass_loops(sass: str) -> list[tuple[int, int]]:
-    """(first, last) instruction indices of each loop of a SASS listing (a branch back to an earlier
-    address), largest first."""
-    ins = [(int(m.group(1), 16), m.group(2)) for m in
-           (re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line) for line in sass.splitlines()) if m]
+def sass_instructions(sass: str) -> list[tuple[int, str]]:
+    """(address, text) of each instruction of a cuobjdump SASS listing, in order."""
+    return [(int(m.group(1), 16), m.group(2)) for m in
+            (re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line) for line in sass.splitlines()) if m]
+
+
+def sass_loops(ins: list[tuple[int, str]]) -> list[tuple[int, int]]:
+    """(first, last) indices into `ins` (sass_instructions) of each loop: a branch back to an earlier
+    address; largest first."""
     at = {a: i for i, (a, _) in enumerate(ins)}
     loops = []
     for i, (a, text) in enumerate(ins):
@@ -160,16 +164,15 @@ def sass_loops(sass: str) -> list[tuple[int, int]]:
     return sorted(loops, key=lambda lo_hi: lo_hi[0] - lo_hi[1])
 
 
-def loop_report(sass: str) -> dict[str, Any]:
+def loop_report(ins: list[tuple[int, str]]) -> dict[str, Any]:
     """The largest loop's size in SASS instructions (a persistent kernel's row loop; cold branches inside
     it count too; a loop the compiler unrolled is none: the Welford kernel's piece loops, its row length
     compiled in, leave the finisher's poll loop) and the spill instructions (STL/LDL) inside any loop:
     spills after the loops (a finisher's tail, a cold path) cost once, spills inside them every pass."""
-    lines = [line for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line)]
-    loops = sass_loops(sass)
+    loops = sass_loops(ins)
     inside = {i for lo, hi in loops for i in range(lo, hi + 1)}
     return {"largest_loop_sass": loops[0][1] - loops[0][0] + 1 if loops else 0,
-            "spills_in_loops": sum(1 for i in inside if re.search(r"\b(STL|LDL)\b", lines[i]))}
+            "spills_in_loops": sum(1 for i in inside if re.search(r"\b(STL|LDL)\b", ins[i][1]))}
 
 
 def ptxas_report(ptx: str, sass_file: Path | None = None) -> dict[str, Any]:
@@ -187,13 +190,14 @@ def ptxas_report(ptx: str, sass_file: Path | None = None) -> dict[str, Any]:
                               text=True).stdout
     if sass_file is not None:
         sass_file.write_text(sass)
+    ins = sass_instructions(sass)
     return {
         "registers": int(regs.group(1)) if regs else None,
         "spill_stores": int(spills.group(1)) if spills else None,
         "spill_loads": int(spills.group(2)) if spills else None,
         "bar_sync_ptx": ptx.count("bar.sync"),
-        "sass_instructions": sum(1 for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line)),
-        **loop_report(sass),
+        "sass_instructions": len(ins),
+        **loop_report(ins),
     }
 
 

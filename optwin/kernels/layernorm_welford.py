@@ -244,7 +244,7 @@ def _layernorm_welford_kernel(
             if not plain:
                 _publish_flagged_row(X_row, M_ptr + row * 2 + 1, F_ptr, I_ptr, N, EXACT_CHUNK, CAP)
     else:  # the finisher: the parameters' partials while rows run, then the records in row order
-        param_nf = _param_features(W_ptr, B_ptr, S_ptr, tl.arange(0, EXACT_CHUNK), N, EXACT_CHUNK).to(tl.int32)
+        param_nf = _param_features(W_ptr, B_ptr, S_ptr, tl.arange(0, EXACT_CHUNK), N, EXACT_CHUNK)
         v_amax = tl.zeros([POLL], dtype=tl.float32)  # per row slot across the polls, reduced at the end
         v_sq = tl.zeros([POLL], dtype=tl.float64)
         v_ratio = tl.zeros([POLL], dtype=tl.float32)
