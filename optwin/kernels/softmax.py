@@ -400,7 +400,7 @@ def _softmax_kernel(
     pf_ahead=0,  # the row prefetched is pf_ahead rows past the one being read
     PROBE: tl.constexpr = 0,  # bench only, VARIANT 10 (y stays the same; the sketch is then wrong), bits: 1 no t
     # (s alone), 2 no min (a plain max tree), 4 no lane accumulators, 8 no per-row scalars, 16 no flushes,
-    # 32 no publish (no atomics, no ticket, no features written)
+    # 32 no publish (no atomics, no ticket, no features written), 64 no -inf mask (the op on the words alone)
 ):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
@@ -468,43 +468,50 @@ def _softmax_kernel(
                 s, t = _row_sums(e, e * tl.maximum(d, -FMAX), BLOCK)
                 rmin = tl.min(tl.min(lo, 1), 0)  # across threads: one value each
         elif SKETCH and VARIANT == 10:  # layout 4 on the words (PACKED)
-            ninf = neg_inf_mask(w, BF16)  # 0xFFFF per -inf half
-            ones = ninf & LOW_BITS_PAIR  # 1 per -inf half
-            a_prev = a_sq
-            n_prev = a_neg
-            if PROBE // 4 % 2 == 0:
-                a_neg += lane_sum(ones, BLOCK // 2, LANES, VEC // 2, KEEP)  # padding included
-                a_sq += lane_sum_squares(_unpacked(w & ~ninf, BF16, BLOCK), BLOCK, LANES, VEC, KEEP)  # HUGE rows below
-            # only wd lives across the max tree: -inf halves read as the format's lowest finite value
-            # (0xFF80 - 1 = 0xFF7F, 0xFC00 - 1 = 0xFBFF), whose e is still 0 where m > NEG_SAFE
-            wd = w - ones
-            if PROBE // 2 % 2 == 0:
-                m, rmin = row_max_min(w, w ^ (ninf & SIGN_PAIR), BF16)  # the min's -inf halves made +inf
-            else:
+            if PROBE // 64 % 2 == 1:  # bench only: the op on words, no -inf mask (PROBE 127: the word path's own cost)
                 m = tl.max(_unpacked(w, BF16, BLOCK), 0)
                 rmin = m
-            if PROBE // 4 % 2 == 1:
-                pass
-            elif tl.maximum(m, -rmin) >= HUGE:  # a finite |h| >= HUGE (every HF-masked row) or +inf
-                a_sq = a_prev  # as layout 4: the squares scaled, in their own lanes
-                if tl.sum(_lane_count_i32(a_neg - n_prev)) == 0:  # no -inf (HF masks): wd is the row
-                    hw = wd
-                else:  # wd reads -inf as the lowest value: re-read the row (an L2 hit) and zero them
-                    w2 = tl.load(Xw + wcols, mask=wmask, other=NEG_PAIR)
-                    hw = w2 & ~neg_inf_mask(w2, BF16)
-                hs = _mul_opaque(_unpacked(hw, BF16, BLOCK), HUGE_SCALE)
-                a_huge += lane_sum_squares(hs, BLOCK, LANES, VEC, KEEP)
-            # d finite at every lane: t without the clamp. Not where the row's range or the lowest
-            # value's distance to m overflows float32 (3e38 beside -3e38: d = -inf, e * d = NaN)
-            if PROBE % 2 == 1:
-                e = exp_ftz(_unpacked(wd, BF16, BLOCK) - m)
+                e = exp_ftz(_unpacked(w, BF16, BLOCK) - m)
                 s = tl.sum(fold8_sum(e, BLOCK), axis=0)
                 t = tl.zeros((), dtype=tl.float32)
-            elif (m > NEG_SAFE) & (m < POS_SAFE) & (m - rmin <= FMAX):
-                e, s, t = _exp_sums(_unpacked(wd, BF16, BLOCK), m, BLOCK)
-            else:  # a row of the lowest value itself (a fully masked HF row), of -inf, or NaN: re-read
-                w2 = tl.load(Xw + wcols, mask=wmask, other=NEG_PAIR)
-                e, s, t = _exp_sums_clamped(_unpacked(w2, BF16, BLOCK), m, BLOCK)
+            else:
+                ninf = neg_inf_mask(w, BF16)  # 0xFFFF per -inf half
+                ones = ninf & LOW_BITS_PAIR  # 1 per -inf half
+                a_prev = a_sq
+                n_prev = a_neg
+                if PROBE // 4 % 2 == 0:
+                    a_neg += lane_sum(ones, BLOCK // 2, LANES, VEC // 2, KEEP)  # padding included
+                    a_sq += lane_sum_squares(_unpacked(w & ~ninf, BF16, BLOCK), BLOCK, LANES, VEC, KEEP)  # HUGE rows below
+                # only wd lives across the max tree: -inf halves read as the format's lowest finite value
+                # (0xFF80 - 1 = 0xFF7F, 0xFC00 - 1 = 0xFBFF), whose e is still 0 where m > NEG_SAFE
+                wd = w - ones
+                if PROBE // 2 % 2 == 0:
+                    m, rmin = row_max_min(w, w ^ (ninf & SIGN_PAIR), BF16)  # the min's -inf halves made +inf
+                else:
+                    m = tl.max(_unpacked(w, BF16, BLOCK), 0)
+                    rmin = m
+                if PROBE // 4 % 2 == 1:
+                    pass
+                elif tl.maximum(m, -rmin) >= HUGE:  # a finite |h| >= HUGE (every HF-masked row) or +inf
+                    a_sq = a_prev  # as layout 4: the squares scaled, in their own lanes
+                    if tl.sum(_lane_count_i32(a_neg - n_prev)) == 0:  # no -inf (HF masks): wd is the row
+                        hw = wd
+                    else:  # wd reads -inf as the lowest value: re-read the row (an L2 hit) and zero them
+                        w2 = tl.load(Xw + wcols, mask=wmask, other=NEG_PAIR)
+                        hw = w2 & ~neg_inf_mask(w2, BF16)
+                    hs = _mul_opaque(_unpacked(hw, BF16, BLOCK), HUGE_SCALE)
+                    a_huge += lane_sum_squares(hs, BLOCK, LANES, VEC, KEEP)
+                # d finite at every lane: t without the clamp. Not where the row's range or the lowest
+                # value's distance to m overflows float32 (3e38 beside -3e38: d = -inf, e * d = NaN)
+                if PROBE % 2 == 1:
+                    e = exp_ftz(_unpacked(wd, BF16, BLOCK) - m)
+                    s = tl.sum(fold8_sum(e, BLOCK), axis=0)
+                    t = tl.zeros((), dtype=tl.float32)
+                elif (m > NEG_SAFE) & (m < POS_SAFE) & (m - rmin <= FMAX):
+                    e, s, t = _exp_sums(_unpacked(wd, BF16, BLOCK), m, BLOCK)
+                else:  # a row of the lowest value itself (a fully masked HF row), of -inf, or NaN: re-read
+                    w2 = tl.load(Xw + wcols, mask=wmask, other=NEG_PAIR)
+                    e, s, t = _exp_sums_clamped(_unpacked(w2, BF16, BLOCK), m, BLOCK)
         elif SKETCH and VARIANT == 4:
             ninf = h == -float("inf")
             hz = tl.where(ninf, 0.0, h)
