@@ -70,6 +70,8 @@ _WS: dict[tuple[str, str, int], tuple[torch.Tensor, torch.Tensor]] = {}
 # layernorm's merged into the op's workspace (no extra record).
 SENTINEL = -1  # all ones: a NaN pattern in both halves, which no record half takes
 _RECORDS: dict[tuple[str, str, int], tuple[torch.Tensor, torch.Tensor]] = {}
+PROGRAM_RECORD = 16  # float64 words of a persistent program's partials (program_records)
+_PROGRAM_RECORDS: dict[tuple[str, str, int], torch.Tensor] = {}
 
 
 def feature_names(op: str) -> tuple[str, ...]:
@@ -131,6 +133,19 @@ def row_records(op: str, device: torch.device, n_rows: int, words: int = 1,
         rec = (torch.full((cap * words,), SENTINEL, dtype=torch.int64, device=device),
                torch.zeros((cap, extra), dtype=torch.int64, device=device))
         _RECORDS[key] = rec
+    return rec
+
+
+def program_records(op: str, device: torch.device, n_programs: int) -> torch.Tensor:
+    """float64 (>= n_programs * PROGRAM_RECORD,) records of `op` on `device` for the current stream, one
+    per program of a persistent launch, side by side; grown to the next power of two of programs. A
+    launch overwrites the records of its programs before any is read, so they need no reset."""
+    key = _stream_key(op, device)
+    rec = _PROGRAM_RECORDS.get(key)
+    if rec is None or rec.shape[0] < n_programs * PROGRAM_RECORD:
+        cap = max(1, 1 << max(n_programs - 1, 0).bit_length())
+        rec = torch.zeros(cap * PROGRAM_RECORD, dtype=torch.float64, device=device)
+        _PROGRAM_RECORDS[key] = rec
     return rec
 
 
