@@ -12,7 +12,9 @@ same records), then:
 - 200 launches back to back on one stream and on two streams at once, inputs changing: every sketch
   against ingest's (a record left from a launch before, or read before it was written, shows here);
 - a CUDA graph of the launch replayed on new inputs;
-- every record back at the sentinel at the end.
+- every record back at the sentinel at the end, every workspace (each copy) back at its identities.
+BENCH_OPS=softmax runs the same checks on softmax's persistent launch, whose programs merge into the
+workspace's copies (sketch_buffer.WORKSPACE_COPIES); its inputs get -inf masks and a fully masked row.
 Needs torch and numpy (optwin's kernels and ingest are torch + triton).
 """
 
@@ -31,7 +33,16 @@ from _bench_common import write_report
 from gpu_kernels import _sweep_launcher, check
 
 from optwin.ingest.sketch import sketch as ingest_sketch
-from optwin.kernels.sketch_buffer import _RECORDS, SENTINEL, new_buffer, read_sketch
+from optwin.kernels.sketch_buffer import (
+    _RECORDS,
+    _WS,
+    COPY_STRIDE,
+    SENTINEL,
+    SLOTS,
+    WORKSPACE,
+    new_buffer,
+    read_sketch,
+)
 
 SHAPES = [(4096, 16384), (1823, 9000), (5, 16384), (70001, 12000), (16384, 4096), (777, 3000), (3001, 5000), (999, 6144)]
 # layernorm: its Welford launch (a program per row where twin.numerics.welford_chunk says; stop 18's one-row
@@ -48,14 +59,19 @@ def worst(got: dict[str, float], want: dict[str, float]) -> tuple[float, str]:
 def launch(op: str, inp: dict[str, torch.Tensor], row_grid: bool = True, sketch: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """(y, sketch buffer or None): the launch with row records (row_grid) or the persistent one."""
     y, buf = torch.empty_like(inp["x"]), new_buffer(op, inp["x"].device) if sketch else None
-    _sweep_launcher(op, inp, {}, y, {"welford" if op == "layernorm" else "row_grid": row_grid})(buf)
+    cfg = {} if op == "softmax" else {"welford" if op == "layernorm" else "row_grid": row_grid}  # softmax: persistent only
+    _sweep_launcher(op, inp, {}, y, cfg)(buf)
     return y, buf
 
 
 def inputs(op: str, rows: int, n: int, dtype: torch.dtype, seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator(device="cuda").manual_seed(seed)
-    inp = {"x": (torch.randn(rows, n, device="cuda", generator=g) * (1 + seed % 7) + seed % 3).to(dtype),
-           "weight": (1 + 0.2 * torch.randn(n, device="cuda", generator=g)).to(dtype)}
+    inp = {"x": (torch.randn(rows, n, device="cuda", generator=g) * (1 + seed % 7) + seed % 3).to(dtype)}
+    if op == "softmax":  # masked entries, a fully masked row
+        inp["x"][seed % 5::5, : n // (2 + seed % 3)] = -float("inf")
+        inp["x"][rows // 2] = -float("inf")
+        return inp
+    inp["weight"] = (1 + 0.2 * torch.randn(n, device="cuda", generator=g)).to(dtype)
     if op == "layernorm":
         inp["bias"] = (0.1 * torch.randn(n, device="cuda", generator=g)).to(dtype)
     return inp
@@ -73,7 +89,7 @@ def nonfinite_rows(op: str) -> list[str]:
         x[513] = x[513] * 1e-3 + 1000.0  # near-constant: |mean|/std past 2^16 in fp32, not constant
         y, buf = launch(op, inp)
         yp, bufp = launch(op, inp, row_grid=False)
-        if op == "layernorm":  # the persistent kernel has other numerics (two trees): y against the launch without the sketch
+        if op != "rmsnorm":  # layernorm's persistent kernel has other numerics (two trees), softmax has no row grid: y without the sketch
             yp = launch(op, inp, sketch=False)[0]
         got, want = read_sketch(op, buf), ingest_sketch(op, inp)
         d, k = worst(got, want)
@@ -126,6 +142,16 @@ def graph_replays(op: str) -> list[str]:
     return out
 
 
+def workspace_left() -> int:
+    """Slots of every workspace (every copy, every stream) not at their identities."""
+    bad = 0
+    for (op, _, _), (f, i) in _WS.items():
+        idents = [v for _, v in WORKSPACE[op][0]] + [0.0] * (SLOTS - len(WORKSPACE[op][0]))
+        want = torch.tensor(idents + idents, dtype=torch.float64, device=f.device)
+        bad += int((f.view(-1, COPY_STRIDE) != want).sum()) + int((i != 0).sum())
+    return bad
+
+
 def main() -> str:
     lines = [f"# Row records ({', '.join(OPS)}: a program per row with the sketch); {torch.cuda.get_device_name()}", ""]
     rows: list[dict[str, Any]] = []
@@ -149,6 +175,7 @@ def main() -> str:
     torch.cuda.synchronize()
     left = sum(int((words != SENTINEL).sum()) for words, _ in _RECORDS.values())
     lines += ["", f"Record words not at the sentinel after everything: {left} (of {sum(words.numel() for words, _ in _RECORDS.values())})"]
+    lines += ["", f"Workspace slots off their identities after everything: {workspace_left()} (of {sum(f.numel() + i.numel() for f, i in _WS.values())})"]
     return "\n".join(lines) + "\n"
 
 

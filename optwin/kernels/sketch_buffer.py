@@ -61,6 +61,15 @@ RECORD_OPS = ("attention",)
 # identities: _common.reset_workspace copies and zeroes this many without knowing the op.
 SLOTS = 8
 
+# Copies of an op's workspace, each on its own 128-byte line (COPY_STRIDE words of each kind apart: the
+# slots, then the float identities again). A persistent launch's program p merges into copy p % copies,
+# and its last program folds the copies: all programs of a launch finish together, and on one line
+# their atomics queue behind each other (H200, softmax 4096x16384 bf16, 264 programs of 11 atomics
+# each: 3.4 µs of a launch, bench/results/softmax_records_h200_s29.md). Copy 0 is the single-copy
+# layout, so a kernel that merges only there (softmax_long) reads and resets the same slots.
+WORKSPACE_COPIES: dict[str, int] = {"softmax": 8}
+COPY_STRIDE = 2 * SLOTS
+
 _WS: dict[tuple[str, str, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
 # Row records (the launches with a program per row): int64 words per row, SENTINEL between
@@ -70,8 +79,6 @@ _WS: dict[tuple[str, str, int], tuple[torch.Tensor, torch.Tensor]] = {}
 # layernorm's merged into the op's workspace (no extra record).
 SENTINEL = -1  # all ones: a NaN pattern in both halves, which no record half takes
 _RECORDS: dict[tuple[str, str, int], tuple[torch.Tensor, torch.Tensor]] = {}
-PROGRAM_RECORD = 16  # float64 words of a persistent program's partials (program_records)
-_PROGRAM_RECORDS: dict[tuple[str, str, int], torch.Tensor] = {}
 
 
 def feature_names(op: str) -> tuple[str, ...]:
@@ -102,7 +109,7 @@ def _stream_key(op: str, device: torch.device) -> tuple[str, str, int]:
 
 def workspace(op: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(float64 slots, int64 slots) of `op` on `device` for the current stream, created once at
-    their identities; every sketch launch leaves them at their identities again."""
+    their identities (WORKSPACE_COPIES copies of each); every sketch launch leaves them there again."""
     key = _stream_key(op, device)
     if key not in _WS:
         fslots, islots = WORKSPACE[op]
@@ -111,11 +118,13 @@ def workspace(op: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor
         # the slots, then their identities (read-only: the last program copies them back). Filled on
         # the device, not copied from a host list: a first launch inside CUDA graph capture (a new
         # stream) may not copy from pageable host memory
-        f = torch.zeros(2 * SLOTS, dtype=torch.float64, device=device)
+        copies = WORKSPACE_COPIES.get(op, 1)
+        f = torch.zeros(copies, COPY_STRIDE, dtype=torch.float64, device=device)
         for k, v in enumerate(idents + idents):
             if v != 0.0:
-                f[k].fill_(v)
-        i = torch.zeros(SLOTS, dtype=torch.int64, device=device)
+                f[:, k].fill_(v)
+        f = f.reshape(-1)
+        i = torch.zeros(SLOTS if copies == 1 else copies * COPY_STRIDE, dtype=torch.int64, device=device)
         _WS[key] = (f, i)
     return _WS[key]
 
@@ -133,19 +142,6 @@ def row_records(op: str, device: torch.device, n_rows: int, words: int = 1,
         rec = (torch.full((cap * words,), SENTINEL, dtype=torch.int64, device=device),
                torch.zeros((cap, extra), dtype=torch.int64, device=device))
         _RECORDS[key] = rec
-    return rec
-
-
-def program_records(op: str, device: torch.device, n_programs: int) -> torch.Tensor:
-    """float64 (>= n_programs * PROGRAM_RECORD,) records of `op` on `device` for the current stream, one
-    per program of a persistent launch, side by side; grown to the next power of two of programs. A
-    launch overwrites the records of its programs before any is read, so they need no reset."""
-    key = _stream_key(op, device)
-    rec = _PROGRAM_RECORDS.get(key)
-    if rec is None or rec.shape[0] < n_programs * PROGRAM_RECORD:
-        cap = max(1, 1 << max(n_programs - 1, 0).bit_length())
-        rec = torch.zeros(cap * PROGRAM_RECORD, dtype=torch.float64, device=device)
-        _PROGRAM_RECORDS[key] = rec
     return rec
 
 

@@ -100,9 +100,9 @@ from optwin.kernels.packed16 import (
 )
 from optwin.kernels.sketch_buffer import (
     WORKSPACE,
+    WORKSPACE_COPIES,
     feature_names,
     new_buffer,
-    program_records,
     workspace,
 )
 from optwin.kernels.softmax_long import softmax_long_launch
@@ -114,7 +114,6 @@ from optwin.kernels.softmax_sketch import (
     _row_stats_chunked,
     fresh_partials,
     publish_sketch,
-    publish_sketch_records,
 )
 
 assert feature_names("softmax") == (
@@ -205,10 +204,6 @@ PACKED_VARIANT = 10  # the default where x is read as words (packed16.packable)
 LAYOUTS = (3, 4, 8, 10)  # the layouts the kernel has (VARIANT's values)
 CHUNK = 256  # slow-path piece: no register spill at 16 warps (512 and up: an 8-byte stack frame)
 KEEP = 1  # accumulator chains per lane (VARIANT >= 4): [LANES, KEEP] registers each (2 spills at 64)
-# How a persistent launch merges its programs' partials: False, relaxed atomics on the workspace's slots
-# (publish_sketch); True, a record per program that the last program reduces (publish_sketch_records)
-RECORDS = False
-R_BLOCK_MAX = 512  # records the last program reduces at a time
 FLUSH = 16  # rows between float64 flushes of the lane sums of squares (VARIANT >= 4)
 # Register cap per (BLOCK, num_warps) of the VARIANT >= 4 sketch kernel (ptxas -maxrregcount): 64
 # keeps 2 programs of 16 warps per SM (uncapped it takes ~100 registers: 1 program per SM).
@@ -390,7 +385,6 @@ def _softmax_kernel(
     S_ptr,  # sketch features, float64 (11,); unused unless SKETCH
     F_ptr,  # workspace float64 slots (absmax, sumsq, max, min, max row range, min row max)
     I_ptr,  # workspace int64 slots (ticket, nonfinite, -inf count, masked rows, peaked rows, eligible rows)
-    R_ptr,  # RECORDS: float64 program records (sketch_buffer.program_records); unused otherwise
     n_rows,
     n_cols,
     peak_nats,  # fp32: entropy below which a row is peaked
@@ -410,8 +404,7 @@ def _softmax_kernel(
     NEG_SAFE: tl.constexpr = 0.0,  # VARIANT 10: rows with a max above this take t without the clamp
     PF_BYTES: tl.constexpr = 0,  # bytes of a row to prefetch into L2 (_common.prefetch_l2); 0: none
     pf_ahead=0,  # the row prefetched is pf_ahead rows past the one being read
-    RECORDS: tl.constexpr = False,  # publish through program records (publish_sketch_records), not atomics
-    R_BLOCK: tl.constexpr = 1,  # RECORDS: records the last program reduces at a time
+    COPIES: tl.constexpr = 1,  # the workspace's copies (sketch_buffer.WORKSPACE_COPIES)
     PROBE: tl.constexpr = 0,  # bench only, VARIANT 10 (y stays the same; the sketch is then wrong), bits: 1 no t
     # (s alone), 2 no min (a plain max tree), 4 no lane accumulators, 8 no per-row scalars, 16 no flushes,
     # 32 no publish (no atomics, no ticket, no features written), 64 no -inf mask (the op on the words alone),
@@ -649,14 +642,9 @@ def _softmax_kernel(
                     p_elig += elig2
                     p_peak += peak2
     if SKETCH and PROBE // 32 % 2 == 0:
-        if RECORDS:
-            publish_sketch_records(S_ptr, F_ptr, I_ptr, R_ptr, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, p_masked,
-                                   p_peak, p_elig, n_rows, n_cols, tl.num_programs(0), 2.0 if VARIANT >= 4 else 1.0,
-                                   R_BLOCK)
-        else:
-            publish_sketch(S_ptr, F_ptr, I_ptr, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, p_masked, p_peak,
-                           p_elig, n_rows, n_cols, tl.num_programs(0), 2.0 if VARIANT >= 4 else 1.0,
-                           PROBE // 128 % 2 == 1)
+        publish_sketch(S_ptr, F_ptr, I_ptr, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, p_masked, p_peak, p_elig,
+                       n_rows, n_cols, tl.num_programs(0), pid, 2.0 if VARIANT >= 4 else 1.0, COPIES,
+                       PROBE // 128 % 2 == 1)
 
 
 def _softmax_launch(
@@ -664,14 +652,13 @@ def _softmax_launch(
     stages: int | None = None, per_sm: int | None = None,
     variant: int | None = None, fusion: bool | None = None, maxnreg: int | None = None, keep: int | None = None,
     packed: bool | None = None, prefetch: float | None = None, piece: int | None = None, probe: int = 0,
-    records: bool | None = None,
 ) -> None:
     """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows;
     without the sketch one program per row where _common.ROW_GRID lists the launch.
     num_warps / stages / per_sm / variant / fusion / maxnreg / keep override the tuned launch (the
     bench's sweep; maxnreg caps registers per thread, so a kernel keeps 2 programs per SM); piece
     the long rows' piece width (softmax_long); probe: the kernel's PROBE (bench only: where the sketch's
-    time goes, bench/RESULTS.md stop 28); records: publish through program records (RECORDS)."""
+    time goes, bench/RESULTS.md stop 28)."""
     n_rows, n = x2.shape
     if n > MAX_BLOCK:  # past what a program holds in registers: the chunked kernel
         softmax_long_launch(x2, y2, buf, PEAK_NATS, num_warps, maxnreg, piece)
@@ -695,19 +682,16 @@ def _softmax_launch(
     kp = min(KEEP if keep is None else keep, vec) if sketch and var >= 4 else 1
     cap = maxnreg if maxnreg is not None else MAXNREG.get((block, warps)) if sketch and var >= 4 else None
     even = var == 8 and block == n  # VARIANT 8's select-free branch needs no column mask
-    rec = sketch and (RECORDS if records is None else records)
-    key = ("softmax", x2.dtype, y2.dtype, block, warps, st, sketch, var, fuse, cap, kp, even, packed, probe, rec)
+    key = ("softmax", x2.dtype, y2.dtype, block, warps, st, sketch, var, fuse, cap, kp, even, packed, probe)
     extra = register_cap(cap)
     grid = persistent_grid(key, n_rows, x2.device, grid_per_sm("softmax", block, sketch, per_sm))
     pf = prefetch_args("softmax", block, x2, sketch, grid, key, prefetch)
-    r_ptr = program_records("softmax", x2.device, grid) if rec else f
     k = launch(_softmax_kernel, (grid,),
-        x2, x2.stride(0), y2, y2.stride(0), buf if sketch else y2, f, i, r_ptr, n_rows, n, PEAK_NATS,
+        x2, x2.stride(0), y2, y2.stride(0), buf if sketch else y2, f, i, n_rows, n, PEAK_NATS,
         BLOCK=block, SKETCH=sketch, STAGES=st, VARIANT=var,
         CHUNK=min(CHUNK, block), VEC=vec, LANES=lanes, KEEP=kp, FLUSH=FLUSH, EVEN=even, PACKED=packed,
         BF16=x2.dtype == torch.bfloat16, NEG_PAIR=NEG_INF_PAIR.get(x2.dtype, 0),
-        NEG_SAFE=NEG_SAFE.get(x2.dtype, 0.0), **pf, PROBE=probe,
-        RECORDS=rec, R_BLOCK=min(triton.next_power_of_2(grid), R_BLOCK_MAX) if rec else 1,
+        NEG_SAFE=NEG_SAFE.get(x2.dtype, 0.0), **pf, COPIES=WORKSPACE_COPIES["softmax"], PROBE=probe,
         num_warps=warps,
         enable_fp_fusion=fuse,
         **extra,

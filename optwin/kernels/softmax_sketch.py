@@ -13,12 +13,14 @@ import triton
 import triton.language as tl
 
 from optwin.kernels._common import (
+    COPY_STRIDE,
     FMAX,
     exp_ftz,
     last_of,
     read_slot,
     reset_workspace,
     store_common_features,
+    workspace_copy,
 )
 
 
@@ -111,15 +113,17 @@ def fresh_partials():
 
 @triton.jit
 def publish_sketch(S_ptr, F_ptr, I_ptr, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, p_masked, p_peak, p_elig,
-                   n_rows, n_cols, n_pub, RNG_SCALE: tl.constexpr, PROBE_NO_DATA: tl.constexpr = False):
-    """A program's partials into the workspace (scalar atomics); the last of the n_pub programs that
-    publish (acq_rel ticket) reads them back, resets the workspace and writes the softmax features.
-    p_rng is the widest row range over RNG_SCALE (the lane layouts keep it halved)."""
+                   n_rows, n_cols, n_pub, owner, RNG_SCALE: tl.constexpr, COPIES: tl.constexpr = 1,
+                   PROBE_NO_DATA: tl.constexpr = False):
+    """A program's partials into the workspace (scalar atomics), into copy `owner` % COPIES of it; the last
+    of the n_pub programs that publish (acq_rel ticket) reads the copies back, resets them and writes the
+    softmax features. p_rng is the widest row range over RNG_SCALE (the lane layouts keep it halved)."""
     p_amax = tl.maximum(tl.maximum(p_max, -p_min), 0.0)  # largest finite |h| (0 if none)
+    copy = workspace_copy(owner, COPIES)
     if not PROBE_NO_DATA:  # bench only (softmax's PROBE bit 128): the ticket and the end without the merge
-        _atomic_partials(F_ptr, I_ptr, p_amax, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, p_masked, p_peak,
-                            p_elig, RNG_SCALE)
-    if last_of(I_ptr, n_pub):
+        _atomic_partials(F_ptr + copy, I_ptr + copy, p_amax, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg,
+                         p_masked, p_peak, p_elig, RNG_SCALE)
+    if last_of(I_ptr, n_pub):  # the ticket: copy 0's int slot 0
         g_amax = read_slot(F_ptr + 0)
         g_sq = read_slot(F_ptr + 1)
         g_max = read_slot(F_ptr + 2)
@@ -131,7 +135,24 @@ def publish_sketch(S_ptr, F_ptr, I_ptr, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, 
         g_masked = read_slot(I_ptr + 3)
         g_peak = read_slot(I_ptr + 4)
         g_elig = read_slot(I_ptr + 5)
-        reset_workspace(F_ptr, I_ptr)
+        # the other copies as scalar loads, all in flight together: a tree over [COPIES, slots] costs a
+        # barrier per step in the one program still running
+        for j in tl.static_range(1, COPIES):
+            fj = F_ptr + j * COPY_STRIDE
+            ij = I_ptr + j * COPY_STRIDE
+            g_amax = tl.maximum(g_amax, read_slot(fj + 0))
+            g_sq += read_slot(fj + 1)
+            g_max = tl.maximum(g_max, read_slot(fj + 2))
+            g_min = tl.minimum(g_min, read_slot(fj + 3))
+            g_rng = tl.maximum(g_rng, read_slot(fj + 4))
+            g_rmx = tl.minimum(g_rmx, read_slot(fj + 5))
+            g_nf += read_slot(ij + 1)
+            g_neg += read_slot(ij + 2)
+            g_masked += read_slot(ij + 3)
+            g_peak += read_slot(ij + 4)
+            g_elig += read_slot(ij + 5)
+        for j in tl.static_range(COPIES):
+            reset_workspace(F_ptr + j * COPY_STRIDE, I_ptr + j * COPY_STRIDE)
         _store_features(S_ptr, n_rows, n_cols, g_amax, g_sq, g_max, g_min, g_rng, g_rmx, g_nf, g_neg, g_masked,
                         g_peak, g_elig)
 
@@ -168,51 +189,3 @@ def _store_features(S_ptr, n_rows, n_cols, g_amax, g_sq, g_max, g_min, g_rng, g_
     tl.store(S_ptr + 10, g_neg.to(tl.float64) / tl.maximum(numel, 1).to(tl.float64))
     tl.store(S_ptr + 11, g_peak.to(tl.float64) / tl.maximum(g_elig, 1).to(tl.float64))
     tl.store(S_ptr + 12, tl.where(any_fin, g_rmx, 0.0))
-
-
-@triton.jit
-def publish_sketch_records(S_ptr, F_ptr, I_ptr, R_ptr, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, p_masked,
-                           p_peak, p_elig, n_rows, n_cols, n_pub, RNG_SCALE: tl.constexpr, R_BLOCK: tl.constexpr):
-    """publish_sketch without atomics on the workspace's line: the program's partials go to its own
-    record (sketch_buffer.program_records; plain stores), then the acq_rel ticket; the last program
-    reduces the n_pub records in R_BLOCK pieces, in one fixed order (the sum of squares is the same
-    bits every launch). A record's 16 float64: 0-7 merged by max (|h| max, max, -min, range, -smallest
-    row max; 5-7 unused, -inf), 8-15 summed (sum of squares; nonfinite, -inf, masked, peaked, eligible
-    counts, exact in float64 below 2^53; 14-15 unused, 0). The slow rows' ranges still go to the
-    workspace's float64 slot 4 (_merge_extremes), which the last program merges and resets."""
-    p_amax = tl.maximum(tl.maximum(p_max, -p_min), 0.0)
-    k = tl.arange(0, 16)
-    ninf = -float("inf")
-    rec = tl.where(k == 0, p_amax.to(tl.float64), ninf)
-    rec = tl.where(k == 1, p_max.to(tl.float64), rec)
-    rec = tl.where(k == 2, -p_min.to(tl.float64), rec)
-    rec = tl.where(k == 3, p_rng.to(tl.float64) * RNG_SCALE, rec)
-    rec = tl.where(k == 4, -p_rmx.to(tl.float64), rec)
-    rec = tl.where(k >= 8, 0.0, rec)
-    rec = tl.where(k == 8, p_sq, rec)
-    rec = tl.where(k == 9, p_nf.to(tl.float64), rec)
-    rec = tl.where(k == 10, p_neg.to(tl.float64), rec)
-    rec = tl.where(k == 11, p_masked.to(tl.float64), rec)
-    rec = tl.where(k == 12, p_peak.to(tl.float64), rec)
-    rec = tl.where(k == 13, p_elig.to(tl.float64), rec)
-    tl.store(R_ptr + tl.program_id(0) * 16 + k, rec)
-    if last_of(I_ptr, n_pub):
-        c = tl.arange(0, 8)
-        g_hi = tl.full([8], ninf, tl.float64)
-        g_sum = tl.zeros([8], dtype=tl.float64)
-        for base in range(0, n_pub, R_BLOCK):
-            p = base + tl.arange(0, R_BLOCK)
-            at = R_ptr + p[:, None] * 16 + c[None, :]
-            pm = (p < n_pub)[:, None]
-            g_hi = tl.maximum(g_hi, tl.max(tl.load(at, mask=pm, other=ninf, volatile=True), 0))
-            g_sum += tl.sum(tl.load(at + 8, mask=pm, other=0.0, volatile=True), 0)
-        g_rng = tl.maximum(tl.max(tl.where(c == 3, g_hi, ninf), 0), read_slot(F_ptr + 4))
-        reset_workspace(F_ptr, I_ptr)
-        _store_features(S_ptr, n_rows, n_cols, tl.max(tl.where(c == 0, g_hi, ninf), 0),
-                        tl.sum(tl.where(c == 0, g_sum, 0.0), 0), tl.max(tl.where(c == 1, g_hi, ninf), 0),
-                        -tl.max(tl.where(c == 2, g_hi, ninf), 0), g_rng, -tl.max(tl.where(c == 4, g_hi, ninf), 0),
-                        tl.sum(tl.where(c == 1, g_sum, 0.0), 0).to(tl.int64),
-                        tl.sum(tl.where(c == 2, g_sum, 0.0), 0).to(tl.int64),
-                        tl.sum(tl.where(c == 3, g_sum, 0.0), 0).to(tl.int64),
-                        tl.sum(tl.where(c == 4, g_sum, 0.0), 0).to(tl.int64),
-                        tl.sum(tl.where(c == 5, g_sum, 0.0), 0).to(tl.int64))
