@@ -12,9 +12,9 @@ same records), then:
 - 200 launches back to back on one stream and on two streams at once, inputs changing: every sketch
   against ingest's (a record left from a launch before, or read before it was written, shows here);
 - a CUDA graph of the launch replayed on new inputs;
-- every record back at the sentinel at the end, every workspace (each copy) back at its identities.
-BENCH_OPS=softmax runs the same checks on softmax's persistent launch, whose programs merge into the
-workspace's copies (sketch_buffer.WORKSPACE_COPIES); its inputs get -inf masks and a fully masked row.
+- every record back at the sentinel at the end, every workspace back at its identities.
+BENCH_OPS=softmax runs the same checks on softmax's persistent launch (its programs merge into the
+workspace with atomics); its inputs get -inf masks and a fully masked row.
 Needs torch and numpy (optwin's kernels and ingest are torch + triton).
 """
 
@@ -36,7 +36,6 @@ from optwin.ingest.sketch import sketch as ingest_sketch
 from optwin.kernels.sketch_buffer import (
     _RECORDS,
     _WS,
-    COPY_STRIDE,
     SENTINEL,
     SLOTS,
     WORKSPACE,
@@ -143,12 +142,12 @@ def graph_replays(op: str) -> list[str]:
 
 
 def workspace_left() -> int:
-    """Slots of every workspace (every copy, every stream) not at their identities."""
+    """Slots of every workspace (every stream) not at their identities."""
     bad = 0
     for (op, _, _), (f, i) in _WS.items():
         idents = [v for _, v in WORKSPACE[op][0]] + [0.0] * (SLOTS - len(WORKSPACE[op][0]))
         want = torch.tensor(idents + idents, dtype=torch.float64, device=f.device)
-        bad += int((f.view(-1, COPY_STRIDE) != want).sum()) + int((i != 0).sum())
+        bad += int((f.view(-1, 2 * SLOTS) != want).sum()) + int((i != 0).sum())
     return bad
 
 

@@ -17,7 +17,6 @@ import triton
 import triton.language as tl
 
 from optwin.errors import InputError
-from optwin.kernels.sketch_buffer import COPY_STRIDE as _COPY_STRIDE
 from optwin.kernels.sketch_buffer import SLOTS
 from optwin.twin.numerics import LOG2E_F32 as TWIN_LOG2E_F32
 from optwin.twin.numerics import TRITON_WHOLE_ROW_MAX
@@ -38,7 +37,6 @@ def register_cap(cap: int | None) -> dict[str, int]:
     return {"maxnreg": cap} if cap and not INTERPRETED else {}
 
 WS_SLOTS: tl.constexpr = tl.constexpr(SLOTS)  # slots of each kind per workspace (sketch_buffer)
-COPY_STRIDE: tl.constexpr = tl.constexpr(_COPY_STRIDE)  # words between a workspace's copies (WORKSPACE_COPIES)
 
 # Largest finite float32; |h| <= FMAX is false for NaN and ±inf, so it is the finiteness test.
 FMAX: tl.constexpr = tl.constexpr(3.4028234663852886e38)
@@ -580,13 +578,6 @@ def last_of(T_ptr, count):
     """last_program where `count` programs of the grid take a ticket (the others merge nothing)."""
     t = tl.atomic_add(T_ptr, 1, sem="acq_rel")
     return t == count - 1
-
-
-@triton.jit
-def workspace_copy(owner, COPIES: tl.constexpr):
-    """Offset of the workspace copy that `owner` (a program, a row) merges into, in words of either kind
-    (sketch_buffer.WORKSPACE_COPIES)."""
-    return (owner % COPIES) * COPY_STRIDE
 
 
 @triton.jit

@@ -61,15 +61,6 @@ RECORD_OPS = ("attention",)
 # identities: _common.reset_workspace copies and zeroes this many without knowing the op.
 SLOTS = 8
 
-# Copies of an op's workspace, each on its own 128-byte line (COPY_STRIDE words of each kind apart: the
-# slots, then the float identities again). A persistent launch's program p merges into copy p % copies,
-# and its last program folds the copies: all programs of a launch finish together, and on one line
-# their atomics queue behind each other (H200, softmax 4096x16384 bf16, 264 programs of 11 atomics
-# each: 3.4 µs of a launch, bench/results/softmax_records_h200_s29.md). Copy 0 is the single-copy
-# layout, so a kernel that merges only there (softmax_long) reads and resets the same slots.
-WORKSPACE_COPIES: dict[str, int] = {"softmax": 8}
-COPY_STRIDE = 2 * SLOTS
-
 _WS: dict[tuple[str, str, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
 # Row records (the launches with a program per row): int64 words per row, SENTINEL between
@@ -109,7 +100,7 @@ def _stream_key(op: str, device: torch.device) -> tuple[str, str, int]:
 
 def workspace(op: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(float64 slots, int64 slots) of `op` on `device` for the current stream, created once at
-    their identities (WORKSPACE_COPIES copies of each); every sketch launch leaves them there again."""
+    their identities; every sketch launch leaves them at their identities again."""
     key = _stream_key(op, device)
     if key not in _WS:
         fslots, islots = WORKSPACE[op]
@@ -118,13 +109,11 @@ def workspace(op: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor
         # the slots, then their identities (read-only: the last program copies them back). Filled on
         # the device, not copied from a host list: a first launch inside CUDA graph capture (a new
         # stream) may not copy from pageable host memory
-        copies = WORKSPACE_COPIES.get(op, 1)
-        f = torch.zeros(copies, COPY_STRIDE, dtype=torch.float64, device=device)
+        f = torch.zeros(2 * SLOTS, dtype=torch.float64, device=device)
         for k, v in enumerate(idents + idents):
             if v != 0.0:
-                f[:, k].fill_(v)
-        f = f.reshape(-1)
-        i = torch.zeros(SLOTS if copies == 1 else copies * COPY_STRIDE, dtype=torch.int64, device=device)
+                f[k].fill_(v)
+        i = torch.zeros(SLOTS, dtype=torch.int64, device=device)
         _WS[key] = (f, i)
     return _WS[key]
 

@@ -98,13 +98,7 @@ from optwin.kernels.packed16 import (
     row_max_min,
     unpack,
 )
-from optwin.kernels.sketch_buffer import (
-    WORKSPACE,
-    WORKSPACE_COPIES,
-    feature_names,
-    new_buffer,
-    workspace,
-)
+from optwin.kernels.sketch_buffer import WORKSPACE, feature_names, new_buffer, workspace
 from optwin.kernels.softmax_long import softmax_long_launch
 from optwin.kernels.softmax_sketch import (
     _exact_row_chunked,
@@ -404,7 +398,6 @@ def _softmax_kernel(
     NEG_SAFE: tl.constexpr = 0.0,  # VARIANT 10: rows with a max above this take t without the clamp
     PF_BYTES: tl.constexpr = 0,  # bytes of a row to prefetch into L2 (_common.prefetch_l2); 0: none
     pf_ahead=0,  # the row prefetched is pf_ahead rows past the one being read
-    COPIES: tl.constexpr = 1,  # the workspace's copies (sketch_buffer.WORKSPACE_COPIES)
     PROBE: tl.constexpr = 0,  # bench only, VARIANT 10 (y stays the same; the sketch is then wrong), bits: 1 no t
     # (s alone), 2 no min (a plain max tree), 4 no lane accumulators, 8 no per-row scalars, 16 no flushes,
     # 32 no publish (no atomics, no ticket, no features written), 64 no -inf mask (the op on the words alone),
@@ -643,8 +636,7 @@ def _softmax_kernel(
                     p_peak += peak2
     if SKETCH and PROBE // 32 % 2 == 0:
         publish_sketch(S_ptr, F_ptr, I_ptr, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, p_masked, p_peak, p_elig,
-                       n_rows, n_cols, tl.num_programs(0), pid, 2.0 if VARIANT >= 4 else 1.0, COPIES,
-                       PROBE // 128 % 2 == 1)
+                       n_rows, n_cols, tl.num_programs(0), 2.0 if VARIANT >= 4 else 1.0, PROBE // 128 % 2 == 1)
 
 
 def _softmax_launch(
@@ -691,7 +683,7 @@ def _softmax_launch(
         BLOCK=block, SKETCH=sketch, STAGES=st, VARIANT=var,
         CHUNK=min(CHUNK, block), VEC=vec, LANES=lanes, KEEP=kp, FLUSH=FLUSH, EVEN=even, PACKED=packed,
         BF16=x2.dtype == torch.bfloat16, NEG_PAIR=NEG_INF_PAIR.get(x2.dtype, 0),
-        NEG_SAFE=NEG_SAFE.get(x2.dtype, 0.0), **pf, COPIES=WORKSPACE_COPIES["softmax"], PROBE=probe,
+        NEG_SAFE=NEG_SAFE.get(x2.dtype, 0.0), **pf, PROBE=probe,
         num_warps=warps,
         enable_fp_fusion=fuse,
         **extra,

@@ -52,7 +52,7 @@ from optwin.kernels._common import (
     register_cap,
 )
 from optwin.kernels.fast_launch import launch
-from optwin.kernels.sketch_buffer import WORKSPACE_COPIES, workspace
+from optwin.kernels.sketch_buffer import workspace
 from optwin.kernels.softmax_sketch import (
     _max_min,
     _merge_extremes,
@@ -167,7 +167,6 @@ def _piece_out_kernel(
     SKETCH: tl.constexpr,
     CHUNK: tl.constexpr,
     PIECES: tl.constexpr,  # next_pow2(n_pieces)
-    COPIES: tl.constexpr = 1,  # the workspace's copies (sketch_buffer.WORKSPACE_COPIES); a row merges into its own
 ):
     # last piece first: the first launch read it last, so it may still be in the L2 (x outgrows the L2
     # at a few hundred vocabulary rows)
@@ -199,7 +198,7 @@ def _piece_out_kernel(
     if SKETCH:
         if k == 0:  # a row's first piece publishes the row (or the one program of an empty launch)
             publish_sketch(S_ptr, F_ptr, I_ptr, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, p_masked, p_peak,
-                           p_elig, n_rows, n_cols, n_pub, r, 1.0, COPIES)
+                           p_elig, n_rows, n_cols, n_pub, 1.0)
 
 
 # Registers a thread of the sketched launches (both kernels): uncapped, the first launch's sketch at 4 warps
@@ -235,6 +234,6 @@ def softmax_long_launch(x2: torch.Tensor, y2: torch.Tensor, buf: torch.Tensor | 
         note_occupancy(("softmax-pieces", x2.dtype, chunk, warps, sketch, maxnreg), k, warps)
     k = launch(_piece_out_kernel, (max(n_rows * pieces, 1),),
         x2, x2.stride(0), y2, y2.stride(0), ms, rec, buf if sketch else y2, f, i, n_rows, n, pieces, held, peak_nats,
-        SKETCH=sketch, CHUNK=chunk, PIECES=next_pow2(pieces), COPIES=WORKSPACE_COPIES["softmax"], **extra,
+        SKETCH=sketch, CHUNK=chunk, PIECES=next_pow2(pieces), **extra,
     )
     note_occupancy(("softmax-pieces-out", x2.dtype, y2.dtype, chunk, warps, sketch, maxnreg), k, warps)

@@ -13,14 +13,12 @@ import triton
 import triton.language as tl
 
 from optwin.kernels._common import (
-    COPY_STRIDE,
     FMAX,
     exp_ftz,
     last_of,
     read_slot,
     reset_workspace,
     store_common_features,
-    workspace_copy,
 )
 
 
@@ -113,17 +111,15 @@ def fresh_partials():
 
 @triton.jit
 def publish_sketch(S_ptr, F_ptr, I_ptr, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, p_masked, p_peak, p_elig,
-                   n_rows, n_cols, n_pub, owner, RNG_SCALE: tl.constexpr, COPIES: tl.constexpr = 1,
-                   PROBE_NO_DATA: tl.constexpr = False):
-    """A program's partials into the workspace (scalar atomics), into copy `owner` % COPIES of it; the last
-    of the n_pub programs that publish (acq_rel ticket) reads the copies back, resets them and writes the
-    softmax features. p_rng is the widest row range over RNG_SCALE (the lane layouts keep it halved)."""
+                   n_rows, n_cols, n_pub, RNG_SCALE: tl.constexpr, PROBE_NO_DATA: tl.constexpr = False):
+    """A program's partials into the workspace (scalar atomics); the last of the n_pub programs that
+    publish (acq_rel ticket) reads them back, resets the workspace and writes the softmax features.
+    p_rng is the widest row range over RNG_SCALE (the lane layouts keep it halved)."""
     p_amax = tl.maximum(tl.maximum(p_max, -p_min), 0.0)  # largest finite |h| (0 if none)
-    copy = workspace_copy(owner, COPIES)
     if not PROBE_NO_DATA:  # bench only (softmax's PROBE bit 128): the ticket and the end without the merge
-        _atomic_partials(F_ptr + copy, I_ptr + copy, p_amax, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg,
-                         p_masked, p_peak, p_elig, RNG_SCALE)
-    if last_of(I_ptr, n_pub):  # the ticket: copy 0's int slot 0
+        _atomic_partials(F_ptr, I_ptr, p_amax, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, p_masked, p_peak,
+                         p_elig, RNG_SCALE)
+    if last_of(I_ptr, n_pub):
         g_amax = read_slot(F_ptr + 0)
         g_sq = read_slot(F_ptr + 1)
         g_max = read_slot(F_ptr + 2)
@@ -135,24 +131,7 @@ def publish_sketch(S_ptr, F_ptr, I_ptr, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, 
         g_masked = read_slot(I_ptr + 3)
         g_peak = read_slot(I_ptr + 4)
         g_elig = read_slot(I_ptr + 5)
-        # the other copies as scalar loads, all in flight together: a tree over [COPIES, slots] costs a
-        # barrier per step in the one program still running
-        for j in tl.static_range(1, COPIES):
-            fj = F_ptr + j * COPY_STRIDE
-            ij = I_ptr + j * COPY_STRIDE
-            g_amax = tl.maximum(g_amax, read_slot(fj + 0))
-            g_sq += read_slot(fj + 1)
-            g_max = tl.maximum(g_max, read_slot(fj + 2))
-            g_min = tl.minimum(g_min, read_slot(fj + 3))
-            g_rng = tl.maximum(g_rng, read_slot(fj + 4))
-            g_rmx = tl.minimum(g_rmx, read_slot(fj + 5))
-            g_nf += read_slot(ij + 1)
-            g_neg += read_slot(ij + 2)
-            g_masked += read_slot(ij + 3)
-            g_peak += read_slot(ij + 4)
-            g_elig += read_slot(ij + 5)
-        for j in tl.static_range(COPIES):
-            reset_workspace(F_ptr + j * COPY_STRIDE, I_ptr + j * COPY_STRIDE)
+        reset_workspace(F_ptr, I_ptr)
         _store_features(S_ptr, n_rows, n_cols, g_amax, g_sq, g_max, g_min, g_rng, g_rmx, g_nf, g_neg, g_masked,
                         g_peak, g_elig)
 
