@@ -152,7 +152,7 @@ def workspace_left() -> int:
 
 
 def main() -> str:
-    lines = [f"# Row records ({', '.join(OPS)}: a program per row with the sketch); {torch.cuda.get_device_name()}", ""]
+    lines = [f"# Sketched launches ({', '.join(OPS)}): row records of a program per row; softmax its persistent launch; {torch.cuda.get_device_name()}", ""]
     rows: list[dict[str, Any]] = []
     for op in OPS:
         for shape in SHAPES:

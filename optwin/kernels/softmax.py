@@ -401,7 +401,7 @@ def _softmax_kernel(
     PROBE: tl.constexpr = 0,  # bench only, VARIANT 10 (y stays the same; the sketch is then wrong), bits: 1 no t
     # (s alone), 2 no min (a plain max tree), 4 no lane accumulators, 8 no per-row scalars, 16 no flushes,
     # 32 no publish (no atomics, no ticket, no features written), 64 no -inf mask (the op on the words alone),
-    # 128 the publish's ticket and end without its atomics
+    # 128 the publish's ticket and end without its atomics, 256 the HUGE branch without its -inf test
 ):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
@@ -495,7 +495,9 @@ def _softmax_kernel(
                     pass
                 elif tl.maximum(m, -rmin) >= HUGE:  # a finite |h| >= HUGE (every HF-masked row) or +inf
                     a_sq = a_prev  # as layout 4: the squares scaled, in their own lanes
-                    if tl.sum(_lane_count_i32(a_neg - n_prev)) == 0:  # no -inf (HF masks): wd is the row
+                    if PROBE // 256 % 2 == 1:  # bench only: no cross-warp -inf test (wrong for rows with -inf)
+                        hw = wd
+                    elif tl.sum(_lane_count_i32(a_neg - n_prev)) == 0:  # no -inf (HF masks): wd is the row
                         hw = wd
                     else:  # wd reads -inf as the lowest value: re-read the row (an L2 hit) and zero them
                         w2 = tl.load(Xw + wcols, mask=wmask, other=NEG_PAIR)
