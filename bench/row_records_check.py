@@ -86,6 +86,11 @@ def nonfinite_rows(op: str) -> list[str]:
             x[1500, 5], x[1501, 0] = 3e20, -2e19  # finite, their fp32 squares overflow
         x[100], x[2000], x[511] = 2.5, -96.0, 7.0  # constant rows (layernorm's const_absmax)
         x[513] = x[513] * 1e-3 + 1000.0  # near-constant: |mean|/std past 2^16 in fp32, not constant
+        if op == "softmax":  # HF masks (finfo.min: the HUGE branch), beside -inf and HUGE values
+            lo = torch.finfo(dtype).min
+            x[600:700, 100:] = lo
+            x[701, ::3], x[701, 1::3], x[701, 2] = -float("inf"), lo, 1e4 if dtype == torch.float16 else 1e25
+            x[702, :9000], x[702, 9001] = -float("inf"), lo
         y, buf = launch(op, inp)
         yp, bufp = launch(op, inp, row_grid=False)
         if op != "rmsnorm":  # layernorm's persistent kernel has other numerics (two trees), softmax has no row grid: y without the sketch

@@ -53,8 +53,7 @@ def test_packed_layout_matches_ingest(dtype, shape):
 
 
 def test_packed_layout_hf_masks_and_lowest_value_rows():
-    """HF's eager masks (finfo.min, whose square overflows float32: the HUGE branch re-reads the
-    row), a fully finfo.min row next to -inf (its max is the lowest value: e at -inf must stay 0,
+    """HF's eager masks (finfo.min, whose square overflows float32: the HUGE branch), a fully finfo.min row next to -inf (its max is the lowest value: e at -inf must stay 0,
     the clamped branch), one of finfo.min alone, and a row whose range overflows float32 (peaked:
     its t must not be NaN), and a HUGE value that is not a mask beside -inf."""
     g = seed("packed-hf")
@@ -67,7 +66,7 @@ def test_packed_layout_hf_masks_and_lowest_value_rows():
     x[7, :10] = -math.inf
     x[7, 10:40] = lo
     x[9, 0], x[9, 3] = 3e38, -3e38  # the range overflows float32: d = -inf at -3e38 (the clamped branch)
-    x[11, 5], x[11, 9:20] = 1e30, -math.inf  # a HUGE value beside -inf: the squares re-read the row
+    x[11, 5], x[11, 9:20] = 1e30, -math.inf  # a HUGE value beside -inf: the -inf halves stay out of its squares
     xb = x.to(torch.bfloat16)
     got, same = softmax_layout(xb, 10)
     assert same
@@ -78,6 +77,31 @@ def test_packed_layout_hf_masks_and_lowest_value_rows():
     _softmax_launch(xb, y, new_buffer("softmax", "cpu"))
     torch.testing.assert_close(y.float(), torch.softmax(xb.double(), -1).float(), atol=2e-2, rtol=0)
     assert (y[3, :7] == 0).all()  # the -inf beside a row of the lowest value
+
+
+@pytest.mark.parametrize("huge", [1e20, 1e30, 3e38])
+def test_huge_rows_count_the_lowest_value_but_not_minus_inf(huge):
+    """In the HUGE branch the -inf halves read as the lowest finite value: each lowest half is left out of
+    the squares and added back by lane-local counts, less the lane's -inf halves. A HUGE value far below
+    the lowest's square (1e20) beside many -inf and a few real lowest values must keep its share of the
+    sum of squares; lanes holding both must count each right (the rms within 1e-6 of ingest's)."""
+    g = seed("packed-huge", huge)
+    lo = torch.finfo(torch.bfloat16).min
+    x = torch.randn(12, 256, generator=g)
+    x[0, 3], x[0, 8:200] = huge, -math.inf  # no lowest value: the rms is the HUGE value's
+    x[1, 3], x[1, 8:200], x[1, 201:203] = huge, -math.inf, lo  # two real lowest values among -inf
+    x[2, ::2], x[2, 1::4] = -math.inf, lo  # -inf and lowest interleaved: every lane holds both
+    x[3, 3], x[3, 4:] = huge, lo  # an HF-masked row with a HUGE value, no -inf
+    x[5, 0], x[5, 1:] = huge, -math.inf  # one HUGE value, the rest -inf
+    xb = x.to(torch.bfloat16)
+    for rows in (xb, xb[:6]):  # all rows in one program's lane sums, and a launch of HUGE rows only
+        got, same = softmax_layout(rows, 10)
+        assert same
+        want = ingest_sketch("softmax", {"x": rows})
+        close(got, want)
+        assert math.isclose(got["rms"], want["rms"], rel_tol=1e-6)
+    single, _ = softmax_layout(xb[:1], 10)
+    assert math.isclose(single["rms"], float(xb[0, 3]) / 8, rel_tol=1e-6)  # over the 64 entries not -inf
 
 
 def test_packed_layout_fp16_lowest_value_next_to_minus_inf():
