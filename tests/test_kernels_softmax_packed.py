@@ -53,7 +53,8 @@ def test_packed_layout_matches_ingest(dtype, shape):
 
 
 def test_packed_layout_hf_masks_and_lowest_value_rows():
-    """HF's eager masks (finfo.min, whose square overflows float32: the HUGE branch), a fully finfo.min row next to -inf (its max is the lowest value: e at -inf must stay 0,
+    """HF's eager masks (finfo.min, whose square overflows float32: the HUGE branch re-reads the
+    row), a fully finfo.min row next to -inf (its max is the lowest value: e at -inf must stay 0,
     the clamped branch), one of finfo.min alone, and a row whose range overflows float32 (peaked:
     its t must not be NaN), and a HUGE value that is not a mask beside -inf."""
     g = seed("packed-hf")
@@ -66,7 +67,7 @@ def test_packed_layout_hf_masks_and_lowest_value_rows():
     x[7, :10] = -math.inf
     x[7, 10:40] = lo
     x[9, 0], x[9, 3] = 3e38, -3e38  # the range overflows float32: d = -inf at -3e38 (the clamped branch)
-    x[11, 5], x[11, 9:20] = 1e30, -math.inf  # a HUGE value beside -inf: the -inf halves stay out of its squares
+    x[11, 5], x[11, 9:20] = 1e30, -math.inf  # a HUGE value beside -inf: the squares re-read the row
     xb = x.to(torch.bfloat16)
     got, same = softmax_layout(xb, 10)
     assert same
@@ -81,10 +82,10 @@ def test_packed_layout_hf_masks_and_lowest_value_rows():
 
 @pytest.mark.parametrize("huge", [1e20, 1e30, 3e38])
 def test_huge_rows_count_the_lowest_value_but_not_minus_inf(huge):
-    """In the HUGE branch the -inf halves read as the lowest finite value: each lowest half is left out of
-    the squares and added back by lane-local counts, less the lane's -inf halves. A HUGE value far below
-    the lowest's square (1e20) beside many -inf and a few real lowest values must keep its share of the
-    sum of squares; lanes holding both must count each right (the rms within 1e-6 of ingest's)."""
+    """In the HUGE branch the -inf halves read as the lowest finite value (wd), so a row with -inf takes
+    its squares from a re-read. A HUGE value far below the lowest's square (1e20) beside many -inf and a
+    few real lowest values must keep its share of the sum of squares; lanes holding both must count each
+    right (the rms within 1e-6 of ingest's)."""
     g = seed("packed-huge", huge)
     lo = torch.finfo(torch.bfloat16).min
     x = torch.randn(12, 256, generator=g)

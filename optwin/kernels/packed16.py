@@ -28,9 +28,6 @@ assert all(v == int.from_bytes(b, "little", signed=True) for v, b in zip(
 SIGN_PAIR: tl.constexpr = tl.constexpr(-2147450880)  # 0x80008000: the two sign bits
 LOW_BITS_PAIR: tl.constexpr = tl.constexpr(0x00010001)  # bit 0 of each half: counts of a 0xFFFF-per-half mask
 HIGH_HALF: tl.constexpr = tl.constexpr(-65536)  # 0xFFFF0000
-# The formats' lowest finite values (0xFF7F, 0xFBFF): what a -inf half minus 1 reads as
-LOWEST_BF16: tl.constexpr = tl.constexpr(float(torch.finfo(torch.bfloat16).min))
-LOWEST_F16: tl.constexpr = tl.constexpr(float(torch.finfo(torch.float16).min))
 
 
 def packable(x2: torch.Tensor) -> bool:
@@ -73,38 +70,18 @@ def join_pairs(lo, hi, HALF: tl.constexpr):
 @triton.jit
 def neg_inf_mask(w, BF16: tl.constexpr):
     """0xFFFF in each half of w that is -inf, 0 elsewhere (one set.eq.u32 on the pair)."""
-    return _halves_equal(w, BF16, False)
-
-
-@triton.jit
-def lowest_mask(w, BF16: tl.constexpr):
-    """0xFFFF in each half of w that is the format's lowest finite value (bf16 0xFF7F, fp16 0xFBFF)."""
-    return _halves_equal(w, BF16, True)
-
-
-@triton.jit
-def _halves_equal(w, BF16: tl.constexpr, LOWEST: tl.constexpr):
-    """0xFFFF in each half of w equal to -inf (or, LOWEST, to the lowest finite value), 0 elsewhere."""
     if INTERPRET:
         lo, hi = unpack(w, BF16)
-        v = (LOWEST_BF16 if BF16 else LOWEST_F16) if LOWEST else -float("inf")
-        return tl.where(lo == v, 0xFFFF, 0) | tl.where(hi == v, HIGH_HALF, 0)
-    elif BF16 and LOWEST:
-        return tl.inline_asm_elementwise(
-            "{ .reg .b32 c; mov.b32 c, 0xFF7FFF7F; set.eq.u32.bf16x2 $0, $1, c; }", "=r,r", [w],
-            dtype=tl.int32, is_pure=True, pack=1)
-    elif BF16:
-        return tl.inline_asm_elementwise(
-            "{ .reg .b32 c; mov.b32 c, 0xFF80FF80; set.eq.u32.bf16x2 $0, $1, c; }", "=r,r", [w],
-            dtype=tl.int32, is_pure=True, pack=1)
-    elif LOWEST:
-        return tl.inline_asm_elementwise(
-            "{ .reg .b32 c; mov.b32 c, 0xFBFFFBFF; set.eq.u32.f16x2 $0, $1, c; }", "=r,r", [w],
-            dtype=tl.int32, is_pure=True, pack=1)
+        return tl.where(lo == -float("inf"), 0xFFFF, 0) | tl.where(hi == -float("inf"), HIGH_HALF, 0)
     else:
-        return tl.inline_asm_elementwise(
-            "{ .reg .b32 c; mov.b32 c, 0xFC00FC00; set.eq.u32.f16x2 $0, $1, c; }", "=r,r", [w],
-            dtype=tl.int32, is_pure=True, pack=1)
+        if BF16:
+            return tl.inline_asm_elementwise(
+                "{ .reg .b32 c; mov.b32 c, 0xFF80FF80; set.eq.u32.bf16x2 $0, $1, c; }", "=r,r", [w],
+                dtype=tl.int32, is_pure=True, pack=1)
+        else:
+            return tl.inline_asm_elementwise(
+                "{ .reg .b32 c; mov.b32 c, 0xFC00FC00; set.eq.u32.f16x2 $0, $1, c; }", "=r,r", [w],
+                dtype=tl.int32, is_pure=True, pack=1)
 
 
 @triton.jit

@@ -93,7 +93,6 @@ from optwin.kernels.packed16 import (
     NEG_INF_PAIR,
     SIGN_PAIR,
     join_pairs,
-    lowest_mask,
     neg_inf_mask,
     packable,
     row_max_min,
@@ -133,10 +132,6 @@ BIG: tl.constexpr = tl.constexpr(2.0**55)
 HUGE: tl.constexpr = tl.constexpr(2.0**56)
 HUGE_SCALE: tl.constexpr = tl.constexpr(2.0**-72)
 HUGE_UNSCALE: tl.constexpr = tl.constexpr(2.0**144)
-# the formats' lowest finite values scaled by HUGE_SCALE, squared: exact in float32 (bf16: (2 - 2^-7)^2 * 2^110,
-# 16 significant bits; fp16: 2047^2 * 2^-134)
-LOWEST_SQ_BF16: tl.constexpr = tl.constexpr((float(torch.finfo(torch.bfloat16).min) * 2.0**-72) ** 2)
-LOWEST_SQ_F16: tl.constexpr = tl.constexpr((float(torch.finfo(torch.float16).min) * 2.0**-72) ** 2)
 # Sketch layouts (VARIANT), timed against each other by bench/softmax_sketch.py on an H200
 # (bench/results/softmax_sketch_h200*.md, 4096x16384 bf16, 16 warps, µs without / with the sketch;
 # SASS counts from an offline sm_90 compile with triton 3.6, per thread and row of 32 elements):
@@ -406,7 +401,7 @@ def _softmax_kernel(
     PROBE: tl.constexpr = 0,  # bench only, VARIANT 10 (y stays the same; the sketch is then wrong), bits: 1 no t
     # (s alone), 2 no min (a plain max tree), 4 no lane accumulators, 8 no per-row scalars, 16 no flushes,
     # 32 no publish (no atomics, no ticket, no features written), 64 no -inf mask (the op on the words alone),
-    # 128 the publish's ticket and end without its atomics
+    # 128 the publish's ticket and end without its atomics, 256 the HUGE branch without its -inf test
 ):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
@@ -500,15 +495,15 @@ def _softmax_kernel(
                     pass
                 elif tl.maximum(m, -rmin) >= HUGE:  # a finite |h| >= HUGE (every HF-masked row) or +inf
                     a_sq = a_prev  # as layout 4: the squares scaled, in their own lanes
-                    # wd reads each -inf half as the lowest finite value: every lowest half of wd stays out of
-                    # the squares, and the lowest's scaled square goes back in once per lowest half that was
-                    # not -inf, by lane-local counts (a cross-warp test for -inf cost HF-masked rows 4.2 µs
-                    # at 4096x16384, bench/results/softmax_hf_probe_h200_s29.md)
-                    low = lowest_mask(wd, BF16)
-                    hs = _mul_opaque(_unpacked(wd & ~low, BF16, BLOCK), HUGE_SCALE)
-                    n_low = lane_sum(low & LOW_BITS_PAIR, BLOCK // 2, LANES, VEC // 2, KEEP) - (a_neg - n_prev)
+                    if PROBE // 256 % 2 == 1:  # bench only: no cross-warp -inf test (wrong for rows with -inf)
+                        hw = wd
+                    elif tl.sum(_lane_count_i32(a_neg - n_prev)) == 0:  # no -inf (HF masks): wd is the row
+                        hw = wd
+                    else:  # wd reads -inf as the lowest value: re-read the row (an L2 hit) and zero them
+                        w2 = tl.load(Xw + wcols, mask=wmask, other=NEG_PAIR)
+                        hw = w2 & ~neg_inf_mask(w2, BF16)
+                    hs = _mul_opaque(_unpacked(hw, BF16, BLOCK), HUGE_SCALE)
                     a_huge += lane_sum_squares(hs, BLOCK, LANES, VEC, KEEP)
-                    a_huge += _lane_count_i32(n_low).to(tl.float32) * (LOWEST_SQ_BF16 if BF16 else LOWEST_SQ_F16)
                 # d finite at every lane: t without the clamp. Not where the row's range or the lowest
                 # value's distance to m overflows float32 (3e38 beside -3e38: d = -inf, e * d = NaN)
                 if PROBE % 2 == 1:
