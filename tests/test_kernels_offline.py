@@ -76,3 +76,21 @@ def test_attention_sketch_fits_its_registers_without_spills():
             assert r["registers"] <= 255 and r["vector_loads"], r
             assert r["shared"] <= 227 * 1024, r  # sm_90's opt-in shared memory a program
         assert sketched["sass_instructions"] > plain["sass_instructions"]
+
+
+def test_rows_a_multiple_of_8_but_not_16_keep_vector_loads():
+    """A row of 9000 16-bit elements is as 16-byte aligned as one of 9008, but Triton specializes an
+    integer only when 16 divides it. The launchers pass _common.column_multiple (8 here) and the kernels
+    declare it (_common.aligned): vector loads, and the registers, spills and row-loop size of the
+    9008-wide compile, where without it the plain softmax took 128 registers (63) and the sketched one
+    spilled 816 bytes (stop 29, triton 3.6)."""
+    for op in ("softmax", "rmsnorm", "layernorm"):
+        odd = _compile(op, "--shape", "1823x9000")
+        even = _compile(op, "--shape", "1823x9008")
+        assert [r["sketch"] for r in odd] == [False, True]
+        for a, b in zip(odd, even):
+            # (rmsnorm's 2-stage launch loads through async copies: no ld.global vectors at either width)
+            assert a["kernel"] == b["kernel"] and a["vector_loads"] == b["vector_loads"], (a, b)
+            assert a["vector_loads"] or a["op"] == "rmsnorm", a
+            assert a["registers"] <= b["registers"] + 8 and a["spill_stores"] <= b["spill_stores"] + 16, (a, b)
+            assert a["largest_loop_sass"] <= b["largest_loop_sass"] + 16, (a, b)

@@ -58,7 +58,9 @@ from optwin.catalog import CATALOG
 from optwin.kernels._common import (
     FMAX,
     MAX_BLOCK,
+    aligned,
     check_device,
+    column_multiple,
     grid_per_sm,
     lane_max,
     lane_shape,
@@ -126,10 +128,14 @@ def _layernorm_kernel(
     LANES: tl.constexpr,  # lanes of the accumulator (_common.lane_shape)
     KEEP: tl.constexpr,  # independent accumulator chains per lane (divides VEC; _common's lane partials)
     EXACT_CHUNK: tl.constexpr,  # columns per piece of the exact pass after the loop (few registers)
+    ALIGN: tl.constexpr = 1,  # n_cols and both row strides are multiples of it (_common.column_multiple)
 ):
     # Persistent: programs walk rows pid, pid + grid, ...; each row is still reduced by one program
     # in one tree (numerics independent of the grid).
     pid = tl.program_id(0)
+    n_cols = aligned(n_cols, ALIGN)
+    X_row_stride = aligned(X_row_stride, ALIGN)
+    Y_row_stride = aligned(Y_row_stride, ALIGN)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     if SKETCH:
@@ -340,13 +346,14 @@ def _layernorm_launch(
                                    esize=x2.element_size())
     vec, lanes = lane_shape(block, x2.element_size(), warps)
     kp = min(KEEP if keep is None else keep, vec)
-    key = ("layernorm", x2.dtype, block, warps, st, cap, sketch, kp)
+    align = column_multiple(n, x2.stride(0), y2.stride(0))
+    key = ("layernorm", x2.dtype, block, warps, st, cap, sketch, kp, align)
     regs = register_cap(cap)  # registers per thread
     grid = persistent_grid(key, n_rows, x2.device, grid_per_sm("layernorm", block, sketch, per_sm))
     k = launch(_layernorm_kernel, (grid,),
         x2, x2.stride(0), weight, bias, y2, y2.stride(0), buf if sketch else y2, f, i,
         n_rows, n, eps, CAP=RATIO_CAP, BLOCK=block, SKETCH=sketch, STAGES=st, VEC=vec, LANES=lanes, KEEP=kp,
-        EXACT_CHUNK=min(EXACT_CHUNK, block),
+        EXACT_CHUNK=min(EXACT_CHUNK, block), ALIGN=align,
         num_warps=warps, enable_fp_fusion=False, **regs,
     )
     note_occupancy(key, k, warps)

@@ -53,7 +53,9 @@ from optwin.kernels._common import (
     RECORD_STAGES,
     ROW_GRID,
     acquire_flag,
+    aligned,
     check_device,
+    column_multiple,
     finish_norm_sketch,
     finite_partials,
     finite_partials_chunked,
@@ -161,10 +163,14 @@ def _rmsnorm_kernel(
     BLOCK: tl.constexpr,
     SKETCH: tl.constexpr,
     STAGES: tl.constexpr,  # loads in flight in the row loop (1: none ahead; >1: async copies)
+    ALIGN: tl.constexpr = 1,  # n_cols and both row strides are multiples of it (_common.column_multiple)
 ):
     # Persistent: one program per resident slot walks rows pid, pid + grid, ...; each row is still
     # reduced by one program in one tree, so the numerics do not depend on the grid.
     pid = tl.program_id(0)
+    n_cols = aligned(n_cols, ALIGN)
+    X_row_stride = aligned(X_row_stride, ALIGN)
+    Y_row_stride = aligned(Y_row_stride, ALIGN)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     if SKETCH:
@@ -218,6 +224,7 @@ def _rmsnorm_rows_kernel(
     FINISHER_FIRST: tl.constexpr,  # program 0 finishes (a GPU starts it first); else program n_rows (the interpreter)
     PF_BYTES: tl.constexpr = 0,  # bytes of a row to prefetch into L2 (_common.prefetch_row); 0: none
     pf_ahead=0,  # the row prefetched is pf_ahead rows past this program's
+    ALIGN: tl.constexpr = 1,  # n_cols and both row strides are multiples of it (_common.column_multiple)
 ):
     # A program per row (the same row computation as _rmsnorm_kernel: y is bit-identical). With the
     # sketch each row's program stores its record word (max |h|, its fp32 sum of squares) and one more
@@ -227,6 +234,9 @@ def _rmsnorm_rows_kernel(
     # complete, in row order, so after the last row only its poll and one reduction are left (started
     # last, it had all its polls left: H200, +17 % over the launch without the sketch).
     pid = tl.program_id(0)
+    n_cols = aligned(n_cols, ALIGN)
+    X_row_stride = aligned(X_row_stride, ALIGN)
+    Y_row_stride = aligned(Y_row_stride, ALIGN)
     first = pid - 1 if SKETCH and FINISHER_FIRST else pid
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -401,24 +411,25 @@ def _rmsnorm_launch(
         return
     block, warps, st, cap = launch_config("rmsnorm", n, num_warps, stages, maxnreg=maxnreg, esize=x2.element_size())
     regs = register_cap(cap)  # registers per thread
+    align = column_multiple(n, x2.stride(0), y2.stride(0))
     if per_sm is None and (("rmsnorm", block) in ROW_GRID if row_grid is None else row_grid):
         m, e = row_records("rmsnorm", x2.device, n_rows) if sketch else (y2, y2)
         st = RECORD_STAGES.get(("rmsnorm", block), st) if sketch and stages is None else st
-        key = ("rmsnorm-rows", x2.dtype, block, warps, st, cap, sketch)
+        key = ("rmsnorm-rows", x2.dtype, block, warps, st, cap, sketch, align)
         pf = prefetch_args("rmsnorm", block, x2, sketch, n_rows + sketch, key, prefetch)
         k = launch(_rmsnorm_rows_kernel, (n_rows + sketch,),
             x2, x2.stride(0), weight, y2, y2.stride(0), buf if sketch else y2, m, e,
             n_rows, n, eps, BLOCK=block, SKETCH=sketch, STAGES=st, POLL=poll or RECORD_POLL,
-            EXACT_CHUNK=min(block, EXACT_CHUNK), FINISHER_FIRST=not INTERPRETED, **pf,
+            EXACT_CHUNK=min(block, EXACT_CHUNK), FINISHER_FIRST=not INTERPRETED, **pf, ALIGN=align,
             num_warps=warps, enable_fp_fusion=False, **regs,
         )
         note_occupancy(key, k, warps)
         return
-    key = ("rmsnorm", x2.dtype, block, warps, st, cap, sketch)
+    key = ("rmsnorm", x2.dtype, block, warps, st, cap, sketch, align)
     grid = persistent_grid(key, n_rows, x2.device, grid_per_sm("rmsnorm", block, sketch, per_sm))
     k = launch(_rmsnorm_kernel, (grid,),
         x2, x2.stride(0), weight, y2, y2.stride(0), buf if sketch else y2, f, i,
-        n_rows, n, eps, BLOCK=block, SKETCH=sketch, STAGES=st,
+        n_rows, n, eps, BLOCK=block, SKETCH=sketch, STAGES=st, ALIGN=align,
         num_warps=warps, enable_fp_fusion=False, **regs,
     )
     note_occupancy(key, k, warps)

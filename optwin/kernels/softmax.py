@@ -71,7 +71,9 @@ from optwin.kernels._common import (
     FMAX,
     INTERPRET,
     MAX_BLOCK,
+    aligned,
     check_device,
+    column_multiple,
     div_by_row,
     exp_ftz,
     grid_per_sm,
@@ -398,12 +400,16 @@ def _softmax_kernel(
     NEG_SAFE: tl.constexpr = 0.0,  # VARIANT 10: rows with a max above this take t without the clamp
     PF_BYTES: tl.constexpr = 0,  # bytes of a row to prefetch into L2 (_common.prefetch_l2); 0: none
     pf_ahead=0,  # the row prefetched is pf_ahead rows past the one being read
+    ALIGN: tl.constexpr = 1,  # n_cols and both row strides are multiples of it (_common.column_multiple)
     PROBE: tl.constexpr = 0,  # bench only, VARIANT 10 (y stays the same; the sketch is then wrong), bits: 1 no t
     # (s alone), 2 no min (a plain max tree), 4 no lane accumulators, 8 no per-row scalars, 16 no flushes,
     # 32 no publish (no atomics, no ticket, no features written), 64 no -inf mask (the op on the words alone),
     # 128 the publish's ticket and end without its atomics, 256 the HUGE branch without its -inf test
 ):
     pid = tl.program_id(0)
+    n_cols = aligned(n_cols, ALIGN)
+    X_row_stride = aligned(X_row_stride, ALIGN)
+    Y_row_stride = aligned(Y_row_stride, ALIGN)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     if SKETCH:
@@ -676,7 +682,8 @@ def _softmax_launch(
     kp = min(KEEP if keep is None else keep, vec) if sketch and var >= 4 else 1
     cap = maxnreg if maxnreg is not None else MAXNREG.get((block, warps)) if sketch and var >= 4 else None
     even = var == 8 and block == n  # VARIANT 8's select-free branch needs no column mask
-    key = ("softmax", x2.dtype, y2.dtype, block, warps, st, sketch, var, fuse, cap, kp, even, packed, probe)
+    align = column_multiple(n, x2.stride(0), y2.stride(0))
+    key = ("softmax", x2.dtype, y2.dtype, block, warps, st, sketch, var, fuse, cap, kp, even, packed, probe, align)
     extra = register_cap(cap)
     grid = persistent_grid(key, n_rows, x2.device, grid_per_sm("softmax", block, sketch, per_sm))
     pf = prefetch_args("softmax", block, x2, sketch, grid, key, prefetch)
@@ -685,7 +692,7 @@ def _softmax_launch(
         BLOCK=block, SKETCH=sketch, STAGES=st, VARIANT=var,
         CHUNK=min(CHUNK, block), VEC=vec, LANES=lanes, KEEP=kp, FLUSH=FLUSH, EVEN=even, PACKED=packed,
         BF16=x2.dtype == torch.bfloat16, NEG_PAIR=NEG_INF_PAIR.get(x2.dtype, 0),
-        NEG_SAFE=NEG_SAFE.get(x2.dtype, 0.0), **pf, PROBE=probe,
+        NEG_SAFE=NEG_SAFE.get(x2.dtype, 0.0), **pf, ALIGN=align, PROBE=probe,
         num_warps=warps,
         enable_fp_fusion=fuse,
         **extra,
