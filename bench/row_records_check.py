@@ -14,7 +14,8 @@ same records), then:
 - a CUDA graph of the launch replayed on new inputs;
 - every record back at the sentinel at the end, every workspace back at its identities.
 BENCH_OPS=softmax runs the same checks on softmax's persistent launch (its programs merge into the
-workspace with atomics); its inputs get -inf masks and a fully masked row.
+workspace with atomics); its inputs get -inf masks and a fully masked row, and its NaN/inf rows HF masks
+(finfo.min, the HUGE branch) beside -inf and HUGE values.
 Needs torch and numpy (optwin's kernels and ingest are torch + triton).
 """
 
