@@ -38,10 +38,9 @@ from optwin.kernels.sketch_buffer import (
     _RECORDS,
     _WS,
     SENTINEL,
-    SLOTS,
-    WORKSPACE,
     new_buffer,
     read_sketch,
+    workspace_identities,
 )
 
 SHAPES = [(4096, 16384), (1823, 9000), (5, 16384), (70001, 12000), (16384, 4096), (777, 3000), (3001, 5000), (999, 6144)]
@@ -151,9 +150,8 @@ def workspace_left() -> int:
     """Slots of every workspace (every stream) not at their identities."""
     bad = 0
     for (op, _, _), (f, i) in _WS.items():
-        idents = [v for _, v in WORKSPACE[op][0]] + [0.0] * (SLOTS - len(WORKSPACE[op][0]))
-        want = torch.tensor(idents + idents, dtype=torch.float64, device=f.device)
-        bad += int((f.view(-1, 2 * SLOTS) != want).sum()) + int((i != 0).sum())
+        want = torch.tensor(workspace_identities(op) * 2, dtype=torch.float64, device=f.device)
+        bad += int((f != want).sum()) + int((i != 0).sum())
     return bad
 
 

@@ -58,7 +58,12 @@ def test_sketched_launch_leaves_the_workspace_at_its_identities(op):
     """The last program reads the slots (read_slot) and resets them (reset_workspace): after a launch
     over inputs with NaN, inf and -inf, every float slot holds its identity again and every count 0."""
     from optwin.kernels import layernorm, rmsnorm, rope, softmax
-    from optwin.kernels.sketch_buffer import SLOTS, WORKSPACE, read_sketch, workspace
+    from optwin.kernels.sketch_buffer import (
+        SLOTS,
+        read_sketch,
+        workspace,
+        workspace_identities,
+    )
 
     g = torch.Generator().manual_seed(1)
     x = torch.randn(6, 4, 64, generator=g)
@@ -75,7 +80,6 @@ def test_sketched_launch_leaves_the_workspace_at_its_identities(op):
     feats = read_sketch(op, buf)
     assert feats["nonfinite"] >= 2
     f, i = workspace(op, x.device)
-    idents = torch.tensor([v for _, v in WORKSPACE[op][0]], dtype=torch.float64)
-    idents = torch.cat([idents, torch.zeros(SLOTS - len(idents), dtype=torch.float64)])  # unused slots: 0
+    idents = torch.tensor(workspace_identities(op), dtype=torch.float64)
     assert torch.equal(f[:SLOTS], idents) and torch.equal(f[SLOTS:], idents)
     assert torch.equal(i, torch.zeros_like(i))

@@ -224,13 +224,14 @@ def _layernorm_welford_kernel(
             hmax = tl.zeros((), dtype=tl.float32)  # PROBE 1
         var = tl.math.div_rn(q, tl.cast(N, tl.float32))
         if SKETCH:  # before y: the finisher's wait ends with the last row's sums, not with its stores
-            plain = ((var + m * m) * N <= FMAX) & ~_could_be_constant(m, var)
+            sq = (var + m * m) * N  # the row's sum of squares, as _slot_partials derives it
+            plain = (sq <= FMAX) & ~_could_be_constant(m, var)
             if plain and PROBE // 2 % 2 == 0:  # the rare rest after y
                 # the row's own partials, derived here: the finisher reads every row's record in one
                 # program, and at 16384 rows its per-row sqrt and division made it the kernel's tail
                 sf = tl.sqrt(var)
                 tl.store(M_ptr + row * 2, record_word(_ratio(m, sf, -1.0, CAP), sf))
-                tl.store(M_ptr + row * 2 + 1, record_word(hmax, (var + m * m) * N))  # as _slot_partials
+                tl.store(M_ptr + row * 2 + 1, record_word(hmax, sq))
         rs = tl.math.rsqrt(var + eps)  # approximate rsqrt
         Y_row = Y_ptr + row * Y_row_stride
         for c0 in tl.range(0, N, CHUNK):

@@ -98,14 +98,21 @@ def _stream_key(op: str, device: torch.device) -> tuple[str, str, int]:
     return op, f"cuda:{idx}", int(torch._C._cuda_getCurrentRawStream(idx))
 
 
+def workspace_identities(op: str) -> list[float]:
+    """The SLOTS float identities of `op`'s workspace (its own slots', then 0 for the unused ones, never
+    read): what each launch leaves in the float slots and keeps beside them."""
+    fslots = WORKSPACE[op][0]
+    assert len(fslots) <= SLOTS
+    return [v for _, v in fslots] + [0.0] * (SLOTS - len(fslots))
+
+
 def workspace(op: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(float64 slots, int64 slots) of `op` on `device` for the current stream, created once at
     their identities; every sketch launch leaves them at their identities again."""
     key = _stream_key(op, device)
     if key not in _WS:
-        fslots, islots = WORKSPACE[op]
-        assert len(fslots) <= SLOTS and len(islots) <= SLOTS
-        idents = [v for _, v in fslots] + [0.0] * (SLOTS - len(fslots))  # unused slots: 0, never read
+        assert len(WORKSPACE[op][1]) <= SLOTS
+        idents = workspace_identities(op)
         # the slots, then their identities (read-only: the last program copies them back). Filled on
         # the device, not copied from a host list: a first launch inside CUDA graph capture (a new
         # stream) may not copy from pageable host memory
