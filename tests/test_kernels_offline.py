@@ -80,8 +80,7 @@ def test_attention_sketch_fits_its_registers_without_spills():
 
 def test_rows_a_multiple_of_8_but_not_16_keep_vector_loads():
     """A row of 9000 16-bit elements is as 16-byte aligned as one of 9008 (100008 as 100000, the chunked
-    kernels), but Triton specializes an
-    integer only when 16 divides it. The launchers pass _common.column_multiple (8 here) and the kernels
+    kernels), but Triton specializes an integer only when 16 divides it. The launchers pass _common.column_multiple (8 here) and the kernels
     declare it (_common.aligned): vector loads, and the registers, spills and row-loop size of the
     9008-wide compile, where without it the plain softmax took 128 registers (63) and the sketched one
     spilled 816 bytes (stop 29, triton 3.6)."""
