@@ -79,14 +79,16 @@ def test_attention_sketch_fits_its_registers_without_spills():
 
 
 def test_rows_a_multiple_of_8_but_not_16_keep_vector_loads():
-    """A row of 9000 16-bit elements is as 16-byte aligned as one of 9008, but Triton specializes an
-    integer only when 16 divides it. The launchers pass _common.column_multiple (8 here) and the kernels
+    """A row of 9000 16-bit elements is as 16-byte aligned as one of 9008 (100008 as 100000, the chunked
+    kernels), but Triton specializes an integer only when 16 divides it. The launchers pass _common.column_multiple (8 here) and the kernels
     declare it (_common.aligned): vector loads, and the registers, spills and row-loop size of the
     9008-wide compile, where without it the plain softmax took 128 registers (63) and the sketched one
     spilled 816 bytes (stop 29, triton 3.6)."""
-    for op in ("softmax", "rmsnorm", "layernorm"):
-        odd = _compile(op, "--shape", "1823x9000")
-        even = _compile(op, "--shape", "1823x9008")
+    # (rows, a length 16 does not divide, one it does): rows held in registers, then the chunked kernels
+    for op, odd_shape, even_shape in [(op, f"{r}x{n}", f"{r}x{m}") for op in ("softmax", "rmsnorm", "layernorm")
+                                      for r, n, m in ((1823, 9000, 9008), (64, 100008, 100000))]:
+        odd = _compile(op, "--shape", odd_shape)
+        even = _compile(op, "--shape", even_shape)
         assert [r["sketch"] for r in odd] == [False, True]
         for a, b in zip(odd, even):
             # (rmsnorm's 2-stage launch loads through async copies: no ld.global vectors at either width)

@@ -248,11 +248,15 @@ def _layernorm_chunked_kernel(
     CHUNK: tl.constexpr,  # elements per load; rows are read in ceil(n / CHUNK) pieces, three times
     SKETCH: tl.constexpr,
     CONST_N: tl.constexpr,  # 0, or n_cols as a compile-time multiple of CHUNK (_chunked_mean_var)
+    ALIGN: tl.constexpr = 1,  # n_cols and the row strides are multiples of it (_common.column_multiple)
 ):
     # Three passes per row (sum; squared deviations; normalize and store): the first from DRAM, the
     # others from L2. Slower than a row held in registers where one fits (bench/norm_chunks.py), so
     # only rows past MAX_BLOCK.
     pid = tl.program_id(0)
+    n_cols = aligned(n_cols, ALIGN)
+    X_row_stride = aligned(X_row_stride, ALIGN)
+    Y_row_stride = aligned(Y_row_stride, ALIGN)
     cols = tl.arange(0, CHUNK)
     if SKETCH:
         p_ratio = tl.zeros((), dtype=tl.float32)
@@ -334,11 +338,12 @@ def _layernorm_launch(
     f, i = workspace("layernorm", x2.device) if sketch else (y2, y2)
     if n > MAX_BLOCK or (chunk is not None and n > chunk):
         block, warps, _, _ = launch_config("layernorm-chunked", n, num_warps, 1, chunk=chunk or TRITON_CHUNK)
-        key = ("layernorm-chunked", x2.dtype, block, warps, sketch, const_n)
+        align = column_multiple(n, x2.stride(0), y2.stride(0))
+        key = ("layernorm-chunked", x2.dtype, block, warps, sketch, const_n, align)
         k = launch(_layernorm_chunked_kernel, (persistent_grid(key, n_rows, x2.device, per_sm),),
             x2, x2.stride(0), weight, bias, y2, y2.stride(0), buf if sketch else y2, f, i,
             n_rows, n, eps, CAP=RATIO_CAP, CHUNK=block, SKETCH=sketch, CONST_N=n if const_n and n % block == 0 else 0,
-            num_warps=warps, enable_fp_fusion=False,
+            ALIGN=align, num_warps=warps, enable_fp_fusion=False,
         )
         note_occupancy(key, k, warps)
         return

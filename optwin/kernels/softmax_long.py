@@ -43,7 +43,9 @@ from optwin.errors import InputError
 from optwin.kernels._common import (
     FMAX,
     INTERPRET,
+    aligned,
     cdiv,
+    column_multiple,
     div_by_row,
     exp_ftz,
     launch_config,
@@ -82,8 +84,11 @@ def _piece_kernel(
     n_rows, n_cols, n_pieces,
     SKETCH: tl.constexpr,
     CHUNK: tl.constexpr,  # columns per piece (TRITON_CHUNK: part of the numerics)
+    ALIGN: tl.constexpr = 1,  # n_cols and the row strides are multiples of it (_common.column_multiple)
 ):
     pid = tl.program_id(0)
+    n_cols = aligned(n_cols, ALIGN)
+    X_row_stride = aligned(X_row_stride, ALIGN)
     r = pid // n_pieces
     k = pid % n_pieces
     cols = k * CHUNK + tl.arange(0, CHUNK)
@@ -167,10 +172,14 @@ def _piece_out_kernel(
     SKETCH: tl.constexpr,
     CHUNK: tl.constexpr,
     PIECES: tl.constexpr,  # next_pow2(n_pieces)
+    ALIGN: tl.constexpr = 1,  # n_cols and the row strides are multiples of it (_common.column_multiple)
 ):
     # last piece first: the first launch read it last, so it may still be in the L2 (x outgrows the L2
     # at a few hundred vocabulary rows)
     pid = tl.num_programs(0) - 1 - tl.program_id(0)
+    n_cols = aligned(n_cols, ALIGN)
+    X_row_stride = aligned(X_row_stride, ALIGN)
+    Y_row_stride = aligned(Y_row_stride, ALIGN)
     r = pid // n_pieces
     k = pid % n_pieces
     if SKETCH:  # p_rng stays 0: _merge_extremes writes the row's range itself
@@ -227,13 +236,15 @@ def softmax_long_launch(x2: torch.Tensor, y2: torch.Tensor, buf: torch.Tensor | 
     if maxnreg is None and sketch:
         maxnreg = SKETCH_REG_CAP
     extra = {"num_warps": warps, "enable_fp_fusion": False, **register_cap(maxnreg)}
+    align = column_multiple(n, x2.stride(0), y2.stride(0))
     if n_rows:
         # FMA contraction only touches the sketch's products (t, squares): y's path has none
         k = launch(_piece_kernel, (n_rows * pieces,), x2, x2.stride(0), ms, rec, n_rows, n, pieces, SKETCH=sketch, CHUNK=chunk,
+                   ALIGN=align,
                                               **{**extra, "enable_fp_fusion": sketch})
-        note_occupancy(("softmax-pieces", x2.dtype, chunk, warps, sketch, maxnreg), k, warps)
+        note_occupancy(("softmax-pieces", x2.dtype, chunk, warps, sketch, maxnreg, align), k, warps)
     k = launch(_piece_out_kernel, (max(n_rows * pieces, 1),),
         x2, x2.stride(0), y2, y2.stride(0), ms, rec, buf if sketch else y2, f, i, n_rows, n, pieces, held, peak_nats,
-        SKETCH=sketch, CHUNK=chunk, PIECES=next_pow2(pieces), **extra,
+        SKETCH=sketch, CHUNK=chunk, PIECES=next_pow2(pieces), ALIGN=align, **extra,
     )
-    note_occupancy(("softmax-pieces-out", x2.dtype, y2.dtype, chunk, warps, sketch, maxnreg), k, warps)
+    note_occupancy(("softmax-pieces-out", x2.dtype, y2.dtype, chunk, warps, sketch, maxnreg, align), k, warps)
