@@ -155,7 +155,7 @@ def test_which_inputs_take_the_packed_layout():
         close(got, ingest_sketch("softmax", {"x": t}))
 
 
-@pytest.mark.parametrize("probe", [1, 2, 4, 8, 16, 32, 63, 127, 159, 256])
+@pytest.mark.parametrize("probe", [1, 2, 4, 8, 16, 32, 63, 127, 159, 256, 543, 1055, 2079])
 def test_bench_probes_leave_y_bit_identical(probe):
     """The kernel's PROBE bits (bench only) leave parts of the sketch out to time them; y must stay the
     kernel's, or the timings compare different work."""

@@ -44,8 +44,8 @@ INF = float("inf")
 WORKSPACE: dict[str, tuple[tuple[tuple[str, float], ...], tuple[str, ...]]] = {
     "rmsnorm": ((("absmax", 0.0), ("sumsq", 0.0), ("max_row_ms", 0.0)), ("ticket", "nonfinite", "weight_nonfinite")),
     "softmax": (
-        (("absmax", 0.0), ("sumsq", 0.0), ("max", -INF), ("min", INF), ("max_row_range", 0.0), ("min_row_max", INF)),
-        ("ticket", "nonfinite", "neginf", "masked_rows", "peaked_rows", "eligible_rows"),
+        (("sumsq", 0.0), ("max", -INF), ("min", INF), ("max_row_range", 0.0), ("min_row_max", INF)),
+        ("ticket", "nonfinite", "neginf", "masked_and_peaked_rows", "eligible_rows"),
     ),
     "layernorm": (
         (("absmax", 0.0), ("sumsq", 0.0), ("max_ratio", 0.0), ("min_std", INF), ("const_absmax", 0.0)),

@@ -116,8 +116,8 @@ assert feature_names("softmax") == (
     "numel", "rows", "absmax", "rms", "nonfinite", "n", "max", "min", "max_row_range", "masked_rows", "masked_frac",
     "peaked_frac",
     "min_row_max")
-assert [n for n, _ in WORKSPACE["softmax"][0]] == ["absmax", "sumsq", "max", "min", "max_row_range", "min_row_max"]
-assert WORKSPACE["softmax"][1] == ("ticket", "nonfinite", "neginf", "masked_rows", "peaked_rows", "eligible_rows")
+assert [n for n, _ in WORKSPACE["softmax"][0]] == ["sumsq", "max", "min", "max_row_range", "min_row_max"]
+assert WORKSPACE["softmax"][1] == ("ticket", "nonfinite", "neginf", "masked_and_peaked_rows", "eligible_rows")
 
 # A row is peaked below this entropy (nats); passed to the kernel as a runtime float.
 PEAK_NATS = float(DEFAULT_TOLERANCES.low_entropy_nats)
@@ -379,8 +379,8 @@ def _softmax_kernel(
     Y_ptr,  # y as (n_rows, n_cols) in the output dtype, contiguous
     Y_row_stride,
     S_ptr,  # sketch features, float64 (11,); unused unless SKETCH
-    F_ptr,  # workspace float64 slots (absmax, sumsq, max, min, max row range, min row max)
-    I_ptr,  # workspace int64 slots (ticket, nonfinite, -inf count, masked rows, peaked rows, eligible rows)
+    F_ptr,  # workspace float64 slots (sumsq, max, min, max row range, min row max)
+    I_ptr,  # workspace int64 slots (ticket, nonfinite, -inf count, masked | peaked rows << 32, eligible rows)
     n_rows,
     n_cols,
     peak_nats,  # fp32: entropy below which a row is peaked
@@ -404,7 +404,8 @@ def _softmax_kernel(
     PROBE: tl.constexpr = 0,  # bench only, VARIANT 10 (y stays the same; the sketch is then wrong), bits: 1 no t
     # (s alone), 2 no min (a plain max tree), 4 no lane accumulators, 8 no per-row scalars, 16 no flushes,
     # 32 no publish (no atomics, no ticket, no features written), 64 no -inf mask (the op on the words alone),
-    # 128 the publish's ticket and end without its atomics, 256 the HUGE branch without its -inf test
+    # 128 the publish's ticket and end without its atomics, 256 the HUGE branch without its -inf test,
+    # 512 only every 8th program merges, 1024 no float merges, 2048 no integer merges
 ):
     pid = tl.program_id(0)
     n_cols = aligned(n_cols, ALIGN)
@@ -644,7 +645,8 @@ def _softmax_kernel(
                     p_peak += peak2
     if SKETCH and PROBE // 32 % 2 == 0:
         publish_sketch(S_ptr, F_ptr, I_ptr, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, p_masked, p_peak, p_elig,
-                       n_rows, n_cols, tl.num_programs(0), 2.0 if VARIANT >= 4 else 1.0, PROBE // 128 % 2 == 1)
+                       n_rows, n_cols, tl.num_programs(0), 2.0 if VARIANT >= 4 else 1.0,
+                       PROBE // 128 % 2 + PROBE // 1024 % 2 * 2 + PROBE // 2048 % 2 * 4 + PROBE // 512 % 2 * 8)
 
 
 def _softmax_launch(

@@ -164,8 +164,8 @@ def _piece_out_kernel(
     MS_ptr,  # float32 (2, n_rows, n_pieces) from _piece_kernel
     R_ptr,  # float64 (RECORDS, n_rows, n_pieces) from _piece_kernel; unused unless SKETCH
     S_ptr,  # sketch features, float64; unused unless SKETCH
-    F_ptr,  # workspace float64 slots (absmax, sumsq, max, min, max row range, min row max)
-    I_ptr,  # workspace int64 slots (ticket, nonfinite, -inf count, masked rows, peaked rows, eligible rows)
+    F_ptr,  # workspace float64 slots (sumsq, max, min, max row range, min row max)
+    I_ptr,  # workspace int64 slots (ticket, nonfinite, -inf count, masked | peaked rows << 32, eligible rows)
     n_rows, n_cols, n_pieces,
     n_pub,  # programs that publish a sketch: one per row (one in all for no rows)
     peak_nats,  # fp32: entropy below which a row is peaked

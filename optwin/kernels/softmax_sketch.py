@@ -91,7 +91,7 @@ def _merge_extremes(p_max, p_min, p_rng, p_rmx, rmax, rmin, F_ptr):
     (3e38 and -3e38), and the float32 difference would be inf where ingest has 6e38. Only slow rows
     can (their squares overflow), so the main loop keeps its float32 range."""
     has = rmax >= rmin
-    tl.atomic_max(F_ptr + 4, tl.where(has, rmax.to(tl.float64) - rmin.to(tl.float64), 0.0), sem="relaxed")
+    tl.atomic_max(F_ptr + 3, tl.where(has, rmax.to(tl.float64) - rmin.to(tl.float64), 0.0), sem="relaxed")  # max_row_range
     return (tl.maximum(p_max, rmax), tl.minimum(p_min, rmin), p_rng,
             tl.minimum(p_rmx, tl.where(has, rmax, float("inf"))))
 
@@ -111,46 +111,53 @@ def fresh_partials():
 
 @triton.jit
 def publish_sketch(S_ptr, F_ptr, I_ptr, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, p_masked, p_peak, p_elig,
-                   n_rows, n_cols, n_pub, RNG_SCALE: tl.constexpr, PROBE_NO_DATA: tl.constexpr = False):
+                   n_rows, n_cols, n_pub, RNG_SCALE: tl.constexpr, PROBE_SKIP: tl.constexpr = 0):
     """A program's partials into the workspace (scalar atomics); the last of the n_pub programs that
     publish (acq_rel ticket) reads them back, resets the workspace and writes the softmax features.
-    p_rng is the widest row range over RNG_SCALE (the lane layouts keep it halved)."""
-    p_amax = tl.maximum(tl.maximum(p_max, -p_min), 0.0)  # largest finite |h| (0 if none)
-    if not PROBE_NO_DATA:  # bench only (softmax's PROBE bit 128): the ticket and the end without the merge
-        _atomic_partials(F_ptr, I_ptr, p_amax, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, p_masked, p_peak,
-                         p_elig, RNG_SCALE)
+    p_rng is the widest row range over RNG_SCALE (the lane layouts keep it halved).
+    PROBE_SKIP (bench only, softmax's PROBE bits 128, 512, 1024, 2048; the sketch is then wrong): 1 no
+    merge at all (the ticket and the end alone), 2 no float merges, 4 no integer merges, 8 only every
+    8th program merges (how the cost grows with the merges into one line)."""
+    merges = (PROBE_SKIP // 8 % 2 == 0) or (tl.program_id(0) % 8 == 0)
+    if PROBE_SKIP % 2 == 0 and merges:
+        _atomic_partials(F_ptr, I_ptr, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, p_masked, p_peak, p_elig,
+                         RNG_SCALE, PROBE_SKIP // 2 % 2 == 0, PROBE_SKIP // 4 % 2 == 0)
     if last_of(I_ptr, n_pub):
-        g_amax = read_slot(F_ptr + 0)
-        g_sq = read_slot(F_ptr + 1)
-        g_max = read_slot(F_ptr + 2)
-        g_min = read_slot(F_ptr + 3)
-        g_rng = read_slot(F_ptr + 4)
-        g_rmx = read_slot(F_ptr + 5)
+        g_sq = read_slot(F_ptr + 0)
+        g_max = read_slot(F_ptr + 1)
+        g_min = read_slot(F_ptr + 2)
+        g_rng = read_slot(F_ptr + 3)
+        g_rmx = read_slot(F_ptr + 4)
         g_nf = read_slot(I_ptr + 1)
         g_neg = read_slot(I_ptr + 2)
-        g_masked = read_slot(I_ptr + 3)
-        g_peak = read_slot(I_ptr + 4)
-        g_elig = read_slot(I_ptr + 5)
+        g_masked_peak = read_slot(I_ptr + 3)
+        g_elig = read_slot(I_ptr + 4)
         reset_workspace(F_ptr, I_ptr)
-        _store_features(S_ptr, n_rows, n_cols, g_amax, g_sq, g_max, g_min, g_rng, g_rmx, g_nf, g_neg, g_masked,
-                        g_peak, g_elig)
+        # absmax from the merged extremes: max over programs commutes with max(max, -min, 0), so it
+        # needs no merge of its own (0 where no entry is finite: -inf, -inf and 0)
+        g_amax = tl.maximum(tl.maximum(g_max, -g_min), 0.0)
+        _store_features(S_ptr, n_rows, n_cols, g_amax, g_sq, g_max, g_min, g_rng, g_rmx, g_nf, g_neg,
+                        g_masked_peak & 0xFFFFFFFF, g_masked_peak >> 32, g_elig)
 
 
 @triton.jit
-def _atomic_partials(F_ptr, I_ptr, p_amax, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, p_masked, p_peak, p_elig,
-                     RNG_SCALE: tl.constexpr):
-    """A program's partials merged into the workspace's slots (relaxed scalar atomics)."""
-    tl.atomic_max(F_ptr + 0, p_amax.to(tl.float64), sem="relaxed")
-    tl.atomic_add(F_ptr + 1, p_sq, sem="relaxed")
-    tl.atomic_max(F_ptr + 2, p_max.to(tl.float64), sem="relaxed")
-    tl.atomic_min(F_ptr + 3, p_min.to(tl.float64), sem="relaxed")
-    tl.atomic_max(F_ptr + 4, p_rng.to(tl.float64) * RNG_SCALE, sem="relaxed")
-    tl.atomic_min(F_ptr + 5, p_rmx.to(tl.float64), sem="relaxed")
-    tl.atomic_add(I_ptr + 1, p_nf, sem="relaxed")
-    tl.atomic_add(I_ptr + 2, p_neg, sem="relaxed")
-    tl.atomic_add(I_ptr + 3, p_masked.to(tl.int64), sem="relaxed")
-    tl.atomic_add(I_ptr + 4, p_peak.to(tl.int64), sem="relaxed")
-    tl.atomic_add(I_ptr + 5, p_elig.to(tl.int64), sem="relaxed")
+def _atomic_partials(F_ptr, I_ptr, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, p_masked, p_peak, p_elig,
+                     RNG_SCALE: tl.constexpr, FLOATS: tl.constexpr = True, INTS: tl.constexpr = True):
+    """A program's partials merged into the workspace's slots (relaxed scalar atomics, one thread).
+    Nine merges, not eleven: absmax comes from max and min at the end, and the masked and peaked row
+    counts share one 64-bit add (masked in the low half, peaked in the high: each total is below
+    2**31 rows, so the low half never carries into the high)."""
+    if FLOATS:
+        tl.atomic_add(F_ptr + 0, p_sq, sem="relaxed")
+        tl.atomic_max(F_ptr + 1, p_max.to(tl.float64), sem="relaxed")
+        tl.atomic_min(F_ptr + 2, p_min.to(tl.float64), sem="relaxed")
+        tl.atomic_max(F_ptr + 3, p_rng.to(tl.float64) * RNG_SCALE, sem="relaxed")
+        tl.atomic_min(F_ptr + 4, p_rmx.to(tl.float64), sem="relaxed")
+    if INTS:
+        tl.atomic_add(I_ptr + 1, p_nf, sem="relaxed")
+        tl.atomic_add(I_ptr + 2, p_neg, sem="relaxed")
+        tl.atomic_add(I_ptr + 3, p_masked.to(tl.int64) + (p_peak.to(tl.int64) << 32), sem="relaxed")
+        tl.atomic_add(I_ptr + 4, p_elig.to(tl.int64), sem="relaxed")
 
 
 @triton.jit
