@@ -450,6 +450,22 @@ def max_sum_max(a, s, m):
 
 
 @triton.jit
+def _sum_max(a0, a1, b0, b1):
+    return a0 + b0, tl.maximum(a1, b1)
+
+
+@triton.jit
+def sketch_sum_max(s, m):
+    """(sum s, max m) over every axis in ONE tree: one cross-warp exchange, not two. For a sketch's
+    statistics only: its sum need not be tl.sum's bits (sum_and_max). A persistent program runs it at
+    its end, when every program ends at about the same time, so its barriers are the launch's tail."""
+    if INTERPRET:
+        return tl.sum(s), tl.max(m)
+    else:
+        return tl.reduce((s, m), None, _sum_max)
+
+
+@triton.jit
 def sum_and_max(s, m):
     """(tl.sum(s), tl.max(m)) over axis 0 as two separate trees. A combined tl.reduce((s, m)) saves
     a cross-warp exchange but its sum is NOT always bit-identical to tl.sum's: the H200 run of

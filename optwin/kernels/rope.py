@@ -52,6 +52,7 @@ from optwin.kernels._common import (
     read_slot,
     register_cap,
     reset_workspace,
+    sketch_sum_max,
     store_common_features,
 )
 from optwin.kernels.fast_launch import launch
@@ -164,11 +165,11 @@ def _rope_kernel(
             v_amax = tl.maximum(v_amax, tl.maximum(tl.abs(x1), tl.abs(x2)))
             v_sq += x1 * x1 + x2 * x2
     if SKETCH:
+        sq_total, p_amax = sketch_sum_max(v_sq, v_amax)
         if LANE_ACC:
-            p_sq += tl.sum(v_sq).to(tl.float64)
+            p_sq += sq_total.to(tl.float64)
         else:
-            p_sq = tl.sum(v_sq).to(tl.float64)
-        p_amax = tl.max(v_amax)
+            p_sq = sq_total.to(tl.float64)
         p_nf = tl.zeros((), dtype=tl.int64)
         if not (p_sq <= 1e308):  # rare: re-read this program's positions, exact finite-only partials
             p_sq = tl.zeros((), dtype=tl.float64)

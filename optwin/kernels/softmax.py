@@ -363,13 +363,28 @@ def _lane_count_i32(a_neg):
 
 
 @triton.jit
-def _lane_count(a_neg, VARIANT: tl.constexpr):
-    """The -inf count in the lane accumulators, as int64: float32 lanes, or (VARIANT 10) int32 lanes
-    holding one 16-bit count per half of the words (< 2^16: FLUSH rows of BLOCK // (2 * LANES))."""
+def _sum3(a0, a1, a2, b0, b1, b2):
+    return a0 + b0, a1 + b1, a2 + b2
+
+
+@triton.jit
+def _lane_totals(a_sq, a_huge, a_neg, VARIANT: tl.constexpr):
+    """The lane accumulators' totals: (sum of squares as float64, the HUGE lanes unscaled; -inf count
+    as int64, padding included). a_neg holds float32 lanes, or (VARIANT 10) int32 lanes of one 16-bit
+    count per half of the words (< 2^16: FLUSH rows of BLOCK // (2 * LANES)).
+    One tree for the three: the same sums as three tl.sum, but one shared-memory exchange between the
+    warps, not three. Every persistent program runs this at its end, all at about the same time, so
+    its barriers are the launch's tail."""
     if VARIANT == 10:
-        return tl.sum(_lane_count_i32(a_neg)).to(tl.int64)
+        cnt = _lane_count_i32(a_neg)
     else:
-        return tl.sum(a_neg).to(tl.int64)
+        cnt = a_neg
+    hg = a_huge.to(tl.float64)
+    if INTERPRET:
+        sq, hs, ng = tl.sum(a_sq), tl.sum(hg), tl.sum(cnt)
+    else:
+        sq, hs, ng = tl.reduce((a_sq, hg, cnt), None, _sum3)
+    return sq.to(tl.float64) + hs * HUGE_UNSCALE, ng.to(tl.int64)
 
 
 @triton.jit
@@ -578,8 +593,9 @@ def _softmax_kernel(
             if PROBE // 16 % 2 == 0:
                 n_left -= 1
                 if n_left == 0:
-                    p_sq += tl.sum(a_sq).to(tl.float64) + tl.sum(a_huge.to(tl.float64)) * HUGE_UNSCALE
-                    p_neg += _lane_count(a_neg, VARIANT)  # <= FLUSH * BLOCK: exact in fp32
+                    sq_total, neg_total = _lane_totals(a_sq, a_huge, a_neg, VARIANT)  # counts <= FLUSH * BLOCK: exact in fp32
+                    p_sq += sq_total
+                    p_neg += neg_total
                     a_sq = tl.zeros([LANES, KEEP], dtype=tl.float32)
                     a_huge = tl.zeros([LANES, KEEP], dtype=tl.float32)
                     a_neg = tl.zeros_like(a_neg)
@@ -599,11 +615,14 @@ def _softmax_kernel(
             p_peak += tl.where(has, _peaked(s, t, peak_nats), 0)
             p_bad += tl.where(ok, 0, 1)
     if SKETCH and VARIANT >= 4:
-        p_sq += tl.sum(a_sq).to(tl.float64) + tl.sum(a_huge.to(tl.float64)) * HUGE_UNSCALE
+        if n_left != FLUSH:  # rows since the last flush (none where a program's last row flushed)
+            sq_total, neg_total = _lane_totals(a_sq, a_huge, a_neg, VARIANT)
+            p_sq += sq_total
+            p_neg += neg_total
         mine = tl.cdiv(n_rows - pid, tl.num_programs(0))  # rows of this program
         if VARIANT == 8:
             mine -= n_fast  # fast-branch rows added no padding to a_neg
-        p_neg += _lane_count(a_neg, VARIANT) - (BLOCK - n_cols) * tl.cast(mine, tl.int64)  # less the padding
+        p_neg -= (BLOCK - n_cols) * tl.cast(mine, tl.int64)  # the padding's -inf
         if not (p_sq <= 1e308):  # rare: NaN/+inf (or squares overflowed): exact statistics of every row
             p_max = tl.full((), -float("inf"), tl.float32)
             p_min = tl.full((), float("inf"), tl.float32)
