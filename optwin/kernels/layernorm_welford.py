@@ -301,11 +301,12 @@ def _publish_flagged_row(X_row, flag_ptr, F_ptr, I_ptr, n_cols, CHUNK: tl.conste
 def _welford_launch(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2: torch.Tensor,
                     buf: torch.Tensor | None, eps: float, num_warps: int | None = None, poll: int | None = None,
                     maxnreg: int | None = None, probe: int = 0, welford_chunk: int | None = None,
-                    prefetch: float | None = None) -> None:
+                    prefetch: float | None = None, packed: bool | None = None) -> None:
     """_layernorm_welford_kernel: a program per row (and the finisher with the sketch), the row length
     compiled in (one kernel per hidden size, as torch.compile specializes). poll: rows whose records
     the finisher reads at once (a power of two; tests put flagged rows across its boundaries); prefetch:
-    waves of programs ahead whose rows go to the L2 first (_common.PREFETCH)."""
+    waves of programs ahead whose rows go to the L2 first (_common.PREFETCH); packed: max |x| on 16-bit
+    element pairs (default for 16-bit x) or on the float32 values."""
     n_rows, n = x2.shape
     # another chunk (or a ragged one) is not the catalog variant's numerics: the bench's sweep and tests
     chunk = welford_chunk or _welford_rule(n) or 4096
@@ -316,12 +317,12 @@ def _welford_launch(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, 
     cap = (WELFORD_REG_CAP if sketch else None) if maxnreg is None else maxnreg or None
     m = row_records("layernorm", x2.device, n_rows, words=2, extra=0)[0] if sketch else y2
     f, i = workspace("layernorm", x2.device) if sketch else (y2, y2)
-    key = ("layernorm-welford", x2.dtype, n, chunk, warps, cap, sketch)
+    key = ("layernorm-welford", x2.dtype, n, chunk, warps, cap, sketch, packed)
     pf = prefetch_args("layernorm", n, x2, sketch, n_rows + sketch, key, prefetch)
     k = launch(_layernorm_welford_kernel, (n_rows + sketch,),
         x2, x2.stride(0), weight, bias, y2, y2.stride(0), buf if sketch else y2, m, f, i, n_rows, eps,
         N=n, CHUNK=chunk, CAP=RATIO_CAP, SKETCH=sketch, POLL=poll or RECORD_POLL, EXACT_CHUNK=_common.EXACT_CHUNK,
-        FINISHER_FIRST=not INTERPRETED, PACKED=x2.element_size() == 2, PROBE=probe, **pf, num_warps=warps, enable_fp_fusion=False, **register_cap(cap),
+        FINISHER_FIRST=not INTERPRETED, PACKED=x2.element_size() == 2 if packed is None else packed, PROBE=probe, **pf, num_warps=warps, enable_fp_fusion=False, **register_cap(cap),
         **({} if INTERPRETED else {"num_stages": 1}),
     )
     note_occupancy(key, k, warps)
