@@ -104,7 +104,7 @@ def test_constexprs_and_options_key_by_value():
     assert key(64, warps=4) != key(64, warps=8)  # a launch option: by value
     assert key(64, n_pieces=64) == key(64, n_pieces=32)  # runtime ints: both divisible by 16, one kernel
     assert key(64, n_pieces=64) != key(64, n_pieces=38)
-    assert [n for n, _ in _rest(k, 14)] == ["SKETCH", "CHUNK", "PIECES"]  # filled from the keywords, in order
+    assert [n for n, _ in _rest(k, 14)] == ["SKETCH", "CHUNK", "PIECES", "ALIGN"]  # from the keywords, in order
 
 
 def _launch_cost():
