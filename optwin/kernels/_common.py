@@ -301,6 +301,25 @@ def check_device(*tensors: torch.Tensor) -> None:
             raise InputError(f"Triton kernels need CUDA tensors (or TRITON_INTERPRET=1), got a {t.device} tensor")
 
 
+# dtypes of x the kernels take (the catalog's); float64 would run in float32 inside, silently
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def check_rows(op: str, x: torch.Tensor, **params: torch.Tensor) -> None:
+    """One-line InputError unless x is float16/bfloat16/float32 with a non-empty last dim and each
+    per-column parameter (weight, bias) a float vector of that length: a shorter one would be read past
+    its end."""
+    if x.dtype not in DTYPES:
+        raise InputError(f"{op}: x must be float16, bfloat16 or float32, got {x.dtype}")
+    n = x.shape[-1] if x.ndim else 1
+    if n == 0:
+        raise InputError(f"{op}: x's last dim is empty (shape {tuple(x.shape)})")
+    for name, p in params.items():
+        if not p.is_floating_point() or tuple(p.shape) != (n,):
+            raise InputError(f"{op}: {name} must be a float vector of x's last dim ({n},), got {p.dtype} "
+                             f"{tuple(p.shape)}")
+
+
 def rows_view(x: torch.Tensor) -> torch.Tensor:
     """[..., n] -> (rows, n) with a contiguous last dim (a copy only when the last dim is strided)."""
     x2 = x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1)

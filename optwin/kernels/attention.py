@@ -65,7 +65,7 @@ import triton.language as tl
 
 from optwin.catalog import DEFAULT_TOLERANCES
 from optwin.errors import InputError
-from optwin.kernels._common import FMAX, INTERPRET, cdiv, check_device
+from optwin.kernels._common import DTYPES, FMAX, INTERPRET, cdiv, check_device
 from optwin.kernels.attention_sketch import (
     RECORD_POLL_ROWS,
     RECORD_WORDS,
@@ -88,7 +88,6 @@ assert feature_names("attention") == (
     "numel", "rows", "absmax", "rms", "nonfinite", "batch", "heads", "seq_q", "seq_k", "d", "causal",
     "score_bound", "v_absmax", "peaked_frac", "max_score")
 
-DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 LAST_COMPILED: list = [None]  # the last launch's compiled kernel (the bench reads its registers)
 
 

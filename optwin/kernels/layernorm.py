@@ -60,6 +60,7 @@ from optwin.kernels._common import (
     MAX_BLOCK,
     aligned,
     check_device,
+    check_rows,
     column_multiple,
     grid_per_sm,
     lane_max,
@@ -367,13 +368,17 @@ def _layernorm_launch(
 
 
 def layernorm(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = EPS, sketch: bool = True
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float = EPS, sketch: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(layer norm of x over the last dim with weight and bias, sketch features or None), x's dtype.
+    bias None is a zero bias (nn.LayerNorm(bias=False)): the same y as x*w + 0 in the kernel's fma.
 
     Read the features with optwin.kernels.read_sketch("layernorm", buf).
     """
+    if bias is None:
+        bias = torch.zeros_like(weight)
     check_device(x, weight, bias)
+    check_rows("layernorm", x, weight=weight, bias=bias)
     x2 = rows_view(x)  # (rows, hidden)
     y2 = torch.empty(x2.shape, dtype=x.dtype, device=x.device)  # (rows, hidden)
     buf = new_buffer("layernorm", x.device) if sketch else None

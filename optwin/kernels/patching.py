@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from optwin.kernels import sketch_sink
+from optwin.kernels._common import DTYPES
 from optwin.kernels.layernorm import layernorm
 from optwin.kernels.rmsnorm import rmsnorm
 from optwin.kernels.rope import rope_from_tables
@@ -100,6 +101,8 @@ def _rmsnorm_forward(handle: Patch, m: nn.Module) -> Callable[[torch.Tensor], to
     eps = float(getattr(m, "variance_epsilon", getattr(m, "eps", 1e-6)))
 
     def forward(hidden_states: torch.Tensor) -> torch.Tensor:
+        if hidden_states.dtype not in DTYPES:  # float64 models keep their own code (the kernels are fp32 inside)
+            return type(m).forward(m, hidden_states)
         w = m.weight
         y = _launch(handle, "rmsnorm", hidden_states.dtype,
                     lambda sk: rmsnorm(hidden_states, w.to(hidden_states.dtype), eps, sketch=sk))
@@ -110,8 +113,11 @@ def _rmsnorm_forward(handle: Patch, m: nn.Module) -> Callable[[torch.Tensor], to
 
 def _layernorm_forward(handle: Patch, m: nn.LayerNorm) -> Callable[[torch.Tensor], torch.Tensor]:
     def forward(x: torch.Tensor) -> torch.Tensor:
+        if x.dtype not in DTYPES:
+            return type(m).forward(m, x)
+        bias = m.bias.to(x.dtype) if m.bias is not None else None  # nn.LayerNorm(bias=False)
         return _launch(handle, "layernorm", x.dtype,
-                       lambda sk: layernorm(x, m.weight.to(x.dtype), m.bias.to(x.dtype), float(m.eps), sketch=sk))
+                       lambda sk: layernorm(x, m.weight.to(x.dtype), bias, float(m.eps), sketch=sk))
 
     return forward
 
@@ -119,7 +125,7 @@ def _layernorm_forward(handle: Patch, m: nn.LayerNorm) -> Callable[[torch.Tensor
 def _rotary(handle: Patch, original: Callable[..., Any]) -> Callable[..., Any]:
     def apply_rotary_pos_emb(q, k, cos, sin, *args: Any, **kwargs: Any):  # HF signature
         unsqueeze_dim = kwargs.get("unsqueeze_dim", args[-1] if args else 1)
-        if unsqueeze_dim != 1 or cos.ndim != 3 or q.ndim != 4:  # layouts the kernel does not take
+        if unsqueeze_dim != 1 or cos.ndim != 3 or q.ndim != 4 or q.dtype not in DTYPES:  # not the kernel's
             return original(q, k, cos, sin, *args, **kwargs)
         # variant: HF's tables are fp32 angles cast to dtype, rope's fault driver; only the final
         # combine differs (fp32, one rounding, where HF rounds each product): fp32-angles, as capture names it
@@ -134,8 +140,11 @@ def _rotary(handle: Patch, original: Callable[..., Any]) -> Callable[..., Any]:
 def _eager_attention(handle: Patch, mod: ModuleType) -> Callable[..., Any]:
     """HF's eager_attention_forward (transformers 5.x) with our softmax in place of F.softmax."""
     repeat_kv = mod.repeat_kv
+    original = mod.eager_attention_forward
 
     def eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+        if query.dtype not in DTYPES:
+            return original(module, query, key, value, attention_mask, scaling, dropout=dropout, **kwargs)
         key_states = repeat_kv(key, module.num_key_value_groups)  # (B, H, S, D)
         value_states = repeat_kv(value, module.num_key_value_groups)  # (B, H, S, D)
         attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling  # (B, H, Sq, Sk)
@@ -163,7 +172,7 @@ def patch(model: nn.Module, rmsnorm: bool = True, layernorm: bool = True, softma
             modeling[mod.__name__] = mod
         if rmsnorm and type(m).__name__.endswith("RMSNorm") and isinstance(getattr(m, "weight", None), torch.Tensor):
             _set_fused(handle, m, "rmsnorm", _rmsnorm_forward(handle, m))
-        elif layernorm and isinstance(m, nn.LayerNorm) and m.weight is not None and m.bias is not None and len(m.normalized_shape) == 1:
+        elif layernorm and isinstance(m, nn.LayerNorm) and m.weight is not None and len(m.normalized_shape) == 1:
             _set_fused(handle, m, "layernorm", _layernorm_forward(handle, m))
     for mod in modeling.values():
         if rope and callable(getattr(mod, "apply_rotary_pos_emb", None)):

@@ -55,6 +55,7 @@ from optwin.kernels._common import (
     acquire_flag,
     aligned,
     check_device,
+    check_rows,
     column_multiple,
     finish_norm_sketch,
     finite_partials,
@@ -448,6 +449,7 @@ def rmsnorm(
     Read the features with optwin.kernels.read_sketch("rmsnorm", buf).
     """
     check_device(x, weight)
+    check_rows("rmsnorm", x, weight=weight)
     x2 = rows_view(x)  # (rows, hidden)
     y2 = torch.empty(x2.shape, dtype=x.dtype, device=x.device)  # (rows, hidden)
     buf = new_buffer("rmsnorm", x.device) if sketch else None

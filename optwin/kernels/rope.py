@@ -41,6 +41,7 @@ from optwin.kernels._common import (
     MAX_BLOCK,
     cdiv,
     check_device,
+    check_rows,
     finite_lanes,
     lane_max,
     lane_shape,
@@ -317,6 +318,7 @@ def rope(
     Read the buffer with optwin.kernels.read_sketch("rope", buf, x.shape, {"base": base}).
     """
     check_device(x, positions)
+    check_rows("rope", x)
     if x.ndim != 3 or positions.shape != x.shape[:1]:
         raise InputError(f"rope: x must be (seq, heads, d) and positions (seq,); got {tuple(x.shape)}, {tuple(positions.shape)}")
     x4 = x.unsqueeze(0)  # (1, seq, heads, d)
@@ -341,6 +343,11 @@ def rope_from_tables(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     (optwin.monitor does, from the rotary module).
     """
     check_device(x, cos, sin)
+    check_rows("rope", x)
+    if (x.ndim != 4 or cos.ndim != 3 or cos.shape != sin.shape or cos.shape[0] not in (1, x.shape[0])
+            or tuple(cos.shape[1:]) != (x.shape[2], x.shape[3])):
+        raise InputError(f"rope: x must be (batch, heads, seq, d) and cos, sin (batch or 1, seq, d); got "
+                         f"{tuple(x.shape)}, {tuple(cos.shape)}, {tuple(sin.shape)}")
     x4 = x.transpose(1, 2)  # (batch, seq, heads, d) view, no copy
     if x4.stride(-1) != 1:
         x4 = x4.contiguous()

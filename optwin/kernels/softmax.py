@@ -68,11 +68,13 @@ import triton.language as tl
 from optwin.catalog import DEFAULT_TOLERANCES
 from optwin.errors import InputError
 from optwin.kernels._common import (
+    DTYPES,
     FMAX,
     INTERPRET,
     MAX_BLOCK,
     aligned,
     check_device,
+    check_rows,
     column_multiple,
     div_by_row,
     exp_ftz,
@@ -729,6 +731,9 @@ def softmax(
     Read the features with optwin.kernels.read_sketch("softmax", buf).
     """
     check_device(x)
+    check_rows("softmax", x)
+    if out_dtype is not None and out_dtype not in DTYPES:
+        raise InputError(f"softmax: out_dtype must be float16, bfloat16 or float32, got {out_dtype}")
     x2 = rows_view(x)  # (rows, n)
     y2 = torch.empty(x2.shape, dtype=out_dtype or x.dtype, device=x.device)  # (rows, n)
     buf = new_buffer("softmax", x.device) if sketch else None
