@@ -65,3 +65,22 @@ def test_patch_swaps_layernorm_and_works_as_context_manager():
         assert h.calls == {"layernorm": 2}
         assert "forward" not in net[1].__dict__
     assert torch.allclose(got, ref, atol=1e-5)
+
+
+def test_patched_phi_with_partial_rotary_matches_unpatched():
+    """Phi rotates a slice of each head (partial_rotary_factor) and normalizes with biased LayerNorms: the
+    patched model runs our rope on the slices, our layernorm and softmax, with the model's logits."""
+    from transformers import PhiConfig, PhiForCausalLM
+
+    torch.manual_seed(0)
+    cfg = PhiConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=4, max_position_embeddings=64, partial_rotary_factor=0.5,
+                    attn_implementation="eager")
+    model = PhiForCausalLM(cfg).eval()
+    ids = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = model(ids).logits
+        with optwin.kernels.patch(model) as h:
+            got = model(ids).logits
+    assert h.calls == {"rope": 4, "layernorm": 3, "softmax": 2}
+    assert (got - ref).abs().max().item() < 1e-4

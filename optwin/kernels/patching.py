@@ -125,7 +125,8 @@ def _layernorm_forward(handle: Patch, m: nn.LayerNorm) -> Callable[[torch.Tensor
 def _rotary(handle: Patch, original: Callable[..., Any]) -> Callable[..., Any]:
     def apply_rotary_pos_emb(q, k, cos, sin, *args: Any, **kwargs: Any):  # HF signature
         unsqueeze_dim = kwargs.get("unsqueeze_dim", args[-1] if args else 1)
-        if unsqueeze_dim != 1 or cos.ndim != 3 or q.ndim != 4 or q.dtype not in DTYPES:  # not the kernel's
+        if (unsqueeze_dim != 1 or cos.ndim != 3 or q.ndim != 4 or q.dtype not in DTYPES
+                or cos.shape[-1] != q.shape[-1]):  # not the kernel's (partial rotary: the model's own code)
             return original(q, k, cos, sin, *args, **kwargs)
         # variant: HF's tables are fp32 angles cast to dtype, rope's fault driver; only the final
         # combine differs (fp32, one rounding, where HF rounds each product): fp32-angles, as capture names it
