@@ -322,7 +322,8 @@ def _welford_launch(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, 
     k = launch(_layernorm_welford_kernel, (n_rows + sketch,),
         x2, x2.stride(0), weight, bias, y2, y2.stride(0), buf if sketch else y2, m, f, i, n_rows, eps,
         N=n, CHUNK=chunk, CAP=RATIO_CAP, SKETCH=sketch, POLL=poll or RECORD_POLL, EXACT_CHUNK=_common.EXACT_CHUNK,
-        FINISHER_FIRST=not INTERPRETED, PACKED=x2.element_size() == 2 if packed is None else packed, PROBE=probe, **pf, num_warps=warps, enable_fp_fusion=False, **register_cap(cap),
+        FINISHER_FIRST=not INTERPRETED, PACKED=x2.element_size() == 2 if packed is None else packed, PROBE=probe,
+        **pf, num_warps=warps, enable_fp_fusion=False, **register_cap(cap),
         **({} if INTERPRETED else {"num_stages": 1}),
     )
     note_occupancy(key, k, warps)

@@ -374,9 +374,9 @@ def _lane_totals(a_sq, a_huge, a_neg, VARIANT: tl.constexpr):
     """The lane accumulators' totals: (sum of squares as float64, the HUGE lanes unscaled; -inf count
     as int64, padding included). a_neg holds float32 lanes, or (VARIANT 10) int32 lanes of one 16-bit
     count per half of the words (< 2^16: FLUSH rows of BLOCK // (2 * LANES)).
-    One tree for the three: the same sums as three tl.sum, but one shared-memory exchange between the
-    warps, not three. Every persistent program runs this at its end, all at about the same time, so
-    its barriers are the launch's tail."""
+    One tree for the three, so one shared-memory exchange between the warps, not three. Its float sums
+    need not be tl.sum's bits (_common.sum_and_max); the sketch's sums need not be. Every persistent
+    program runs this at its end, all at about the same time, so its barriers are the launch's tail."""
     if VARIANT == 10:
         cnt = _lane_count_i32(a_neg)
     else:
@@ -595,7 +595,8 @@ def _softmax_kernel(
             if PROBE // 16 % 2 == 0:
                 n_left -= 1
                 if n_left == 0:
-                    sq_total, neg_total = _lane_totals(a_sq, a_huge, a_neg, VARIANT)  # counts <= FLUSH * BLOCK: exact in fp32
+                    # the counts stay <= FLUSH * BLOCK between flushes: exact in float32 lanes
+                    sq_total, neg_total = _lane_totals(a_sq, a_huge, a_neg, VARIANT)
                     p_sq += sq_total
                     p_neg += neg_total
                     a_sq = tl.zeros([LANES, KEEP], dtype=tl.float32)

@@ -91,7 +91,8 @@ def _merge_extremes(p_max, p_min, p_rng, p_rmx, rmax, rmin, F_ptr):
     (3e38 and -3e38), and the float32 difference would be inf where ingest has 6e38. Only slow rows
     can (their squares overflow), so the main loop keeps its float32 range."""
     has = rmax >= rmin
-    tl.atomic_max(F_ptr + 3, tl.where(has, rmax.to(tl.float64) - rmin.to(tl.float64), 0.0), sem="relaxed")  # max_row_range
+    rng = tl.where(has, rmax.to(tl.float64) - rmin.to(tl.float64), 0.0)
+    tl.atomic_max(F_ptr + 3, rng, sem="relaxed")  # the max_row_range slot
     return (tl.maximum(p_max, rmax), tl.minimum(p_min, rmin), p_rng,
             tl.minimum(p_rmx, tl.where(has, rmax, float("inf"))))
 
