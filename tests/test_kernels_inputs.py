@@ -63,6 +63,9 @@ def test_layernorm_without_bias_is_a_zero_bias():
     assert got.keys() == want.keys()
     for k, v in want.items():
         assert got[k] == pytest.approx(v, rel=1e-5, abs=1e-6), k
+    from optwin.kernels.layernorm import _zero_bias
+
+    assert _zero_bias(w) is _zero_bias(w.clone())  # made once: no fill kernel on every bias-free call
 
 
 def test_patch_takes_bias_free_layernorm_and_leaves_float64_alone():

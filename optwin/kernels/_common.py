@@ -314,8 +314,8 @@ def check_rows(op: str, x: torch.Tensor, **params: torch.Tensor) -> None:
     n = x.shape[-1] if x.ndim else 1
     if n == 0:
         raise InputError(f"{op}: x's last dim is empty (shape {tuple(x.shape)})")
-    for name, p in params.items():
-        if not p.is_floating_point() or tuple(p.shape) != (n,):
+    for name, p in params.items():  # torch.Size compares as a tuple: no conversion (on every patched call)
+        if p.shape != (n,) or not p.dtype.is_floating_point:
             raise InputError(f"{op}: {name} must be a float vector of x's last dim ({n},), got {p.dtype} "
                              f"{tuple(p.shape)}")
 

@@ -367,6 +367,18 @@ def _layernorm_launch(
     note_occupancy(key, k, warps)
 
 
+_ZERO_BIAS: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def _zero_bias(weight: torch.Tensor) -> torch.Tensor:
+    """A zero bias like weight, made once per (length, dtype, device): a bias-free model's every call
+    would otherwise launch a fill kernel for it."""
+    key = (weight.shape[-1] if weight.ndim else 1, weight.dtype, weight.device)
+    if key not in _ZERO_BIAS:
+        _ZERO_BIAS[key] = torch.zeros(key[0], dtype=weight.dtype, device=weight.device)
+    return _ZERO_BIAS[key]
+
+
 def layernorm(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float = EPS, sketch: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -376,7 +388,7 @@ def layernorm(
     Read the features with optwin.kernels.read_sketch("layernorm", buf).
     """
     if bias is None:
-        bias = torch.zeros_like(weight)
+        bias = _zero_bias(weight)
     check_device(x, weight, bias)
     check_rows("layernorm", x, weight=weight, bias=bias)
     x2 = rows_view(x)  # (rows, hidden)
