@@ -445,22 +445,12 @@ def _softmax_kernel(
     if PACKED:
         wcols = tl.arange(0, BLOCK // 2)
         wmask = wcols < n_cols // 2
-        if PROBE // 4096 % 2 == 1:  # bench only: the next row's words in registers while this row computes
-            r0 = tl.cast(tl.minimum(pid, n_rows - 1), tl.int64)
-            w_next = tl.load((X_ptr + r0 * X_row_stride).to(tl.pointer_type(tl.int32)) + wcols, mask=wmask,
-                             other=NEG_PAIR, eviction_policy="evict_first")
     for r in tl.range(pid, n_rows, tl.num_programs(0), num_stages=STAGES):
         row = tl.cast(r, tl.int64)
         prefetch_row(X_ptr, r, pf_ahead, n_rows, X_row_stride, PF_BYTES)
         if PACKED:
             Xw = (X_ptr + row * X_row_stride).to(tl.pointer_type(tl.int32))
-            if PROBE // 4096 % 2 == 1:
-                w = w_next
-                r1 = tl.cast(tl.minimum(r + tl.num_programs(0), n_rows - 1), tl.int64)  # past the end: a re-read
-                w_next = tl.load((X_ptr + r1 * X_row_stride).to(tl.pointer_type(tl.int32)) + wcols, mask=wmask,
-                                 other=NEG_PAIR, eviction_policy="evict_first")
-            else:
-                w = tl.load(Xw + wcols, mask=wmask, other=NEG_PAIR, eviction_policy="evict_first")  # read n (dtype)
+            w = tl.load(Xw + wcols, mask=wmask, other=NEG_PAIR, eviction_policy="evict_first")  # read n (dtype)
         else:
             x = tl.load(X_ptr + row * X_row_stride + cols, mask=mask, other=-float("inf"),
                         eviction_policy="evict_first")  # read n (dtype)
