@@ -419,7 +419,8 @@ def _softmax_kernel(
     pf_ahead=0,  # the row prefetched is pf_ahead rows past the one being read
     ALIGN: tl.constexpr = 1,  # n_cols and both row strides are multiples of it (_common.column_multiple)
     PROBE: tl.constexpr = 0,  # bench only, VARIANT 10 (y stays the same; the sketch is then wrong), bits: 1 no t
-    # (s alone), 2 no min (a plain max tree), 4 no lane accumulators, 8 no per-row scalars, 16 no flushes,
+    # (s alone), 2 no min (a plain max tree), 4 no lane accumulators, 8 no per-row scalars, 16 no flushes (nor
+    # the lane totals at the end: n_left stays FLUSH),
     # 32 no publish (no atomics, no ticket, no features written), 64 no -inf mask (the op on the words alone),
     # 128 the publish's ticket and end without its atomics, 256 the HUGE branch without its -inf test,
     # 512 only every 8th program merges, 1024 no float merges, 2048 no integer merges
