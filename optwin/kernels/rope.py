@@ -39,6 +39,7 @@ from optwin.catalog import CATALOG
 from optwin.errors import InputError
 from optwin.kernels._common import (
     MAX_BLOCK,
+    PREFETCH,
     cdiv,
     check_device,
     check_rows,
@@ -50,6 +51,8 @@ from optwin.kernels._common import (
     next_pow2,
     note_occupancy,
     persistent_grid,
+    prefetch_bytes,
+    prefetch_l2,
     read_slot,
     register_cap,
     reset_workspace,
@@ -104,6 +107,8 @@ def _rope_kernel(
     KEEP: tl.constexpr,  # independent accumulator chains per lane (divides VEC; _common's lane partials)
     LANE_ACC: tl.constexpr,  # sketch accumulators per lane ([LANES]) instead of per tile element
     FLUSH: tl.constexpr,  # tiles between float64 flushes of the lane sums of squares (LANE_ACC)
+    PF_BYTES: tl.constexpr = 0,  # bytes of a tile's x to prefetch into L2 (whole positions only: one head block)
+    pf_ahead=0,  # the tile prefetched is pf_ahead tiles past the one being read
 ):
     pid = tl.program_id(0)
     hl = tl.arange(0, BLOCK_H)[:, None]  # (BLOCK_H, 1) head within the block
@@ -126,6 +131,9 @@ def _rope_kernel(
         mask = (hs < n_heads) & (js < half)  # (BLOCK_H, BLOCK_D)
         b = row // n_seq
         s = row % n_seq
+        if PF_BYTES > 0:  # one head block a position (n_hb == 1): a tile is a position, contiguous
+            ahead = tl.cast(tl.minimum(tile + pf_ahead, n_tiles - 1), tl.int64)
+            prefetch_l2(X_ptr + (ahead // n_seq) * X_batch_stride + (ahead % n_seq) * X_seq_stride, PF_BYTES)
         xp = X_ptr + b * X_batch_stride + s * X_seq_stride + hs * X_head_stride + js
         x1 = tl.load(xp, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)  # heads*d/2
         x2 = tl.load(xp + half, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
@@ -246,6 +254,19 @@ KEEP = 2
 ROPE_MAXNREG: dict[tuple[int, int, int], int] = {(128, 64, 8): 128}
 
 
+def _prefetch_args(x4: torch.Tensor, n_hb: int, sketch: bool, grid: int, depth: float | None) -> dict[str, int]:
+    """PF_BYTES / pf_ahead of _rope_kernel: a position's x (heads * d contiguous, one head block) asked
+    of the L2 `depth` of a program's own tiles ahead (PREFETCH's (op, heads * d, element size, sketch)
+    entry where depth is None); none for strided heads (HF's (batch, heads, seq, d) layout)."""
+    batch, seq, heads, d = x4.shape
+    if depth is None:
+        depth = PREFETCH.get(("rope", heads * d, x4.element_size(), sketch), 0)
+    if depth <= 0 or n_hb != 1 or not x4.is_contiguous():
+        return {"PF_BYTES": 0, "pf_ahead": 0}
+    nbytes = prefetch_bytes(x4.view(batch * seq, heads * d))
+    return {"PF_BYTES": nbytes, "pf_ahead": max(1, round(depth * grid))}
+
+
 def rope_config(heads: int, d: int, sketch: bool, block_h: int | None = None, num_warps: int | None = None,
                 stages: int | None = None) -> tuple[int, int, int, int]:
     """(BLOCK_H, BLOCK_D, num_warps, stages): ROPE_TUNED, else all heads in one tile with warps by
@@ -273,10 +294,11 @@ def _rope_launch(
     lane_acc: bool | None = None,
     maxnreg: int | None = None,
     keep: int | None = None,
+    prefetch: float | None = None,
 ) -> None:
     """Grid: one persistent program per resident slot (persistent_grid), each over its tiles.
-    block_h / num_warps / stages / per_sm / lane_acc / maxnreg (0: none) / keep override the tuned launch
-    (the bench's sweep)."""
+    block_h / num_warps / stages / per_sm / lane_acc / maxnreg (0: none) / keep / prefetch (a program's
+    tiles ahead whose x goes to the L2 first; 0: none) override the tuned launch (the bench's sweep)."""
     _check_4d(x4)
     batch, seq, heads, d = x4.shape
     if batch * seq == 0 and buf is None:
@@ -295,7 +317,9 @@ def _rope_launch(
     key = ("rope", x4.dtype, block_h, block_d, warps, st, tables, sketch, lacc, cap, kp)
     extra = register_cap(cap)
     base_bits = struct.unpack("<q", struct.pack("<d", float(base)))[0]
-    k = launch(_rope_kernel, (persistent_grid(key, batch * seq * n_hb, x4.device, per_sm),),
+    grid = persistent_grid(key, batch * seq * n_hb, x4.device, per_sm)
+    pf = _prefetch_args(x4, n_hb, sketch, grid, prefetch)
+    k = launch(_rope_kernel, (grid,),
         x4, x4.stride(0), x4.stride(1), x4.stride(2),
         y4, y4.stride(0), y4.stride(1), y4.stride(2),
         dummy if tables else positions, 0 if tables else positions.stride(0),
@@ -305,7 +329,7 @@ def _rope_launch(
         buf if sketch else dummy, f, i,
         batch * seq, seq, heads, n_hb, d // 2, base_bits,
         BLOCK_H=block_h, BLOCK_D=block_d, FROM_TABLES=tables, SKETCH=sketch, STAGES=st, VEC=vec, LANES=lanes, KEEP=kp,
-        LANE_ACC=lacc, FLUSH=FLUSH, num_warps=warps, **extra,
+        LANE_ACC=lacc, FLUSH=FLUSH, **pf, num_warps=warps, **extra,
     )
     note_occupancy(key, k, warps)
 
