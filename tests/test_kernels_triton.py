@@ -417,3 +417,36 @@ def test_rope_head_blocks_match_one_tile_per_position():
         torch.testing.assert_close(y, out[0][0], rtol=0, atol=0, equal_nan=True)
         close(s, out[0][1], rtol=1e-6)
     close(out[0][1], ingest_sketch("rope", {"x": x, "positions": pos}, {"base": 1e4}))
+
+
+def test_rope_cos_sin_slots_alternate_across_a_programs_tiles():
+    """The angle mode's cos/sin go through two per-program slots (sketch_buffer.scratch): one program
+    walking every tile (the slots reused 40 times) gives the y of a program per tile, and the spec's
+    float32 rotation."""
+    from optwin.kernels.rope import _inv_freq, _rope_launch
+    from optwin.kernels.sketch_buffer import scratch
+
+    g = seed("rope-slots")
+    x = torch.randn(40, 3, 12, generator=g)
+    pos = torch.randint(0, 5000, (40,), generator=g)
+    inv = _inv_freq(12, 1e4, x.device)
+    ys = []
+    for per_sm in (1, 64):  # one program a tile at 64 (the CPU device counts one SM)
+        y = torch.empty_like(x)
+        _rope_launch(x.unsqueeze(0), y.unsqueeze(0), None, positions=pos.unsqueeze(0), inv=inv, per_sm=per_sm)
+        ys.append(y)
+    torch.testing.assert_close(ys[0], ys[1], rtol=0, atol=0)
+    ang = pos.float()[:, None] * inv[None, :]  # (seq, d/2) float32, as the kernel's product
+    c, s = ang.cos()[:, None, :], ang.sin()[:, None, :]
+    x1, x2 = x[..., :6], x[..., 6:]
+    torch.testing.assert_close(ys[0], torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1), rtol=1e-6, atol=1e-6)
+    assert scratch("rope-trig", x.device, 1).numel() >= 64 * 4 * 8  # the grid's slots, 4 * BLOCK_D floats each
+
+
+def test_scratch_grows_and_keeps_what_it_outgrew():
+    from optwin.kernels import sketch_buffer
+
+    small = sketch_buffer.scratch("test-scratch", torch.device("cpu"), 10)
+    assert small.numel() == 16 and sketch_buffer.scratch("test-scratch", torch.device("cpu"), 16) is small
+    big = sketch_buffer.scratch("test-scratch", torch.device("cpu"), 17)
+    assert big.numel() == 32 and any(b is small for b in sketch_buffer._OUTGROWN)  # a captured graph may still write it

@@ -69,6 +69,8 @@ _WS: dict[tuple[str, str, int], tuple[torch.Tensor, torch.Tensor]] = {}
 # whose partials the words cannot hold puts them elsewhere: rmsnorm's in its extra record (two int64),
 # layernorm's merged into the op's workspace (no extra record).
 SENTINEL = -1  # all ones: a NaN pattern in both halves, which no record half takes
+_SCRATCH: dict[tuple[str, str, int], torch.Tensor] = {}
+_OUTGROWN: list[torch.Tensor] = []
 _RECORDS: dict[tuple[str, str, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
 
@@ -139,6 +141,21 @@ def row_records(op: str, device: torch.device, n_rows: int, words: int = 1,
                torch.zeros((cap, extra), dtype=torch.int64, device=device))
         _RECORDS[key] = rec
     return rec
+
+
+def scratch(name: str, device: torch.device, numel: int) -> torch.Tensor:
+    """A float32 buffer of >= numel elements that the launches of `name` on `device` and the current
+    stream share (one at a time: launches on one stream do not overlap), grown to the next power of two.
+    For per-program scratch that a launch writes before it reads; nothing is kept between launches. A
+    buffer outgrown stays allocated: a CUDA graph may have captured a launch that writes it."""
+    key = _stream_key(name, device)
+    buf = _SCRATCH.get(key)
+    if buf is None or buf.numel() < numel:
+        if buf is not None:
+            _OUTGROWN.append(buf)
+        buf = torch.empty(max(1, 1 << max(numel - 1, 0).bit_length()), dtype=torch.float32, device=device)
+        _SCRATCH[key] = buf
+    return buf
 
 
 def reduce_sketch(
