@@ -26,7 +26,7 @@ element elsewhere, and reduces them once at its end; only a program whose sum ca
 Angle mode computes a tile's cos/sin once (BLOCK_D values, not each thread its own columns') into a
 per-program slot (sketch_buffer.scratch) and reads them back after a barrier: the same tl.cos/tl.sin
 of the same angles, so the same bits. H200, 4096x128x128 bf16, µs without / with the sketch, L2 flushed
-75.8 / 80.9 -> 74.8 / 80.1, CUDA graphs 73.6 / 73.0 -> 71.2 / 71.6 (bench/results/rope_trig_*_h200_s31.md).
+75.8 / 80.9 -> 74.8 / 80.1, CUDA graphs 73.6 / 73.0 -> 71.2 / 71.6 (bench/results/rope_trig*_h200_s31.md).
 Memory: read seq*heads*d (x) + seq positions, write seq*heads*d (+ 2*BLOCK_D floats a tile, L2); with the
 sketch a few scalar atomics per program and the feature vector.
 """
