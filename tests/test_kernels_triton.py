@@ -453,31 +453,30 @@ def test_scratch_grows_and_keeps_what_it_outgrew():
 
 
 @pytest.mark.parametrize("tables", [False, True])
-def test_rope_tiles_of_several_positions_match_one_position_a_tile(tables):
-    """BLOCK_P positions a tile (few heads: rope_config's TILE_ELEMS rule) give the y and sketch of one
-    position a tile, with a ragged last tile (37 rows: batch 2 of 18.5 -> 2 x 19 minus one), a NaN for the
-    exact pass, and per-batch positions/tables."""
+def test_rope_batches_of_positions_match_the_float32_rotation(tables):
+    """Batch 2 with positions (or cos/sin tables) of their own, one program walking every position (its
+    cos/sin slots reused) or a program each, a NaN for the exact pass: the same y and sketch, and the
+    spec's float32 rotation."""
     from optwin.kernels.rope import _inv_freq, _rope_launch
     from optwin.kernels.sketch_buffer import new_buffer
 
-    g = seed("rope-positions")
-    x = torch.randn(2, 19, 3, 10, generator=g)  # (batch, seq, heads, d): 38 rows
+    g = seed("rope-batches")
+    x = torch.randn(2, 19, 3, 10, generator=g)  # (batch, seq, heads, d)
     x[1, 7, 2, 4] = float("nan")
     pos = torch.randint(0, 3000, (2, 19), generator=g)
     inv = _inv_freq(10, 1e4, x.device)
     ang = pos.float()[..., None] * inv  # (batch, seq, d/2)
     cos, sin = torch.cat([ang.cos(), ang.cos()], -1), torch.cat([ang.sin(), ang.sin()], -1)
     out = []
-    for bp in (1, 4, 16):
+    for per_sm in (1, 64):
         y, buf = torch.empty_like(x), new_buffer("rope", x.device)
         if tables:
-            _rope_launch(x, y, buf, cos=cos, sin=sin, block_p=bp)
+            _rope_launch(x, y, buf, cos=cos, sin=sin, per_sm=per_sm)
         else:
-            _rope_launch(x, y, buf, positions=pos, inv=inv, base=1e4, block_p=bp)
+            _rope_launch(x, y, buf, positions=pos, inv=inv, base=1e4, per_sm=per_sm)
         out.append((y, read_sketch("rope", buf, x.shape, {"base": 1e4})))
-    for y, s in out[1:]:
-        torch.testing.assert_close(y, out[0][0], rtol=0, atol=0, equal_nan=True)
-        close(s, out[0][1], rtol=1e-6)
+    torch.testing.assert_close(out[1][0], out[0][0], rtol=0, atol=0, equal_nan=True)
+    close(out[1][1], out[0][1], rtol=1e-6)
     x1, x2 = x[..., :5], x[..., 5:]
     c, s_ = cos[:, :, None, :5], sin[:, :, None, :5]
     want = torch.cat([x1 * c - x2 * s_, x2 * c + x1 * s_], -1)

@@ -91,7 +91,7 @@ def _rope_kernel(
     P_ptr,  # positions (batch, seq) int64, seq contiguous (angle mode)
     P_batch_stride,
     INV_ptr,  # inverse frequencies (d/2,) float32 (angle mode)
-    T_ptr,  # float32 (grid * 4 * BLOCK_P * BLOCK_D,): each program's two slots of cos, sin (angle mode)
+    T_ptr,  # float32 (grid * 4 * BLOCK_D,): each program's two slots of cos, sin (angle mode)
     C_ptr,  # cos table (batch, seq, d) in dtype (table mode)
     SN_ptr,  # sin table, same layout as cos (table mode)
     C_batch_stride,
@@ -105,7 +105,6 @@ def _rope_kernel(
     n_hb,  # head blocks per position: cdiv(n_heads, BLOCK_H)
     half,  # d / 2
     base_bits,  # the rope base as float64 bits (int64), for the sketch
-    BLOCK_P: tl.constexpr,  # positions a tile (> 1 only with one head block a position: n_hb == 1)
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,  # >= half
     FROM_TABLES: tl.constexpr,
@@ -120,8 +119,8 @@ def _rope_kernel(
     pid = tl.program_id(0)
     hl = tl.arange(0, BLOCK_H)[:, None]  # (BLOCK_H, 1) head within the block
     js = tl.arange(0, BLOCK_D)[None, :]  # (1, BLOCK_D)
-    n_tiles = tl.cdiv(n_rows, BLOCK_P) * n_hb
-    TILE: tl.constexpr = BLOCK_H * BLOCK_D  # one position's part of a tile
+    n_tiles = n_rows * n_hb
+    TILE: tl.constexpr = BLOCK_H * BLOCK_D
     if SKETCH:
         if LANE_ACC:  # one register per accumulator: the row-major half tile is REPS x LANES x VEC per thread
             v_amax = tl.zeros([LANES, KEEP], dtype=tl.float32)  # running max |x| per lane
@@ -134,69 +133,61 @@ def _rope_kernel(
         p_pos = tl.zeros((), dtype=tl.int64)  # largest |position|
     n_done = tl.zeros((), dtype=tl.int32)  # tiles done: their parity picks the cos/sin slot
     for tile in tl.range(pid, n_tiles, tl.num_programs(0), num_stages=STAGES):
-        row0 = (tile // n_hb) * BLOCK_P  # the tile's first batch * seq row; BLOCK_P rows from it
+        row = tl.cast(tile // n_hb, tl.int64)
         hs = (tile % n_hb) * BLOCK_H + hl  # (BLOCK_H, 1) heads of this tile
-        if not FROM_TABLES:
-            # cos/sin of the tile's BLOCK_P x BLOCK_D angles, computed once into this program's slot and
-            # read back in the tile's layout: computed in it, each thread took the 8 columns of its
-            # 16-byte vectors, 16 libdevice cos/sin (~30 instructions each) a thread and position, ~half
-            # the loop (offline sm_90a, 4096x128x128: loop 1791 -> 619 SASS). Two slots, alternating:
-            # the next tile's writes come after the next barrier, so after every thread's reads of this one
-            rp = row0 + tl.arange(0, BLOCK_P)[:, None]  # (BLOCK_P, 1)
-            rp_ok = rp < n_rows
-            rp = tl.cast(tl.where(rp_ok, rp, 0), tl.int64)
-            pos_i = tl.load(P_ptr + (rp // n_seq) * P_batch_stride + rp % n_seq, mask=rp_ok, other=0)  # BLOCK_P int64
-            j1 = tl.arange(0, BLOCK_D)[None, :]
-            inv = tl.load(INV_ptr + j1, mask=j1 < half, other=0.0, eviction_policy="evict_last")  # d/2 fp32
-            ang = pos_i.to(tl.float32) * inv  # (BLOCK_P, BLOCK_D) fp32
-            slot = T_ptr + (pid * 2 + n_done % 2) * (2 * BLOCK_P * BLOCK_D)
-            pj = tl.arange(0, BLOCK_P)[:, None] * BLOCK_D + j1
-            tl.store(slot + pj, tl.cos(ang))
-            tl.store(slot + BLOCK_P * BLOCK_D + pj, tl.sin(ang))
-            tl.debug_barrier()
-            n_done += 1
-            if SKETCH:
-                p_pos = tl.maximum(p_pos, tl.max(tl.abs(pos_i.to(tl.int64))))
-        for p in tl.static_range(BLOCK_P):  # the tile's positions, unrolled: their loads all in flight at once
-            row = tl.cast(row0 + p, tl.int64)
-            in_rows = hl * 0 + row < n_rows  # (BLOCK_H, 1): a scalar compare is a numpy bool in the interpreter
-            mask = in_rows & (hs < n_heads) & (js < half)  # (BLOCK_H, BLOCK_D)
-            b = row // n_seq
-            s = row % n_seq
-            xp = X_ptr + b * X_batch_stride + s * X_seq_stride + hs * X_head_stride + js
-            x1 = tl.load(xp, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)  # heads*d/2
-            x2 = tl.load(xp + half, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            if SKETCH and LANE_ACC:  # before the rotation: x1, x2 live no longer than without the sketch
-                a = tl.reshape(tl.maximum(tl.abs(x1), tl.abs(x2)), [TILE])
-                q = tl.reshape(x1 * x1 + x2 * x2, [TILE])  # NaN/±inf make it non-finite: the exact path after the loop
-                v_amax = tl.maximum(v_amax, lane_max(a, TILE, LANES, VEC, KEEP))
-                v_sq += lane_sum(q, TILE, LANES, VEC, KEEP)
-            if FROM_TABLES:
-                cp = b * C_batch_stride + s * C_seq_stride + js  # (1, BLOCK_D)
-                jm = (js * 0 + row < n_rows) & (js < half)
-                c1 = tl.load(C_ptr + cp, mask=jm, other=0.0).to(tl.float32)  # read d (dtype), per position
-                c2 = tl.load(C_ptr + cp + half, mask=jm, other=0.0).to(tl.float32)
-                s1 = tl.load(SN_ptr + cp, mask=jm, other=0.0).to(tl.float32)
-                s2 = tl.load(SN_ptr + cp + half, mask=jm, other=0.0).to(tl.float32)
-            else:
-                c1 = tl.load(slot + p * BLOCK_D + js)  # (1, BLOCK_D)
-                s1 = tl.load(slot + (BLOCK_P + p) * BLOCK_D + js)
-                c2 = c1
-                s2 = s1
-            y1 = x1 * c1 - x2 * s1
-            y2 = x2 * c2 + x1 * s2
-            yp = Y_ptr + b * Y_batch_stride + s * Y_seq_stride + hs * Y_head_stride + js
-            tl.store(yp, y1.to(Y_ptr.dtype.element_ty), mask=mask, eviction_policy="evict_first")  # heads*d/2
-            tl.store(yp + half, y2.to(Y_ptr.dtype.element_ty), mask=mask, eviction_policy="evict_first")
-            if SKETCH and not LANE_ACC:  # elementwise only; NaN/±inf poison v_sq: the exact path after the loop
-                v_amax = tl.maximum(v_amax, tl.maximum(tl.abs(x1), tl.abs(x2)))
-                v_sq += x1 * x1 + x2 * x2
-        if SKETCH and LANE_ACC:
+        mask = (hs < n_heads) & (js < half)  # (BLOCK_H, BLOCK_D)
+        b = row // n_seq
+        s = row % n_seq
+        xp = X_ptr + b * X_batch_stride + s * X_seq_stride + hs * X_head_stride + js
+        x1 = tl.load(xp, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)  # heads*d/2
+        x2 = tl.load(xp + half, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        if SKETCH and LANE_ACC:  # before the rotation: x1, x2 live no longer than without the sketch
+            a = tl.reshape(tl.maximum(tl.abs(x1), tl.abs(x2)), [TILE])
+            q = tl.reshape(x1 * x1 + x2 * x2, [TILE])  # NaN/±inf make it non-finite: the exact path after the loop
+            v_amax = tl.maximum(v_amax, lane_max(a, TILE, LANES, VEC, KEEP))
+            v_sq += lane_sum(q, TILE, LANES, VEC, KEEP)
             n_left -= 1
             if n_left == 0:
                 p_sq += tl.sum(v_sq).to(tl.float64)
                 v_sq = tl.zeros([LANES, KEEP], dtype=tl.float32)
                 n_left = FLUSH
+        if FROM_TABLES:
+            cp = b * C_batch_stride + s * C_seq_stride + js  # (1, BLOCK_D)
+            jm = js < half
+            c1 = tl.load(C_ptr + cp, mask=jm, other=0.0).to(tl.float32)  # read d (dtype), per position
+            c2 = tl.load(C_ptr + cp + half, mask=jm, other=0.0).to(tl.float32)
+            s1 = tl.load(SN_ptr + cp, mask=jm, other=0.0).to(tl.float32)
+            s2 = tl.load(SN_ptr + cp + half, mask=jm, other=0.0).to(tl.float32)
+        else:
+            pos_i = tl.load(P_ptr + b * P_batch_stride + s)  # read 1 int64
+            pos = pos_i.to(tl.float32)
+            # cos/sin of the position's BLOCK_D angles, computed once a tile into this program's slot
+            # and read back in the tile's layout: computed in it, each thread took the 8 columns of
+            # its 16-byte vectors, 16 libdevice cos/sin (~30 instructions each) a thread and tile,
+            # ~half the loop (offline sm_90a: loop 1791 -> 619 SASS). Two slots, alternating: the
+            # next tile's writes come after the next barrier, so after every thread's reads of this one
+            j1 = tl.arange(0, BLOCK_D)
+            inv = tl.load(INV_ptr + j1, mask=j1 < half, other=0.0, eviction_policy="evict_last")  # d/2 fp32
+            ang = pos * inv  # (BLOCK_D,) fp32
+            slot = T_ptr + (pid * 2 + n_done % 2) * (2 * BLOCK_D)
+            tl.store(slot + j1, tl.cos(ang))
+            tl.store(slot + BLOCK_D + j1, tl.sin(ang))
+            tl.debug_barrier()
+            c1 = tl.load(slot + js)  # (1, BLOCK_D)
+            s1 = tl.load(slot + BLOCK_D + js)
+            n_done += 1
+            c2 = c1
+            s2 = s1
+            if SKETCH:
+                p_pos = tl.maximum(p_pos, tl.abs(pos_i.to(tl.int64)))
+        y1 = x1 * c1 - x2 * s1
+        y2 = x2 * c2 + x1 * s2
+        yp = Y_ptr + b * Y_batch_stride + s * Y_seq_stride + hs * Y_head_stride + js
+        tl.store(yp, y1.to(Y_ptr.dtype.element_ty), mask=mask, eviction_policy="evict_first")  # heads*d/2
+        tl.store(yp + half, y2.to(Y_ptr.dtype.element_ty), mask=mask, eviction_policy="evict_first")
+        if SKETCH and not LANE_ACC:  # elementwise only; NaN/±inf poison v_sq: the exact path after the loop
+            v_amax = tl.maximum(v_amax, tl.maximum(tl.abs(x1), tl.abs(x2)))
+            v_sq += x1 * x1 + x2 * x2
     if SKETCH:
         sq_total, p_amax = sketch_sum_max(v_sq, v_amax)
         if LANE_ACC:
@@ -208,19 +199,17 @@ def _rope_kernel(
             p_sq = tl.zeros((), dtype=tl.float64)
             p_amax = tl.zeros((), dtype=tl.float32)
             for t2 in tl.range(pid, n_tiles, tl.num_programs(0)):
-                for p2 in tl.static_range(BLOCK_P):
-                    row2 = tl.cast((t2 // n_hb) * BLOCK_P + p2, tl.int64)
-                    hs2 = (t2 % n_hb) * BLOCK_H + hl
-                    mask2 = (hl * 0 + row2 < n_rows) & (hs2 < n_heads) & (js < half)
-                    xq = X_ptr + (row2 // n_seq) * X_batch_stride + (row2 % n_seq) * X_seq_stride + hs2 * X_head_stride
-                    xq += js
-                    for hf in tl.static_range(2):  # one half at a time: this path must not set the kernel's registers
-                        z = tl.load(xq + hf * half, mask=mask2, other=0.0).to(tl.float32)
-                        a1, _, n1 = finite_lanes(z, mask2)
-                        a64 = a1.to(tl.float64)  # squares in float64: a finite x up to FMAX does not overflow them
-                        p_amax = tl.maximum(p_amax, tl.max(a1))
-                        p_sq += tl.sum(a64 * a64)
-                        p_nf += tl.sum(n1).to(tl.int64)
+                row2 = tl.cast(t2 // n_hb, tl.int64)
+                hs2 = (t2 % n_hb) * BLOCK_H + hl
+                mask2 = (hs2 < n_heads) & (js < half)
+                xq = X_ptr + (row2 // n_seq) * X_batch_stride + (row2 % n_seq) * X_seq_stride + hs2 * X_head_stride + js
+                for hf in tl.static_range(2):  # one half at a time: this path must not set the kernel's registers
+                    z = tl.load(xq + hf * half, mask=mask2, other=0.0).to(tl.float32)
+                    a1, _, n1 = finite_lanes(z, mask2)
+                    a64 = a1.to(tl.float64)  # squares in float64: a finite x up to FMAX does not overflow them
+                    p_amax = tl.maximum(p_amax, tl.max(a1))
+                    p_sq += tl.sum(a64 * a64)
+                    p_nf += tl.sum(n1).to(tl.int64)
         tl.atomic_max(F_ptr + 0, p_amax.to(tl.float64), sem="relaxed")
         tl.atomic_add(F_ptr + 1, p_sq, sem="relaxed")
         tl.atomic_max(F_ptr + 2, p_pos.to(tl.float64), sem="relaxed")
@@ -257,14 +246,15 @@ def _check_4d(x: torch.Tensor) -> None:
         raise InputError(f"rope: heads*d = {x.shape[2] * x.shape[3]} exceeds the single-program limit {MAX_BLOCK}")
 
 
-# (num_warps, stages) per (rows of a tile: BLOCK_P * BLOCK_H, BLOCK_D, sketch), measured on the H200
+# (BLOCK_H, num_warps, stages) per (next_pow2(heads), next_pow2(d/2), sketch), measured on the H200
 # (bench/results/kernels_h200.md); others get rope_config's rule. y is elementwise, so the two
 # sketch modes may use different launches. 2026-11-29 at 4096x128x128 bf16: without the sketch
 # 16 warps 84.3 µs -> 8 warps 78.1; with it 16 warps stays best (90.9; 8 warps 91.2).
 # Issue #6 (bench/results/sketch_lanes_h200_s11b.md): with lane accumulators the sketch runs at the
 # no-sketch launch, 8 warps and 2 programs per SM: 79.0/85.0 µs (per-element accumulators at 16
 # warps, 1 program per SM: 91.8).
-ROPE_TUNED: dict[tuple[int, int, bool], tuple[int, int]] = {(128, 64, False): (8, 1), (128, 64, True): (8, 1)}
+ROPE_TUNED: dict[tuple[int, int, bool], tuple[int, int, int]] = {(128, 64, False): (128, 8, 1),
+                                                                 (128, 64, True): (128, 8, 1)}
 # Sketch accumulators per lane ([LANES, KEEP] registers) instead of per tile element (2 x 16
 # registers at 16 warps, 2 x 32 at 8), at the launches listed in ROPE_MAXNREG (measured); elsewhere
 # per element, as before. KEEP sets the independent add/max chains per thread: one chain per lane
@@ -273,38 +263,21 @@ ROPE_TUNED: dict[tuple[int, int, bool], tuple[int, int]] = {(128, 64, False): (8
 LANE_ACC = True
 FLUSH = 16  # tiles between float64 flushes of the lane sums of squares
 KEEP = 2
-# Register cap of the lane-accumulator sketch kernel per (BLOCK_P * BLOCK_H, BLOCK_D, num_warps): ptxas gives it
+# Register cap of the lane-accumulator sketch kernel per (BLOCK_H, BLOCK_D, num_warps): ptxas gives it
 # ~170 registers at 8 warps uncapped (1 program per SM, 114.0 µs); at 128 it keeps 2 programs per SM
 # (offline sm_90 compile with triton 3.6: the same 32-byte sin/cos frame as without the sketch at KEEP 1).
 ROPE_MAXNREG: dict[tuple[int, int, int], int] = {(128, 64, 8): 128}
 
 
-# Elements a thread takes of each half of a tile: where one position's heads hold fewer, a tile spans
-# BLOCK_P positions (each a (BLOCK_H, BLOCK_D) part, the positions unrolled), so 32 heads of 128 run as 128
-# heads do (ROPE_TUNED's 128 x 64 tile, 8 warps). H200, bf16,
-# µs without / with the sketch, one position a tile -> BLOCK_P (bench/results/rope_block_p_*_h200_s31.md).
-THREAD_ELEMS = 32
-
-
-def rope_config(heads: int, d: int, rows: int, esize: int, sketch: bool, block_h: int | None = None,
-                num_warps: int | None = None, stages: int | None = None,
-                block_p: int | None = None) -> tuple[int, int, int, int, int]:
-    """(BLOCK_P, BLOCK_H, BLOCK_D, num_warps, stages): all heads of BLOCK_P positions in a tile (BLOCK_P for
-    THREAD_ELEMS at 8 warps, at most the rows' next power of two, where a position's half fills 8 warps'
-    16-byte vectors; else 1); ROPE_TUNED's launch where it lists the tile's (BLOCK_P * BLOCK_H, BLOCK_D),
-    else warps by tile size. The arguments override (the bench's sweep; a block_h below the heads' splits a
-    position into tiles of one position)."""
+def rope_config(heads: int, d: int, sketch: bool, block_h: int | None = None, num_warps: int | None = None,
+                stages: int | None = None) -> tuple[int, int, int, int]:
+    """(BLOCK_H, BLOCK_D, num_warps, stages): ROPE_TUNED, else all heads in one tile with warps by
+    tile size; the arguments override (the bench's sweep)."""
     full_h, block_d = next_pow2(heads), next_pow2(d // 2)
-    bh = min(block_h or full_h, full_h)
-    # several positions only where one position's half fills 8 warps with 16-byte vectors: with fewer warps
-    # (8 heads of 128: 2) Triton laid x out as the cos/sin loads and converted it through shared memory
-    # (offline sm_90a: 36 barriers, 1782 SASS a tile of 4 positions), so those keep a position a tile
-    whole = bh * block_d * esize >= 8 * 32 * 16
-    bp = block_p or (max(1, min(THREAD_ELEMS * 256 // (bh * block_d), next_pow2(rows))) if whole else 1)
-    bp = 1 if bh < full_h else bp
-    tile = bp * bh * block_d * 2
-    w, st = ROPE_TUNED.get((bp * bh, block_d, sketch), (16 if tile >= 8192 and bp == 1 else 8 if tile >= 2048 else 4, 1))
-    return bp, bh, block_d, num_warps or w, stages or st
+    tile = full_h * block_d * 2
+    bh, w, st = ROPE_TUNED.get((full_h, block_d, sketch), (full_h, 16 if tile >= 8192 else 8 if tile >= 2048 else 4, 1))
+    bh = min(block_h or bh, full_h)
+    return bh, block_d, num_warps or w, stages or st
 
 
 def _rope_launch(
@@ -323,44 +296,40 @@ def _rope_launch(
     lane_acc: bool | None = None,
     maxnreg: int | None = None,
     keep: int | None = None,
-    block_p: int | None = None,
 ) -> None:
     """Grid: one persistent program per resident slot (persistent_grid), each over its tiles.
-    block_h / num_warps / stages / per_sm / lane_acc / maxnreg (0: none) / keep / block_p override the tuned
-    launch (the bench's sweep)."""
+    block_h / num_warps / stages / per_sm / lane_acc / maxnreg (0: none) / keep override the tuned launch
+    (the bench's sweep)."""
     _check_4d(x4)
     batch, seq, heads, d = x4.shape
     if batch * seq == 0 and buf is None:
         return
     tables = cos is not None
     sketch = buf is not None
-    block_p, block_h, block_d, warps, st = rope_config(heads, d, batch * seq, x4.element_size(), sketch, block_h,
-                                                      num_warps, stages, block_p)
+    block_h, block_d, warps, st = rope_config(heads, d, sketch, block_h, num_warps, stages)
     n_hb = cdiv(heads, block_h)
-    tile_rows = block_p * block_h
     dummy = y4
     f, i = workspace("rope", x4.device) if sketch else (dummy, dummy)
-    measured = (tile_rows, block_d, warps) in ROPE_MAXNREG
+    measured = (block_h, block_d, warps) in ROPE_MAXNREG
     lacc = (LANE_ACC and measured if lane_acc is None else lane_acc) and sketch
-    vec, lanes = lane_shape(block_h * block_d, x4.element_size(), warps)  # one position's part of a tile
+    vec, lanes = lane_shape(block_h * block_d, x4.element_size(), warps)
     kp = min(KEEP if keep is None else keep, vec) if lacc else 1
-    cap = (ROPE_MAXNREG.get((tile_rows, block_d, warps)) if maxnreg is None else maxnreg) if lacc else None
-    key = ("rope", x4.dtype, block_p, block_h, block_d, warps, st, tables, sketch, lacc, cap, kp)
+    cap = (ROPE_MAXNREG.get((block_h, block_d, warps)) if maxnreg is None else maxnreg) if lacc else None
+    key = ("rope", x4.dtype, block_h, block_d, warps, st, tables, sketch, lacc, cap, kp)
     extra = register_cap(cap)
     base_bits = struct.unpack("<q", struct.pack("<d", float(base)))[0]
-    grid = persistent_grid(key, cdiv(batch * seq, block_p) * n_hb, x4.device, per_sm)
+    grid = persistent_grid(key, batch * seq * n_hb, x4.device, per_sm)
     k = launch(_rope_kernel, (grid,),
         x4, x4.stride(0), x4.stride(1), x4.stride(2),
         y4, y4.stride(0), y4.stride(1), y4.stride(2),
         dummy if tables else positions, 0 if tables else positions.stride(0),
         dummy if tables else inv,
-        dummy if tables else scratch("rope-trig", x4.device, grid * 4 * block_p * block_d),
+        dummy if tables else scratch("rope-trig", x4.device, grid * 4 * block_d),
         cos if tables else dummy, sin if tables else dummy,
         cos.stride(0) if tables else 0, cos.stride(1) if tables else 0,
         buf if sketch else dummy, f, i,
         batch * seq, seq, heads, n_hb, d // 2, base_bits,
-        BLOCK_P=block_p, BLOCK_H=block_h, BLOCK_D=block_d, FROM_TABLES=tables, SKETCH=sketch, STAGES=st, VEC=vec,
-        LANES=lanes, KEEP=kp,
+        BLOCK_H=block_h, BLOCK_D=block_d, FROM_TABLES=tables, SKETCH=sketch, STAGES=st, VEC=vec, LANES=lanes, KEEP=kp,
         LANE_ACC=lacc, FLUSH=FLUSH, num_warps=warps, **extra,
     )
     note_occupancy(key, k, warps)
