@@ -25,8 +25,11 @@ element elsewhere, and reduces them once at its end; only a program whose sum ca
 (NaN/±inf in x, or overflow) re-reads its positions for exact finite-only partials (float64 squares).
 Angle mode computes a tile's cos/sin once (BLOCK_D values, not each thread its own columns') into a
 per-program slot (sketch_buffer.scratch) and reads them back after a barrier: the same tl.cos/tl.sin
-of the same angles, so the same bits. H200, 4096x128x128 bf16, µs without / with the sketch, L2 flushed
-75.8 / 80.9 -> 74.8 / 80.1, CUDA graphs 73.6 / 73.0 -> 71.2 / 71.6 (bench/results/rope_trig*_h200_s31.md).
+of the same angles, so the same bits. H200 bf16, µs without / with the sketch, L2 flushed: 16384 x 32 x 128
+108.7 / 113.5 -> 75.3 / 77.2, 65536 x 8 x 128 124.0 / 132.1 -> 81.5 / 95.6 (fewer heads, more tiles: the
+trig was most of their loop), 4096 x 128 x 128 75.8 / 80.9 -> 74.8 / 80.1 (CUDA graphs 73.6 / 73.0 -> 71.2 /
+71.6; bench/results/rope_trig*_h200_s31.md). Tiles of several positions for few heads ran slower
+(16384 x 32 x 128: 78.4 / 96.0, rope_block_p_*_h200_s31.md).
 Memory: read seq*heads*d (x) + seq positions, write seq*heads*d (+ 2*BLOCK_D floats a tile, L2); with the
 sketch a few scalar atomics per program and the feature vector.
 """
