@@ -44,7 +44,7 @@ def test_prefetch_is_only_for_measured_launches():
     # float32 layernorm lost with it at every width, and float32 rows of 32768 with every op
     assert not any(esize == 4 and (op == "layernorm" or b > 16384) for op, b, esize, _ in PREFETCH)
     assert ("softmax", 4096, 2, True) not in PREFETCH  # 16384x4096 lost with it on the H200
-    assert ("layernorm", 16384, 2, True) not in PREFETCH  # float16 4096x16384: 73.7 -> 84.7 µs with it (H200)
+    assert PREFETCH[("layernorm", 16384, 2, True)] < 1  # float16 4096x16384: 73.7 -> 84.7 µs a wave ahead (H200)
     # 16-bit rows: layernorm lost without the sketch at every width; rmsnorm but at rows of 4096
     assert not any(not sketch for op, b, esize, sketch in PREFETCH
                    if esize == 2 and (op == "layernorm" or (op, b) == ("rmsnorm", 16384)))

@@ -215,13 +215,16 @@ ROW_PER_PROGRAM = 1 << 20  # per_sm that makes persistent_grid give one program 
 # the L2. A fraction of a wave (bench/results/prefetch_fraction_h200_s22d_*.md): rmsnorm at 16384x4096
 # 73.1 -> 69.5 at half a wave (4096x16384: 70.1 -> 70.0, not taken); layernorm lost at 1/4 and 1/2 (69.3
 # -> 71.3, 75.9 at 16384x4096); with the sketch a wave stayed best or equal.
-# Not layernorm at 16384 (stop 30, 4096x16384, µs with the sketch, prefetch -> none; the plain launch
-# 70.3-71.5): float16 84.7 -> 73.7, bfloat16 76.5 -> 76.5 (bench/results/ln_dtype2_*_h200_s30.md). Where
-# it stays it still pays in float16: 16384x4096 81.3 -> 75.4, 8192x8192 76.0 -> 74.6 (ln_pf_*_h200_s30.md).
+# Layernorm at 16384 half a wave ahead, not a wave (stop 30, 4096x16384, µs with the sketch, a wave -> none;
+# the plain launch 70.3-71.5): float16 84.7 -> 73.7, bfloat16 76.5 -> 76.5 (bench/results/ln_dtype2_*_h200_s30.md).
+# Stop 31, none -> half a wave: bfloat16 76.8 -> 75.9 and 76.5 -> 75.3, float16 73.9 -> 73.2 (a quarter 72.9;
+# ln_bf16_h200_s31.md, ln_pf_*_h200_s31.md). Where a wave stays it still pays in float16: 16384x4096 81.3 ->
+# 75.4, 8192x8192 76.0 -> 74.6 (ln_pf_*_h200_s30.md).
 PREFETCH: dict[tuple[str, int, int, bool], float] = {
     **{("softmax", b, 2, sk): 1 for b in (8192, 16384, 32768) for sk in (False, True)},
     **{(op, b, 2, True): 1 for op, b in (("rmsnorm", 4096), ("rmsnorm", 8192), ("rmsnorm", 16384),
                                           ("layernorm", 4096), ("layernorm", 8192))},
+    ("layernorm", 16384, 2, True): 0.5,
     ("rmsnorm", 4096, 2, False): 0.5,
     # float32 rows, one step ahead, µs without / with the sketch, none -> prefetch: 4096x16384 at
     # TUNED_BY_ELEMENT's launches (above; bench/results/fp32_defaults_h200_s23.md), 8192x8192 softmax
