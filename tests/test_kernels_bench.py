@@ -139,3 +139,30 @@ def test_gpu_attention_times_extra_launches_in_the_same_rounds():
     assert sum(ln.startswith("  stride2: ") for ln in lines) == 2 and sum(ln.startswith("  plain s2: ") for ln in lines) == 2
     assert all("against our launch without the sketch" in ln for ln in lines if ln.startswith("  stride2: "))
     assert not any(ln.startswith("| 0 | 128 |") for ln in lines)  # no sweep table after the rounds
+
+def test_rope_check_passes_the_kernel_and_catches_a_wrong_rotation():
+    """bench/rope_check.py's checks on the CPU (interpreter, small shapes, a NaN): the kernel passes; a
+    kernel whose y is off by two output ulps fails."""
+    import torch
+
+    rc = bench_script("rope_check")
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.bfloat16, torch.float32):
+        ok, line = rc.check((9, 3, 16), dtype, g, device="cpu", nan_at=(4, 1, 2))
+        assert ok, line
+    real = rc.rope
+
+    def off(x, pos, base, sketch=True):  # two ulps of the largest |y| too much everywhere
+        y, buf = real(x, pos, base, sketch)
+        return y + 2 * torch.finfo(x.dtype).eps * y.abs().max(), buf
+
+    rc.rope = off
+    ok, line = rc.check((9, 3, 16), torch.bfloat16, g, device="cpu")
+    assert not ok and line.endswith("FAIL |"), line
+
+
+def test_rope_check_without_gpu_says_so():
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    out = subprocess.run([sys.executable, str(BENCH / "rope_check.py")], capture_output=True, text=True,
+                         env=env, check=True)
+    assert "needs a CUDA GPU" in out.stdout
