@@ -22,6 +22,9 @@ from torch._inductor.utils import run_and_get_code
 
 
 def main() -> None:
+    if not torch.cuda.is_available():
+        print("bench/inductor_code.py needs a CUDA GPU (what Inductor generates depends on it)")
+        return
     op, shape, dtype = sys.argv[1], tuple(int(v) for v in sys.argv[2].split("x")), getattr(torch, sys.argv[3])
     bench = OPS[op]
     inp, params = bench.make(shape, dtype, "cuda", torch.Generator().manual_seed(0))
