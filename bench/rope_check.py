@@ -21,7 +21,7 @@ import torch
 
 from optwin.ingest.sketch import sketch as ingest_sketch
 from optwin.kernels.production import rope_inv_freq
-from optwin.kernels.rope import rope
+from optwin.kernels.rope import _inv_freq, _rope_launch, rope
 from optwin.kernels.sketch_buffer import read_sketch
 
 # (seq, heads, d): Llama-8B q and k at 16k tokens, 128 heads, a ragged count of positions, a NaN row
@@ -53,7 +53,6 @@ def check(shape: tuple[int, int, int], dtype: torch.dtype, g: torch.Generator, d
     y, buf = rope(x, pos, BASE)
     y0, _ = rope(x, pos, BASE, sketch=False)
     poisoned = torch.full_like(x, float("nan"))
-    from optwin.kernels.rope import _inv_freq, _rope_launch
     _rope_launch(x.unsqueeze(0), poisoned.unsqueeze(0), None, positions=pos.unsqueeze(0),
                  inv=_inv_freq(d, BASE, x.device), base=BASE)
     ref, scale = reference(x, pos)

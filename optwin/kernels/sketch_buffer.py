@@ -127,6 +127,12 @@ def workspace(op: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor
     return _WS[key]
 
 
+def _capacity(n: int) -> int:
+    """The next power of two >= n, at least 1: what the grown buffers hold (_common.next_pow2 gives 0 for 0,
+    and _common imports this module)."""
+    return max(1, 1 << max(n - 1, 0).bit_length())
+
+
 def row_records(op: str, device: torch.device, n_rows: int, words: int = 1,
                 extra: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
     """(int64 (>= n_rows * words,) record words, all SENTINEL, a row's `words` side by side; int64
@@ -136,7 +142,7 @@ def row_records(op: str, device: torch.device, n_rows: int, words: int = 1,
     key = _stream_key(op, device)
     rec = _RECORDS.get(key)
     if rec is None or rec[1].shape[0] < n_rows:
-        cap = max(1, 1 << max(n_rows - 1, 0).bit_length())
+        cap = _capacity(n_rows)
         rec = (torch.full((cap * words,), SENTINEL, dtype=torch.int64, device=device),
                torch.zeros((cap, extra), dtype=torch.int64, device=device))
         _RECORDS[key] = rec
@@ -153,7 +159,7 @@ def scratch(name: str, device: torch.device, numel: int) -> torch.Tensor:
     if buf is None or buf.numel() < numel:
         if buf is not None:
             _OUTGROWN.append(buf)
-        buf = torch.empty(max(1, 1 << max(numel - 1, 0).bit_length()), dtype=torch.float32, device=device)
+        buf = torch.empty(_capacity(numel), dtype=torch.float32, device=device)
         _SCRATCH[key] = buf
     return buf
 
