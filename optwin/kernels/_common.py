@@ -142,7 +142,21 @@ TUNED: dict[tuple[str, int], tuple[int, int]] = {
     # the sketch fits 64 registers (2 programs per SM), 121.7 µs vs 144.2 at 32 warps; no sketch 82.1 vs 81.1.
     # Layout 4 (lane accumulators, capped at 64 registers: softmax.MAXNREG) 82.2/115.8 (8 warps at 128
     # registers 89.2/135.8; bench/results/softmax_sketch_h200_s11*.md)
-    ("softmax", 16384): (16, 1),
+    # Stop 32: 64 elements a thread (BLOCK // 2048 warps, at least 2) for 16-bit rows. Fewer warps a row
+    # mean fewer warps in each tree's cross-warp exchange; the sketched launch (layout 10) gained most.
+    # H200 bf16, µs without / with the sketch, L2 flushed, 5 interleaved rounds, old -> new warps
+    # (bench/results/softmax_w*_h200_s32.md): 4096x16384 16 -> 8 (capped at 128 registers: MAXNREG)
+    # 70.2 / 80.7 -> 70.1 / 77.4, HF-masked 71.0 / 89.2 -> 69.5 / 83.3, float16 70.0 / 82.6 -> 69.8 / 78.0,
+    # CUDA graphs 66.8 / 77.4 -> 66.9 / 74.0; 8192x8192 16 -> 4: 76.5 / 91.9 -> 73.0 / 76.2 (HF-masked
+    # 76.3 / 103.9 -> 72.7 / 77.8); 16384x4096 8 -> 2: 77.7 / 92.9 -> 76.4 / 81.2; 32768x2048 8 -> 2:
+    # 77.7 / 132.9 -> 77.5 / 82.6 (4 warps 73.0 / 87.9, 1 warp 79.7 / 79.2); 2048x32768 32 -> 16:
+    # 82.4 / 92.9 -> 80.8 / 90.2. Before stop 21's word layout, 8 warps had lost at 16384 (layout 4,
+    # 89.2 / 135.8 against 82.2 / 115.8). float32 rows keep their launches (TUNED_BY_ELEMENT).
+    ("softmax", 2048): (2, 1),
+    ("softmax", 4096): (2, 1),
+    ("softmax", 8192): (4, 1),
+    ("softmax", 16384): (8, 1),
+    ("softmax", 32768): (16, 1),
     # rows past MAX_BLOCK, read in TRITON_CHUNK pieces (4096): the best chunked launches of the H200
     # sweep at 4096x16384 bf16 (bench/results/norm_chunks_h200_s12.md), still slower than a row held
     # in registers where one fits: rmsnorm 16 warps 77.5/96.8 µs, layernorm 8 warps 95.2/102.9
@@ -165,6 +179,8 @@ TUNED: dict[tuple[str, int], tuple[int, int]] = {
 # with and without the sketch.
 TUNED_BY_ELEMENT: dict[tuple[str, int, int], tuple[int, int]] = {
     ("softmax", 16384, 4): (32, 1),
+    # launch_settings' warps, which float32 rows were last timed with (TUNED's softmax entries are 16-bit's)
+    **{("softmax", b, 4): (w, 1) for b, w in ((2048, 8), (4096, 8), (8192, 16), (32768, 32))},
     ("rmsnorm", 16384, 4): (8, 1),
 }
 

@@ -48,8 +48,9 @@ overflows fp32) stays in the loop: one scalar test after the max tree takes back
 and adds them scaled by 2^-72 to a second lane accumulator; the widest range is kept halved, so 3e38 -
 (-3e38) fits float32. H200, 4096x16384 bf16 HF-masked scores with the sketch: 1527 -> 124 µs (the
 exact pass before); other inputs +1.5 µs (bench/results/norm_chunks_h200_s16d.md).
-Launch: BLOCK = next_pow2(n); warps and stages from _common.TUNED (16 warps at BLOCK 16384, measured);
-the layout-4 sketch kernel is capped at MAXNREG registers where listed (2 programs per SM). Where
+Launch: BLOCK = next_pow2(n); warps and stages from _common.TUNED (16-bit rows of 2048..32768: 64
+elements a thread, at least 2 warps; stop 32, measured: 8 warps at BLOCK 16384, 16 before); the sketch
+kernel is capped at MAXNREG registers where listed (2 programs per SM). Where
 _common.PREFETCH lists the launch (16-bit rows, sm_90+, 16-byte aligned rows), each program first asks the L2
 for the row it reads one step later (one cp.async.bulk.prefetch.L2 per row: _common.prefetch_l2), so
 DRAM keeps streaming while the warps are in the row's trees: H200 4096x16384 bf16 73.1 / 86.9 ->
@@ -208,7 +209,7 @@ FLUSH = 16  # rows between float64 flushes of the lane sums of squares (VARIANT 
 # At BLOCK 8192 (16 warps) the cap is stop 21's: layout 4's kernel with the 8-neighbour folds took more
 # than 64 uncapped on the H200's compiler (1 program per SM: 157.8 µs at 8192x8192 bf16 against 112.2
 # capped, stop 20's 109.9; layout 10 108.2 capped, 109.3 not; bench/results/norm_chunks_h200_s21f_8192x8192.md).
-MAXNREG: dict[tuple[int, int], int] = {(16384, 16): 64, (8192, 16): 64}
+MAXNREG: dict[tuple[int, int], int] = {(16384, 16): 64, (8192, 16): 64, (16384, 8): 128}
 FUSION = False  # enable_fp_fusion of the VARIANT 3-8 sketch kernels (the sweep's option; layout 10 fuses)
 # VARIANT 10: a row whose max exceeds the format's lowest finite value by more than 128 (exp of the
 # difference is 0: ex2.approx.ftz underflows below -126 * ln 2) can read its -inf halves as that value.
