@@ -24,7 +24,7 @@ from optwin.kernels._common import (
     prefetch_bytes,
 )
 from optwin.kernels.sketch_buffer import new_buffer, read_sketch
-from optwin.kernels.softmax import _softmax_launch
+from optwin.kernels.softmax import _softmax_launch, unaligned_warps
 
 
 def test_bulk_rule_needs_aligned_row_starts_and_rounds_the_size_down():
@@ -58,6 +58,10 @@ def test_float32_rows_take_their_own_measured_launch():
     assert [launch_config("softmax", b, esize=2).warps for b in (2048, 4096, 8192, 16384, 32768, 65536)] == [
         2, 2, 4, 8, 16, 32]
     assert [launch_config("softmax", b, esize=4).warps for b in (2048, 4096, 8192, 32768)] == [8, 8, 16, 32]
+    # rows of 1025..2048 that no power of two divides (element loads) keep 8 warps; aligned ones take TUNED's
+    assert unaligned_warps(2047, 2, 1) == 8 and unaligned_warps(1025, 2, 1) == 8
+    assert unaligned_warps(2048, 2, 16) is None and unaligned_warps(4095, 2, 1) is None
+    assert unaligned_warps(2047, 4, 1) is None
     assert launch_config("rmsnorm", 16384, esize=4)[1:3] == (8, 1)
     assert launch_config("rmsnorm", 16384, esize=2)[1:3] == (8, 2)
     # one warp count with and without the sketch (the tl.sum trees, so y, stay the same)

@@ -85,6 +85,7 @@ from optwin.kernels._common import (
     lane_sum,
     lane_sum_squares,
     launch_config,
+    next_pow2,
     note_occupancy,
     persistent_grid,
     prefetch_args,
@@ -673,6 +674,21 @@ def _softmax_kernel(
                        PROBE // 128 % 2 + PROBE // 1024 % 2 * 2 + PROBE // 2048 % 2 * 4 + PROBE // 512 % 2 * 8)
 
 
+# Warps for rows no power of two divides (ALIGN 1: element loads, an address register per element), per
+# (BLOCK, element bytes), where TUNED's 64 elements a thread lost. H200 bf16, µs without / with the sketch
+# (bench/results/softmax_odd_*_h200_s32.md): 16384x2047 2 warps 62.3 / 193.5, 8 warps 54.7 / 138.0. Kept
+# at TUNED's where they won or tied: 4096x4095 41.9 / 63.6 (8 warps 41.8 / 85.4), 4096x8191 56.1 / 131.0 (16
+# warps 58.4 / 134.7), 4096x16383 163.3 / 448.3 (16 warps 177.9 / 650.3).
+UNALIGNED_WARPS: dict[tuple[int, int], int] = {(2048, 2): 8}
+
+
+def unaligned_warps(n: int, esize: int, align: int) -> int | None:
+    """UNALIGNED_WARPS' warps for rows of n elements of esize bytes at the launch's ALIGN, else None
+    (launch_config's). The launches with and without the sketch see the same ALIGN, so the same warps
+    (tl.sum's tree, so y, stays the same)."""
+    return UNALIGNED_WARPS.get((next_pow2(n), esize)) if align == 1 else None
+
+
 def _softmax_launch(
     x2: torch.Tensor, y2: torch.Tensor, buf: torch.Tensor | None, num_warps: int | None = None,
     stages: int | None = None, per_sm: int | None = None,
@@ -692,7 +708,9 @@ def _softmax_launch(
     sketch = buf is not None
     if n_rows == 0 and not sketch:
         return
-    block, warps, st, _ = launch_config("softmax", n, num_warps, stages, esize=x2.element_size())
+    align = column_multiple(n, x2.stride(0), y2.stride(0))
+    block, warps, st, _ = launch_config("softmax", n, num_warps or unaligned_warps(n, x2.element_size(), align), stages,
+                                        esize=x2.element_size())
     f, i = workspace("softmax", x2.device) if sketch else (y2, y2)
     # words only for layout 10: the kernel without the sketch read them 1-3 µs slower at 4096x16384 bf16
     # (H200: 75.1 against stop 20's 73.9 µs, norm_chunks_h200_s21a.md; 77.9 against 74.5, _s21b.md)
@@ -708,7 +726,6 @@ def _softmax_launch(
     kp = min(KEEP if keep is None else keep, vec) if sketch and var >= 4 else 1
     cap = maxnreg if maxnreg is not None else MAXNREG.get((block, warps)) if sketch and var >= 4 else None
     even = var == 8 and block == n  # VARIANT 8's select-free branch needs no column mask
-    align = column_multiple(n, x2.stride(0), y2.stride(0))
     key = ("softmax", x2.dtype, y2.dtype, block, warps, st, sketch, var, fuse, cap, kp, even, packed, probe, align)
     extra = register_cap(cap)
     grid = persistent_grid(key, n_rows, x2.device, grid_per_sm("softmax", block, sketch, per_sm))
