@@ -210,9 +210,9 @@ FLUSH = 16  # rows between float64 flushes of the lane sums of squares (VARIANT 
 # At BLOCK 8192 (16 warps) the cap is stop 21's: layout 4's kernel with the 8-neighbour folds took more
 # than 64 uncapped on the H200's compiler (1 program per SM: 157.8 µs at 8192x8192 bf16 against 112.2
 # capped, stop 20's 109.9; layout 10 108.2 capped, 109.3 not; bench/results/norm_chunks_h200_s21f_8192x8192.md).
-# Stop 32's 8 warps at BLOCK 16384 are capped at 128 (2 programs per SM; uncapped 78.7 against 77.4-78.2 µs, at
-# 112 77.3-77.4, at 96 79.1-79.2, at 80 84.8: bench/results/softmax_w8_caps_h200_s32.md); the 16-warp caps stay for
-# the bench's overrides.
+# Stop 32's 8 warps at BLOCK 16384 are capped at 128 (2 programs per SM). µs with the sketch, same rounds: uncapped
+# 78.7, capped at 128 78.0, at 112 77.8 (bench/results/softmax_w8_bf16_h200_s32.md); another run: 128 78.2, 112 77.4,
+# 96 79.2, 80 84.8, 168 92.4 (softmax_w8_caps_h200_s32.md). The 16-warp caps stay for the bench's overrides.
 MAXNREG: dict[tuple[int, int], int] = {(16384, 16): 64, (8192, 16): 64, (16384, 8): 128}
 FUSION = False  # enable_fp_fusion of the VARIANT 3-8 sketch kernels (the sweep's option; layout 10 fuses)
 # VARIANT 10: a row whose max exceeds the format's lowest finite value by more than 128 (exp of the
