@@ -140,6 +140,7 @@ def test_gpu_attention_times_extra_launches_in_the_same_rounds():
     assert all("against our launch without the sketch" in ln for ln in lines if ln.startswith("  stride2: "))
     assert not any(ln.startswith("| 0 | 128 |") for ln in lines)  # no sweep table after the rounds
 
+
 def test_rope_check_passes_the_kernel_and_catches_a_wrong_rotation():
     """bench/rope_check.py's checks on the CPU (interpreter, small shapes, a NaN): the kernel passes; a
     kernel whose y is off by two output ulps fails."""

@@ -138,6 +138,27 @@ TUNED: dict[tuple[str, int], tuple[int, int]] = {
     # layernorm 4 warps, 2 stages, exact pass after the loop 80.6/90.2 (8 warps 80.0/123.8)
     ("rmsnorm", 16384): (8, 2),
     ("layernorm", 16384): (8, 1),  # with REG_CAP below; the sketched launch: SKETCH_STAGES
+    # rows past MAX_BLOCK, read in TRITON_CHUNK pieces (4096): the best chunked launches of the H200
+    # sweep at 4096x16384 bf16 (bench/results/norm_chunks_h200_s12.md), still slower than a row held
+    # in registers where one fits: rmsnorm 16 warps 77.5/96.8 µs, layernorm 8 warps 95.2/102.9
+    ("rmsnorm-chunked", 4096): (16, 1),
+    ("layernorm-chunked", 4096): (8, 1),
+    # softmax rows past MAX_BLOCK, a program per (row, 4096-wide piece) (softmax_long), H200, µs without /
+    # with the sketch at 8 -> 4 warps: bf16 256x128256 60.1 / 92.4 -> 58.3 / 80.8 (CUDA graphs 55.4 / 87.4 ->
+    # 54.1 / 77.1), float32 105.6 / 122.4 -> 106.8 / 115.1, bf16 8x128256 (graphs) 4.5 / 7.9 -> 4.6 / 7.5
+    # (bench/results/long_*_h200_s24c.md; 8192-wide pieces no better)
+    ("softmax-pieces", 4096): (4, 1),
+}
+
+# TUNED per (op, BLOCK, element bytes) where an element size was measured apart (float32 against the 16-bit
+# rows TUNED was swept with; softmax's 16-bit rows against float32's); these win over TUNED. float32 rows hold twice the registers: H200, 4096x16384 float32,
+# 3 interleaved rounds, µs without / with the sketch (bench/results/fp32_sweep_h200_s23.md):
+# softmax 16 warps 172.2 / 495.0 (the sketch capped at 64 registers spills 736 bytes) -> 32 warps one
+# row ahead 146.8 / 183.2 (torch.compile 155.7); rmsnorm 8 warps 2 stages 153.2 / 147.5 (1 program
+# per SM) -> 1 stage one wave ahead 137.6 / 139.7 (torch.compile 131.4; 16 warps half a wave ahead
+# 132.4 / 148.6). Both launches keep the same warps: they set the tl.sum trees, so y is the same
+# with and without the sketch.
+TUNED_BY_ELEMENT: dict[tuple[str, int, int], tuple[int, int]] = {
     # softmax: 16 warps once the NaN/inf recompute went to 256-column pieces (bench/softmax_sketch.py):
     # the sketch fits 64 registers (2 programs per SM), 121.7 µs vs 144.2 at 32 warps; no sketch 82.1 vs 81.1.
     # Layout 4 (lane accumulators, capped at 64 registers: softmax.MAXNREG) 82.2/115.8 (8 warps at 128
@@ -151,36 +172,9 @@ TUNED: dict[tuple[str, int], tuple[int, int]] = {
     # 76.3 / 103.9 -> 72.7 / 77.8); 16384x4096 8 -> 2: 77.7 / 92.9 -> 76.4 / 81.2; 32768x2048 8 -> 2:
     # 77.7 / 132.9 -> 77.5 / 82.6 (4 warps 73.0 / 87.9, 1 warp 79.7 / 79.2); 2048x32768 32 -> 16:
     # 82.4 / 92.9 -> 80.8 / 90.2. Before stop 21's word layout, 8 warps had lost at 16384 (layout 4,
-    # 89.2 / 135.8 against 82.2 / 115.8). float32 rows keep their launches (TUNED_BY_ELEMENT).
-    ("softmax", 2048): (2, 1),
-    ("softmax", 4096): (2, 1),
-    ("softmax", 8192): (4, 1),
-    ("softmax", 16384): (8, 1),
-    ("softmax", 32768): (16, 1),
-    # rows past MAX_BLOCK, read in TRITON_CHUNK pieces (4096): the best chunked launches of the H200
-    # sweep at 4096x16384 bf16 (bench/results/norm_chunks_h200_s12.md), still slower than a row held
-    # in registers where one fits: rmsnorm 16 warps 77.5/96.8 µs, layernorm 8 warps 95.2/102.9
-    ("rmsnorm-chunked", 4096): (16, 1),
-    ("layernorm-chunked", 4096): (8, 1),
-    # softmax rows past MAX_BLOCK, a program per (row, 4096-wide piece) (softmax_long), H200, µs without /
-    # with the sketch at 8 -> 4 warps: bf16 256x128256 60.1 / 92.4 -> 58.3 / 80.8 (CUDA graphs 55.4 / 87.4 ->
-    # 54.1 / 77.1), float32 105.6 / 122.4 -> 106.8 / 115.1, bf16 8x128256 (graphs) 4.5 / 7.9 -> 4.6 / 7.5
-    # (bench/results/long_*_h200_s24c.md; 8192-wide pieces no better)
-    ("softmax-pieces", 4096): (4, 1),
-}
-
-# TUNED per (op, BLOCK, element bytes) where a dtype measured apart from the 16-bit rows TUNED was
-# swept with; these win over TUNED. float32 rows hold twice the registers: H200, 4096x16384 float32,
-# 3 interleaved rounds, µs without / with the sketch (bench/results/fp32_sweep_h200_s23.md):
-# softmax 16 warps 172.2 / 495.0 (the sketch capped at 64 registers spills 736 bytes) -> 32 warps one
-# row ahead 146.8 / 183.2 (torch.compile 155.7); rmsnorm 8 warps 2 stages 153.2 / 147.5 (1 program
-# per SM) -> 1 stage one wave ahead 137.6 / 139.7 (torch.compile 131.4; 16 warps half a wave ahead
-# 132.4 / 148.6). Both launches keep the same warps: they set the tl.sum trees, so y is the same
-# with and without the sketch.
-TUNED_BY_ELEMENT: dict[tuple[str, int, int], tuple[int, int]] = {
+    # 89.2 / 135.8 against 82.2 / 115.8). float32 rows keep launch_settings' warps but at 16384.
+    **{("softmax", b, 2): (w, 1) for b, w in ((2048, 2), (4096, 2), (8192, 4), (16384, 8), (32768, 16))},
     ("softmax", 16384, 4): (32, 1),
-    # launch_settings' warps, which float32 rows were last timed with (TUNED's softmax entries are 16-bit's)
-    **{("softmax", b, 4): (w, 1) for b, w in ((2048, 8), (4096, 8), (8192, 16), (32768, 32))},
     ("rmsnorm", 16384, 4): (8, 1),
 }
 

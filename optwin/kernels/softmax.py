@@ -48,7 +48,7 @@ overflows fp32) stays in the loop: one scalar test after the max tree takes back
 and adds them scaled by 2^-72 to a second lane accumulator; the widest range is kept halved, so 3e38 -
 (-3e38) fits float32. H200, 4096x16384 bf16 HF-masked scores with the sketch: 1527 -> 124 µs (the
 exact pass before); other inputs +1.5 µs (bench/results/norm_chunks_h200_s16d.md).
-Launch: BLOCK = next_pow2(n); warps and stages from _common.TUNED (16-bit rows of 2048..32768: 64
+Launch: BLOCK = next_pow2(n); warps and stages from _common.TUNED_BY_ELEMENT (16-bit rows of 2048..32768: 64
 elements a thread, at least 2 warps; stop 32, measured: 8 warps at BLOCK 16384, 16 before); the sketch
 kernel is capped at MAXNREG registers where listed (2 programs per SM). Where
 _common.PREFETCH lists the launch (16-bit rows, sm_90+, 16-byte aligned rows), each program first asks the L2
@@ -678,10 +678,10 @@ def _softmax_kernel(
 
 
 # Warps for rows no power of two divides (ALIGN 1: element loads, an address register per element), per
-# (BLOCK, element bytes), where TUNED's 64 elements a thread lost. H200 bf16, µs without / with the sketch
-# (bench/results/softmax_odd_*_h200_s32.md): 16384x2047 2 warps 62.3 / 193.5, 8 warps 54.7 / 138.0. Kept
-# at TUNED's where they won or tied: 4096x4095 41.9 / 63.6 (8 warps 41.8 / 85.4), 4096x8191 56.1 / 131.0 (16
-# warps 58.4 / 134.7), 4096x16383 163.3 / 448.3 (16 warps 177.9 / 650.3).
+# (BLOCK, element bytes), where TUNED_BY_ELEMENT's 64 elements a thread lost. H200 bf16, µs without / with
+# the sketch (bench/results/softmax_odd_*_h200_s32.md): 16384x2047 2 warps 62.3 / 193.5, 8 warps 54.7 /
+# 138.0. Kept at TUNED_BY_ELEMENT's where they won or tied: 4096x4095 41.9 / 63.6 (8 warps 41.8 / 85.4),
+# 4096x8191 56.1 / 131.0 (16 warps 58.4 / 134.7), 4096x16383 163.3 / 448.3 (16 warps 177.9 / 650.3).
 UNALIGNED_WARPS: dict[tuple[int, int], int] = {(2048, 2): 8}
 
 
