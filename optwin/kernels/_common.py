@@ -150,14 +150,14 @@ TUNED: dict[tuple[str, int], tuple[int, int]] = {
     ("softmax-pieces", 4096): (4, 1),
 }
 
-# TUNED per (op, BLOCK, element bytes) where an element size was measured apart (float32 against the 16-bit
-# rows TUNED was swept with; softmax's 16-bit rows against float32's); these win over TUNED. float32 rows hold twice the registers: H200, 4096x16384 float32,
-# 3 interleaved rounds, µs without / with the sketch (bench/results/fp32_sweep_h200_s23.md):
-# softmax 16 warps 172.2 / 495.0 (the sketch capped at 64 registers spills 736 bytes) -> 32 warps one
-# row ahead 146.8 / 183.2 (torch.compile 155.7); rmsnorm 8 warps 2 stages 153.2 / 147.5 (1 program
-# per SM) -> 1 stage one wave ahead 137.6 / 139.7 (torch.compile 131.4; 16 warps half a wave ahead
-# 132.4 / 148.6). Both launches keep the same warps: they set the tl.sum trees, so y is the same
-# with and without the sketch.
+# TUNED per (op, BLOCK, element bytes) where an element size was measured apart (float32 against the
+# 16-bit rows TUNED was swept with; softmax's 16-bit rows against float32's); these win over TUNED.
+# float32 rows hold twice the registers: H200, 4096x16384 float32, 3 interleaved rounds, µs without /
+# with the sketch (bench/results/fp32_sweep_h200_s23.md): softmax 16 warps 172.2 / 495.0 (the sketch
+# capped at 64 registers spills 736 bytes) -> 32 warps one row ahead 146.8 / 183.2 (torch.compile
+# 155.7); rmsnorm 8 warps 2 stages 153.2 / 147.5 (1 program per SM) -> 1 stage one wave ahead 137.6 /
+# 139.7 (torch.compile 131.4; 16 warps half a wave ahead 132.4 / 148.6). Both launches keep the same
+# warps: they set the tl.sum trees, so y is the same with and without the sketch.
 TUNED_BY_ELEMENT: dict[tuple[str, int, int], tuple[int, int]] = {
     # softmax: 16 warps once the NaN/inf recompute went to 256-column pieces (bench/softmax_sketch.py):
     # the sketch fits 64 registers (2 programs per SM), 121.7 µs vs 144.2 at 32 warps; no sketch 82.1 vs 81.1.

@@ -712,8 +712,8 @@ def _softmax_launch(
     if n_rows == 0 and not sketch:
         return
     align = column_multiple(n, x2.stride(0), y2.stride(0))
-    block, warps, st, _ = launch_config("softmax", n, num_warps or unaligned_warps(n, x2.element_size(), align), stages,
-                                        esize=x2.element_size())
+    esize = x2.element_size()
+    block, warps, st, _ = launch_config("softmax", n, num_warps or unaligned_warps(n, esize, align), stages, esize=esize)
     f, i = workspace("softmax", x2.device) if sketch else (y2, y2)
     # words only for layout 10: the kernel without the sketch read them 1-3 µs slower at 4096x16384 bf16
     # (H200: 75.1 against stop 20's 73.9 µs, norm_chunks_h200_s21a.md; 77.9 against 74.5, _s21b.md)
@@ -725,7 +725,7 @@ def _softmax_launch(
     if var == 10 and not packed:
         raise InputError(f"softmax: sketch layout 10 reads 16-bit pairs; not for {x2.dtype} rows of {n}")
     fuse = ((var == 10 or FUSION) if fusion is None else fusion) and sketch
-    vec, lanes = lane_shape(block, x2.element_size(), warps)
+    vec, lanes = lane_shape(block, esize, warps)
     kp = min(KEEP if keep is None else keep, vec) if sketch and var >= 4 else 1
     cap = maxnreg if maxnreg is not None else MAXNREG.get((block, warps)) if sketch and var >= 4 else None
     even = var == 8 and block == n  # VARIANT 8's select-free branch needs no column mask
