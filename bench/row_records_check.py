@@ -3,6 +3,7 @@ program, optwin.kernels._common.poll_records): what the interpreter cannot show,
 the programs run concurrently and the finisher spins while rows are still being written.
 
     python bench/row_records_check.py            # on a CUDA machine; writes $OUT/row_records_check.md
+    BENCH_OPS=softmax BENCH_SHAPES=4096x16383,1823x9001 BENCH_NF_WIDTH=16383 python bench/row_records_check.py
 
 Per shape and dtype (bench/gpu_kernels.check: NaN-poisoned outputs, float64 math, the production
 variant, y bit-identical without the sketch, the sketch against optwin.ingest, a second launch on the
@@ -44,6 +45,10 @@ from optwin.kernels.sketch_buffer import (
 )
 
 SHAPES = [(4096, 16384), (1823, 9000), (5, 16384), (70001, 12000), (16384, 4096), (777, 3000), (3001, 5000), (999, 6144)]
+# BENCH_SHAPES=4096x16383,1823x9001 checks other shapes (rows no power of two divides: softmax's WINDOW)
+if os.environ.get("BENCH_SHAPES"):
+    SHAPES = [tuple(int(v) for v in s.split("x")) for s in os.environ["BENCH_SHAPES"].split(",")]
+NF_WIDTH = int(os.environ.get("BENCH_NF_WIDTH", "16384"))  # the special rows' width (>= 9002)
 # layernorm: its Welford launch (a program per row where twin.numerics.welford_chunk says; stop 18's one-row
 # kernel, commit 014a61d, was reverted)
 OPS = tuple(os.environ.get("BENCH_OPS", "rmsnorm,layernorm").split(","))
@@ -79,9 +84,9 @@ def inputs(op: str, rows: int, n: int, dtype: torch.dtype, seed: int) -> dict[st
 def nonfinite_rows(op: str) -> list[str]:
     out = []
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
-        inp = inputs(op, 3000, 16384, dtype, 11)
+        inp = inputs(op, 3000, NF_WIDTH, dtype, 11)
         x = inp["x"]
-        x[7, 3], x[900, 0], x[900, 9], x[2999, 16383] = float("nan"), float("inf"), -float("inf"), float("nan")
+        x[7, 3], x[900, 0], x[900, 9], x[2999, NF_WIDTH - 1] = float("nan"), float("inf"), -float("inf"), float("nan")
         if dtype != torch.float16:
             x[1500, 5], x[1501, 0] = 3e20, -2e19  # finite, their fp32 squares overflow
         x[100], x[2000], x[511] = 2.5, -96.0, 7.0  # constant rows (layernorm's const_absmax)
@@ -167,7 +172,7 @@ def main() -> str:
     cols = ["op", "shape", "dtype", "unwritten", "vs_float64", "same_y", "sketch_unwritten", "sketch_vs_ingest", "rerun"]
     lines += ["## gpu_kernels.check", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
-    lines += ["", "## Rows with NaN / inf / fp32-square overflow, constant and near-constant rows (3000x16384)", "",
+    lines += ["", f"## Rows with NaN / inf / fp32-square overflow, constant and near-constant rows (3000x{NF_WIDTH})", "",
               "| op | dtype | nonfinite kernel / ingest | y = persistent launch (layernorm: = without the sketch) | sketch vs ingest | vs persistent sketch | |",
               "|---|---|---|---|---|---|---|", *(r for op in OPS for r in nonfinite_rows(op))]
     lines += ["", "## Back to back, changing inputs and row counts", "",

@@ -20,7 +20,7 @@ from optwin.errors import InputError
 from optwin.ingest import sketch as ingest_sketch
 from optwin.kernels.packed16 import packable
 from optwin.kernels.sketch_buffer import new_buffer
-from optwin.kernels.softmax import _softmax_launch
+from optwin.kernels.softmax import _softmax_launch, windowed
 
 DT = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -138,8 +138,9 @@ def test_packed_layout_slow_rows_redo_the_program():
 
 
 def test_which_inputs_take_the_packed_layout():
-    """16-bit rows of even length with an even row stride and 4-byte alignment read as words; the
-    rest keep layout 4 (asking for layout 10 there is a clear error)."""
+    """16-bit rows of even length with an even row stride and 4-byte alignment read as words, and so do
+    odd-length rows of 16 or more read through their aligned vectors (softmax.windowed); the rest keep
+    layout 4 (asking for layout 10 there is a clear error)."""
     x = torch.randn(6, 32).to(torch.bfloat16)
     assert packable(x) and packable(x.to(torch.float16))
     assert not packable(x.float())
@@ -147,9 +148,12 @@ def test_which_inputs_take_the_packed_layout():
     assert not packable(torch.randn(6, 33).to(torch.bfloat16)[:, 1:])  # odd stride
     assert not packable(x.reshape(-1)[1:97].reshape(3, 32))  # 2-byte offset
     odd = torch.randn(5, 31).to(torch.bfloat16)
-    with pytest.raises(InputError, match="layout 10"):
-        _softmax_launch(odd, torch.empty_like(odd), new_buffer("softmax", "cpu"), variant=10)
-    for t in (odd, x.float(), torch.randn(6, 33).to(torch.bfloat16)[:, 1:]):  # the default: layout 4
+    assert windowed(odd, torch.empty_like(odd), 1) and not windowed(x, x, 2)
+    _softmax_launch(odd, torch.empty_like(odd), new_buffer("softmax", "cpu"), variant=10)  # its whole vectors' words
+    for t, kw in ((odd, {"window": False}), (odd[:, :15].contiguous(), {})):  # element by element; too short
+        with pytest.raises(InputError, match="layout 10"):
+            _softmax_launch(t, torch.empty_like(t), new_buffer("softmax", "cpu"), variant=10, **kw)
+    for t in (odd[:, :15].contiguous(), x.float(), torch.randn(6, 33).to(torch.bfloat16)[:, 1:]):  # the default: layout 4
         got, same = softmax_layout(t, None)
         assert same
         close(got, ingest_sketch("softmax", {"x": t}))

@@ -395,6 +395,68 @@ def _lane_totals(a_sq, a_huge, a_neg, VARIANT: tl.constexpr):
 
 
 @triton.jit
+def _window(row, X_row_stride, n_cols, BLOCK: tl.constexpr, VEC: tl.constexpr, PER_VEC: tl.constexpr):
+    """A row that no power of two divides (WINDOW), as its interior and its edges. Before (ALIGN 1) such rows
+    were read and written element by element, an address register each: H200 bf16 42-66 % of copy, the
+    sketch +50 to +210 % (bench/results/softmax_odd_*_h200_s32.md). Its first element lies at start + off,
+    start a multiple of VEC (a 16-byte vector), 0 <= off < VEC. Returns (start, inner, pos, edge):
+    - inner [BLOCK]: the lanes of the vectors from start that lie wholly in the row (lane k is element
+      start + k; the row's lanes are off .. off + n - 1, which BLOCK = next_pow2(n) holds but for the last
+      partial vector): read and written whole, -inf elsewhere. PER_VEC lanes a vector: VEC elements, or
+      VEC // 2 words of two 16-bit elements (layout 10: every word of a whole vector is the row's);
+    - pos, edge [2 * VEC]: lanes of the row's first vector (where off > 0) and of its last partial vector, as
+      positions from start, and which of them are the row's: read and written element by element (their
+      other elements are the neighbour rows'), folded into the row's max, sums and sketch after the trees;
+    - and the number of the row's elements in its whole vectors.
+    The sums then add the edges' after the interior's tree, so y's last bits depend on where a row lies."""
+    at = row * X_row_stride
+    start = at // VEC * VEC  # the product shows the alignment analysis that VEC divides it
+    off = (at - start).to(tl.int32)
+    first = (off + VEC - 1) // VEC  # the first vector wholly in the row
+    end = (off + n_cols) // VEC  # past the last vector wholly in the row
+    vec = tl.arange(0, BLOCK) // PER_VEC  # constant over each vector's lanes: whole-vector loads and stores
+    inner = (vec >= first) & (vec < end)
+    k = tl.arange(0, 2 * VEC)
+    pos = tl.where(k < VEC, k, end * VEC + k - VEC)  # the first vector, then vector `end`
+    # the first vector only where off > 0 (else it is inner, or it is vector `end`); vector `end` only past
+    # the first one (n + off < VEC: one vector, the first)
+    edge = (pos >= off) & (pos < off + n_cols) & (tl.where(k < VEC, off, end - first + 1) > 0)  # tensor compares
+    return start, inner, pos, edge, tl.maximum(end - first, 0) * VEC
+
+
+@triton.jit
+def _merge_edges(m, rmin, he):
+    """A WINDOW row's (max, min over non-(-inf) entries) from its interior's and its edges he (-inf off
+    the row), the edges' two in one tree."""
+    lo = tl.where(he == -float("inf"), float("inf"), he)
+    if INTERPRET:
+        m_e, rmin_e = tl.max(he, 0), tl.min(lo, 0)
+    else:
+        m_e, rmin_e = tl.reduce((he, lo), 0, _max_min)
+    return tl.maximum(m, m_e), tl.minimum(rmin, rmin_e)
+
+
+@triton.jit
+def _add_edge_sums(s, t, he, m):
+    """A WINDOW row's (edge e, s, t): the interior's sums s and t plus its edges' (e = exp(h - m), the same e
+    with and without the sketch; t's lanes clamped as _exp_sums_clamped's: -inf lanes add 0 * -FMAX)."""
+    d = he - m
+    e = exp_ftz(d)
+    s_e, t_e = _sum_pair(e, e * tl.maximum(d, -FMAX))
+    return e, s + s_e, t + t_e
+
+
+@triton.jit
+def _count_edges(e_sq, e_num, he, edge):
+    """A program's edge-lane accumulators (reduced once, after its rows) with a WINDOW row's edges added:
+    squares over non-(-inf) lanes in float64 (an HF mask's 3.4e38 squares to 1.2e77; NaN or +inf stays
+    non-finite and sends the program to the exact pass), and the row's non-(-inf) edge lanes, which the
+    interior's -inf count took for padding."""
+    hz = tl.where(he == -float("inf"), 0.0, he).to(tl.float64)
+    return e_sq + hz * hz, e_num + (edge & (he != -float("inf"))).to(tl.int32)
+
+
+@triton.jit
 def _softmax_kernel(
     X_ptr,  # x as (n_rows, n_cols) in dtype, last dim contiguous
     X_row_stride,
@@ -423,6 +485,7 @@ def _softmax_kernel(
     PF_BYTES: tl.constexpr = 0,  # bytes of a row to prefetch into L2 (_common.prefetch_l2); 0: none
     pf_ahead=0,  # the row prefetched is pf_ahead rows past the one being read
     ALIGN: tl.constexpr = 1,  # n_cols and both row strides are multiples of it (_common.column_multiple)
+    WINDOW: tl.constexpr = False,  # rows read and written in aligned VEC-element vectors (_window; not PACKED)
     PROBE: tl.constexpr = 0,  # bench only, VARIANT 10 (y stays the same; the sketch is then wrong), bits: 1 no t
     # (s alone), 2 no min (a plain max tree), 4 no lane accumulators, 8 no per-row scalars, 16 no flushes (nor
     # the lane totals at the end: n_left stays FLUSH),
@@ -448,15 +511,34 @@ def _softmax_kernel(
             a_huge = tl.zeros([LANES, KEEP], dtype=tl.float32)  # VARIANT 4: sum of (h * 2^-72)^2 over rows with |h| >= HUGE
             n_left = tl.full((), FLUSH, tl.int32)  # rows until the next flush of a_sq
             n_fast = tl.zeros((), dtype=tl.int32)  # VARIANT 8: rows of the fast branch (their padding is not in a_neg)
+            if WINDOW:  # per edge lane (_count_edges): float64 squares, the row's non-(-inf) entries
+                e_sq = tl.zeros([2 * VEC], dtype=tl.float64)
+                e_num = tl.zeros([2 * VEC], dtype=tl.int32)
     if PACKED:
         wcols = tl.arange(0, BLOCK // 2)
         wmask = wcols < n_cols // 2
     for r in tl.range(pid, n_rows, tl.num_programs(0), num_stages=STAGES):
         row = tl.cast(r, tl.int64)
         prefetch_row(X_ptr, r, pf_ahead, n_rows, X_row_stride, PF_BYTES)
-        if PACKED:
+        if PACKED and WINDOW:  # the words of the row's whole vectors (_window), its edges as elements
+            start, wm, pos, edge, n_in = _window(row, X_row_stride, n_cols, BLOCK // 2, VEC, VEC // 2)
+            n_pad = BLOCK - n_in  # -inf halves of the words outside the whole vectors
+            Xw = (X_ptr + start).to(tl.pointer_type(tl.int32))
+            w = tl.load(Xw + wcols, mask=wm, other=NEG_PAIR, eviction_policy="evict_first")
+            he = tl.load(X_ptr + start + pos, mask=edge, other=-float("inf")).to(tl.float32)  # read n (dtype)
+            # the same vectors as element lanes, for y's store (not wm joined to itself: that reshape moved
+            # through shared memory every row, H200 4096x16383 bf16 with the sketch 333 µs)
+            inner = _window(row, X_row_stride, n_cols, BLOCK, VEC, VEC)[1]
+        elif PACKED:
+            wm = wmask
+            n_pad = BLOCK - n_cols  # the padding words' -inf halves
             Xw = (X_ptr + row * X_row_stride).to(tl.pointer_type(tl.int32))
-            w = tl.load(Xw + wcols, mask=wmask, other=NEG_PAIR, eviction_policy="evict_first")  # read n (dtype)
+            w = tl.load(Xw + wcols, mask=wm, other=NEG_PAIR, eviction_policy="evict_first")  # read n (dtype)
+        elif WINDOW:  # a row no power of two divides: its interior in whole vectors, its edges apart (_window)
+            start, inner, pos, edge, _ = _window(row, X_row_stride, n_cols, BLOCK, VEC, VEC)
+            x = tl.load(X_ptr + start + cols, mask=inner, other=-float("inf"), eviction_policy="evict_first")
+            he = tl.load(X_ptr + start + pos, mask=edge, other=-float("inf")).to(tl.float32)  # read n (dtype)
+            h = x.to(tl.float32)
         else:
             x = tl.load(X_ptr + row * X_row_stride + cols, mask=mask, other=-float("inf"),
                         eviction_policy="evict_first")  # read n (dtype)
@@ -521,16 +603,22 @@ def _softmax_kernel(
                 else:
                     m = tl.max(_unpacked(w, BF16, BLOCK), 0)
                     rmin = m
+                if WINDOW:
+                    m, rmin = _merge_edges(m, rmin, he)
+                    e_sq, e_num = _count_edges(e_sq, e_num, he, edge)
                 if PROBE // 4 % 2 == 1:
                     pass
                 elif tl.maximum(m, -rmin) >= HUGE:  # a finite |h| >= HUGE (every HF-masked row) or +inf
                     a_sq = a_prev  # as layout 4: the squares scaled, in their own lanes
+                    n_inf = tl.sum(_lane_count_i32(a_neg - n_prev))  # the row's -inf halves, padding included
                     if PROBE // 256 % 2 == 1:  # bench only: no cross-warp -inf test (wrong for rows with -inf)
                         hw = wd
-                    elif tl.sum(_lane_count_i32(a_neg - n_prev)) == 0:  # no -inf (HF masks): wd is the row
+                    elif n_inf == 0:  # no -inf (HF masks): wd is the row
                         hw = wd
+                    elif n_inf == n_pad:  # -inf only in the padding: wd is the row where wm (no re-read)
+                        hw = tl.where(wm, wd, 0)
                     else:  # wd reads -inf as the lowest value: re-read the row (an L2 hit) and zero them
-                        w2 = tl.load(Xw + wcols, mask=wmask, other=NEG_PAIR)
+                        w2 = tl.load(Xw + wcols, mask=wm, other=NEG_PAIR)
                         hw = w2 & ~neg_inf_mask(w2, BF16)
                     hs = _mul_opaque(_unpacked(hw, BF16, BLOCK), HUGE_SCALE)
                     a_huge += lane_sum_squares(hs, BLOCK, LANES, VEC, KEEP)
@@ -543,8 +631,10 @@ def _softmax_kernel(
                 elif (m > NEG_SAFE) & (m < POS_SAFE) & (m - rmin <= FMAX):
                     e, s, t = _exp_sums(_unpacked(wd, BF16, BLOCK), m, BLOCK)
                 else:  # a row of the lowest value itself (a fully masked HF row), of -inf, or NaN: re-read
-                    w2 = tl.load(Xw + wcols, mask=wmask, other=NEG_PAIR)
+                    w2 = tl.load(Xw + wcols, mask=wm, other=NEG_PAIR)
                     e, s, t = _exp_sums_clamped(_unpacked(w2, BF16, BLOCK), m, BLOCK)
+                if WINDOW:
+                    ee, s, t = _add_edge_sums(s, t, he, m)
         elif SKETCH and VARIANT == 4:
             ninf = h == -float("inf")
             hz = tl.where(ninf, 0.0, h)
@@ -561,12 +651,17 @@ def _softmax_kernel(
                 m, rmin = tl.max(h, 0), tl.min(lo, 0)
             else:
                 m, rmin = tl.reduce((h, lo), 0, _max_min)
+            if WINDOW:
+                m, rmin = _merge_edges(m, rmin, he)
+                e_sq, e_num = _count_edges(e_sq, e_num, he, edge)
             if tl.maximum(m, -rmin) >= HUGE:  # a finite |h| >= HUGE (every HF-masked row) or +inf
                 a_sq = a_prev  # its squares go scaled by 2^-72 to their own lanes instead (see HUGE)
                 hs = _mul_opaque(h, HUGE_SCALE)
                 hs = tl.where(hs == -float("inf"), 0.0, hs)
                 a_huge += lane_sum_squares(hs, BLOCK, LANES, VEC, KEEP)  # +inf stays non-finite: the exact pass
             e, s, t = _exp_sums_clamped(h, m, BLOCK)
+            if WINDOW:
+                ee, s, t = _add_edge_sums(s, t, he, m)
         elif SKETCH:  # VARIANT 3
             # one tree: the op's max and the sketch's sum of squares (-inf lanes, incl. padding, add
             # 0; NaN/+inf make it non-finite), smallest non-masked entry and the -inf count
@@ -582,11 +677,19 @@ def _softmax_kernel(
             e, s, t = _exp_sums_clamped(h, m, BLOCK)
         else:
             m = tl.max(h, axis=0)
+            if WINDOW:
+                m = tl.maximum(m, tl.max(he, 0))  # as _merge_edges
             e = exp_ftz(h - m)  # approximate exp; padding lanes give exp(-inf) = 0
             s = tl.sum(fold8_sum(e, BLOCK), axis=0)  # fp32 tree sum, each 8 neighbours first
+            if WINDOW:
+                ee, s, _ = _add_edge_sums(s, s, he, m)
         y = div_by_row(e, s)
-        tl.store(Y_ptr + row * Y_row_stride + cols, y.to(Y_ptr.dtype.element_ty), mask=mask,
-                 eviction_policy="evict_first")  # write n
+        if WINDOW:
+            tl.store(Y_ptr + start + cols, y.to(Y_ptr.dtype.element_ty), mask=inner, eviction_policy="evict_first")
+            tl.store(Y_ptr + start + pos, div_by_row(ee, s).to(Y_ptr.dtype.element_ty), mask=edge)  # write n
+        else:
+            tl.store(Y_ptr + row * Y_row_stride + cols, y.to(Y_ptr.dtype.element_ty), mask=mask,
+                     eviction_policy="evict_first")  # write n
         if SKETCH and VARIANT >= 4 and PROBE // 8 % 2 == 0:  # scalars only; a program with NaN/+inf rows redoes them after the loop
             p_min = tl.minimum(p_min, rmin)  # fully masked rows: rmin = +inf
             # half the range, in float32: a row can hold 3e38 and -3e38, whose difference is inf in
@@ -632,6 +735,9 @@ def _softmax_kernel(
         if VARIANT == 8:
             mine -= n_fast  # fast-branch rows added no padding to a_neg
         p_neg -= (BLOCK - n_cols) * tl.cast(mine, tl.int64)  # the padding's -inf
+        if WINDOW:
+            p_sq += tl.sum(e_sq, 0)
+            p_neg -= tl.sum(e_num, 0).to(tl.int64)
         if not (p_sq <= 1e308):  # rare: NaN/+inf (or squares overflowed): exact statistics of every row
             p_max = tl.full((), -float("inf"), tl.float32)
             p_min = tl.full((), float("inf"), tl.float32)
@@ -692,18 +798,29 @@ def unaligned_warps(n: int, esize: int, align: int) -> int | None:
     return UNALIGNED_WARPS.get((next_pow2(n), esize)) if align == 1 else None
 
 
+def windowed(x2: torch.Tensor, y2: torch.Tensor, align: int) -> bool:
+    """True where the kernel reads and writes rows through their aligned vectors (WINDOW; _window): rows
+    that only 1 divides (ALIGN 1: element loads otherwise) and that words do not take (packed16.packable),
+    y's rows at x's offsets (same row stride) and both 16-byte aligned. The launches with and without the
+    sketch (layout 4) see the same rule, so the same lanes and tree (y the same)."""
+    return (align == 1 and not packable(x2) and x2.stride(0) == y2.stride(0) and x2.data_ptr() % 16 == 0
+            and y2.data_ptr() % 16 == 0)
+
+
 def _softmax_launch(
     x2: torch.Tensor, y2: torch.Tensor, buf: torch.Tensor | None, num_warps: int | None = None,
     stages: int | None = None, per_sm: int | None = None,
     variant: int | None = None, fusion: bool | None = None, maxnreg: int | None = None, keep: int | None = None,
     packed: bool | None = None, prefetch: float | None = None, piece: int | None = None, probe: int = 0,
+    window: bool = True,
 ) -> None:
     """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows;
     without the sketch one program per row where _common.ROW_GRID lists the launch.
     num_warps / stages / per_sm / variant / fusion / maxnreg / keep override the tuned launch (the
     bench's sweep; maxnreg caps registers per thread, so a kernel keeps 2 programs per SM); piece
     the long rows' piece width (softmax_long); probe: the kernel's PROBE (bench only: where the sketch's
-    time goes, bench/RESULTS.md stop 28)."""
+    time goes, bench/RESULTS.md stop 28); window=False reads the rows that windowed() takes (layouts 0 and 4)
+    element by element, as layouts 3 and 8 always do (the bench's and tests' comparisons)."""
     n_rows, n = x2.shape
     if n > MAX_BLOCK:  # past what a program holds in registers: the chunked kernel
         softmax_long_launch(x2, y2, buf, PEAK_NATS, num_warps, maxnreg, piece)
@@ -713,13 +830,17 @@ def _softmax_launch(
         return
     align = column_multiple(n, x2.stride(0), y2.stride(0))
     esize = x2.element_size()
-    block, warps, st, _ = launch_config("softmax", n, num_warps or unaligned_warps(n, esize, align), stages, esize=esize)
     f, i = workspace("softmax", x2.device) if sketch else (y2, y2)
     # words only for layout 10: the kernel without the sketch read them 1-3 µs slower at 4096x16384 bf16
     # (H200: 75.1 against stop 20's 73.9 µs, norm_chunks_h200_s21a.md; 77.9 against 74.5, _s21b.md)
-    packed = sketch and packed is not False and packable(x2)  # packed=False: the bench's way to layout 4
+    win = window and windowed(x2, y2, align)
+    # packed=False: the bench's way to layout 4. A WINDOW row's whole vectors are words of the row's elements
+    packed = sketch and packed is not False and (packable(x2) or (win and x2.dtype in NEG_INF_PAIR and n >= 16))
     var = ((PACKED_VARIANT if packed else VARIANT) if variant is None else variant) if sketch else 0  # no sketch: one kernel
     packed = packed and var == 10
+    win = win and var in (0, 4, 10)  # layouts 3 and 8 (the references) read such rows element by element
+    block, warps, st, _ = launch_config("softmax", n, num_warps or (None if win else unaligned_warps(n, esize, align)),
+                                        stages, esize=esize)
     if var not in LAYOUTS and sketch:
         raise InputError(f"softmax: no sketch layout {var} (layouts {', '.join(map(str, LAYOUTS))})")
     if var == 10 and not packed:
@@ -729,7 +850,8 @@ def _softmax_launch(
     kp = min(KEEP if keep is None else keep, vec) if sketch and var >= 4 else 1
     cap = maxnreg if maxnreg is not None else MAXNREG.get((block, warps)) if sketch and var >= 4 else None
     even = var == 8 and block == n  # VARIANT 8's select-free branch needs no column mask
-    key = ("softmax", x2.dtype, y2.dtype, block, warps, st, sketch, var, fuse, cap, kp, even, packed, probe, align)
+    key = ("softmax", x2.dtype, y2.dtype, block, warps, st, sketch, var, fuse, cap, kp, even, packed, probe, align,
+           win)
     extra = register_cap(cap)
     grid = persistent_grid(key, n_rows, x2.device, grid_per_sm("softmax", block, sketch, per_sm))
     pf = prefetch_args("softmax", block, x2, sketch, grid, key, prefetch)
@@ -738,7 +860,7 @@ def _softmax_launch(
         BLOCK=block, SKETCH=sketch, STAGES=st, VARIANT=var,
         CHUNK=min(CHUNK, block), VEC=vec, LANES=lanes, KEEP=kp, FLUSH=FLUSH, EVEN=even, PACKED=packed,
         BF16=x2.dtype == torch.bfloat16, NEG_PAIR=NEG_INF_PAIR.get(x2.dtype, 0),
-        NEG_SAFE=NEG_SAFE.get(x2.dtype, 0.0), **pf, ALIGN=align, PROBE=probe,
+        NEG_SAFE=NEG_SAFE.get(x2.dtype, 0.0), **pf, ALIGN=align, WINDOW=win, PROBE=probe,
         num_warps=warps,
         enable_fp_fusion=fuse,
         **extra,
