@@ -96,3 +96,16 @@ def test_rows_a_multiple_of_8_but_not_16_keep_vector_loads():
             assert a["vector_loads"] or a["op"] == "rmsnorm", a
             assert a["registers"] <= b["registers"] + 8 and a["spill_stores"] <= b["spill_stores"] + 16, (a, b)
             assert a["largest_loop_sass"] <= b["largest_loop_sass"] + 16, (a, b)
+
+
+def test_softmax_rows_no_power_of_two_divides_read_whole_vectors():
+    """An odd row length (softmax.windowed): the kernel reads and writes the row's whole 16-byte vectors and
+    only its two edge vectors element by element, where before every element had its own load (stop 32,
+    triton 3.6: the sketched kernel took 255 registers and spilled at 4096x8191). Registers, spills and the
+    row loop stay near those of the even width beside it (16383 as 16384: the same BLOCK and warps)."""
+    odd = _compile("softmax", "--shape", "4096x16383")
+    even = _compile("softmax", "--shape", "4096x16384")
+    for a, b in zip(odd, even):
+        assert a["vector_loads"] and a["num_warps"] == b["num_warps"], (a, b)
+        assert a["spill_stores"] == 0 and a["registers"] <= max(b["registers"], 128), (a, b)
+        assert a["largest_loop_sass"] <= b["largest_loop_sass"] * 1.25, (a, b)

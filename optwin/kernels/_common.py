@@ -382,14 +382,17 @@ def div_by_row(e, s):
 # ------------------------------------------------------------------ L2 prefetch
 
 
-def prefetch_bytes(x2: torch.Tensor) -> int:
+def prefetch_bytes(x2: torch.Tensor, window: bool = False) -> int:
     """Bytes of each row that prefetch_l2 may ask for: the row rounded down to 16 bytes, where x2 is on
     a GPU with the bulk-copy unit (sm_90+) and every row starts 16-byte aligned (cp.async.bulk's
-    rule); 0 (no prefetch) elsewhere and in the interpreter."""
+    rule); 0 (no prefetch) elsewhere and in the interpreter. window: rows that start anywhere, asked for
+    from the 16-byte boundary at or before their start (prefetch_row's VEC; x2's data 16-byte aligned),
+    as many bytes, so the ask never passes the row's end."""
     if INTERPRETED or x2.device.type != "cuda" or not _has_bulk_copy(x2.device):
         return 0
     esize = x2.element_size()
-    return bulk_row_bytes(x2.data_ptr(), x2.stride(0) * esize, x2.shape[1] * esize)
+    stride = 16 if window else x2.stride(0) * esize  # window: each row's ask starts at a 16-byte boundary
+    return bulk_row_bytes(x2.data_ptr(), stride, x2.shape[1] * esize)
 
 
 _BULK: dict[int, bool] = {}
@@ -413,25 +416,30 @@ def bulk_row_bytes(base: int, row_stride_bytes: int, row_bytes: int) -> int:
 
 
 def prefetch_args(op: str, block: int, x2: torch.Tensor, sketch: bool, grid: int, key: tuple[Any, ...],
-                  depth: float | None = None) -> dict[str, int]:
+                  depth: float | None = None, window: bool = False) -> dict[str, int]:
     """The PF_BYTES / pf_ahead arguments of a kernel that calls prefetch_row, for the launch (op, BLOCK,
     x2's element size, sketch) of PREFETCH, or `depth` steps ahead (the bench's sweep): rows ahead of a
     persistent program's own rows (grid < rows), or, with a program per row, the row a program that
     many waves later reads (a wave: as many programs as the occupancy of `key` keeps resident; a
-    fraction of a wave is the bench's)."""
+    fraction of a wave is the bench's). window: the kernel asks from each row's 16-byte boundary
+    (prefetch_bytes)."""
     if depth is None:
         depth = PREFETCH.get((op, block, x2.element_size(), sketch), 0)
     n_rows = x2.shape[0]
-    nbytes = prefetch_bytes(x2) if depth > 0 else 0
+    nbytes = prefetch_bytes(x2, window) if depth > 0 else 0
     ahead = max(1, round(depth * (grid if grid < n_rows else resident_programs(key, x2.device))))
     return {"PF_BYTES": nbytes, "pf_ahead": ahead}
 
 
 @triton.jit
-def prefetch_row(X_ptr, r, pf_ahead, n_rows, X_row_stride, PF_BYTES: tl.constexpr):
-    """prefetch_l2 of row r + pf_ahead (past the end the last row again: a redundant hint, no branch)."""
+def prefetch_row(X_ptr, r, pf_ahead, n_rows, X_row_stride, PF_BYTES: tl.constexpr, VEC: tl.constexpr = 1):
+    """prefetch_l2 of row r + pf_ahead (past the end the last row again: a redundant hint, no branch); VEC > 1:
+    from the VEC-element (16-byte) boundary at or before the row's start (rows that start anywhere)."""
     if PF_BYTES > 0:
-        prefetch_l2(X_ptr + tl.cast(tl.minimum(r + pf_ahead, n_rows - 1), tl.int64) * X_row_stride, PF_BYTES)
+        at = tl.cast(tl.minimum(r + pf_ahead, n_rows - 1), tl.int64) * X_row_stride
+        if VEC > 1:
+            at = at // VEC * VEC
+        prefetch_l2(X_ptr + at, PF_BYTES)
 
 
 @triton.jit

@@ -55,6 +55,14 @@ _common.PREFETCH lists the launch (16-bit rows, sm_90+, 16-byte aligned rows), e
 for the row it reads one step later (one cp.async.bulk.prefetch.L2 per row: _common.prefetch_l2), so
 DRAM keeps streaming while the warps are in the row's trees: H200 4096x16384 bf16 73.1 / 86.9 ->
 70.4 / 81.8 µs without / with the sketch.
+Rows that no power of two divides (odd n: attention scores at odd sequence lengths) read and write their
+whole 16-byte vectors from the boundary at or before the row's start, and their first and last partial
+vectors element by element as two small edge pieces, folded into the row's max, sums and sketch after the
+trees (windowed, _window; stop 33). Before, every element had its own load and store. H200, bf16, µs
+without / with the sketch, L2 flushed: 4096x16383 159.2 / 441.9 -> 71.7 / 88.3, 8192x8191 107.6 / 249.6 ->
+75.3 / 86.0 (bench/results/softmax_window_*_h200_s33.md). The lanes then start at the row's offset in its
+vector, so the sum tree groups other neighbours: y's last bits depend on where a row lies (within an output
+ulp of the element-wise order; the twin models tl.sum as a pairwise tree either way).
 Memory: read rows*n (x), write rows*n (y, in x's dtype or the requested out dtype); persistent
 programs (without the sketch a program per row: _common.ROW_GRID); with the sketch a few scalar
 atomics per program and the feature vector.
@@ -478,7 +486,7 @@ def _softmax_kernel(
     KEEP: tl.constexpr,  # independent accumulator chains per lane (divides VEC; _common's lane partials)
     FLUSH: tl.constexpr,  # rows between float64 flushes of the lane sums of squares
     EVEN: tl.constexpr = False,  # BLOCK == n_cols (no padding lanes); VARIANT 8 only, False elsewhere
-    PACKED: tl.constexpr = False,  # VARIANT 10: x read as words of two 16-bit elements (packed16.packable)
+    PACKED: tl.constexpr = False,  # VARIANT 10: x read as words of two 16-bit elements (packed16.packable; WINDOW: the whole vectors)
     BF16: tl.constexpr = False,  # PACKED: the halves are bf16 (else fp16)
     NEG_PAIR: tl.constexpr = 0,  # PACKED: a word of two -inf halves (padding words)
     NEG_SAFE: tl.constexpr = 0.0,  # VARIANT 10: rows with a max above this take t without the clamp
@@ -519,7 +527,7 @@ def _softmax_kernel(
         wmask = wcols < n_cols // 2
     for r in tl.range(pid, n_rows, tl.num_programs(0), num_stages=STAGES):
         row = tl.cast(r, tl.int64)
-        prefetch_row(X_ptr, r, pf_ahead, n_rows, X_row_stride, PF_BYTES)
+        prefetch_row(X_ptr, r, pf_ahead, n_rows, X_row_stride, PF_BYTES, VEC if WINDOW else 1)
         if PACKED and WINDOW:  # the words of the row's whole vectors (_window), its edges as elements
             start, wm, pos, edge, n_in = _window(row, X_row_stride, n_cols, BLOCK // 2, VEC, VEC // 2)
             n_pad = BLOCK - n_in  # -inf halves of the words outside the whole vectors
@@ -783,11 +791,12 @@ def _softmax_kernel(
                        PROBE // 128 % 2 + PROBE // 1024 % 2 * 2 + PROBE // 2048 % 2 * 4 + PROBE // 512 % 2 * 8)
 
 
-# Warps for rows no power of two divides (ALIGN 1: element loads, an address register per element), per
-# (BLOCK, element bytes), where TUNED_BY_ELEMENT's 64 elements a thread lost. H200 bf16, µs without / with
-# the sketch (bench/results/softmax_odd_*_h200_s32.md): 16384x2047 2 warps 62.3 / 193.5, 8 warps 54.7 /
-# 138.0. Kept at TUNED_BY_ELEMENT's where they won or tied: 4096x4095 41.9 / 63.6 (8 warps 41.8 / 85.4),
-# 4096x8191 56.1 / 131.0 (16 warps 58.4 / 134.7), 4096x16383 163.3 / 448.3 (16 warps 177.9 / 650.3).
+# Warps for rows no power of two divides read element by element (ALIGN 1 where windowed() does not apply:
+# an address register per element), per (BLOCK, element bytes), where TUNED_BY_ELEMENT's 64 elements a
+# thread lost. H200 bf16, µs without / with the sketch (bench/results/softmax_odd_*_h200_s32.md): 16384x2047
+# 2 warps 62.3 / 193.5, 8 warps 54.7 / 138.0. Kept at TUNED_BY_ELEMENT's where they won or tied: 4096x4095
+# 41.9 / 63.6 (8 warps 41.8 / 85.4), 4096x8191 56.1 / 131.0 (16 warps 58.4 / 134.7), 4096x16383 163.3 /
+# 448.3 (16 warps 177.9 / 650.3). Rows that windowed() takes load whole vectors and keep TUNED_BY_ELEMENT's.
 UNALIGNED_WARPS: dict[tuple[int, int], int] = {(2048, 2): 8}
 
 
@@ -854,7 +863,7 @@ def _softmax_launch(
            win)
     extra = register_cap(cap)
     grid = persistent_grid(key, n_rows, x2.device, grid_per_sm("softmax", block, sketch, per_sm))
-    pf = prefetch_args("softmax", block, x2, sketch, grid, key, prefetch)
+    pf = prefetch_args("softmax", block, x2, sketch, grid, key, prefetch, win)
     k = launch(_softmax_kernel, (grid,),
         x2, x2.stride(0), y2, y2.stride(0), buf if sketch else y2, f, i, n_rows, n, PEAK_NATS,
         BLOCK=block, SKETCH=sketch, STAGES=st, VARIANT=var,
