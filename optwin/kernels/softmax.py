@@ -611,9 +611,7 @@ def _softmax_kernel(
                 else:
                     m = tl.max(_unpacked(w, BF16, BLOCK), 0)
                     rmin = m
-                if WINDOW and PROBE // 4096 % 2 == 1:  # bench only: the edges' max alone, no edge statistics
-                    m = tl.maximum(m, tl.max(he, 0))
-                elif WINDOW:
+                if WINDOW:
                     m, rmin = _merge_edges(m, rmin, he)
                     e_sq, e_num = _count_edges(e_sq, e_num, he, edge)
                 if PROBE // 4 % 2 == 1:
@@ -643,9 +641,7 @@ def _softmax_kernel(
                 else:  # a row of the lowest value itself (a fully masked HF row), of -inf, or NaN: re-read
                     w2 = tl.load(Xw + wcols, mask=wm, other=NEG_PAIR)
                     e, s, t = _exp_sums_clamped(_unpacked(w2, BF16, BLOCK), m, BLOCK)
-                if WINDOW and PROBE // 8192 % 2 == 1:  # bench only: the edges' s alone, as the plain kernel's
-                    ee, s, _ = _add_edge_sums(s, s, he, m)
-                elif WINDOW:
+                if WINDOW:
                     ee, s, t = _add_edge_sums(s, t, he, m)
         elif SKETCH and VARIANT == 4:
             ninf = h == -float("inf")
