@@ -25,7 +25,8 @@ add, so y's numerics are unchanged by it; it keeps the sketch's extra products f
 into any shared instruction).
 The sketch, 16-bit rows of even length (packed16.packable): layout 10, layout 4 taken on words of two
 elements (see PACKED_VARIANT below); its cost at 4096x16384 bf16 on the H200 went from +46 % to +18 %
-(L2 flushed; HF-masked scores +56 % -> +30 %). Other rows (float32, odd lengths): layout VARIANT 4;
+(L2 flushed; HF-masked scores +56 % -> +30 %); 16-bit rows of odd length from 16 (windowed, below): layout
+10 on their whole vectors. Other rows (float32, shorter odd rows, unaligned views): layout VARIANT 4;
 layout 8, a select-free branch for rows without -inf, and layout 3, the per-row-tree reference, stay
 selectable for bench/softmax_sketch.py and the tests.
 statistics that only need a global value are summed per lane: each thread keeps [LANES, KEEP]
@@ -407,7 +408,7 @@ def _window(row, X_row_stride, n_cols, BLOCK: tl.constexpr, VEC: tl.constexpr, P
     """A row that no power of two divides (WINDOW), as its interior and its edges. Before (ALIGN 1) such rows
     were read and written element by element, an address register each: H200 bf16 42-66 % of copy, the
     sketch +50 to +210 % (bench/results/softmax_odd_*_h200_s32.md). Its first element lies at start + off,
-    start a multiple of VEC (a 16-byte vector), 0 <= off < VEC. Returns (start, inner, pos, edge):
+    start a multiple of VEC (a 16-byte vector), 0 <= off < VEC. Returns (start, inner, pos, edge, n_in):
     - inner [BLOCK]: the lanes of the vectors from start that lie wholly in the row (lane k is element
       start + k; the row's lanes are off .. off + n - 1, which BLOCK = next_pow2(n) holds but for the last
       partial vector): read and written whole, -inf elsewhere. PER_VEC lanes a vector: VEC elements, or
@@ -415,7 +416,7 @@ def _window(row, X_row_stride, n_cols, BLOCK: tl.constexpr, VEC: tl.constexpr, P
     - pos, edge [2 * VEC]: lanes of the row's first vector (where off > 0) and of its last partial vector, as
       positions from start, and which of them are the row's: read and written element by element (their
       other elements are the neighbour rows'), folded into the row's max, sums and sketch after the trees;
-    - and the number of the row's elements in its whole vectors.
+    - n_in: the number of the row's elements in its whole vectors.
     The sums then add the edges' after the interior's tree, so y's last bits depend on where a row lies."""
     at = row * X_row_stride
     start = at // VEC * VEC  # the product shows the alignment analysis that VEC divides it
@@ -486,14 +487,14 @@ def _softmax_kernel(
     KEEP: tl.constexpr,  # independent accumulator chains per lane (divides VEC; _common's lane partials)
     FLUSH: tl.constexpr,  # rows between float64 flushes of the lane sums of squares
     EVEN: tl.constexpr = False,  # BLOCK == n_cols (no padding lanes); VARIANT 8 only, False elsewhere
-    PACKED: tl.constexpr = False,  # VARIANT 10: x read as words of two 16-bit elements (packed16.packable; WINDOW: the whole vectors)
+    PACKED: tl.constexpr = False,  # VARIANT 10: x read as words of two 16-bit elements (packed16.packable, or WINDOW)
     BF16: tl.constexpr = False,  # PACKED: the halves are bf16 (else fp16)
     NEG_PAIR: tl.constexpr = 0,  # PACKED: a word of two -inf halves (padding words)
     NEG_SAFE: tl.constexpr = 0.0,  # VARIANT 10: rows with a max above this take t without the clamp
     PF_BYTES: tl.constexpr = 0,  # bytes of a row to prefetch into L2 (_common.prefetch_l2); 0: none
     pf_ahead=0,  # the row prefetched is pf_ahead rows past the one being read
     ALIGN: tl.constexpr = 1,  # n_cols and both row strides are multiples of it (_common.column_multiple)
-    WINDOW: tl.constexpr = False,  # rows read and written in aligned VEC-element vectors (_window; not PACKED)
+    WINDOW: tl.constexpr = False,  # rows read and written in aligned VEC-element vectors (_window; PACKED: as words)
     PROBE: tl.constexpr = 0,  # bench only, VARIANT 10 (y stays the same; the sketch is then wrong), bits: 1 no t
     # (s alone), 2 no min (a plain max tree), 4 no lane accumulators, 8 no per-row scalars, 16 no flushes (nor
     # the lane totals at the end: n_left stays FLUSH),
@@ -811,7 +812,7 @@ def windowed(x2: torch.Tensor, y2: torch.Tensor, align: int) -> bool:
     """True where the kernel reads and writes rows through their aligned vectors (WINDOW; _window): rows
     that only 1 divides (ALIGN 1: element loads otherwise) and that words do not take (packed16.packable),
     y's rows at x's offsets (same row stride) and both 16-byte aligned. The launches with and without the
-    sketch (layout 4) see the same rule, so the same lanes and tree (y the same)."""
+    sketch (layouts 4 and 10) see the same rule, so the same lanes and tree (y the same)."""
     return (align == 1 and not packable(x2) and x2.stride(0) == y2.stride(0) and x2.data_ptr() % 16 == 0
             and y2.data_ptr() % 16 == 0)
 
@@ -828,8 +829,8 @@ def _softmax_launch(
     num_warps / stages / per_sm / variant / fusion / maxnreg / keep override the tuned launch (the
     bench's sweep; maxnreg caps registers per thread, so a kernel keeps 2 programs per SM); piece
     the long rows' piece width (softmax_long); probe: the kernel's PROBE (bench only: where the sketch's
-    time goes, bench/RESULTS.md stop 28); window=False reads the rows that windowed() takes (layouts 0 and 4)
-    element by element, as layouts 3 and 8 always do (the bench's and tests' comparisons)."""
+    time goes, bench/RESULTS.md stop 28); window=False reads the rows that windowed() takes (layouts 0, 4 and
+    10) element by element, as layouts 3 and 8 always do (the bench's and tests' comparisons)."""
     n_rows, n = x2.shape
     if n > MAX_BLOCK:  # past what a program holds in registers: the chunked kernel
         softmax_long_launch(x2, y2, buf, PEAK_NATS, num_warps, maxnreg, piece)
