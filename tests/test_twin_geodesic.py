@@ -77,7 +77,10 @@ def test_twin_tracks_cpu_production(variant: str, sep: float) -> None:
     prod_rel = ((y - res.exact).norm() / res.exact.norm()).item()
     assert 0.5 < res.rel_error / prod_rel < 2, (res.rel_error, prod_rel)
     if variant == "haversine":
-        assert u.max().item() <= 2
+        # sin, cos, sqrt and asin each within an ulp of correctly rounded in torch's vector libm (which path, AVX2
+        # or AVX-512, depends on the CPU: an AVX-512 host read 3 ulps at one of 256 elements); the twin rounds
+        # each correctly, so a few ulps apart at the most
+        assert u.max().item() <= 4
 
 
 def test_mca_replays_spread_near_identical_acos() -> None:

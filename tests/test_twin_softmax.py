@@ -184,7 +184,11 @@ def test_triton_flushes_subnormal_probabilities_as_its_kernel_does(dtype: str) -
     torch_y = run_variant("softmax", "torch", dtype, {"x": x}).double()
     assert float(torch_y[0, 1]) > 0  # subnormal, not flushed
     assert float(kernel[0, 1]) == 0 and float(emu[0, 1]) == 0
-    assert float(emu[0, 2]) == float(kernel[0, 2].double()) > 0  # exp(-50) = 2e-22 is normal: kept
+    # exp(-50) = 2e-22 is normal: kept by both. Not bit for bit: the interpreter's exp2 is numpy's float32 SIMD
+    # one, whose last bit depends on the CPU's path (on an AVX-512 Sapphire Rapids host 1 ulp off the correctly
+    # rounded value the twin takes; the GPU's ex2.approx is checked against the twin in bench/gpu_twin.py)
+    got, want = float(kernel[0, 2].double()), float(emu[0, 2])
+    assert want > 0 and abs(got - want) <= want * 2.0**-23
 
 
 def test_triton_exp_is_ex2_of_the_rounded_product() -> None:
