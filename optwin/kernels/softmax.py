@@ -121,8 +121,16 @@ from optwin.kernels.softmax_sketch import (
     _merge_extremes,
     _peaked,
     _row_stats_chunked,
+    _sum_pair,
     fresh_partials,
     publish_sketch,
+)
+from optwin.kernels.softmax_window import (
+    _add_edge_sums,
+    _count_edges,
+    _merge_edges,
+    _window,
+    windowed,
 )
 
 assert feature_names("softmax") == (
@@ -234,20 +242,6 @@ NEG_SAFE = {torch.bfloat16: float(torch.finfo(torch.bfloat16).min), torch.float1
 @triton.jit
 def _combine4(a0, a1, a2, a3, b0, b1, b2, b3):
     return tl.maximum(a0, b0), a1 + b1, tl.minimum(a2, b2), a3 + b3
-
-
-@triton.jit
-def _sum2(a0, a1, b0, b1):
-    return a0 + b0, a1 + b1
-
-
-@triton.jit
-def _sum_pair(e, ed):
-    """(sum e, sum ed) in one tree (two trees in the interpreter, which has no tuple reduce)."""
-    if INTERPRET:
-        return tl.sum(e, 0), tl.sum(ed, 0)
-    else:
-        return tl.reduce((e, ed), 0, _sum2)
 
 
 @triton.jit
@@ -401,68 +395,6 @@ def _lane_totals(a_sq, a_huge, a_neg, VARIANT: tl.constexpr):
     else:
         sq, hs, ng = tl.reduce((a_sq, hg, cnt), None, _sum3)
     return sq.to(tl.float64) + hs * HUGE_UNSCALE, ng.to(tl.int64)
-
-
-@triton.jit
-def _window(row, X_row_stride, n_cols, BLOCK: tl.constexpr, VEC: tl.constexpr, PER_VEC: tl.constexpr):
-    """A row that no power of two divides (WINDOW), as its interior and its edges. Before (ALIGN 1) such rows
-    were read and written element by element, an address register each: H200 bf16 42-66 % of copy, the
-    sketch +50 to +210 % (bench/results/softmax_odd_*_h200_s32.md). Its first element lies at start + off,
-    start a multiple of VEC (a 16-byte vector), 0 <= off < VEC. Returns (start, inner, pos, edge, n_in):
-    - inner [BLOCK]: the lanes of the vectors from start that lie wholly in the row (lane k is element
-      start + k; the row's lanes are off .. off + n - 1, which BLOCK = next_pow2(n) holds but for the last
-      partial vector): read and written whole, -inf elsewhere. PER_VEC lanes a vector: VEC elements, or
-      VEC // 2 words of two 16-bit elements (layout 10: every word of a whole vector is the row's);
-    - pos, edge [2 * VEC]: lanes of the row's first vector (where off > 0) and of its last partial vector, as
-      positions from start, and which of them are the row's: read and written element by element (their
-      other elements are the neighbour rows'), folded into the row's max, sums and sketch after the trees;
-    - n_in: the number of the row's elements in its whole vectors.
-    The sums then add the edges' after the interior's tree, so y's last bits depend on where a row lies."""
-    at = row * X_row_stride
-    start = at // VEC * VEC  # the product shows the alignment analysis that VEC divides it
-    off = (at - start).to(tl.int32)
-    first = (off + VEC - 1) // VEC  # the first vector wholly in the row
-    end = (off + n_cols) // VEC  # past the last vector wholly in the row
-    vec = tl.arange(0, BLOCK) // PER_VEC  # constant over each vector's lanes: whole-vector loads and stores
-    inner = (vec >= first) & (vec < end)
-    k = tl.arange(0, 2 * VEC)
-    pos = tl.where(k < VEC, k, end * VEC + k - VEC)  # the first vector, then vector `end`
-    # the first vector only where off > 0 (else it is inner, or it is vector `end`); vector `end` only past
-    # the first one (n + off < VEC: one vector, the first)
-    edge = (pos >= off) & (pos < off + n_cols) & (tl.where(k < VEC, off, end - first + 1) > 0)  # tensor compares
-    return start, inner, pos, edge, tl.maximum(end - first, 0) * VEC
-
-
-@triton.jit
-def _merge_edges(m, rmin, he):
-    """A WINDOW row's (max, min over non-(-inf) entries) from its interior's and its edges he (-inf off
-    the row), the edges' two in one tree."""
-    lo = tl.where(he == -float("inf"), float("inf"), he)
-    if INTERPRET:
-        m_e, rmin_e = tl.max(he, 0), tl.min(lo, 0)
-    else:
-        m_e, rmin_e = tl.reduce((he, lo), 0, _max_min)
-    return tl.maximum(m, m_e), tl.minimum(rmin, rmin_e)
-
-
-@triton.jit
-def _add_edge_sums(s, t, he, m):
-    """A WINDOW row's (edge e, s, t): the interior's sums s and t plus its edges' (e = exp(h - m), the same e
-    with and without the sketch; t's lanes clamped as _exp_sums_clamped's: -inf lanes add 0 * -FMAX)."""
-    d = he - m
-    e = exp_ftz(d)
-    s_e, t_e = _sum_pair(e, e * tl.maximum(d, -FMAX))
-    return e, s + s_e, t + t_e
-
-
-@triton.jit
-def _count_edges(e_sq, e_num, he, edge):
-    """A program's edge-lane accumulators (reduced once, after its rows) with a WINDOW row's edges added:
-    squares over non-(-inf) lanes in float64 (an HF mask's 3.4e38 squares to 1.2e77; NaN or +inf stays
-    non-finite and sends the program to the exact pass), and the row's non-(-inf) edge lanes, which the
-    interior's -inf count took for padding."""
-    hz = tl.where(he == -float("inf"), 0.0, he).to(tl.float64)
-    return e_sq + hz * hz, e_num + (edge & (he != -float("inf"))).to(tl.int32)
 
 
 @triton.jit
@@ -806,15 +738,6 @@ def unaligned_warps(n: int, esize: int, align: int) -> int | None:
     (launch_config's). The launches with and without the sketch see the same ALIGN, so the same warps
     (tl.sum's tree, so y, stays the same)."""
     return UNALIGNED_WARPS.get((next_pow2(n), esize)) if align == 1 else None
-
-
-def windowed(x2: torch.Tensor, y2: torch.Tensor, align: int) -> bool:
-    """True where the kernel reads and writes rows through their aligned vectors (WINDOW; _window): rows
-    that only 1 divides (ALIGN 1: element loads otherwise) and that words do not take (packed16.packable),
-    y's rows at x's offsets (same row stride) and both 16-byte aligned. The launches with and without the
-    sketch (layouts 4 and 10) see the same rule, so the same lanes and tree (y the same)."""
-    return (align == 1 and not packable(x2) and x2.stride(0) == y2.stride(0) and x2.data_ptr() % 16 == 0
-            and y2.data_ptr() % 16 == 0)
 
 
 def _softmax_launch(

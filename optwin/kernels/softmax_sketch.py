@@ -4,7 +4,8 @@ row-in-registers kernel (optwin.kernels.softmax) and the long-row kernels (optwi
 A row's exact statistics (_row_stats_chunked, _exact_row_chunked) re-read it in CHUNK-column pieces
 (few registers; the slow paths of the row-in-registers kernel); _merge_extremes folds a row's finite
 max and min into a program's partials; publish_sketch adds a program's partials to the "softmax"
-workspace and, in the last of the programs that publish, writes the features.
+workspace and, in the last of the programs that publish, writes the features; _max_min and _sum_pair
+carry two values through one tree.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import triton.language as tl
 
 from optwin.kernels._common import (
     FMAX,
+    INTERPRET,
     exp_ftz,
     last_of,
     read_slot,
@@ -26,6 +28,21 @@ from optwin.kernels._common import (
 def _max_min(a0, a1, b0, b1):
     """Combine of a tree carrying (max, min) (max and min are exact in any tree)."""
     return tl.maximum(a0, b0), tl.minimum(a1, b1)
+
+
+@triton.jit
+def _sum2(a0, a1, b0, b1):
+    return a0 + b0, a1 + b1
+
+
+@triton.jit
+def _sum_pair(e, ed):
+    """(sum e, sum ed) in one tree (two trees in the interpreter, which has no tuple reduce): a row's s and
+    the sketch's t = sum e * (h - m)."""
+    if INTERPRET:
+        return tl.sum(e, 0), tl.sum(ed, 0)
+    else:
+        return tl.reduce((e, ed), 0, _sum2)
 
 
 @triton.jit
