@@ -99,7 +99,7 @@ def test_rows_a_multiple_of_8_but_not_16_keep_vector_loads():
 
 
 def test_softmax_rows_no_power_of_two_divides_read_whole_vectors():
-    """An odd row length (softmax.windowed): the kernel reads and writes the row's whole 16-byte vectors and
+    """An odd row length (softmax_window.windowed): the kernel reads and writes the row's whole 16-byte vectors and
     only its two edge vectors element by element, where before every element had its own load (stop 32,
     triton 3.6: the sketched kernel took 255 registers and spilled at 4096x8191). Registers, spills and the
     row loop stay near those of the even width beside it (16383 as 16384: the same BLOCK and warps)."""

@@ -139,7 +139,7 @@ def test_packed_layout_slow_rows_redo_the_program():
 
 def test_which_inputs_take_the_packed_layout():
     """16-bit rows of even length with an even row stride and 4-byte alignment read as words, and so do
-    odd-length rows of 16 or more read through their aligned vectors (softmax.windowed); the rest keep
+    odd-length rows of 16 or more read through their aligned vectors (softmax_window.windowed); the rest keep
     layout 4 (asking for layout 10 there is a clear error)."""
     x = torch.randn(6, 32).to(torch.bfloat16)
     assert packable(x) and packable(x.to(torch.float16))
@@ -153,7 +153,8 @@ def test_which_inputs_take_the_packed_layout():
     for t, kw in ((odd, {"window": False}), (odd[:, :15].contiguous(), {})):  # element by element; too short
         with pytest.raises(InputError, match="layout 10"):
             _softmax_launch(t, torch.empty_like(t), new_buffer("softmax", "cpu"), variant=10, **kw)
-    for t in (odd[:, :15].contiguous(), x.float(), torch.randn(6, 33).to(torch.bfloat16)[:, 1:]):  # the default: layout 4
+    short, odd_stride = odd[:, :15].contiguous(), torch.randn(6, 33).to(torch.bfloat16)[:, 1:]
+    for t in (short, x.float(), odd_stride):  # the default: layout 4
         got, same = softmax_layout(t, None)
         assert same
         close(got, ingest_sketch("softmax", {"x": t}))

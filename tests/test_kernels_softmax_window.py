@@ -1,5 +1,5 @@
 """Softmax over rows that no power of two divides, read and written through their aligned 16-byte vectors
-(softmax.windowed, the kernel's WINDOW): the row's whole vectors in the main tensor, its first and last
+(softmax_window.windowed, the kernel's WINDOW): the row's whole vectors in the main tensor, its first and last
 partial vectors as edge pieces. Under TRITON_INTERPRET=1: which launches take it, y against float64 and
 against the element-by-element launch, y bit-identical with and without the sketch, the sketch against
 optwin.ingest with NaN, +inf, -inf and HF masks in the edges, neighbour rows left unwritten. The speed it

@@ -59,7 +59,7 @@ DRAM keeps streaming while the warps are in the row's trees: H200 4096x16384 bf1
 Rows that no power of two divides (odd n: attention scores at odd sequence lengths) read and write their
 whole 16-byte vectors from the boundary at or before the row's start, and their first and last partial
 vectors element by element as two small edge pieces, folded into the row's max, sums and sketch after the
-trees (windowed, _window; stop 33). Before, every element had its own load and store. H200, bf16, µs
+trees (optwin.kernels.softmax_window; stop 33). Before, every element had its own load and store. H200, bf16, µs
 without / with the sketch, L2 flushed: 4096x16383 159.2 / 441.9 -> 71.7 / 88.3, 8192x8191 107.6 / 249.6 ->
 75.3 / 86.0 (bench/results/softmax_window_*_h200_s33.md). The lanes then start at the row's offset in its
 vector, so the sum tree groups other neighbours: y's last bits depend on where a row lies (within an output
@@ -768,7 +768,8 @@ def _softmax_launch(
     # (H200: 75.1 against stop 20's 73.9 µs, norm_chunks_h200_s21a.md; 77.9 against 74.5, _s21b.md)
     win = window and windowed(x2, y2, align)
     # packed=False: the bench's way to layout 4. A WINDOW row's whole vectors are words of the row's elements
-    packed = sketch and packed is not False and (packable(x2) or (win and x2.dtype in NEG_INF_PAIR and n >= 16))
+    words = packable(x2) or (win and x2.dtype in NEG_INF_PAIR and n >= 16)
+    packed = sketch and packed is not False and words
     var = ((PACKED_VARIANT if packed else VARIANT) if variant is None else variant) if sketch else 0  # no sketch: one kernel
     packed = packed and var == 10
     win = win and var in (0, 4, 10)  # layouts 3 and 8 (the references) read such rows element by element
