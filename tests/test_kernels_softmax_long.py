@@ -117,3 +117,23 @@ def test_rows_past_the_piece_limit_get_a_clear_error():
     x = torch.zeros(1, MAX_PIECES * 4096 + 1)
     with pytest.raises(InputError, match="exceed the 16777216 columns"):
         softmax(x)
+
+
+def test_a_piece_width_sends_shorter_rows_to_the_chunked_kernel():
+    """_softmax_launch(piece=...) runs rows that fit in a program through softmax_long (the bench's
+    comparison at 32769-65535 wide, where BLOCK 65536 spills): y close to the in-register kernel's (the sum
+    order differs) and to float64, y the same without the sketch, the sketch equal to ingest's."""
+    from optwin.kernels.sketch_buffer import new_buffer
+    from optwin.kernels.softmax import _softmax_launch
+
+    x = (torch.randn(6, 1001, generator=seed("softmax-long-short")) * 3).to(torch.bfloat16)
+    x[2, ::5] = -float("inf")
+    y, y0, yr = torch.empty_like(x), torch.empty_like(x), torch.empty_like(x)
+    buf = new_buffer("softmax", x.device)
+    _softmax_launch(x, y, buf, piece=256)  # 4 pieces a row, the last partial
+    _softmax_launch(x, y0, None, piece=256)
+    _softmax_launch(x, yr, None)  # in registers
+    assert torch.equal(bits(y), bits(y0))
+    assert float((y.double() - yr.double()).abs().max()) <= 2**-8
+    torch.testing.assert_close(y.double(), torch.softmax(x.double(), -1), rtol=1e-2, atol=2**-9)
+    close(read_sketch("softmax", buf, x.shape), ingest_sketch("softmax", {"x": x}))

@@ -750,12 +750,14 @@ def _softmax_launch(
     """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows;
     without the sketch one program per row where _common.ROW_GRID lists the launch.
     num_warps / stages / per_sm / variant / fusion / maxnreg / keep override the tuned launch (the
-    bench's sweep; maxnreg caps registers per thread, so a kernel keeps 2 programs per SM); piece
-    the long rows' piece width (softmax_long); probe: the kernel's PROBE (bench only: where the sketch's
-    time goes, bench/RESULTS.md stop 28); window=False reads the rows that windowed() takes (layouts 0, 4 and
-    10) element by element, as layouts 3 and 8 always do (the bench's and tests' comparisons)."""
+    bench's sweep; maxnreg caps registers per thread, so a kernel keeps 2 programs per SM); piece the long
+    rows' piece width (softmax_long), which sends shorter rows there too (the bench's comparison: rows past
+    32768 hold 64 registers a thread at BLOCK 65536, and spill); probe: the kernel's PROBE (bench only: where
+    the sketch's time goes, bench/RESULTS.md stop 28); window=False reads the rows that windowed() takes
+    (layouts 0, 4 and 10) element by element, as layouts 3 and 8 always do (the bench's and tests'
+    comparisons)."""
     n_rows, n = x2.shape
-    if n > MAX_BLOCK:  # past what a program holds in registers: the chunked kernel
+    if n > MAX_BLOCK or piece is not None:  # past what a program holds (or asked for): the chunked kernel
         softmax_long_launch(x2, y2, buf, PEAK_NATS, num_warps, maxnreg, piece)
         return
     sketch = buf is not None
