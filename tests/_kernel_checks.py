@@ -53,12 +53,13 @@ def softmax_layout(x: torch.Tensor, variant: int | None) -> tuple[dict[str, floa
     from optwin.kernels import read_sketch
     from optwin.kernels.sketch_buffer import new_buffer
     from optwin.kernels.softmax import _softmax_launch
+    from optwin.kernels.softmax_window import WINDOW_LAYOUTS
 
     x2 = x.reshape(-1, x.shape[-1])  # (rows, n)
     y1, y0 = torch.empty_like(x2), torch.empty_like(x2)
     buf = new_buffer("softmax", x.device)
     _softmax_launch(x2, y1, buf, variant=variant)
-    _softmax_launch(x2, y0, None, window=variant in (None, 4, 10))  # layouts 3 and 8 read odd rows element-wise
+    _softmax_launch(x2, y0, None, window=variant is None or variant in WINDOW_LAYOUTS)  # the sketched launch's rows
     return read_sketch("softmax", buf, x.shape), bool(torch.equal(bits(y1), bits(y0)))
 
 

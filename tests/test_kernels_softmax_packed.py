@@ -20,7 +20,8 @@ from optwin.errors import InputError
 from optwin.ingest import sketch as ingest_sketch
 from optwin.kernels.packed16 import packable
 from optwin.kernels.sketch_buffer import new_buffer
-from optwin.kernels.softmax import _softmax_launch, windowed
+from optwin.kernels.softmax import _softmax_launch
+from optwin.kernels.softmax_window import windowed
 
 DT = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 

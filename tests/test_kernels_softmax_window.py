@@ -21,7 +21,8 @@ from _kernel_checks import bits, close, seed
 
 from optwin.ingest import sketch as ingest_sketch
 from optwin.kernels.sketch_buffer import new_buffer, read_sketch
-from optwin.kernels.softmax import _softmax_launch, windowed
+from optwin.kernels.softmax import _softmax_launch
+from optwin.kernels.softmax_window import windowed
 
 DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 

@@ -126,9 +126,12 @@ from optwin.kernels.softmax_sketch import (
     publish_sketch,
 )
 from optwin.kernels.softmax_window import (
+    WINDOW_LAYOUTS,
     _add_edge_sums,
     _count_edges,
+    _edges,
     _merge_edges,
+    _whole,
     _window,
     windowed,
 )
@@ -462,21 +465,25 @@ def _softmax_kernel(
         row = tl.cast(r, tl.int64)
         prefetch_row(X_ptr, r, pf_ahead, n_rows, X_row_stride, PF_BYTES, VEC if WINDOW else 1)
         if PACKED and WINDOW:  # the words of the row's whole vectors (_window), its edges as elements
-            start, wm, pos, edge, n_in = _window(row, X_row_stride, n_cols, BLOCK // 2, VEC, VEC // 2)
-            n_pad = BLOCK - n_in  # -inf halves of the words outside the whole vectors
+            start, off, first, end = _window(row, X_row_stride, n_cols, VEC)
+            wm = _whole(first, end, BLOCK // 2, VEC // 2)
+            # the same vectors as element lanes, for y's store (not wm joined to itself: that reshape moved
+            # through shared memory every row, H200 4096x16383 bf16 with the sketch 333 µs)
+            inner = _whole(first, end, BLOCK, VEC)
+            pos, edge = _edges(off, first, end, n_cols, VEC)
+            n_pad = BLOCK - tl.maximum(end - first, 0) * VEC  # -inf halves of the words outside the whole vectors
             Xw = (X_ptr + start).to(tl.pointer_type(tl.int32))
             w = tl.load(Xw + wcols, mask=wm, other=NEG_PAIR, eviction_policy="evict_first")
             he = tl.load(X_ptr + start + pos, mask=edge, other=-float("inf")).to(tl.float32)  # read n (dtype)
-            # the same vectors as element lanes, for y's store (not wm joined to itself: that reshape moved
-            # through shared memory every row, H200 4096x16383 bf16 with the sketch 333 µs)
-            inner = _window(row, X_row_stride, n_cols, BLOCK, VEC, VEC)[1]
         elif PACKED:
             wm = wmask
             n_pad = BLOCK - n_cols  # the padding words' -inf halves
             Xw = (X_ptr + row * X_row_stride).to(tl.pointer_type(tl.int32))
             w = tl.load(Xw + wcols, mask=wm, other=NEG_PAIR, eviction_policy="evict_first")  # read n (dtype)
         elif WINDOW:  # a row no power of two divides: its interior in whole vectors, its edges apart (_window)
-            start, inner, pos, edge, _ = _window(row, X_row_stride, n_cols, BLOCK, VEC, VEC)
+            start, off, first, end = _window(row, X_row_stride, n_cols, VEC)
+            inner = _whole(first, end, BLOCK, VEC)
+            pos, edge = _edges(off, first, end, n_cols, VEC)
             x = tl.load(X_ptr + start + cols, mask=inner, other=-float("inf"), eviction_policy="evict_first")
             he = tl.load(X_ptr + start + pos, mask=edge, other=-float("inf")).to(tl.float32)  # read n (dtype)
             h = x.to(tl.float32)
@@ -774,7 +781,7 @@ def _softmax_launch(
     packed = sketch and packed is not False and words
     var = ((PACKED_VARIANT if packed else VARIANT) if variant is None else variant) if sketch else 0  # no sketch: one kernel
     packed = packed and var == 10
-    win = win and var in (0, 4, 10)  # layouts 3 and 8 (the references) read such rows element by element
+    win = win and var in WINDOW_LAYOUTS
     block, warps, st, _ = launch_config("softmax", n, num_warps or (None if win else unaligned_warps(n, esize, align)),
                                         stages, esize=esize)
     if var not in LAYOUTS and sketch:

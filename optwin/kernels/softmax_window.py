@@ -3,9 +3,9 @@
 WINDOW; optwin.kernels.softmax): the row's whole vectors as the kernel's main tensor, its first and last
 partial vectors as a small edge piece folded in after the trees.
 
-windowed says which launches take it; _window gives a row's vectors and edges; _merge_edges, _add_edge_sums
-and _count_edges fold the edges into the row's max and min, its sums s and t, and the sketch's squares and
--inf count. Before (stop 32) such rows were read element by element, an address register each. H200 bf16,
+windowed says which launches take it (layouts WINDOW_LAYOUTS); _window locates a row, _whole and _edges give
+its lanes; _merge_edges, _add_edge_sums and _count_edges fold the edges into the row's max and min, its sums s
+and t, and the sketch's squares and -inf count. Before (stop 32) such rows were read element by element, an address register each. H200 bf16,
 µs without / with the sketch, L2 flushed: 4096x16383 159.2 / 441.9 -> 71.7 / 88.3, 512x50257 124.8 /
 1025.5 -> 54.6 / 91.2 (bench/results/softmax_window_*_h200_s33.md).
 """
@@ -20,9 +20,13 @@ from optwin.kernels._common import FMAX, INTERPRET, exp_ftz
 from optwin.kernels.packed16 import packable
 from optwin.kernels.softmax_sketch import _max_min, _sum_pair
 
+# The kernel's layouts that read such rows through their vectors (0: without the sketch); layouts 3 and 8, the
+# bench's references, read them element by element.
+WINDOW_LAYOUTS = (0, 4, 10)
+
 
 def windowed(x2: torch.Tensor, y2: torch.Tensor, align: int) -> bool:
-    """True where the kernel reads and writes rows through their aligned vectors (WINDOW; _window): rows
+    """True where the kernel reads and writes rows through their aligned vectors (WINDOW): rows
     that only 1 divides (ALIGN 1: element loads otherwise) and that words do not take (packed16.packable),
     y's rows at x's offsets (same row stride) and both 16-byte aligned. The launches with and without the
     sketch (layouts 4 and 10) see the same rule, so the same lanes and tree (y the same)."""
@@ -31,33 +35,42 @@ def windowed(x2: torch.Tensor, y2: torch.Tensor, align: int) -> bool:
 
 
 @triton.jit
-def _window(row, X_row_stride, n_cols, BLOCK: tl.constexpr, VEC: tl.constexpr, PER_VEC: tl.constexpr):
-    """A row that no power of two divides (WINDOW), as its interior and its edges. Before (ALIGN 1) such rows
+def _window(row, X_row_stride, n_cols, VEC: tl.constexpr):
+    """A row that no power of two divides (WINDOW), located in its 16-byte vectors. Before (ALIGN 1) such rows
     were read and written element by element, an address register each: H200 bf16 42-66 % of copy, the
-    sketch +50 to +210 % (bench/results/softmax_odd_*_h200_s32.md). Its first element lies at start + off,
-    start a multiple of VEC (a 16-byte vector), 0 <= off < VEC. Returns (start, inner, pos, edge, n_in):
-    - inner [BLOCK]: the lanes of the vectors from start that lie wholly in the row (lane k is element
-      start + k; the row's lanes are off .. off + n - 1, which BLOCK = next_pow2(n) holds but for the last
-      partial vector): read and written whole, -inf elsewhere. PER_VEC lanes a vector: VEC elements, or
-      VEC // 2 words of two 16-bit elements (layout 10: every word of a whole vector is the row's);
-    - pos, edge [2 * VEC]: lanes of the row's first vector (where off > 0) and of its last partial vector, as
-      positions from start, and which of them are the row's: read and written element by element (their
-      other elements are the neighbour rows'), folded into the row's max, sums and sketch after the trees;
-    - n_in: the number of the row's elements in its whole vectors.
-    The sums then add the edges' after the interior's tree, so y's last bits depend on where a row lies."""
+    sketch +50 to +210 % (bench/results/softmax_odd_*_h200_s32.md). Returns (start, off, first, end): the
+    row's first element lies at start + off, start a multiple of VEC (a 16-byte vector), 0 <= off < VEC;
+    vectors first .. end - 1 from start lie wholly in the row (_whole), the first one (where off > 0) and
+    vector `end` hold its edges (_edges). The row's lanes are off .. off + n - 1, which BLOCK = next_pow2(n)
+    holds but for the last partial vector. The sums add the edges' after the interior's tree, so y's last
+    bits depend on where a row lies."""
     at = row * X_row_stride
     start = at // VEC * VEC  # the product shows the alignment analysis that VEC divides it
     off = (at - start).to(tl.int32)
-    first = (off + VEC - 1) // VEC  # the first vector wholly in the row
-    end = (off + n_cols) // VEC  # past the last vector wholly in the row
-    vec = tl.arange(0, BLOCK) // PER_VEC  # constant over each vector's lanes: whole-vector loads and stores
-    inner = (vec >= first) & (vec < end)
+    return start, off, (off + VEC - 1) // VEC, (off + n_cols) // VEC
+
+
+@triton.jit
+def _whole(first, end, LANES: tl.constexpr, PER_VEC: tl.constexpr):
+    """[LANES] mask of the lanes in vectors first .. end - 1 (_window), PER_VEC lanes a vector: VEC elements,
+    or VEC // 2 words of two 16-bit elements (layout 10: every word of a whole vector is the row's). Read and
+    written whole; -inf elsewhere."""
+    vec = tl.arange(0, LANES) // PER_VEC  # constant over each vector's lanes: whole-vector loads and stores
+    return (vec >= first) & (vec < end)
+
+
+@triton.jit
+def _edges(off, first, end, n_cols, VEC: tl.constexpr):
+    """(pos, edge) [2 * VEC]: the lanes of the row's first vector (where off > 0) and of vector `end` (its last
+    partial one), as positions from start, and which of them are the row's. Read and written element by
+    element (their other elements are the neighbour rows'), folded into the row's max, sums and sketch after
+    the trees."""
     k = tl.arange(0, 2 * VEC)
-    pos = tl.where(k < VEC, k, end * VEC + k - VEC)  # the first vector, then vector `end`
-    # the first vector only where off > 0 (else it is inner, or it is vector `end`); vector `end` only past
+    pos = tl.where(k < VEC, k, end * VEC + k - VEC)
+    # the first vector only where off > 0 (else it is whole, or it is vector `end`); vector `end` only past
     # the first one (n + off < VEC: one vector, the first)
     edge = (pos >= off) & (pos < off + n_cols) & (tl.where(k < VEC, off, end - first + 1) > 0)  # tensor compares
-    return start, inner, pos, edge, tl.maximum(end - first, 0) * VEC
+    return pos, edge
 
 
 @triton.jit
