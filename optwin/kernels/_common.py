@@ -173,7 +173,15 @@ TUNED_BY_ELEMENT: dict[tuple[str, int, int], tuple[int, int]] = {
     # 77.7 / 132.9 -> 77.5 / 82.6 (4 warps 73.0 / 87.9, 1 warp 79.7 / 79.2); 2048x32768 32 -> 16:
     # 82.4 / 92.9 -> 80.8 / 90.2. Before stop 21's word layout, 8 warps had lost at 16384 (layout 4,
     # 89.2 / 135.8 against 82.2 / 115.8). float32 rows keep launch_settings' warps but at 16384.
-    **{("softmax", b, 2): (w, 1) for b, w in ((2048, 2), (4096, 2), (8192, 4), (16384, 8), (32768, 16))},
+    # Stop 34: rows of 32769-65535 (BLOCK 65536; a vocabulary like GPT-2's 50257) take 16 warps, not 32:
+    # 128 elements a thread at 1 program per SM. Both spill (offline sm_90a at 512x50256: 32 warps 64 registers,
+    # 212 / 316 bytes; 16 warps 128, 264 / 424), but 32 warps' trees cross twice the warps. H200 bf16, µs
+    # without / with the sketch, 32 -> 16 warps (bench/results/softmax_65536_warps_h200_s34.md): 512x50257
+    # 54.6 / 93.1 -> 52.5 / 67.7, 512x50256 58.8 / 60.6 -> 50.7 / 59.1, 1024x40000 98.4 / 96.4 -> 82.4 / 95.0,
+    # 2048x32769 167.7 / 271.2 -> 142.1 / 177.9 (softmax_long's 4096-wide pieces: 58.5 / 116.5, 46.4 / 61.6,
+    # 66.1 / 91.1, 131.7 / 287.7; bench/results/softmax_65536_pieces_h200_s34.md).
+    **{("softmax", b, 2): (w, 1) for b, w in ((2048, 2), (4096, 2), (8192, 4), (16384, 8), (32768, 16),
+                                               (65536, 16))},
     ("softmax", 16384, 4): (32, 1),
     ("rmsnorm", 16384, 4): (8, 1),
 }

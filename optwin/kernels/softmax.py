@@ -50,7 +50,8 @@ and adds them scaled by 2^-72 to a second lane accumulator; the widest range is 
 (-3e38) fits float32. H200, 4096x16384 bf16 HF-masked scores with the sketch: 1527 -> 124 µs (the
 exact pass before); other inputs +1.5 µs (bench/results/norm_chunks_h200_s16d.md).
 Launch: BLOCK = next_pow2(n); warps and stages from _common.TUNED_BY_ELEMENT (16-bit rows of 2048..32768: 64
-elements a thread, at least 2 warps; stop 32, measured: 8 warps at BLOCK 16384, 16 before); the sketch
+elements a thread, at least 2 warps; stop 32, measured: 8 warps at BLOCK 16384, 16 before; BLOCK 65536: 16
+warps, 128 elements a thread, stop 34); the sketch
 kernel is capped at MAXNREG registers where listed (2 programs per SM). Where
 _common.PREFETCH lists the launch (16-bit rows, sm_90+, 16-byte aligned rows), each program first asks the L2
 for the row it reads one step later (one cp.async.bulk.prefetch.L2 per row: _common.prefetch_l2), so
