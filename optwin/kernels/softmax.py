@@ -234,7 +234,13 @@ FLUSH = 16  # rows between float64 flushes of the lane sums of squares (VARIANT 
 # Stop 32's 8 warps at BLOCK 16384 are capped at 128 (2 programs per SM). µs with the sketch, same rounds: uncapped
 # 78.7, capped at 128 78.0, at 112 77.8 (bench/results/softmax_w8_bf16_h200_s32.md); another run: 128 78.2, 112 77.4,
 # 96 79.2, 80 84.8, 168 92.4 (softmax_w8_caps_h200_s32.md). The 16-warp caps stay for the bench's overrides.
-MAXNREG: dict[tuple[int, int], int] = {(16384, 16): 64, (8192, 16): 64, (16384, 8): 128}
+# Stop 34: BLOCK 4096 at 2 warps and 8192 at 4 are capped at 128 too. Stop 33's HUGE-branch change (padding
+# compared with the -inf count) took their uncapped sketch kernels from 121 to 137 registers (offline sm_90a, triton
+# 3.6), 8 -> 7 and 4 -> 3 programs per SM; on the H200, bf16 µs with the sketch, stop 33's start against stop 34's
+# (bench/results/softmax_regression_s33_h200_s34.md): 16384x4096 82.3 -> 102.0. Capped at 128: 126 registers, no
+# spills, the loop as long (2161 against 2160 SASS). The device time ran out before the capped launch was timed;
+# stop 32 timed 8192x8192 at 4 warps capped at 128 against uncapped: 76.9 against 76.2 (softmax_w4_8192_h200_s32.md).
+MAXNREG: dict[tuple[int, int], int] = {(16384, 16): 64, (8192, 16): 64, (16384, 8): 128, (4096, 2): 128, (8192, 4): 128}
 FUSION = False  # enable_fp_fusion of the VARIANT 3-8 sketch kernels (the sweep's option; layout 10 fuses)
 # VARIANT 10: a row whose max exceeds the format's lowest finite value by more than 128 (exp of the
 # difference is 0: ex2.approx.ftz underflows below -126 * ln 2) can read its -inf halves as that value.
