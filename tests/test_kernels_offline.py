@@ -118,3 +118,10 @@ def test_softmax_sketch_keeps_its_programs_per_sm_at_4096_and_8192():
         k, = _compile("softmax", "--shape", shape, "--sketch", "yes")
         assert k["maxnreg"] == 128 and k["registers"] <= 128, k
         assert k["spills_in_loops"] == 0 and k["vector_loads"], k
+
+
+def test_softmax_at_65536_keeps_its_registers_without_the_sketch():
+    """BLOCK 65536 runs 16 warps, one program per SM (softmax.PLAIN_MAXNREG caps the launch without the sketch at 128):
+    uncapped, ptxas gave float16 512x50256 32 registers and 2372 bytes of spills."""
+    k, = _compile("softmax", "--shape", "512x50256", "--dtype", "float16", "--sketch", "no")
+    assert k["num_warps"] == 16 and k["maxnreg"] == 128 and k["registers"] > 64, k

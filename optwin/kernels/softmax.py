@@ -241,6 +241,11 @@ FLUSH = 16  # rows between float64 flushes of the lane sums of squares (VARIANT 
 # spills, the loop as long (2161 against 2160 SASS). The device time ran out before the capped launch was timed;
 # stop 32 timed 8192x8192 at 4 warps capped at 128 against uncapped: 76.9 against 76.2 (softmax_w4_8192_h200_s32.md).
 MAXNREG: dict[tuple[int, int], int] = {(16384, 16): 64, (8192, 16): 64, (16384, 8): 128, (4096, 2): 128, (8192, 4): 128}
+# The launch without the sketch capped where ptxas' own choice spilled far more: BLOCK 65536 at 16 warps (one
+# program per SM, 128 registers a thread to spend). Uncapped, float16 512x50256 compiled to 32 registers and 2372
+# bytes of spills (offline sm_90a, triton 3.6), at 128 to 368 bytes; bfloat16 takes 128 either way. Not timed on
+# the GPU (stop 34's device time ran out after the bfloat16 runs).
+PLAIN_MAXNREG: dict[tuple[int, int], int] = {(65536, 16): 128}
 FUSION = False  # enable_fp_fusion of the VARIANT 3-8 sketch kernels (the sweep's option; layout 10 fuses)
 # VARIANT 10: a row whose max exceeds the format's lowest finite value by more than 128 (exp of the
 # difference is 0: ex2.approx.ftz underflows below -126 * ln 2) can read its -inf halves as that value.
@@ -798,7 +803,8 @@ def _softmax_launch(
     fuse = ((var == 10 or FUSION) if fusion is None else fusion) and sketch
     vec, lanes = lane_shape(block, esize, warps)
     kp = min(KEEP if keep is None else keep, vec) if sketch and var >= 4 else 1
-    cap = maxnreg if maxnreg is not None else MAXNREG.get((block, warps)) if sketch and var >= 4 else None
+    cap = (maxnreg if maxnreg is not None else MAXNREG.get((block, warps)) if sketch and var >= 4
+           else PLAIN_MAXNREG.get((block, warps)))
     even = var == 8 and block == n  # VARIANT 8's select-free branch needs no column mask
     key = ("softmax", x2.dtype, y2.dtype, block, warps, st, sketch, var, fuse, cap, kp, even, packed, probe, align,
            win)
