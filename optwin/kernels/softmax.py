@@ -803,8 +803,12 @@ def _softmax_launch(
     fuse = ((var == 10 or FUSION) if fusion is None else fusion) and sketch
     vec, lanes = lane_shape(block, esize, warps)
     kp = min(KEEP if keep is None else keep, vec) if sketch and var >= 4 else 1
-    cap = (maxnreg if maxnreg is not None else MAXNREG.get((block, warps)) if sketch and var >= 4
-           else PLAIN_MAXNREG.get((block, warps)))
+    if maxnreg is not None:
+        cap = maxnreg
+    elif sketch:
+        cap = MAXNREG.get((block, warps)) if var >= 4 else None
+    else:
+        cap = PLAIN_MAXNREG.get((block, warps))
     even = var == 8 and block == n  # VARIANT 8's select-free branch needs no column mask
     key = ("softmax", x2.dtype, y2.dtype, block, warps, st, sketch, var, fuse, cap, kp, even, packed, probe, align,
            win)
