@@ -244,7 +244,7 @@ MAXNREG: dict[tuple[int, int], int] = {(16384, 16): 64, (8192, 16): 64, (16384, 
 # The launch without the sketch capped where ptxas' own choice spilled far more: BLOCK 65536 at 16 warps (one
 # program per SM, 128 registers a thread to spend). Uncapped, float16 512x50256 compiled to 32 registers and 2372
 # bytes of spills (offline sm_90a, triton 3.6), at 128 to 368 bytes; bfloat16 takes 128 either way. Not timed on
-# the GPU (stop 34's device time ran out after the bfloat16 runs).
+# the GPU (found offline after stop 34's last device run).
 PLAIN_MAXNREG: dict[tuple[int, int], int] = {(65536, 16): 128}
 FUSION = False  # enable_fp_fusion of the VARIANT 3-8 sketch kernels (the sweep's option; layout 10 fuses)
 # VARIANT 10: a row whose max exceeds the format's lowest finite value by more than 128 (exp of the
