@@ -82,7 +82,9 @@ from optwin.kernels._common import (
     DTYPES,
     FMAX,
     INTERPRET,
+    INTERPRETED,
     MAX_BLOCK,
+    RECORD_POLL,
     aligned,
     check_device,
     check_rows,
@@ -114,9 +116,19 @@ from optwin.kernels.packed16 import (
     row_max_min,
     unpack,
 )
-from optwin.kernels.sketch_buffer import WORKSPACE, feature_names, new_buffer, workspace
+from optwin.kernels.sketch_buffer import (
+    WORKSPACE,
+    feature_names,
+    new_buffer,
+    row_records,
+    workspace,
+)
 from optwin.kernels.softmax_long import softmax_long_launch
+from optwin.kernels.softmax_rows import _finish_row_records, _store_row_record
 from optwin.kernels.softmax_sketch import (
+    HUGE,
+    HUGE_SCALE,
+    HUGE_UNSCALE,
     _exact_row_chunked,
     _max_min,
     _merge_extremes,
@@ -149,16 +161,6 @@ PEAK_NATS = float(DEFAULT_TOLERANCES.low_entropy_nats)
 # Finite |h| at or above this goes to layout 3's slow path: below it a row's fp32 sum of squares
 # cannot overflow (2**16 lanes * 2**110 < FMAX), so the main loop's test is lane-wise exact.
 BIG: tl.constexpr = tl.constexpr(2.0**55)
-# VARIANT 4: a row whose finite |h| reaches HUGE (HF masks with finfo.min, -3.4e38; or +inf) sums its
-# squares scaled by HUGE_SCALE in its own lane accumulator instead of the plain one (whose squares
-# overflow), and every row's range is kept halved, so such rows stay in the main loop: before, every program
-# holding one re-read all its rows in the exact pass, on every call of a masked HF attention. Below
-# HUGE a lane's FLUSH * BLOCK/LANES squares stay < 2^(9 + 112) < FMAX; scaled, |h| <= FMAX gives
-# squares <= 2^112 too. What underflows in the scaled squares is |h| < 2^-2: < 2^-100 of such a
-# row's sum (which holds a square >= 2^112 before scaling).
-HUGE: tl.constexpr = tl.constexpr(2.0**56)
-HUGE_SCALE: tl.constexpr = tl.constexpr(2.0**-72)
-HUGE_UNSCALE: tl.constexpr = tl.constexpr(2.0**144)
 # Sketch layouts (VARIANT), timed against each other by bench/softmax_sketch.py on an H200
 # (bench/results/softmax_sketch_h200*.md, 4096x16384 bf16, 16 warps, µs without / with the sketch;
 # SASS counts from an offline sm_90 compile with triton 3.6, per thread and row of 32 elements):
@@ -246,6 +248,10 @@ MAXNREG: dict[tuple[int, int], int] = {(16384, 16): 64, (8192, 16): 64, (16384, 
 # bytes of spills (offline sm_90a, triton 3.6), at 128 to 368 bytes; bfloat16 takes 128 either way. Not timed on
 # the GPU (found offline after stop 34's last device run).
 PLAIN_MAXNREG: dict[tuple[int, int], int] = {(65536, 16): 128}
+# BLOCKs whose sketched launch (layout 10) runs a program per row, its partials in row records that one more
+# program reduces (optwin.kernels.softmax_rows). H200 bf16 4096x16384, µs with the sketch, the persistent
+# launch -> a program per row: (stop 35; the plain launch 70.0) (bench/results/softmax_rows_*_h200_s35.md).
+ROWS_BLOCKS = {16384}
 FUSION = False  # enable_fp_fusion of the VARIANT 3-8 sketch kernels (the sweep's option; layout 10 fuses)
 # VARIANT 10: a row whose max exceeds the format's lowest finite value by more than 128 (exp of the
 # difference is 0: ex2.approx.ftz underflows below -126 * ln 2) can read its -inf halves as that value.
@@ -421,6 +427,7 @@ def _softmax_kernel(
     S_ptr,  # sketch features, float64 (11,); unused unless SKETCH
     F_ptr,  # workspace float64 slots (sumsq, max, min, max row range, min row max)
     I_ptr,  # workspace int64 slots (ticket, nonfinite, -inf count, masked | peaked rows << 32, eligible rows)
+    M_ptr,  # ROWS: row record words, int64 (>= 2 * n_rows,), all -1 (sketch_buffer.row_records)
     n_rows,
     n_cols,
     peak_nats,  # fp32: entropy below which a row is peaked
@@ -442,6 +449,9 @@ def _softmax_kernel(
     pf_ahead=0,  # the row prefetched is pf_ahead rows past the one being read
     ALIGN: tl.constexpr = 1,  # n_cols and both row strides are multiples of it (_common.column_multiple)
     WINDOW: tl.constexpr = False,  # rows read and written in aligned VEC-element vectors (_window; PACKED: as words)
+    ROWS: tl.constexpr = False,  # VARIANT 10: a program per row, its partials in row records, and the finisher
+    POLL: tl.constexpr = 512,  # ROWS: rows whose records the finisher reads at once
+    FINISHER_FIRST: tl.constexpr = True,  # ROWS: program 0 finishes (a GPU starts it first); else program n_rows
     PROBE: tl.constexpr = 0,  # bench only, VARIANT 10 (y stays the same; the sketch is then wrong), bits: 1 no t
     # (s alone), 2 no min (a plain max tree), 4 no lane accumulators, 8 no per-row scalars, 16 no flushes (nor
     # the lane totals at the end: n_left stays FLUSH),
@@ -450,297 +460,316 @@ def _softmax_kernel(
     # 512 only every 8th program merges, 1024 no float merges, 2048 no integer merges
 ):
     pid = tl.program_id(0)
-    n_cols = aligned(n_cols, ALIGN)
-    X_row_stride = aligned(X_row_stride, ALIGN)
-    Y_row_stride = aligned(Y_row_stride, ALIGN)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < n_cols
-    if SKETCH:
-        p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, p_masked, p_peak, p_elig = fresh_partials()
-        p_bad = tl.zeros((), dtype=tl.int32)  # rows left to the exact pass after the loop
-        if VARIANT >= 4:
-            a_sq = tl.zeros([LANES, KEEP], dtype=tl.float32)  # per lane: sum of h*h over non-(-inf) entries
-            if VARIANT == 10:  # two 16-bit counters per lane, one per half of the words
-                a_neg = tl.zeros([LANES, KEEP], dtype=tl.int32)
+    finisher = pid < 0  # never: a runtime False (a constant one still compiled the branch below)
+    if ROWS:
+        finisher = pid == (0 if FINISHER_FIRST else n_rows)
+    if finisher:
+        if ROWS:  # the finisher polls the rows' records
+            _finish_row_records(S_ptr, F_ptr, I_ptr, M_ptr, n_rows, n_cols, POLL)
+    else:
+        n_cols = aligned(n_cols, ALIGN)
+        X_row_stride = aligned(X_row_stride, ALIGN)
+        Y_row_stride = aligned(Y_row_stride, ALIGN)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        if SKETCH:
+            p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, p_masked, p_peak, p_elig = fresh_partials()
+            p_bad = tl.zeros((), dtype=tl.int32)  # rows left to the exact pass after the loop
+            if VARIANT >= 4:
+                a_sq = tl.zeros([LANES, KEEP], dtype=tl.float32)  # per lane: sum of h*h over non-(-inf) entries
+                if VARIANT == 10:  # two 16-bit counters per lane, one per half of the words
+                    a_neg = tl.zeros([LANES, KEEP], dtype=tl.int32)
+                else:
+                    a_neg = tl.zeros([LANES, KEEP], dtype=tl.float32)  # per lane: -inf count (padding included; exact, flushed)
+                a_huge = tl.zeros([LANES, KEEP], dtype=tl.float32)  # VARIANT 4: sum of (h * 2^-72)^2 over rows with |h| >= HUGE
+                n_left = tl.full((), FLUSH, tl.int32)  # rows until the next flush of a_sq
+                n_fast = tl.zeros((), dtype=tl.int32)  # VARIANT 8: rows of the fast branch (their padding is not in a_neg)
+                if WINDOW:  # per edge lane (_count_edges): float64 squares, the row's non-(-inf) entries
+                    e_sq = tl.zeros([2 * VEC], dtype=tl.float64)
+                    e_num = tl.zeros([2 * VEC], dtype=tl.int32)
+        if PACKED:
+            wcols = tl.arange(0, BLOCK // 2)
+            wmask = wcols < n_cols // 2
+        if ROWS:  # this program's one row (program 0 finishes on a GPU)
+            r_first = pid - 1 if FINISHER_FIRST else pid
+            r_end = r_first + 1
+            r_step = 1
+        else:  # persistent: rows pid, pid + grid, ...
+            r_first = pid
+            r_end = n_rows
+            r_step = tl.num_programs(0)
+        for r in tl.range(r_first, r_end, r_step, num_stages=STAGES):
+            row = tl.cast(r, tl.int64)
+            prefetch_row(X_ptr, r, pf_ahead, n_rows, X_row_stride, PF_BYTES, VEC if WINDOW else 1)
+            if PACKED and WINDOW:  # the words of the row's whole vectors (_window), its edges as elements
+                start, off, first, end = _window(row, X_row_stride, n_cols, VEC)
+                wm = _whole(first, end, BLOCK // 2, VEC // 2)
+                # the same vectors as element lanes, for y's store (not wm joined to itself: that reshape moved
+                # through shared memory every row, H200 4096x16383 bf16 with the sketch 333 µs)
+                inner = _whole(first, end, BLOCK, VEC)
+                pos, edge = _edges(off, first, end, n_cols, VEC)
+                n_pad = BLOCK - tl.maximum(end - first, 0) * VEC  # -inf halves of the words outside the whole vectors
+                Xw = (X_ptr + start).to(tl.pointer_type(tl.int32))
+                w = tl.load(Xw + wcols, mask=wm, other=NEG_PAIR, eviction_policy="evict_first")
+                he = tl.load(X_ptr + start + pos, mask=edge, other=-float("inf")).to(tl.float32)  # read n (dtype)
+            elif PACKED:
+                wm = wmask
+                n_pad = BLOCK - n_cols  # the padding words' -inf halves
+                Xw = (X_ptr + row * X_row_stride).to(tl.pointer_type(tl.int32))
+                w = tl.load(Xw + wcols, mask=wm, other=NEG_PAIR, eviction_policy="evict_first")  # read n (dtype)
+            elif WINDOW:  # a row no power of two divides: its interior in whole vectors, its edges apart (_window)
+                start, off, first, end = _window(row, X_row_stride, n_cols, VEC)
+                inner = _whole(first, end, BLOCK, VEC)
+                pos, edge = _edges(off, first, end, n_cols, VEC)
+                x = tl.load(X_ptr + start + cols, mask=inner, other=-float("inf"), eviction_policy="evict_first")
+                he = tl.load(X_ptr + start + pos, mask=edge, other=-float("inf")).to(tl.float32)  # read n (dtype)
+                h = x.to(tl.float32)
             else:
-                a_neg = tl.zeros([LANES, KEEP], dtype=tl.float32)  # per lane: -inf count (padding included; exact, flushed)
-            a_huge = tl.zeros([LANES, KEEP], dtype=tl.float32)  # VARIANT 4: sum of (h * 2^-72)^2 over rows with |h| >= HUGE
-            n_left = tl.full((), FLUSH, tl.int32)  # rows until the next flush of a_sq
-            n_fast = tl.zeros((), dtype=tl.int32)  # VARIANT 8: rows of the fast branch (their padding is not in a_neg)
-            if WINDOW:  # per edge lane (_count_edges): float64 squares, the row's non-(-inf) entries
-                e_sq = tl.zeros([2 * VEC], dtype=tl.float64)
-                e_num = tl.zeros([2 * VEC], dtype=tl.int32)
-    if PACKED:
-        wcols = tl.arange(0, BLOCK // 2)
-        wmask = wcols < n_cols // 2
-    for r in tl.range(pid, n_rows, tl.num_programs(0), num_stages=STAGES):
-        row = tl.cast(r, tl.int64)
-        prefetch_row(X_ptr, r, pf_ahead, n_rows, X_row_stride, PF_BYTES, VEC if WINDOW else 1)
-        if PACKED and WINDOW:  # the words of the row's whole vectors (_window), its edges as elements
-            start, off, first, end = _window(row, X_row_stride, n_cols, VEC)
-            wm = _whole(first, end, BLOCK // 2, VEC // 2)
-            # the same vectors as element lanes, for y's store (not wm joined to itself: that reshape moved
-            # through shared memory every row, H200 4096x16383 bf16 with the sketch 333 µs)
-            inner = _whole(first, end, BLOCK, VEC)
-            pos, edge = _edges(off, first, end, n_cols, VEC)
-            n_pad = BLOCK - tl.maximum(end - first, 0) * VEC  # -inf halves of the words outside the whole vectors
-            Xw = (X_ptr + start).to(tl.pointer_type(tl.int32))
-            w = tl.load(Xw + wcols, mask=wm, other=NEG_PAIR, eviction_policy="evict_first")
-            he = tl.load(X_ptr + start + pos, mask=edge, other=-float("inf")).to(tl.float32)  # read n (dtype)
-        elif PACKED:
-            wm = wmask
-            n_pad = BLOCK - n_cols  # the padding words' -inf halves
-            Xw = (X_ptr + row * X_row_stride).to(tl.pointer_type(tl.int32))
-            w = tl.load(Xw + wcols, mask=wm, other=NEG_PAIR, eviction_policy="evict_first")  # read n (dtype)
-        elif WINDOW:  # a row no power of two divides: its interior in whole vectors, its edges apart (_window)
-            start, off, first, end = _window(row, X_row_stride, n_cols, VEC)
-            inner = _whole(first, end, BLOCK, VEC)
-            pos, edge = _edges(off, first, end, n_cols, VEC)
-            x = tl.load(X_ptr + start + cols, mask=inner, other=-float("inf"), eviction_policy="evict_first")
-            he = tl.load(X_ptr + start + pos, mask=edge, other=-float("inf")).to(tl.float32)  # read n (dtype)
-            h = x.to(tl.float32)
-        else:
-            x = tl.load(X_ptr + row * X_row_stride + cols, mask=mask, other=-float("inf"),
-                        eviction_policy="evict_first")  # read n (dtype)
-            h = x.to(tl.float32)
-        if SKETCH and VARIANT == 8:
-            # max tree: (max, plain min over the row's columns): no -inf mask before the branch
-            if EVEN:
-                hm = h
-            else:
-                hm = tl.where(mask, h, float("inf"))  # padding (loaded as -inf) stays out of the min
-            if INTERPRET:
-                m, rmin = tl.max(h, 0), tl.min(hm, 0)
-            else:
-                m, rmin = tl.reduce((h, hm), 0, _max_min)
-            if rmin > -float("inf"):  # no masked column: no per-element selects (EVEN)
+                x = tl.load(X_ptr + row * X_row_stride + cols, mask=mask, other=-float("inf"),
+                            eviction_policy="evict_first")  # read n (dtype)
+                h = x.to(tl.float32)
+            if SKETCH and VARIANT == 8:
+                # max tree: (max, plain min over the row's columns): no -inf mask before the branch
                 if EVEN:
-                    a_sq += lane_sum_squares(h, BLOCK, LANES, VEC, KEEP)  # NaN/+inf/overflow: caught after the loop
-                    d = h - m
-                    e = exp_ftz(d)
-                    ed = e * d  # -inf only if h - m overflows (|h| ~ FMAX): t NaN, redone below
+                    hm = h
                 else:
-                    hz = tl.where(mask, h, 0.0)
+                    hm = tl.where(mask, h, float("inf"))  # padding (loaded as -inf) stays out of the min
+                if INTERPRET:
+                    m, rmin = tl.max(h, 0), tl.min(hm, 0)
+                else:
+                    m, rmin = tl.reduce((h, hm), 0, _max_min)
+                if rmin > -float("inf"):  # no masked column: no per-element selects (EVEN)
+                    if EVEN:
+                        a_sq += lane_sum_squares(h, BLOCK, LANES, VEC, KEEP)  # NaN/+inf/overflow: caught after the loop
+                        d = h - m
+                        e = exp_ftz(d)
+                        ed = e * d  # -inf only if h - m overflows (|h| ~ FMAX): t NaN, redone below
+                    else:
+                        hz = tl.where(mask, h, 0.0)
+                        a_sq += lane_sum_squares(hz, BLOCK, LANES, VEC, KEEP)
+                        d = h - m
+                        e = exp_ftz(d)
+                        ed = e * tl.maximum(d, -FMAX)  # padding: 0 * -FMAX
+                    s, t = _row_sums(e, ed, BLOCK)
+                    if not EVEN:
+                        n_fast += 1
+                else:  # masked columns (or a fully masked row): layout 4's per-element selects
+                    ninf = h == -float("inf")
+                    hz = tl.where(ninf, 0.0, h)
                     a_sq += lane_sum_squares(hz, BLOCK, LANES, VEC, KEEP)
-                    d = h - m
+                    a_neg += lane_sum(tl.where(ninf, 1.0, 0.0), BLOCK, LANES, VEC, KEEP)  # padding included
+                    # min over non-(-inf) lanes, first inside each thread, so h's lanes die into it as in
+                    # layout 4's max tree (a [BLOCK] lo kept for the sum tree spilled at 64 registers)
+                    lo = lane_min(tl.where(ninf, float("inf"), h), BLOCK, LANES, VEC, KEEP)  # [LANES, KEEP]
+                    d = _sub_opaque(h, m)  # h - m, not hoisted above the branch
                     e = exp_ftz(d)
-                    ed = e * tl.maximum(d, -FMAX)  # padding: 0 * -FMAX
-                s, t = _row_sums(e, ed, BLOCK)
-                if not EVEN:
-                    n_fast += 1
-            else:  # masked columns (or a fully masked row): layout 4's per-element selects
-                ninf = h == -float("inf")
-                hz = tl.where(ninf, 0.0, h)
-                a_sq += lane_sum_squares(hz, BLOCK, LANES, VEC, KEEP)
-                a_neg += lane_sum(tl.where(ninf, 1.0, 0.0), BLOCK, LANES, VEC, KEEP)  # padding included
-                # min over non-(-inf) lanes, first inside each thread, so h's lanes die into it as in
-                # layout 4's max tree (a [BLOCK] lo kept for the sum tree spilled at 64 registers)
-                lo = lane_min(tl.where(ninf, float("inf"), h), BLOCK, LANES, VEC, KEEP)  # [LANES, KEEP]
-                d = _sub_opaque(h, m)  # h - m, not hoisted above the branch
-                e = exp_ftz(d)
-                s, t = _row_sums(e, e * tl.maximum(d, -FMAX), BLOCK)
-                rmin = tl.min(tl.min(lo, 1), 0)  # across threads: one value each
-        elif SKETCH and VARIANT == 10:  # layout 4 on the words (PACKED)
-            if PROBE // 64 % 2 == 1:  # bench only: the op on words, no -inf mask (PROBE 127: the word path's own cost)
-                m = tl.max(_unpacked(w, BF16, BLOCK), 0)
-                rmin = m
-                e = exp_ftz(_unpacked(w, BF16, BLOCK) - m)
-                s = tl.sum(fold8_sum(e, BLOCK), axis=0)
-                t = tl.zeros((), dtype=tl.float32)
-            else:
-                ninf = neg_inf_mask(w, BF16)  # 0xFFFF per -inf half
-                ones = ninf & LOW_BITS_PAIR  # 1 per -inf half
-                a_prev = a_sq
-                n_prev = a_neg
-                if PROBE // 4 % 2 == 0:
-                    a_neg += lane_sum(ones, BLOCK // 2, LANES, VEC // 2, KEEP)  # padding included
-                    a_sq += lane_sum_squares(_unpacked(w & ~ninf, BF16, BLOCK), BLOCK, LANES, VEC, KEEP)  # HUGE rows below
-                # only wd lives across the max tree: -inf halves read as the format's lowest finite value
-                # (0xFF80 - 1 = 0xFF7F, 0xFC00 - 1 = 0xFBFF), whose e is still 0 where m > NEG_SAFE
-                wd = w - ones
-                if PROBE // 2 % 2 == 0:
-                    m, rmin = row_max_min(w, w ^ (ninf & SIGN_PAIR), BF16)  # the min's -inf halves made +inf
-                else:
+                    s, t = _row_sums(e, e * tl.maximum(d, -FMAX), BLOCK)
+                    rmin = tl.min(tl.min(lo, 1), 0)  # across threads: one value each
+            elif SKETCH and VARIANT == 10:  # layout 4 on the words (PACKED)
+                if PROBE // 64 % 2 == 1:  # bench only: the op on words, no -inf mask (PROBE 127: the word path's own cost)
                     m = tl.max(_unpacked(w, BF16, BLOCK), 0)
                     rmin = m
+                    e = exp_ftz(_unpacked(w, BF16, BLOCK) - m)
+                    s = tl.sum(fold8_sum(e, BLOCK), axis=0)
+                    t = tl.zeros((), dtype=tl.float32)
+                else:
+                    ninf = neg_inf_mask(w, BF16)  # 0xFFFF per -inf half
+                    ones = ninf & LOW_BITS_PAIR  # 1 per -inf half
+                    a_prev = a_sq
+                    n_prev = a_neg
+                    if PROBE // 4 % 2 == 0:
+                        a_neg += lane_sum(ones, BLOCK // 2, LANES, VEC // 2, KEEP)  # padding included
+                        a_sq += lane_sum_squares(_unpacked(w & ~ninf, BF16, BLOCK), BLOCK, LANES, VEC, KEEP)  # HUGE rows below
+                    # only wd lives across the max tree: -inf halves read as the format's lowest finite value
+                    # (0xFF80 - 1 = 0xFF7F, 0xFC00 - 1 = 0xFBFF), whose e is still 0 where m > NEG_SAFE
+                    wd = w - ones
+                    if PROBE // 2 % 2 == 0:
+                        m, rmin = row_max_min(w, w ^ (ninf & SIGN_PAIR), BF16)  # the min's -inf halves made +inf
+                    else:
+                        m = tl.max(_unpacked(w, BF16, BLOCK), 0)
+                        rmin = m
+                    if WINDOW:
+                        m, rmin = _merge_edges(m, rmin, he)
+                        e_sq, e_num = _count_edges(e_sq, e_num, he, edge)
+                    if PROBE // 4 % 2 == 1:
+                        pass
+                    elif tl.maximum(m, -rmin) >= HUGE:  # a finite |h| >= HUGE (every HF-masked row) or +inf
+                        a_sq = a_prev  # as layout 4: the squares scaled, in their own lanes
+                        n_inf = tl.sum(_lane_count_i32(a_neg - n_prev))  # the row's -inf halves, padding included
+                        if PROBE // 256 % 2 == 1:  # bench only: no cross-warp -inf test (wrong for rows with -inf)
+                            hw = wd
+                        elif n_inf == 0:  # no -inf (HF masks): wd is the row
+                            hw = wd
+                        elif n_inf == n_pad:  # -inf only in the padding: wd is the row where wm (no re-read)
+                            hw = tl.where(wm, wd, 0)
+                        else:  # wd reads -inf as the lowest value: re-read the row (an L2 hit) and zero them
+                            w2 = tl.load(Xw + wcols, mask=wm, other=NEG_PAIR)
+                            hw = w2 & ~neg_inf_mask(w2, BF16)
+                        hs = _mul_opaque(_unpacked(hw, BF16, BLOCK), HUGE_SCALE)
+                        a_huge += lane_sum_squares(hs, BLOCK, LANES, VEC, KEEP)
+                    # d finite at every lane: t without the clamp. Not where the row's range or the lowest
+                    # value's distance to m overflows float32 (3e38 beside -3e38: d = -inf, e * d = NaN)
+                    if PROBE % 2 == 1:
+                        e = exp_ftz(_unpacked(wd, BF16, BLOCK) - m)
+                        s = tl.sum(fold8_sum(e, BLOCK), axis=0)
+                        t = tl.zeros((), dtype=tl.float32)
+                    elif (m > NEG_SAFE) & (m < POS_SAFE) & (m - rmin <= FMAX):
+                        e, s, t = _exp_sums(_unpacked(wd, BF16, BLOCK), m, BLOCK)
+                    else:  # a row of the lowest value itself (a fully masked HF row), of -inf, or NaN: re-read
+                        w2 = tl.load(Xw + wcols, mask=wm, other=NEG_PAIR)
+                        e, s, t = _exp_sums_clamped(_unpacked(w2, BF16, BLOCK), m, BLOCK)
+                    if WINDOW:
+                        ee, s, t = _add_edge_sums(s, t, he, m)
+            elif SKETCH and VARIANT == 4:
+                ninf = h == -float("inf")
+                hz = tl.where(ninf, 0.0, h)
+                a_prev = a_sq  # kept for a HUGE row, whose plain squares overflow (one register)
+                # the squares before the max tree, as without the HUGE branch: added after it (the branch
+                # choosing) the lane sums lost their overlap with the tree, 124.3 against 114.9 µs with
+                # the sketch on the H200 (bench/results/norm_chunks_h200_s16d.md)
+                a_sq += lane_sum_squares(hz, BLOCK, LANES, VEC, KEEP)  # NaN/+inf/overflow: non-finite, caught after the loop
+                # as a float select, not ninf.to(int32): an i1 vector used twice was packed into bitmasks
+                # and unpacked lane by lane (+2 instructions per element in the SASS)
+                a_neg += lane_sum(tl.where(ninf, 1.0, 0.0), BLOCK, LANES, VEC, KEEP)
+                lo = tl.where(ninf, float("inf"), h)
+                if INTERPRET:
+                    m, rmin = tl.max(h, 0), tl.min(lo, 0)
+                else:
+                    m, rmin = tl.reduce((h, lo), 0, _max_min)
                 if WINDOW:
                     m, rmin = _merge_edges(m, rmin, he)
                     e_sq, e_num = _count_edges(e_sq, e_num, he, edge)
-                if PROBE // 4 % 2 == 1:
-                    pass
-                elif tl.maximum(m, -rmin) >= HUGE:  # a finite |h| >= HUGE (every HF-masked row) or +inf
-                    a_sq = a_prev  # as layout 4: the squares scaled, in their own lanes
-                    n_inf = tl.sum(_lane_count_i32(a_neg - n_prev))  # the row's -inf halves, padding included
-                    if PROBE // 256 % 2 == 1:  # bench only: no cross-warp -inf test (wrong for rows with -inf)
-                        hw = wd
-                    elif n_inf == 0:  # no -inf (HF masks): wd is the row
-                        hw = wd
-                    elif n_inf == n_pad:  # -inf only in the padding: wd is the row where wm (no re-read)
-                        hw = tl.where(wm, wd, 0)
-                    else:  # wd reads -inf as the lowest value: re-read the row (an L2 hit) and zero them
-                        w2 = tl.load(Xw + wcols, mask=wm, other=NEG_PAIR)
-                        hw = w2 & ~neg_inf_mask(w2, BF16)
-                    hs = _mul_opaque(_unpacked(hw, BF16, BLOCK), HUGE_SCALE)
-                    a_huge += lane_sum_squares(hs, BLOCK, LANES, VEC, KEEP)
-                # d finite at every lane: t without the clamp. Not where the row's range or the lowest
-                # value's distance to m overflows float32 (3e38 beside -3e38: d = -inf, e * d = NaN)
-                if PROBE % 2 == 1:
-                    e = exp_ftz(_unpacked(wd, BF16, BLOCK) - m)
-                    s = tl.sum(fold8_sum(e, BLOCK), axis=0)
-                    t = tl.zeros((), dtype=tl.float32)
-                elif (m > NEG_SAFE) & (m < POS_SAFE) & (m - rmin <= FMAX):
-                    e, s, t = _exp_sums(_unpacked(wd, BF16, BLOCK), m, BLOCK)
-                else:  # a row of the lowest value itself (a fully masked HF row), of -inf, or NaN: re-read
-                    w2 = tl.load(Xw + wcols, mask=wm, other=NEG_PAIR)
-                    e, s, t = _exp_sums_clamped(_unpacked(w2, BF16, BLOCK), m, BLOCK)
+                if tl.maximum(m, -rmin) >= HUGE:  # a finite |h| >= HUGE (every HF-masked row) or +inf
+                    a_sq = a_prev  # its squares go scaled by 2^-72 to their own lanes instead (see HUGE)
+                    hs = _mul_opaque(h, HUGE_SCALE)
+                    hs = tl.where(hs == -float("inf"), 0.0, hs)
+                    a_huge += lane_sum_squares(hs, BLOCK, LANES, VEC, KEEP)  # +inf stays non-finite: the exact pass
+                e, s, t = _exp_sums_clamped(h, m, BLOCK)
                 if WINDOW:
                     ee, s, t = _add_edge_sums(s, t, he, m)
-        elif SKETCH and VARIANT == 4:
-            ninf = h == -float("inf")
-            hz = tl.where(ninf, 0.0, h)
-            a_prev = a_sq  # kept for a HUGE row, whose plain squares overflow (one register)
-            # the squares before the max tree, as without the HUGE branch: added after it (the branch
-            # choosing) the lane sums lost their overlap with the tree, 124.3 against 114.9 µs with
-            # the sketch on the H200 (bench/results/norm_chunks_h200_s16d.md)
-            a_sq += lane_sum_squares(hz, BLOCK, LANES, VEC, KEEP)  # NaN/+inf/overflow: non-finite, caught after the loop
-            # as a float select, not ninf.to(int32): an i1 vector used twice was packed into bitmasks
-            # and unpacked lane by lane (+2 instructions per element in the SASS)
-            a_neg += lane_sum(tl.where(ninf, 1.0, 0.0), BLOCK, LANES, VEC, KEEP)
-            lo = tl.where(ninf, float("inf"), h)
-            if INTERPRET:
-                m, rmin = tl.max(h, 0), tl.min(lo, 0)
-            else:
-                m, rmin = tl.reduce((h, lo), 0, _max_min)
-            if WINDOW:
-                m, rmin = _merge_edges(m, rmin, he)
-                e_sq, e_num = _count_edges(e_sq, e_num, he, edge)
-            if tl.maximum(m, -rmin) >= HUGE:  # a finite |h| >= HUGE (every HF-masked row) or +inf
-                a_sq = a_prev  # its squares go scaled by 2^-72 to their own lanes instead (see HUGE)
-                hs = _mul_opaque(h, HUGE_SCALE)
-                hs = tl.where(hs == -float("inf"), 0.0, hs)
-                a_huge += lane_sum_squares(hs, BLOCK, LANES, VEC, KEEP)  # +inf stays non-finite: the exact pass
-            e, s, t = _exp_sums_clamped(h, m, BLOCK)
-            if WINDOW:
-                ee, s, t = _add_edge_sums(s, t, he, m)
-        elif SKETCH:  # VARIANT 3
-            # one tree: the op's max and the sketch's sum of squares (-inf lanes, incl. padding, add
-            # 0; NaN/+inf make it non-finite), smallest non-masked entry and the -inf count
-            ninf = h == -float("inf")
-            q = tl.where(ninf, 0.0, h * h)
-            lo = tl.where(ninf, float("inf"), h)
-            neg = tl.where(ninf, 1.0, 0.0)  # count padding too and subtract it: no column mask in the loop
-            if INTERPRET:
-                m, sq, rmin, nneg = tl.max(h, 0), tl.sum(q, 0), tl.min(lo, 0), tl.sum(neg, 0)
-            else:
-                m, sq, rmin, nneg = tl.reduce((h, q, lo, neg), 0, _combine4)
-            nneg -= BLOCK - n_cols
-            e, s, t = _exp_sums_clamped(h, m, BLOCK)
-        else:
-            m = tl.max(h, axis=0)
-            if WINDOW:
-                m = tl.maximum(m, tl.max(he, 0))  # as _merge_edges
-            e = exp_ftz(h - m)  # approximate exp; padding lanes give exp(-inf) = 0
-            s = tl.sum(fold8_sum(e, BLOCK), axis=0)  # fp32 tree sum, each 8 neighbours first
-            if WINDOW:
-                ee, s, _ = _add_edge_sums(s, s, he, m)
-        y = div_by_row(e, s)
-        if WINDOW:
-            tl.store(Y_ptr + start + cols, y.to(Y_ptr.dtype.element_ty), mask=inner, eviction_policy="evict_first")
-            tl.store(Y_ptr + start + pos, div_by_row(ee, s).to(Y_ptr.dtype.element_ty), mask=edge)  # write n
-        else:
-            tl.store(Y_ptr + row * Y_row_stride + cols, y.to(Y_ptr.dtype.element_ty), mask=mask,
-                     eviction_policy="evict_first")  # write n
-        if SKETCH and VARIANT >= 4 and PROBE // 8 % 2 == 0:  # scalars only; a program with NaN/+inf rows redoes them after the loop
-            p_min = tl.minimum(p_min, rmin)  # fully masked rows: rmin = +inf
-            # half the range, in float32: a row can hold 3e38 and -3e38, whose difference is inf in
-            # float32 but not its half (halving commutes with the rounding); fully masked rows: -inf
-            p_rng = tl.maximum(p_rng, 0.5 * m - 0.5 * rmin)
-            p_max = tl.maximum(p_max, m)  # fully masked rows: m = -inf
-            p_rmx = tl.minimum(p_rmx, tl.where(m > -float("inf"), m, float("inf")))
-            p_masked += (m == -float("inf")).to(tl.int32)
-            p_elig += (s <= FMAX).to(tl.int32)  # NaN for NaN/+inf rows and rows with no finite entry
-            p_peak += _peaked_exp(s, t, peak_nats)  # a NaN s compares false
-        if SKETCH and VARIANT >= 4:
-            if PROBE // 16 % 2 == 0:
-                n_left -= 1
-                if n_left == 0:
-                    # the counts stay <= FLUSH * BLOCK between flushes: exact in float32 lanes
-                    sq_total, neg_total = _lane_totals(a_sq, a_huge, a_neg, VARIANT)
-                    p_sq += sq_total
-                    p_neg += neg_total
-                    a_sq = tl.zeros([LANES, KEEP], dtype=tl.float32)
-                    a_huge = tl.zeros([LANES, KEEP], dtype=tl.float32)
-                    a_neg = tl.zeros_like(a_neg)
-                    n_left = FLUSH
-        elif SKETCH:  # scalars only, so h dies at the store; rows with NaN/+inf wait for the exact pass
-            # no NaN/+inf and every finite |h| < BIG (squares cannot overflow): a test _row_is_slow repeats
-            ok = (sq <= FMAX) & (tl.maximum(m, -rmin) < BIG)
-            has = ok & (m >= rmin)  # the row has a finite entry
-            p_max = tl.maximum(p_max, tl.where(has, m, -float("inf")))
-            p_min = tl.minimum(p_min, tl.where(has, rmin, float("inf")))
-            p_rng = tl.maximum(p_rng, tl.where(has, m - rmin, 0.0))
-            p_rmx = tl.minimum(p_rmx, tl.where(has, m, float("inf")))
-            p_sq += tl.where(ok, sq, 0.0).to(tl.float64)
-            p_neg += tl.where(ok, nneg, 0.0).to(tl.int64)
-            p_masked += (ok & (nneg == n_cols)).to(tl.int32)
-            p_elig += has.to(tl.int32)
-            p_peak += tl.where(has, _peaked(s, t, peak_nats), 0)
-            p_bad += tl.where(ok, 0, 1)
-    if SKETCH and VARIANT >= 4:
-        if n_left != FLUSH:  # rows since the last flush (none where a program's last row flushed)
-            sq_total, neg_total = _lane_totals(a_sq, a_huge, a_neg, VARIANT)
-            p_sq += sq_total
-            p_neg += neg_total
-        mine = tl.cdiv(n_rows - pid, tl.num_programs(0))  # rows of this program
-        if VARIANT == 8:
-            mine -= n_fast  # fast-branch rows added no padding to a_neg
-        p_neg -= (BLOCK - n_cols) * tl.cast(mine, tl.int64)  # the padding's -inf
-        if WINDOW:
-            p_sq += tl.sum(e_sq, 0)
-            p_neg -= tl.sum(e_num, 0).to(tl.int64)
-        if not (p_sq <= 1e308):  # rare: NaN/+inf (or squares overflowed): exact statistics of every row
-            p_max = tl.full((), -float("inf"), tl.float32)
-            p_min = tl.full((), float("inf"), tl.float32)
-            p_rng = tl.zeros((), dtype=tl.float32)  # VARIANT >= 4: half the widest row range
-            p_rmx = tl.full((), float("inf"), tl.float32)
-            p_sq = tl.zeros((), dtype=tl.float64)
-            p_neg = tl.zeros((), dtype=tl.int64)
-            p_masked = tl.zeros((), dtype=tl.int32)
-            if VARIANT == 8:  # the fast branch's t is NaN where h - m overflowed (squares overflow too)
-                p_elig = tl.zeros((), dtype=tl.int32)
-                p_peak = tl.zeros((), dtype=tl.int32)
-            for r2 in tl.range(pid, n_rows, tl.num_programs(0)):
-                if VARIANT == 8:
-                    sq2, nf, nneg2, rmax, rmin2, elig2, peak2 = _exact_row_chunked(
-                        X_ptr + tl.cast(r2, tl.int64) * X_row_stride, n_cols, peak_nats, CHUNK)
-                    p_elig += elig2
-                    p_peak += peak2
+            elif SKETCH:  # VARIANT 3
+                # one tree: the op's max and the sketch's sum of squares (-inf lanes, incl. padding, add
+                # 0; NaN/+inf make it non-finite), smallest non-masked entry and the -inf count
+                ninf = h == -float("inf")
+                q = tl.where(ninf, 0.0, h * h)
+                lo = tl.where(ninf, float("inf"), h)
+                neg = tl.where(ninf, 1.0, 0.0)  # count padding too and subtract it: no column mask in the loop
+                if INTERPRET:
+                    m, sq, rmin, nneg = tl.max(h, 0), tl.sum(q, 0), tl.min(lo, 0), tl.sum(neg, 0)
                 else:
-                    sq2, nf, nneg2, rmax, rmin2 = _row_stats_chunked(
-                        X_ptr + tl.cast(r2, tl.int64) * X_row_stride, n_cols, CHUNK)
-                p_max, p_min, p_rng, p_rmx = _merge_extremes(p_max, p_min, p_rng, p_rmx, rmax, rmin2, F_ptr)
-                p_sq += sq2
-                p_nf += nf
-                p_neg += nneg2
-                p_masked += (nneg2 == n_cols).to(tl.int32)
-    elif SKETCH:  # noqa: SIM102 - VARIANT 3 (a constexpr test), then a runtime one
-        if p_bad > 0:  # rare: re-read this program's slow rows in CHUNK pieces
-            for r2 in tl.range(pid, n_rows, tl.num_programs(0)):
-                X_row = X_ptr + tl.cast(r2, tl.int64) * X_row_stride
-                if _row_is_slow(X_row, n_cols, CHUNK):
-                    sq2, nf, nneg2, rmax, rmin2, elig2, peak2 = _exact_row_chunked(
-                        X_row, n_cols, peak_nats, CHUNK)
+                    m, sq, rmin, nneg = tl.reduce((h, q, lo, neg), 0, _combine4)
+                nneg -= BLOCK - n_cols
+                e, s, t = _exp_sums_clamped(h, m, BLOCK)
+            else:
+                m = tl.max(h, axis=0)
+                if WINDOW:
+                    m = tl.maximum(m, tl.max(he, 0))  # as _merge_edges
+                e = exp_ftz(h - m)  # approximate exp; padding lanes give exp(-inf) = 0
+                s = tl.sum(fold8_sum(e, BLOCK), axis=0)  # fp32 tree sum, each 8 neighbours first
+                if WINDOW:
+                    ee, s, _ = _add_edge_sums(s, s, he, m)
+            y = div_by_row(e, s)
+            if WINDOW:
+                tl.store(Y_ptr + start + cols, y.to(Y_ptr.dtype.element_ty), mask=inner, eviction_policy="evict_first")
+                tl.store(Y_ptr + start + pos, div_by_row(ee, s).to(Y_ptr.dtype.element_ty), mask=edge)  # write n
+            else:
+                tl.store(Y_ptr + row * Y_row_stride + cols, y.to(Y_ptr.dtype.element_ty), mask=mask,
+                         eviction_policy="evict_first")  # write n
+            if SKETCH and VARIANT >= 4 and PROBE // 8 % 2 == 0:  # scalars only; a program with NaN/+inf rows redoes them after the loop
+                p_min = tl.minimum(p_min, rmin)  # fully masked rows: rmin = +inf
+                # half the range, in float32: a row can hold 3e38 and -3e38, whose difference is inf in
+                # float32 but not its half (halving commutes with the rounding); fully masked rows: -inf
+                p_rng = tl.maximum(p_rng, 0.5 * m - 0.5 * rmin)
+                p_max = tl.maximum(p_max, m)  # fully masked rows: m = -inf
+                p_rmx = tl.minimum(p_rmx, tl.where(m > -float("inf"), m, float("inf")))
+                p_masked += (m == -float("inf")).to(tl.int32)
+                p_elig += (s <= FMAX).to(tl.int32)  # NaN for NaN/+inf rows and rows with no finite entry
+                p_peak += _peaked_exp(s, t, peak_nats)  # a NaN s compares false
+            if SKETCH and VARIANT >= 4:
+                if PROBE // 16 % 2 == 0:
+                    n_left -= 1
+                    if n_left == 0:
+                        # the counts stay <= FLUSH * BLOCK between flushes: exact in float32 lanes
+                        sq_total, neg_total = _lane_totals(a_sq, a_huge, a_neg, VARIANT)
+                        p_sq += sq_total
+                        p_neg += neg_total
+                        a_sq = tl.zeros([LANES, KEEP], dtype=tl.float32)
+                        a_huge = tl.zeros([LANES, KEEP], dtype=tl.float32)
+                        a_neg = tl.zeros_like(a_neg)
+                        n_left = FLUSH
+            elif SKETCH:  # scalars only, so h dies at the store; rows with NaN/+inf wait for the exact pass
+                # no NaN/+inf and every finite |h| < BIG (squares cannot overflow): a test _row_is_slow repeats
+                ok = (sq <= FMAX) & (tl.maximum(m, -rmin) < BIG)
+                has = ok & (m >= rmin)  # the row has a finite entry
+                p_max = tl.maximum(p_max, tl.where(has, m, -float("inf")))
+                p_min = tl.minimum(p_min, tl.where(has, rmin, float("inf")))
+                p_rng = tl.maximum(p_rng, tl.where(has, m - rmin, 0.0))
+                p_rmx = tl.minimum(p_rmx, tl.where(has, m, float("inf")))
+                p_sq += tl.where(ok, sq, 0.0).to(tl.float64)
+                p_neg += tl.where(ok, nneg, 0.0).to(tl.int64)
+                p_masked += (ok & (nneg == n_cols)).to(tl.int32)
+                p_elig += has.to(tl.int32)
+                p_peak += tl.where(has, _peaked(s, t, peak_nats), 0)
+                p_bad += tl.where(ok, 0, 1)
+        if SKETCH and VARIANT >= 4:
+            if n_left != FLUSH:  # rows since the last flush (none where a program's last row flushed)
+                sq_total, neg_total = _lane_totals(a_sq, a_huge, a_neg, VARIANT)
+                p_sq += sq_total
+                p_neg += neg_total
+            mine = tl.cdiv(r_end - r_first, r_step)  # rows of this program
+            if VARIANT == 8:
+                mine -= n_fast  # fast-branch rows added no padding to a_neg
+            p_neg -= (BLOCK - n_cols) * tl.cast(mine, tl.int64)  # the padding's -inf
+            if WINDOW:
+                p_sq += tl.sum(e_sq, 0)
+                p_neg -= tl.sum(e_num, 0).to(tl.int64)
+            exact = ~(p_sq <= 1e308)  # NaN/+inf (not in the lane sums: they made them non-finite)
+            if exact:  # rare: NaN/+inf (or squares overflowed): exact statistics of every row
+                p_max = tl.full((), -float("inf"), tl.float32)
+                p_min = tl.full((), float("inf"), tl.float32)
+                p_rng = tl.zeros((), dtype=tl.float32)  # VARIANT >= 4: half the widest row range
+                p_rmx = tl.full((), float("inf"), tl.float32)
+                p_sq = tl.zeros((), dtype=tl.float64)
+                p_neg = tl.zeros((), dtype=tl.int64)
+                p_masked = tl.zeros((), dtype=tl.int32)
+                if VARIANT == 8:  # the fast branch's t is NaN where h - m overflowed (squares overflow too)
+                    p_elig = tl.zeros((), dtype=tl.int32)
+                    p_peak = tl.zeros((), dtype=tl.int32)
+                for r2 in tl.range(r_first, r_end, r_step):
+                    if VARIANT == 8:
+                        sq2, nf, nneg2, rmax, rmin2, elig2, peak2 = _exact_row_chunked(
+                            X_ptr + tl.cast(r2, tl.int64) * X_row_stride, n_cols, peak_nats, CHUNK)
+                        p_elig += elig2
+                        p_peak += peak2
+                    else:
+                        sq2, nf, nneg2, rmax, rmin2 = _row_stats_chunked(
+                            X_ptr + tl.cast(r2, tl.int64) * X_row_stride, n_cols, CHUNK)
                     p_max, p_min, p_rng, p_rmx = _merge_extremes(p_max, p_min, p_rng, p_rmx, rmax, rmin2, F_ptr)
                     p_sq += sq2
                     p_nf += nf
                     p_neg += nneg2
                     p_masked += (nneg2 == n_cols).to(tl.int32)
-                    p_elig += elig2
-                    p_peak += peak2
-    if SKETCH and PROBE // 32 % 2 == 0:
-        publish_sketch(S_ptr, F_ptr, I_ptr, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, p_masked, p_peak, p_elig,
-                       n_rows, n_cols, tl.num_programs(0), 2.0 if VARIANT >= 4 else 1.0,
-                       PROBE // 128 % 2 + PROBE // 1024 % 2 * 2 + PROBE // 2048 % 2 * 4 + PROBE // 512 % 2 * 8)
+        elif SKETCH:  # noqa: SIM102 - VARIANT 3 (a constexpr test), then a runtime one
+            if p_bad > 0:  # rare: re-read this program's slow rows in CHUNK pieces
+                for r2 in tl.range(r_first, r_end, r_step):
+                    X_row = X_ptr + tl.cast(r2, tl.int64) * X_row_stride
+                    if _row_is_slow(X_row, n_cols, CHUNK):
+                        sq2, nf, nneg2, rmax, rmin2, elig2, peak2 = _exact_row_chunked(
+                            X_row, n_cols, peak_nats, CHUNK)
+                        p_max, p_min, p_rng, p_rmx = _merge_extremes(p_max, p_min, p_rng, p_rmx, rmax, rmin2, F_ptr)
+                        p_sq += sq2
+                        p_nf += nf
+                        p_neg += nneg2
+                        p_masked += (nneg2 == n_cols).to(tl.int32)
+                        p_elig += elig2
+                        p_peak += peak2
+        if SKETCH and ROWS:
+            _store_row_record(M_ptr, r_first, F_ptr, I_ptr, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, p_masked,
+                              p_peak, p_elig, exact)
+        elif SKETCH and PROBE // 32 % 2 == 0:
+            publish_sketch(S_ptr, F_ptr, I_ptr, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, p_masked, p_peak, p_elig,
+                           n_rows, n_cols, tl.num_programs(0), 2.0 if VARIANT >= 4 else 1.0,
+                           PROBE // 128 % 2 + PROBE // 1024 % 2 * 2 + PROBE // 2048 % 2 * 4 + PROBE // 512 % 2 * 8)
 
 
 # Warps for rows no power of two divides read element by element (ALIGN 1 where windowed() does not apply:
@@ -764,7 +793,7 @@ def _softmax_launch(
     stages: int | None = None, per_sm: int | None = None,
     variant: int | None = None, fusion: bool | None = None, maxnreg: int | None = None, keep: int | None = None,
     packed: bool | None = None, prefetch: float | None = None, piece: int | None = None, probe: int = 0,
-    window: bool = True,
+    window: bool = True, rows: bool | None = None,
 ) -> None:
     """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows;
     without the sketch one program per row where _common.ROW_GRID lists the launch.
@@ -774,7 +803,8 @@ def _softmax_launch(
     32768 hold 64 registers a thread at BLOCK 65536, and spill); probe: the kernel's PROBE (bench only: where
     the sketch's time goes, bench/RESULTS.md stop 28); window=False reads the rows that windowed() takes
     (layouts 0, 4 and 10) element by element, as layouts 3 and 8 always do (the bench's and tests'
-    comparisons)."""
+    comparisons); rows: the sketched launch with a program per row (softmax_rows) or the persistent one
+    (default: ROWS_BLOCKS' rows a program each)."""
     n_rows, n = x2.shape
     if n > MAX_BLOCK or piece is not None:  # past what a program holds (or asked for): the chunked kernel
         softmax_long_launch(x2, y2, buf, PEAK_NATS, num_warps, maxnreg, piece)
@@ -810,17 +840,24 @@ def _softmax_launch(
     else:
         cap = PLAIN_MAXNREG.get((block, warps))
     even = var == 8 and block == n  # VARIANT 8's select-free branch needs no column mask
+    by_row = var == 10 and (block in ROWS_BLOCKS and per_sm is None if rows is None else rows)
     key = ("softmax", x2.dtype, y2.dtype, block, warps, st, sketch, var, fuse, cap, kp, even, packed, probe, align,
-           win)
+           win, by_row)
     extra = register_cap(cap)
-    grid = persistent_grid(key, n_rows, x2.device, grid_per_sm("softmax", block, sketch, per_sm))
+    if by_row:  # a program per row and the finisher
+        grid = n_rows + 1
+        m = row_records("softmax", x2.device, n_rows, words=2, extra=0)[0]
+    else:
+        grid = persistent_grid(key, n_rows, x2.device, grid_per_sm("softmax", block, sketch, per_sm))
+        m = y2
     pf = prefetch_args("softmax", block, x2, sketch, grid, key, prefetch, win)
     k = launch(_softmax_kernel, (grid,),
-        x2, x2.stride(0), y2, y2.stride(0), buf if sketch else y2, f, i, n_rows, n, PEAK_NATS,
+        x2, x2.stride(0), y2, y2.stride(0), buf if sketch else y2, f, i, m, n_rows, n, PEAK_NATS,
         BLOCK=block, SKETCH=sketch, STAGES=st, VARIANT=var,
         CHUNK=min(CHUNK, block), VEC=vec, LANES=lanes, KEEP=kp, FLUSH=FLUSH, EVEN=even, PACKED=packed,
         BF16=x2.dtype == torch.bfloat16, NEG_PAIR=NEG_INF_PAIR.get(x2.dtype, 0),
         NEG_SAFE=NEG_SAFE.get(x2.dtype, 0.0), **pf, ALIGN=align, WINDOW=win, PROBE=probe,
+        ROWS=by_row, POLL=RECORD_POLL, FINISHER_FIRST=not INTERPRETED,
         num_warps=warps,
         enable_fp_fusion=fuse,
         **extra,

@@ -1,0 +1,145 @@
+"""The softmax sketch of a launch with a program per row (softmax._softmax_kernel's ROWS): each row's program
+stores its partials as two record words, and one more program, the finisher, polls and reduces them (the
+way rmsnorm's and layernorm's row launches publish, _common.poll_records).
+
+Why: without the sketch softmax runs a program per row (_common.ROW_GRID), the hardware handing each row to
+the SM that frees up first; the persistent sketched launch gives each program a static share of rows and
+merges with atomics once per program. H200, 4096x16384 bf16, µs (bench/results/softmax_probe_4096x16384_h200_s35.md):
+the plain kernel 70.4 a program per row, 73.6 persistent; the persistent sketched kernel 78.4. A program per
+row merging through the workspace's atomics ran 102.8 (stop 28: 49k atomics on a few addresses); stop 28's
+row records (commit fa3e641, then at 16 warps) ran 81.4 against 82.0 and were reverted; at stop 32's 8 warps
+the same code ran 75.8 against 77.8 (bench/results/softmax_wd_4096x16384_h200_s35.md).
+
+A row's words (sketch_buffer.row_records, two a row; no half of a written word is the sentinel):
+    word 0: (m, rmin)   the row's max and its min over non-(-inf) entries (float32; -inf / +inf: fully masked)
+    word 1: (sq, counts) sq the row's sum of squares over non-(-inf) entries as float32, scaled by 2^-144
+            where max(m, -rmin) >= HUGE (the kernel's HUGE rows: finite |h| up to 3.4e38, whose squares
+            only float64 holds), counts = -inf entries << 2 | eligible << 1 | peaked (int32)
+A row with NaN or +inf (the kernel's exact pass ran for it) merges its exact partials into the "softmax"
+workspace with scalar atomics and flags word 1 (released after them); the finisher acquires each flag and,
+if any row was flagged, adds the workspace to its totals and resets it.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from optwin.kernels._common import (
+    INTERPRET,
+    RECORD_FLAG_HI,
+    acquire_flag,
+    poll_records,
+    read_slot,
+    record_word,
+    release_flag,
+    reset_workspace,
+)
+from optwin.kernels.softmax_sketch import (
+    HUGE,
+    HUGE_SCALE,
+    HUGE_UNSCALE,
+    _atomic_partials,
+    _store_features,
+)
+
+
+@triton.jit
+def _store_row_record(M_ptr, r, F_ptr, I_ptr, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, p_masked, p_peak,
+                      p_elig, exact):
+    """Row r's partials (fresh_partials' order, one row's) as its two record words; `exact`: the kernel's
+    exact pass ran (NaN/+inf): the partials go to the workspace and word 1 is the flag."""
+    words = M_ptr + tl.cast(r, tl.int64) * 2
+    if exact:
+        _atomic_partials(F_ptr, I_ptr, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, p_masked, p_peak, p_elig, 2.0)
+        zero = tl.zeros((), dtype=tl.float32)
+        tl.store(words, record_word(zero, zero))
+        release_flag(words + 1)
+    else:
+        huge = tl.maximum(p_max, -p_min) >= HUGE
+        sq = tl.where(huge, p_sq * (HUGE_SCALE * HUGE_SCALE), p_sq).to(tl.float32)
+        counts = (p_neg.to(tl.int32) << 2) | (p_elig << 1) | p_peak
+        tl.store(words, record_word(p_max, p_min))
+        tl.store(words + 1, record_word(sq, counts.to(tl.float32, bitcast=True)))
+
+
+@triton.jit
+def _extremes_sum(a0, a1, a2, a3, a4, b0, b1, b2, b3, b4):
+    return tl.maximum(a0, b0), tl.minimum(a1, b1), tl.maximum(a2, b2), tl.minimum(a3, b3), a4 + b4
+
+
+@triton.jit
+def _sum4(a0, a1, a2, a3, b0, b1, b2, b3):
+    return a0 + b0, a1 + b1, a2 + b2, a3 + b3
+
+
+@triton.jit
+def _finish_row_records(S_ptr, F_ptr, I_ptr, M_ptr, n_rows, n_cols, POLL: tl.constexpr):
+    """The finisher: every row's record words polled in row order (POLL at once), reduced into the launch's
+    totals (the persistent kernel's partials, row by row), the flagged rows' workspace added, the features
+    stored. The range is kept halved, as the row loop keeps it."""
+    v_max = tl.full([POLL], -float("inf"), tl.float32)
+    v_min = tl.full([POLL], float("inf"), tl.float32)
+    v_rng = tl.zeros([POLL], dtype=tl.float32)
+    v_rmx = tl.full([POLL], float("inf"), tl.float32)
+    v_sq = tl.zeros([POLL], dtype=tl.float64)
+    v_neg = tl.zeros([POLL], dtype=tl.int64)
+    v_masked = tl.zeros([POLL], dtype=tl.int32)
+    v_peak = tl.zeros([POLL], dtype=tl.int32)
+    v_elig = tl.zeros([POLL], dtype=tl.int32)
+    first_flagged = n_rows
+    for r0 in range(0, n_rows, POLL):
+        lo, hi = poll_records(M_ptr, r0, n_rows, POLL, 2)
+        m_bits, sq_bits = tl.split(lo)  # word 0 = (m, rmin), word 1 = (sq, counts or the flag)
+        rmin_bits, counts = tl.split(hi)
+        rows = r0 + tl.arange(0, POLL)
+        flagged = counts == RECORD_FLAG_HI
+        plain = (rows < n_rows) & ~flagged
+        m = m_bits.to(tl.float32, bitcast=True)
+        rmin = rmin_bits.to(tl.float32, bitcast=True)
+        v_max = tl.maximum(v_max, tl.where(plain, m, -float("inf")))
+        v_min = tl.minimum(v_min, tl.where(plain, rmin, float("inf")))
+        v_rng = tl.maximum(v_rng, tl.where(plain, 0.5 * m - 0.5 * rmin, 0.0))  # fully masked rows: -inf
+        v_rmx = tl.minimum(v_rmx, tl.where(plain & (m > -float("inf")), m, float("inf")))
+        huge = tl.maximum(m, -rmin) >= HUGE
+        sq = sq_bits.to(tl.float32, bitcast=True).to(tl.float64)
+        v_sq += tl.where(plain, tl.where(huge, sq * HUGE_UNSCALE, sq), 0.0)
+        v_neg += tl.where(plain, counts >> 2, 0).to(tl.int64)
+        v_masked += (plain & (m == -float("inf"))).to(tl.int32)
+        v_peak += tl.where(plain, counts & 1, 0)
+        v_elig += tl.where(plain, (counts >> 1) & 1, 0)
+        r = tl.min(tl.where(flagged, rows, n_rows), axis=0)
+        first_flagged = tl.minimum(first_flagged, r)
+        while r < n_rows:  # rare: each flagged row merged its partials into the workspace before its flag
+            acquired = acquire_flag(M_ptr + tl.cast(r, tl.int64) * 2 + 1)  # 1, behind the acquire
+            r = tl.min(tl.where(flagged & (rows > r), rows, n_rows) * acquired, axis=0)
+    if INTERPRET:  # no tuple reduce in the interpreter
+        g_max, g_min, g_rng, g_rmx, s_sq = tl.max(v_max), tl.min(v_min), tl.max(v_rng), tl.min(v_rmx), tl.sum(v_sq)
+        s_neg, s_masked, s_peak, s_elig = tl.sum(v_neg), tl.sum(v_masked), tl.sum(v_peak), tl.sum(v_elig)
+    else:
+        g_max, g_min, g_rng, g_rmx, s_sq = tl.reduce((v_max, v_min, v_rng, v_rmx, v_sq), 0, _extremes_sum)
+        s_neg, s_masked, s_peak, s_elig = tl.reduce((v_neg, v_masked, v_peak, v_elig), 0, _sum4)
+    g_max = g_max.to(tl.float64)
+    g_min = g_min.to(tl.float64)
+    g_rng = g_rng.to(tl.float64) * 2.0
+    g_rmx = g_rmx.to(tl.float64)
+    g_nf = tl.zeros((), dtype=tl.int64)
+    s_masked = s_masked.to(tl.int64)
+    s_peak = s_peak.to(tl.int64)
+    s_elig = s_elig.to(tl.int64)
+    if first_flagged < n_rows:  # the flagged rows' partials; untouched, the workspace is still at its identities
+        s_sq += read_slot(F_ptr + 0)
+        g_max = tl.maximum(g_max, read_slot(F_ptr + 1))
+        g_min = tl.minimum(g_min, read_slot(F_ptr + 2))
+        g_rng = tl.maximum(g_rng, read_slot(F_ptr + 3))
+        g_rmx = tl.minimum(g_rmx, read_slot(F_ptr + 4))
+        g_nf = read_slot(I_ptr + 1)
+        s_neg += read_slot(I_ptr + 2)
+        masked_peak = read_slot(I_ptr + 3)
+        s_masked += masked_peak & 0xFFFFFFFF
+        s_peak += masked_peak >> 32
+        s_elig += read_slot(I_ptr + 4)
+        reset_workspace(F_ptr, I_ptr)
+    g_amax = tl.maximum(tl.maximum(g_max, -g_min), 0.0)
+    _store_features(S_ptr, n_rows, n_cols, g_amax, s_sq, g_max, g_min, g_rng, g_rmx, g_nf, s_neg, s_masked, s_peak,
+                    s_elig)
