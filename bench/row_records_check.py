@@ -49,6 +49,8 @@ SHAPES = [(4096, 16384), (1823, 9000), (5, 16384), (70001, 12000), (16384, 4096)
 if os.environ.get("BENCH_SHAPES"):
     SHAPES = [tuple(int(v) for v in s.split("x")) for s in os.environ["BENCH_SHAPES"].split(",")]
 NF_WIDTH = int(os.environ.get("BENCH_NF_WIDTH", "16384"))  # the special rows' width (>= 9002)
+if NF_WIDTH < 9002:  # nonfinite_rows writes columns up to 9001 (a stop-35 run lost its report to this, at the end)
+    sys.exit(f"row_records_check: BENCH_NF_WIDTH must be at least 9002, got {NF_WIDTH}")
 # layernorm: its Welford launch (a program per row where twin.numerics.welford_chunk says; stop 18's one-row
 # kernel, commit 014a61d, was reverted)
 OPS = tuple(os.environ.get("BENCH_OPS", "rmsnorm,layernorm").split(","))

@@ -102,13 +102,18 @@ def test_softmax_rows_no_power_of_two_divides_read_whole_vectors():
     """An odd row length (softmax_window.windowed): the kernel reads and writes the row's whole 16-byte vectors and
     only its two edge vectors element by element, where before every element had its own load (stop 32,
     triton 3.6: the sketched kernel took 255 registers and spilled at 4096x8191). Registers, spills and the
-    row loop stay near those of the even width beside it (16383 as 16384: the same BLOCK and warps)."""
-    odd = _compile("softmax", "--shape", "4096x16383")
-    even = _compile("softmax", "--shape", "4096x16384")
+    row loop stay near those of the even width beside it (16383 as 16384: the same BLOCK and warps); the row loop
+    is the persistent launch's (rows=False: the launch a program per row has none, softmax.ROWS_BLOCKS), whose
+    whole kernel is compared instead."""
+    odd = _compile("softmax", "--shape", "4096x16383", "--cfg", '{"rows": false}')
+    even = _compile("softmax", "--shape", "4096x16384", "--cfg", '{"rows": false}')
     for a, b in zip(odd, even):
         assert a["vector_loads"] and a["num_warps"] == b["num_warps"], (a, b)
         assert a["spill_stores"] == 0 and a["registers"] <= max(b["registers"], 128), (a, b)
         assert a["largest_loop_sass"] <= b["largest_loop_sass"] * 1.25, (a, b)
+    (odd_rows,), (even_rows,) = (_compile("softmax", "--shape", s, "--sketch", "yes") for s in ("4096x16383", "4096x16384"))
+    assert odd_rows["spill_stores"] == 0 and odd_rows["registers"] <= 128 and odd_rows["vector_loads"], odd_rows
+    assert odd_rows["sass_instructions"] <= even_rows["sass_instructions"] * 1.25, (odd_rows, even_rows)
 
 
 def test_softmax_sketch_keeps_its_programs_per_sm_at_4096_and_8192():

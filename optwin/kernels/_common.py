@@ -201,7 +201,8 @@ REG_CAP: dict[tuple[str, int], int] = {("layernorm", 16384): 128}
 # -> a program per row: rmsnorm 73.4 -> 72.0, layernorm 80.1 -> 76.9, softmax 80.5 -> 77.0
 # (bench/results/norm_chunks_h200_s15d.md). rmsnorm runs both launches in its own one-row kernel
 # (_rmsnorm_rows_kernel: no row loop; 69.9 µs without the sketch, torch.compile 70.5), the sketched
-# one with row records (see below). The other sketched launches stay persistent: a program per row
+# one with row records (see below), as softmax's at softmax.ROWS_BLOCKS (stop 35) and layernorm's Welford
+# launch. The other sketched launches stay persistent: a program per row
 # costs them +23 to +74 % with a merge and a ticket per program, and persistent programs that claim
 # rows one at a time were slower than the static share (rmsnorm 77.6 against 75.2 µs,
 # norm_chunks_h200_s15e.md; the code is in git history, commit 52b2a7d).

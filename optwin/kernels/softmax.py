@@ -52,7 +52,10 @@ exact pass before); other inputs +1.5 µs (bench/results/norm_chunks_h200_s16d.m
 Launch: BLOCK = next_pow2(n); warps and stages from _common.TUNED_BY_ELEMENT (16-bit rows of 2048..32768: 64
 elements a thread, at least 2 warps; stop 32, measured: 8 warps at BLOCK 16384, 16 before; BLOCK 65536: 16
 warps, 128 elements a thread, stop 34); the sketch
-kernel is capped at MAXNREG registers where listed (2 programs per SM). Where
+kernel is capped at MAXNREG registers where listed (2 programs per SM). The sketched launch is persistent
+except at ROWS_BLOCKS (8192, 16384), where each row has its program, as without the sketch, and writes its
+partials as row records that one more program reduces (optwin.kernels.softmax_rows: H200 4096x16384 bf16 with
+the sketch 78.0 -> 75.8 µs, 8192x8192 76.9 -> 73.6; stop 35). Where
 _common.PREFETCH lists the launch (16-bit rows, sm_90+, 16-byte aligned rows), each program first asks the L2
 for the row it reads one step later (one cp.async.bulk.prefetch.L2 per row: _common.prefetch_l2), so
 DRAM keeps streaming while the warps are in the row's trees: H200 4096x16384 bf16 73.1 / 86.9 ->
@@ -66,7 +69,8 @@ without / with the sketch, L2 flushed: 4096x16383 159.2 / 441.9 -> 71.7 / 88.3, 
 vector, so the sum tree groups other neighbours: y's last bits depend on where a row lies (within an output
 ulp of the element-wise order; the twin models tl.sum as a pairwise tree either way).
 Memory: read rows*n (x), write rows*n (y, in x's dtype or the requested out dtype); persistent
-programs (without the sketch a program per row: _common.ROW_GRID); with the sketch a few scalar
+programs (a program per row without the sketch where _common.ROW_GRID lists the launch, and with it at
+ROWS_BLOCKS: two 8-byte record words a row); with the persistent sketch a few scalar
 atomics per program and the feature vector.
 """
 
@@ -248,10 +252,14 @@ MAXNREG: dict[tuple[int, int], int] = {(16384, 16): 64, (8192, 16): 64, (16384, 
 # bytes of spills (offline sm_90a, triton 3.6), at 128 to 368 bytes; bfloat16 takes 128 either way. Not timed on
 # the GPU (found offline after stop 34's last device run).
 PLAIN_MAXNREG: dict[tuple[int, int], int] = {(65536, 16): 128}
-# BLOCKs whose sketched launch (layout 10) runs a program per row, its partials in row records that one more
-# program reduces (optwin.kernels.softmax_rows). H200 bf16 4096x16384, µs with the sketch, the persistent
-# launch -> a program per row: (stop 35; the plain launch 70.0) (bench/results/softmax_rows_*_h200_s35.md).
-ROWS_BLOCKS = {16384}
+# BLOCKs whose sketched launch (layout 10: 16-bit rows) runs a program per row, as the launch without the sketch
+# does, its partials in row records that one more program reduces (optwin.kernels.softmax_rows; stop 35). H200
+# bf16, µs with the sketch (without it), persistent -> a program per row, the same interleaved rounds:
+#   4096x16384 78.0 -> 75.8 (70.0); HF-masked 83.2 -> 80.8; CUDA graphs 74.3 -> 72.9; fp16 78.7 -> 75.4;
+#   4096x16383 (windowed rows) 87.7 -> 84.4; 16384x12000 241.4 -> 236.5; 8192x8192 76.9 -> 73.6 (72.5), HF-masked
+#   77.6 -> 76.1 (bench/results/softmax_rows_*_h200_s35.md).
+# Not BLOCK 4096: 16384x4096 81.5 -> 91.4, the finisher falls behind rows that short (as rmsnorm's at 2048).
+ROWS_BLOCKS = {8192, 16384}
 FUSION = False  # enable_fp_fusion of the VARIANT 3-8 sketch kernels (the sweep's option; layout 10 fuses)
 # VARIANT 10: a row whose max exceeds the format's lowest finite value by more than 128 (exp of the
 # difference is 0: ex2.approx.ftz underflows below -126 * ln 2) can read its -inf halves as that value.

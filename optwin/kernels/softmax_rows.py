@@ -8,7 +8,8 @@ merges with atomics once per program. H200, 4096x16384 bf16, µs (bench/results/
 the plain kernel 70.4 a program per row, 73.6 persistent; the persistent sketched kernel 78.4. A program per
 row merging through the workspace's atomics ran 102.8 (stop 28: 49k atomics on a few addresses); stop 28's
 row records (commit fa3e641, then at 16 warps) ran 81.4 against 82.0 and were reverted; at stop 32's 8 warps
-the same code ran 75.8 against 77.8 (bench/results/softmax_wd_4096x16384_h200_s35.md).
+the same code ran 75.8 against 77.8 (bench/results/softmax_wd_4096x16384_h200_s35.md). This launch: 75.8 against
+78.0 at 4096x16384, 73.6 against 76.9 at 8192x8192 (softmax.ROWS_BLOCKS has the rest).
 
 A row's words (sketch_buffer.row_records, two a row; no half of a written word is the sentinel):
     word 0: (m, rmin)   the row's max and its min over non-(-inf) entries (float32; -inf / +inf: fully masked)
