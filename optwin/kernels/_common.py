@@ -316,6 +316,12 @@ def aligned(v, ALIGN: tl.constexpr):
         return v
 
 
+@triton.jit
+def aligned_rows(n_cols, X_row_stride, Y_row_stride, ALIGN: tl.constexpr):
+    """aligned() of a row kernel's row length and both row strides (column_multiple's ALIGN divides each)."""
+    return aligned(n_cols, ALIGN), aligned(X_row_stride, ALIGN), aligned(Y_row_stride, ALIGN)
+
+
 def check_device(*tensors: torch.Tensor) -> None:
     """Kernels run on CUDA, or on CPU under TRITON_INTERPRET=1 (tests)."""
     for t in tensors:

@@ -58,7 +58,7 @@ from optwin.catalog import CATALOG
 from optwin.kernels._common import (
     FMAX,
     MAX_BLOCK,
-    aligned,
+    aligned_rows,
     check_device,
     check_rows,
     column_multiple,
@@ -134,9 +134,7 @@ def _layernorm_kernel(
     # Persistent: programs walk rows pid, pid + grid, ...; each row is still reduced by one program
     # in one tree (numerics independent of the grid).
     pid = tl.program_id(0)
-    n_cols = aligned(n_cols, ALIGN)
-    X_row_stride = aligned(X_row_stride, ALIGN)
-    Y_row_stride = aligned(Y_row_stride, ALIGN)
+    n_cols, X_row_stride, Y_row_stride = aligned_rows(n_cols, X_row_stride, Y_row_stride, ALIGN)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     if SKETCH:
@@ -255,9 +253,7 @@ def _layernorm_chunked_kernel(
     # others from L2. Slower than a row held in registers where one fits (bench/norm_chunks.py), so
     # only rows past MAX_BLOCK.
     pid = tl.program_id(0)
-    n_cols = aligned(n_cols, ALIGN)
-    X_row_stride = aligned(X_row_stride, ALIGN)
-    Y_row_stride = aligned(Y_row_stride, ALIGN)
+    n_cols, X_row_stride, Y_row_stride = aligned_rows(n_cols, X_row_stride, Y_row_stride, ALIGN)
     cols = tl.arange(0, CHUNK)
     if SKETCH:
         p_ratio = tl.zeros((), dtype=tl.float32)

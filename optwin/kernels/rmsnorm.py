@@ -53,7 +53,7 @@ from optwin.kernels._common import (
     RECORD_STAGES,
     ROW_GRID,
     acquire_flag,
-    aligned,
+    aligned_rows,
     check_device,
     check_rows,
     column_multiple,
@@ -169,9 +169,7 @@ def _rmsnorm_kernel(
     # Persistent: one program per resident slot walks rows pid, pid + grid, ...; each row is still
     # reduced by one program in one tree, so the numerics do not depend on the grid.
     pid = tl.program_id(0)
-    n_cols = aligned(n_cols, ALIGN)
-    X_row_stride = aligned(X_row_stride, ALIGN)
-    Y_row_stride = aligned(Y_row_stride, ALIGN)
+    n_cols, X_row_stride, Y_row_stride = aligned_rows(n_cols, X_row_stride, Y_row_stride, ALIGN)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     if SKETCH:
@@ -235,9 +233,7 @@ def _rmsnorm_rows_kernel(
     # complete, in row order, so after the last row only its poll and one reduction are left (started
     # last, it had all its polls left: H200, +17 % over the launch without the sketch).
     pid = tl.program_id(0)
-    n_cols = aligned(n_cols, ALIGN)
-    X_row_stride = aligned(X_row_stride, ALIGN)
-    Y_row_stride = aligned(Y_row_stride, ALIGN)
+    n_cols, X_row_stride, Y_row_stride = aligned_rows(n_cols, X_row_stride, Y_row_stride, ALIGN)
     first = pid - 1 if SKETCH and FINISHER_FIRST else pid
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -343,9 +339,7 @@ def _rmsnorm_chunked_kernel(
     # Two passes per row: sum of squares (DRAM), then normalize and store (an L2 re-read). Slower
     # than a row held in registers where one fits (bench/norm_chunks.py), so only rows past MAX_BLOCK.
     pid = tl.program_id(0)
-    n_cols = aligned(n_cols, ALIGN)
-    X_row_stride = aligned(X_row_stride, ALIGN)
-    Y_row_stride = aligned(Y_row_stride, ALIGN)
+    n_cols, X_row_stride, Y_row_stride = aligned_rows(n_cols, X_row_stride, Y_row_stride, ALIGN)
     cols = tl.arange(0, CHUNK)
     if SKETCH:
         p_amax = tl.zeros((), dtype=tl.float32)

@@ -89,7 +89,7 @@ from optwin.kernels._common import (
     INTERPRETED,
     MAX_BLOCK,
     RECORD_POLL,
-    aligned,
+    aligned_rows,
     check_device,
     check_rows,
     column_multiple,
@@ -475,9 +475,7 @@ def _softmax_kernel(
         if ROWS:  # the finisher polls the rows' records
             _finish_row_records(S_ptr, F_ptr, I_ptr, M_ptr, n_rows, n_cols, POLL)
     else:
-        n_cols = aligned(n_cols, ALIGN)
-        X_row_stride = aligned(X_row_stride, ALIGN)
-        Y_row_stride = aligned(Y_row_stride, ALIGN)
+        n_cols, X_row_stride, Y_row_stride = aligned_rows(n_cols, X_row_stride, Y_row_stride, ALIGN)
         cols = tl.arange(0, BLOCK)
         mask = cols < n_cols
         if SKETCH:

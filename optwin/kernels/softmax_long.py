@@ -44,6 +44,7 @@ from optwin.kernels._common import (
     FMAX,
     INTERPRET,
     aligned,
+    aligned_rows,
     cdiv,
     column_multiple,
     div_by_row,
@@ -177,9 +178,7 @@ def _piece_out_kernel(
     # last piece first: the first launch read it last, so it may still be in the L2 (x outgrows the L2
     # at a few hundred vocabulary rows)
     pid = tl.num_programs(0) - 1 - tl.program_id(0)
-    n_cols = aligned(n_cols, ALIGN)
-    X_row_stride = aligned(X_row_stride, ALIGN)
-    Y_row_stride = aligned(Y_row_stride, ALIGN)
+    n_cols, X_row_stride, Y_row_stride = aligned_rows(n_cols, X_row_stride, Y_row_stride, ALIGN)
     r = pid // n_pieces
     k = pid % n_pieces
     if SKETCH:  # p_rng stays 0: _merge_extremes writes the row's range itself
