@@ -95,3 +95,21 @@ def test_rows_take_the_row_launch_by_width():
     x = torch.zeros(0, 16384, dtype=torch.bfloat16)
     _, got = _launch(x, None)
     assert got["rows"] == 0 and got["numel"] == 0
+
+
+def test_default_launch_at_8192_wide_is_the_row_launch():
+    """Rows of 8000 (BLOCK 8192, in ROWS_BLOCKS) take the row launch by default: it leaves its record words at
+    the sentinel, and its y and sketch are the persistent launch's, with a NaN row flagged."""
+    g = seed("softmax-rows-8192")
+    x = torch.randn(5, 8000, generator=g) * 4.0
+    x[1, :100] = -math.inf
+    x[3, 7] = math.nan
+    xb = x.to(torch.bfloat16)
+    words = row_records("softmax", xb.device, 5, words=2, extra=0)[0]
+    words[:10] = 12345  # not the sentinel: only a launch with records puts it back
+    y_row, got = _launch(xb, None)
+    assert (words[:10] == -1).all()
+    y_pers, pers = _launch(xb, False)
+    assert torch.equal(bits(y_row), bits(y_pers))
+    close(got, pers)
+    close(got, ingest_sketch("softmax", {"x": xb}))
