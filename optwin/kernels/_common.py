@@ -800,6 +800,19 @@ def release_flag(flag_ptr):
 
 
 @triton.jit
+def acquire_flagged(M_ptr, flagged, rows, n_rows, WORDS: tl.constexpr):
+    """Acquire every flagged row of a finisher's poll (rows [POLL], flagged [POLL]; a row's flag is its last
+    of WORDS record words), one by one in row order: each merged its partials into the workspace before its
+    flag, and they are visible after this. Returns the poll's first flagged row (n_rows if none)."""
+    first = tl.min(tl.where(flagged, rows, n_rows), axis=0)
+    r = first
+    while r < n_rows:  # rare
+        acquired = acquire_flag(M_ptr + tl.cast(r, tl.int64) * WORDS + (WORDS - 1))  # 1, behind the acquire
+        r = tl.min(tl.where(flagged & (rows > r), rows, n_rows) * acquired, axis=0)
+    return first
+
+
+@triton.jit
 def acquire_flag(flag_ptr):
     """Acquire a flagged word (pairs with release_flag): the row's extra record is visible after it.
     Returns 1 (the flag word is never 0); use it in the extra record's loads, so every thread waits

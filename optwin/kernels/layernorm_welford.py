@@ -56,7 +56,7 @@ from optwin.kernels._common import (
     MAX_BLOCK,
     RECORD_FLAG_HI,
     RECORD_POLL,
-    acquire_flag,
+    acquire_flagged,
     max_sum_max_min,
     note_occupancy,
     poll_records,
@@ -262,11 +262,7 @@ def _layernorm_welford_kernel(
             v_sq += tl.where(plain, tag.to(tl.float32, bitcast=True), 0.0).to(tl.float64)
             v_ratio = tl.maximum(v_ratio, tl.where(plain, ratio_bits.to(tl.float32, bitcast=True), 0.0))
             v_minstd = tl.minimum(v_minstd, tl.where(plain, sf_bits.to(tl.float32, bitcast=True), float("inf")))
-            r = tl.min(tl.where(flagged, rows, n_rows), axis=0)
-            first_flagged = tl.minimum(first_flagged, r)
-            while r < n_rows:  # rare: each flagged row merged its partials into the workspace before its flag
-                acquired = acquire_flag(M_ptr + r * 2 + 1)  # 1, behind the acquire
-                r = tl.min(tl.where(flagged & (rows > r), rows, n_rows) * acquired, axis=0)
+            first_flagged = tl.minimum(first_flagged, acquire_flagged(M_ptr, flagged, rows, n_rows, 2))
         m_amax, s_sq, m_ratio, m_minstd = max_sum_max_min(v_amax, v_sq, v_ratio, v_minstd)
         g_amax, g_sq, g_ratio, g_minstd = m_amax.to(tl.float64), s_sq, m_ratio.to(tl.float64), m_minstd.to(tl.float64)
         g_const = tl.zeros((), dtype=tl.float64)

@@ -29,12 +29,10 @@ import triton.language as tl
 from optwin.kernels._common import (
     INTERPRET,
     RECORD_FLAG_HI,
-    acquire_flag,
+    acquire_flagged,
     poll_records,
-    read_slot,
     record_word,
     release_flag,
-    reset_workspace,
 )
 from optwin.kernels.softmax_sketch import (
     HUGE,
@@ -42,6 +40,7 @@ from optwin.kernels.softmax_sketch import (
     HUGE_UNSCALE,
     _atomic_partials,
     _store_features,
+    take_workspace,
 )
 
 
@@ -109,11 +108,7 @@ def _finish_row_records(S_ptr, F_ptr, I_ptr, M_ptr, n_rows, n_cols, POLL: tl.con
         v_masked += (plain & (m == -float("inf"))).to(tl.int32)
         v_peak += tl.where(plain, counts & 1, 0)
         v_elig += tl.where(plain, (counts >> 1) & 1, 0)
-        r = tl.min(tl.where(flagged, rows, n_rows), axis=0)
-        first_flagged = tl.minimum(first_flagged, r)
-        while r < n_rows:  # rare: each flagged row merged its partials into the workspace before its flag
-            acquired = acquire_flag(M_ptr + tl.cast(r, tl.int64) * 2 + 1)  # 1, behind the acquire
-            r = tl.min(tl.where(flagged & (rows > r), rows, n_rows) * acquired, axis=0)
+        first_flagged = tl.minimum(first_flagged, acquire_flagged(M_ptr, flagged, rows, n_rows, 2))
     if INTERPRET:  # no tuple reduce in the interpreter
         g_max, g_min, g_rng, g_rmx, s_sq = tl.max(v_max), tl.min(v_min), tl.max(v_rng), tl.min(v_rmx), tl.sum(v_sq)
         s_neg, s_masked, s_peak, s_elig = tl.sum(v_neg), tl.sum(v_masked), tl.sum(v_peak), tl.sum(v_elig)
@@ -129,18 +124,16 @@ def _finish_row_records(S_ptr, F_ptr, I_ptr, M_ptr, n_rows, n_cols, POLL: tl.con
     s_peak = s_peak.to(tl.int64)
     s_elig = s_elig.to(tl.int64)
     if first_flagged < n_rows:  # the flagged rows' partials; untouched, the workspace is still at its identities
-        s_sq += read_slot(F_ptr + 0)
-        g_max = tl.maximum(g_max, read_slot(F_ptr + 1))
-        g_min = tl.minimum(g_min, read_slot(F_ptr + 2))
-        g_rng = tl.maximum(g_rng, read_slot(F_ptr + 3))
-        g_rmx = tl.minimum(g_rmx, read_slot(F_ptr + 4))
-        g_nf = read_slot(I_ptr + 1)
-        s_neg += read_slot(I_ptr + 2)
-        masked_peak = read_slot(I_ptr + 3)
-        s_masked += masked_peak & 0xFFFFFFFF
-        s_peak += masked_peak >> 32
-        s_elig += read_slot(I_ptr + 4)
-        reset_workspace(F_ptr, I_ptr)
+        w_sq, w_max, w_min, w_rng, w_rmx, g_nf, w_neg, w_masked, w_peak, w_elig = take_workspace(F_ptr, I_ptr)
+        s_sq += w_sq
+        g_max = tl.maximum(g_max, w_max)
+        g_min = tl.minimum(g_min, w_min)
+        g_rng = tl.maximum(g_rng, w_rng)
+        g_rmx = tl.minimum(g_rmx, w_rmx)
+        s_neg += w_neg
+        s_masked += w_masked
+        s_peak += w_peak
+        s_elig += w_elig
     g_amax = tl.maximum(tl.maximum(g_max, -g_min), 0.0)
     _store_features(S_ptr, n_rows, n_cols, g_amax, s_sq, g_max, g_min, g_rng, g_rmx, g_nf, s_neg, s_masked, s_peak,
                     s_elig)

@@ -152,21 +152,30 @@ def publish_sketch(S_ptr, F_ptr, I_ptr, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, 
         _atomic_partials(F_ptr, I_ptr, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, p_masked, p_peak, p_elig,
                          RNG_SCALE, PROBE_SKIP // 2 % 2 == 0, PROBE_SKIP // 4 % 2 == 0)
     if last_of(I_ptr, n_pub):
-        g_sq = read_slot(F_ptr + 0)
-        g_max = read_slot(F_ptr + 1)
-        g_min = read_slot(F_ptr + 2)
-        g_rng = read_slot(F_ptr + 3)
-        g_rmx = read_slot(F_ptr + 4)
-        g_nf = read_slot(I_ptr + 1)
-        g_neg = read_slot(I_ptr + 2)
-        g_masked_peak = read_slot(I_ptr + 3)
-        g_elig = read_slot(I_ptr + 4)
-        reset_workspace(F_ptr, I_ptr)
+        g_sq, g_max, g_min, g_rng, g_rmx, g_nf, g_neg, g_masked, g_peak, g_elig = take_workspace(F_ptr, I_ptr)
         # absmax from the merged extremes: max over programs commutes with max(max, -min, 0), so it
         # needs no merge of its own (0 where no entry is finite: -inf, -inf and 0)
         g_amax = tl.maximum(tl.maximum(g_max, -g_min), 0.0)
         _store_features(S_ptr, n_rows, n_cols, g_amax, g_sq, g_max, g_min, g_rng, g_rmx, g_nf, g_neg,
-                        g_masked_peak & 0xFFFFFFFF, g_masked_peak >> 32, g_elig)
+                        g_masked, g_peak, g_elig)
+
+
+@triton.jit
+def take_workspace(F_ptr, I_ptr):
+    """The "softmax" workspace's merged partials (_atomic_partials' slots: sum of squares, max, min, widest row
+    range, smallest row max as float64; NaN/+inf, -inf, masked, peaked and eligible counts as int64), read
+    after the merges were acquired, and the workspace reset to its identities."""
+    g_sq = read_slot(F_ptr + 0)
+    g_max = read_slot(F_ptr + 1)
+    g_min = read_slot(F_ptr + 2)
+    g_rng = read_slot(F_ptr + 3)
+    g_rmx = read_slot(F_ptr + 4)
+    g_nf = read_slot(I_ptr + 1)
+    g_neg = read_slot(I_ptr + 2)
+    g_masked_peak = read_slot(I_ptr + 3)
+    g_elig = read_slot(I_ptr + 4)
+    reset_workspace(F_ptr, I_ptr)
+    return g_sq, g_max, g_min, g_rng, g_rmx, g_nf, g_neg, g_masked_peak & 0xFFFFFFFF, g_masked_peak >> 32, g_elig
 
 
 @triton.jit
