@@ -169,7 +169,9 @@ def _layernorm_welford_kernel(
     PACKED: tl.constexpr,  # x is 16-bit: max |x| two elements an instruction (_abs_max_step)
     PF_BYTES: tl.constexpr = 0,  # bytes of a row to prefetch into L2 (_common.prefetch_row); 0: none
     pf_ahead=0,  # the row prefetched is pf_ahead rows past this program's
-    PROBE: tl.constexpr = 0,  # bench only (the sketch is then wrong), bits: 1 no max |h|, 2 no records (no polls), 4 no flagged path
+    PROBE: tl.constexpr = 0,  # bench only (the sketch is then wrong), bits: 1 no max |h|, 2 no records (no polls), 4 no flagged path,
+    # 8 records (mean, var) derived by the finisher, 16 records stored after y, 32 no polls (the rows still
+    # store), 64 a nap between polls
 ):
     # A program per row, as torch.compile's layernorm: lane l runs Welford's update over elements l,
     # l + CHUNK, ... (the first piece sets mean = h, M2 = 0; every lane has the same count, so 1/count is
@@ -226,12 +228,10 @@ def _layernorm_welford_kernel(
         if SKETCH:  # before y: the finisher's wait ends with the last row's sums, not with its stores
             sq = (var + m * m) * N  # the row's sum of squares, as _slot_partials derives it
             plain = (sq <= FMAX) & ~_could_be_constant(m, var)
-            if plain and PROBE // 2 % 2 == 0:  # the rare rest after y
+            if plain and PROBE // 2 % 2 == 0 and PROBE // 16 % 2 == 0:  # the rare rest after y
                 # the row's own partials, derived here: the finisher reads every row's record in one
                 # program, and at 16384 rows its per-row sqrt and division made it the kernel's tail
-                sf = tl.sqrt(var)
-                tl.store(M_ptr + row * 2, record_word(_ratio(m, sf, -1.0, CAP), sf))
-                tl.store(M_ptr + row * 2 + 1, record_word(hmax, sq))
+                _store_record(M_ptr + row * 2, m, var, hmax, sq, CAP, PROBE // 8 % 2 == 1)
         rs = tl.math.rsqrt(var + eps)  # approximate rsqrt
         Y_row = Y_ptr + row * Y_row_stride
         for c0 in tl.range(0, N, CHUNK):
@@ -241,7 +241,10 @@ def _layernorm_welford_kernel(
             b = tl.load(B_ptr + c0 + cols, mask=cm, other=0.0, eviction_policy="evict_last").to(tl.float32)
             tl.store(Y_row + c0 + cols, tl.fma((h - m) * rs, w, b).to(Y_ptr.dtype.element_ty), mask=cm,
                      eviction_policy="evict_first")
-        if SKETCH and PROBE < 4:  # noqa: SIM102 - a constexpr branch
+        if SKETCH and PROBE // 16 % 2 == 1:  # noqa: SIM102 - bench only: the record after y
+            if plain:
+                _store_record(M_ptr + row * 2, m, var, hmax, sq, CAP, PROBE // 8 % 2 == 1)
+        if SKETCH and PROBE % 8 < 4:  # noqa: SIM102 - a constexpr branch
             if not plain:
                 _publish_flagged_row(X_row, M_ptr + row * 2 + 1, F_ptr, I_ptr, N, EXACT_CHUNK, CAP)
     else:  # the finisher: the parameters' partials while rows run, then the records in row order
@@ -251,10 +254,14 @@ def _layernorm_welford_kernel(
         v_ratio = tl.zeros([POLL], dtype=tl.float32)
         v_minstd = tl.full([POLL], float("inf"), tl.float32)
         first_flagged = n_rows
-        for r0 in range(0, n_rows if PROBE // 2 % 2 == 0 else 0, POLL):
-            lo, hi = poll_records(M_ptr, r0, n_rows, POLL, 2)
+        for r0 in range(0, n_rows if PROBE // 2 % 2 == 0 and PROBE // 32 % 2 == 0 else 0, POLL):
+            lo, hi = poll_records(M_ptr, r0, n_rows, POLL, 2, PROBE // 64 % 2 == 1, PROBE // 128 % 2 == 1)
             ratio_bits, amax_bits = tl.split(lo)  # word 0 = (|mean|/std, std), word 1 = (max |h|, sum h*h or the flag)
             sf_bits, tag = tl.split(hi)
+            if PROBE // 8 % 2 == 1:  # bench: word 0 = (mean, var), derived here
+                sf = tl.sqrt(sf_bits.to(tl.float32, bitcast=True))
+                ratio_bits = _ratio(ratio_bits.to(tl.float32, bitcast=True), sf, -1.0, CAP).to(tl.int32, bitcast=True)
+                sf_bits = sf.to(tl.int32, bitcast=True)
             rows = r0 + tl.arange(0, POLL)
             flagged = tag == RECORD_FLAG_HI
             plain = (rows < n_rows) & ~flagged
@@ -279,6 +286,18 @@ def _layernorm_welford_kernel(
         store_common_features(S_ptr, numel, tl.cast(n_rows, tl.int64), g_amax, g_sq, numel - g_nf, g_nf + param_nf)
         tl.store(S_ptr + 5, tl.cast(N, tl.float64))
         _store_own_features(S_ptr, g_ratio, g_minstd, g_const, n_rows, CAP)
+
+
+@triton.jit
+def _store_record(rec_ptr, m, var, hmax, sq, CAP: tl.constexpr, RAW: tl.constexpr):
+    """A plain row's two record words: (|mean|/std, std) or, RAW (bench), (mean, var) for the finisher to
+    derive; then (max |h|, sum of squares)."""
+    if RAW:
+        tl.store(rec_ptr, record_word(m, var))
+    else:
+        sf = tl.sqrt(var)
+        tl.store(rec_ptr, record_word(_ratio(m, sf, -1.0, CAP), sf))
+    tl.store(rec_ptr + 1, record_word(hmax, sq))
 
 
 @triton.jit
