@@ -767,27 +767,7 @@ def record_halves(words):
 
 
 @triton.jit
-def _nap(x):
-    """x, after the warp slept about half a microsecond (nanosleep: a finisher's wait that leaves the SM
-    and the L2 to the rows)."""
-    return tl.inline_asm_elementwise("nanosleep.u32 500; mov.b32 $0, $1;", "=r,r", [x], dtype=tl.int32,
-                                     is_pure=False, pack=1)
-
-
-@triton.jit
-def _wait_words(ptrs, valid):
-    """The int64 words at ptrs once neither half is the sentinel, each thread spinning on its own words
-    (relaxed gpu-scope loads in a PTX loop: no barrier per try); 0 where not valid."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .pred p, q; .reg .b32 lo, hi; .reg .b64 w; mov.b64 w, 0; setp.eq.s32 q, $2, 0; @q bra DONE; "
-        "WAIT: ld.relaxed.gpu.global.b64 w, [$1]; mov.b64 {lo, hi}, w; setp.eq.s32 p, lo, -1; "
-        "setp.eq.or.s32 p, hi, -1, p; @p bra WAIT; DONE: mov.b64 $0, w; }",
-        "=l,l,r", [ptrs, valid.to(tl.int32)], dtype=tl.int64, is_pure=False, pack=1)
-
-
-@triton.jit
-def poll_records(M_ptr, r0, n_rows, POLL: tl.constexpr, WORDS: tl.constexpr = 1, NAP: tl.constexpr = False,
-                 SPIN: tl.constexpr = False):
+def poll_records(M_ptr, r0, n_rows, POLL: tl.constexpr, WORDS: tl.constexpr = 1):
     """(low, high) int32 halves, each [POLL] (WORDS > 1: [POLL, WORDS], a row's words side by side),
     of the record words of rows r0 .. r0 + POLL - 1 (rows past n_rows read as zeros) once no half is
     the sentinel; the sentinel then goes back for the next launch. Volatile loads (no L1), re-issued
@@ -799,23 +779,14 @@ def poll_records(M_ptr, r0, n_rows, POLL: tl.constexpr, WORDS: tl.constexpr = 1,
     else:
         ptrs = M_ptr + rows.to(tl.int64)[:, None] * WORDS + tl.arange(0, WORDS)[None, :]
         valid = (rows < n_rows)[:, None] & (tl.arange(0, WORDS) < WORDS)[None, :]
-    if SPIN and not INTERPRET:
-        words = _wait_words(ptrs, valid)
-    else:
-        words = tl.load(ptrs, mask=valid, other=0, volatile=True)
+    words = tl.load(ptrs, mask=valid, other=0, volatile=True)
     lo, hi = record_halves(words)
-    if INTERPRET or SPIN:  # programs ran in order, the finisher last: a word still unwritten is a bug, not a wait
-        if SPIN:  # every copy of a word (a layout may repeat an element across threads) read before the reset
-            tl.debug_barrier()
-        if INTERPRET:
-            assert tl.max(tl.reshape(tl.where((lo == -1) | (hi == -1), 1, 0), [POLL * WORDS]), axis=0) == 0, \
-                "a row record was never written"
+    if INTERPRET:  # programs ran in order, the finisher last: a word still unwritten is a bug, not a wait
+        assert tl.max(tl.reshape(tl.where((lo == -1) | (hi == -1), 1, 0), [POLL * WORDS]), axis=0) == 0, \
+            "a row record was never written"
     else:
         while tl.max(tl.reshape(tl.where((lo == -1) | (hi == -1), 1, 0), [POLL * WORDS]), axis=0) > 0:
-            if NAP:  # the reload's address waits for the nap
-                words = tl.load(ptrs + _nap(tl.zeros(ptrs.shape, tl.int32)), mask=valid, other=0, volatile=True)
-            else:
-                words = tl.load(ptrs, mask=valid, other=0, volatile=True)
+            words = tl.load(ptrs, mask=valid, other=0, volatile=True)
             lo, hi = record_halves(words)
     tl.store(ptrs, tl.full(ptrs.shape, -1, tl.int64), mask=valid)
     return lo, hi
