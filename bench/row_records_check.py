@@ -4,6 +4,7 @@ the programs run concurrently and the finisher spins while rows are still being 
 
     python bench/row_records_check.py            # on a CUDA machine; writes $OUT/row_records_check.md
     BENCH_OPS=softmax BENCH_SHAPES=4096x16383,1823x9001 BENCH_NF_WIDTH=16383 python bench/row_records_check.py
+    BENCH_OPS=softmax BENCH_SHAPES=8192x8192,7x8191 BENCH_NF_WIDTH=8000 python bench/row_records_check.py  # BLOCK 8192
 
 Per shape and dtype (bench/gpu_kernels.check: NaN-poisoned outputs, float64 math, the production
 variant, y bit-identical without the sketch, the sketch against optwin.ingest, a second launch on the
@@ -14,8 +15,8 @@ same records), then:
   against ingest's (a record left from a launch before, or read before it was written, shows here);
 - a CUDA graph of the launch replayed on new inputs;
 - every record back at the sentinel at the end, every workspace back at its identities.
-BENCH_OPS=softmax runs the same checks on softmax's persistent launch (its programs merge into the
-workspace with atomics); its inputs get -inf masks and a fully masked row, and its NaN/inf rows HF masks
+BENCH_OPS=softmax runs the same checks on softmax's launches (the row launch at BLOCK 8192 and 16384, the
+persistent one elsewhere, whose programs merge into the workspace with atomics); its inputs get -inf masks and a fully masked row, and its NaN/inf rows HF masks
 (finfo.min, the HUGE branch) beside -inf and HUGE values.
 Needs torch and numpy (optwin's kernels and ingest are torch + triton).
 """

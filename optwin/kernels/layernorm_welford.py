@@ -31,8 +31,8 @@ flag and, if any row was flagged, adds the workspace to its own partials and res
 Where the sketch's cost is (stop 28, H200 bf16, µs without the sketch / with / with the records and
 the finisher's polls left out, PROBE=2): 4096x16384 71.0 / 76.8 / 75.2, 16384x4096 69.3 / 76.6 / 72.1,
 8192x5120 47.4 / 51.3 / 45.9 (bench/results/layernorm_tail_h200_s28_*.md). Stop 36 split the records'
-part (bits 2 and 8): at 4096x16384 / 16384x4096 the rows' stores 1.3 / 1.1 µs, the finisher's polls
-1.0 / 4.2 (layernorm_polls_*_h200_s36.md). Stop 27's finisher was the tail at 16384 rows while it took
+part (bits 2 and 8), the rows then taking the sqrt and the division: at 4096x16384 / 16384x4096 the rows'
+stores 1.3 / 1.1 µs, the finisher's polls 1.0 / 4.2 (layernorm_polls_*_h200_s36.md). Stop 27's finisher was the tail at 16384 rows while it took
 the sqrt and the division (77.6 / 53.6 µs at 16384x4096 / 8192x5120); stop 28 moved them into the rows,
 between the two passes; stop 36 measured them back in the finisher's polls as faster than in the rows. Not
 occupancy: 2, 3 or 4 programs per SM (54, 40, 32 registers) gave 77.7, 77.0 and 89.9 µs at 4096x16384
