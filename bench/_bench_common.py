@@ -7,6 +7,7 @@ report's closing lines and where the report goes. Not a script; the benches put 
 
 from __future__ import annotations
 
+import faulthandler
 import math
 import os
 import statistics
@@ -16,6 +17,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+
+def watchdog(default_s: float = 420.0) -> None:
+    """End the process, every thread's traceback on stderr, once it has run BENCH_WATCHDOG_S seconds
+    (default 420; 0: off). A kernel that never finishes then costs its device call that long and says
+    where it hung, not the call's whole 600 s with an empty log (stop 36: a finisher's spin whose word
+    never came). Scripts arm it in their __main__ only: a test importing them must not exit."""
+    seconds = float(os.environ.get("BENCH_WATCHDOG_S", default_s))
+    if seconds > 0:
+        faulthandler.dump_traceback_later(seconds, exit=True)
 
 
 def config_name(cfg: dict[str, Any]) -> str:

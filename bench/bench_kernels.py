@@ -23,4 +23,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    from _bench_common import watchdog
+
+    watchdog()
     raise SystemExit(main())

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, f
 sys.path.insert(1, str(Path(__file__).resolve().parent))  # bench/, for `_bench_common`
 
 import torch
-from _bench_common import graph_ms, within_budget, write_report
+from _bench_common import graph_ms, watchdog, within_budget, write_report
 
 from optwin.kernels import production as P
 from optwin.kernels._common import MAX_BLOCK
@@ -533,4 +533,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    watchdog()
     raise SystemExit(main())

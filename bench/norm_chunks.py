@@ -38,7 +38,14 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))  # bench/, for the modu
 sys.path.insert(2, str(Path(__file__).resolve().parent / ".ab"))  # frozen revisions (bench/ab_snapshot.py)
 
 import torch
-from _bench_common import config_name, entry_ms, report_tail, worst_diff, write_report
+from _bench_common import (
+    config_name,
+    entry_ms,
+    report_tail,
+    watchdog,
+    worst_diff,
+    write_report,
+)
 from gpu_kernels import OPS, _sweep_launchers
 
 from optwin.kernels.sketch_buffer import new_buffer, read_sketch
@@ -258,4 +265,5 @@ def main() -> str:
 
 
 if __name__ == "__main__":
+    watchdog()
     write_report(main(), "norm_chunks.md")

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, f
 sys.path.insert(1, str(Path(__file__).resolve().parent))  # bench/
 
 import torch
-from _bench_common import write_report
+from _bench_common import watchdog, write_report
 from gpu_kernels import _sweep_launcher, check
 
 from optwin.ingest.sketch import sketch as ingest_sketch
@@ -192,4 +192,5 @@ def main() -> str:
 
 
 if __name__ == "__main__":
+    watchdog()
     write_report(main(), "row_records_check.md")

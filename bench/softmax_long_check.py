@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, f
 sys.path.insert(1, str(Path(__file__).resolve().parent))  # bench/
 
 import torch
-from _bench_common import write_report
+from _bench_common import watchdog, write_report
 from gpu_kernels import check
 
 SMOKE = "--smoke" in sys.argv
@@ -48,4 +48,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    watchdog()
     raise SystemExit(main())
