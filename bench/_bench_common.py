@@ -20,12 +20,13 @@ import torch
 
 
 def watchdog(default_s: float = 420.0) -> None:
-    """End the process, every thread's traceback on stderr, once it has run BENCH_WATCHDOG_S seconds
-    (default 420; 0: off). A kernel that never finishes then costs its device call that long and says
-    where it hung, not the call's whole 600 s with an empty log (stop 36: a finisher's spin whose word
-    never came). Scripts arm it in their __main__ only: a test importing them must not exit."""
+    """On a CUDA machine, end the process, every thread's traceback on stderr, once it has run
+    BENCH_WATCHDOG_S seconds (default 420; 0: off). A kernel that never finishes then costs its device call
+    that long and says where it hung, not the call's whole 600 s with an empty log (stop 36: a finisher's
+    spin whose word never came). Scripts arm it in their __main__ only, and not on the CPU (their smoke
+    runs in the tests take what the CI machine gives them)."""
     seconds = float(os.environ.get("BENCH_WATCHDOG_S", default_s))
-    if seconds > 0:
+    if seconds > 0 and torch.cuda.is_available():
         faulthandler.dump_traceback_later(seconds, exit=True)
 
 
