@@ -22,25 +22,26 @@ With the sketch at 4096x16384: 76.5 / 73.4 flushed / graph, against the row-in-r
 75.5; the sketch costs +7.5 to +34 % of this kernel over those widths (RESULTS.md, stop 20).
 Compiled without FMA contraction: the FMAs are written out, and the twin models each rounding.
 The sketch (y is bit-identical with and without it: the merge tree carries max |x| beside mean, M2 and
-count, and the same merges): each row's program stores two record words, (mean, var) and (max |x|, sum
-of squares) (sketch_buffer.row_records); one more program, the finisher, polls them (_common.poll_records),
-derives each row's std and |mean|/std (512 rows a poll) and reduces them. A row with NaN/±inf,
-overflowing squares, or that could be constant merges its exact float64 partials into the "layernorm"
-workspace with scalar atomics and flags its second word (released after them); the finisher acquires each
-flag and, if any row was flagged, adds the workspace to its own partials and resets it.
+count, and the same merges): each row's program derives its own partials from (mean, var) as the
+persistent kernel's slots do and stores them as two record words, (|mean|/std, std) and (max |x|, sum of
+squares) (sketch_buffer.row_records); one more program, the finisher, polls them (_common.poll_records)
+and reduces them. A row with NaN/±inf, overflowing squares, or that could be constant merges its exact
+float64 partials into the "layernorm" workspace with scalar atomics and flags its second word (released
+after them); the finisher acquires each flag and, if any row was flagged, adds the workspace to its own
+partials and resets it.
 Where the sketch's cost is (stop 28, H200 bf16, µs without the sketch / with / with the records and
 the finisher's polls left out, PROBE=2): 4096x16384 71.0 / 76.8 / 75.2, 16384x4096 69.3 / 76.6 / 72.1,
-8192x5120 47.4 / 51.3 / 45.9 (bench/results/layernorm_tail_h200_s28_*.md). Stop 36 split the records'
-part (bits 2 and 8), the rows then taking the sqrt and the division: at 4096x16384 / 16384x4096 the rows'
-stores 1.3 / 1.1 µs, the finisher's polls 1.0 / 4.2 (layernorm_polls_*_h200_s36.md). Stop 27's finisher was the tail at 16384 rows while it took
-the sqrt and the division (77.6 / 53.6 µs at 16384x4096 / 8192x5120); stop 28 moved them into the rows,
-between the two passes; stop 36 measured them back in the finisher's polls as faster than in the rows. Not
+8192x5120 47.4 / 51.3 / 45.9 (bench/results/layernorm_tail_h200_s28_*.md). The finisher reads every
+row's record in one program: at 16384 rows it was the kernel's tail while it took a sqrt and a division
+a row itself (stop 27's layout: 77.6 / 53.6 µs at 16384x4096 / 8192x5120 in the same rounds). Not
 occupancy: 2, 3 or 4 programs per SM (54, 40, 32 registers) gave 77.7, 77.0 and 89.9 µs at 4096x16384
 (the cap of 32 spills nothing in the rows' loop, but schedules it worse; layernorm_welford_ab_h200_s28_*.md),
 and folding the finisher's per-thread rows (80 -> 63 registers at 4 warps) moved nothing
 (layernorm_lanes_h200_s28_*.md); without the records 32 registers (4 programs per SM) ran 75.1 against
 72.9 µs for 40 (3), stop 36 (layernorm_occupancy_h200_s36.md). The rows per poll matter: 512 is the
-fastest of 128..2048 at every shape timed (layernorm_probe_h200_s28_*.md).
+fastest of 128..2048 at every shape timed (layernorm_probe_h200_s28_*.md). Stop 36: the rows' two record
+stores (with the sqrt and division before them) cost 1.3 µs at 4096x16384, 1.1 at 16384x4096 (a probe
+with the stores and no polls, layernorm_polls_*_h200_s36.md).
 """
 
 from __future__ import annotations
@@ -172,13 +173,13 @@ def _layernorm_welford_kernel(
     PF_BYTES: tl.constexpr = 0,  # bytes of a row to prefetch into L2 (_common.prefetch_row); 0: none
     pf_ahead=0,  # the row prefetched is pf_ahead rows past this program's
     PROBE: tl.constexpr = 0,  # bench only (the sketch is then wrong), bits: 1 no max |h|, 2 no records (no polls), 4 no flagged path,
-    # 8 no polls (the rows still store their records; stop 36's bit 32)
+    # 8 (the sketch stays right) records (mean, var) that the finisher derives std and |mean|/std from
 ):
     # A program per row, as torch.compile's layernorm: lane l runs Welford's update over elements l,
     # l + CHUNK, ... (the first piece sets mean = h, M2 = 0; every lane has the same count, so 1/count is
     # one division per piece), a tree of Chan merges gives the row's mean and M2, and a second pass
     # re-reads the row (an L2 hit) for y. Few registers a thread (no row held), so many programs per SM.
-    # With the sketch each row's program stores two record words, (mean, var) and (max |h|, sum of
+    # With the sketch each row's program stores two record words, (|mean|/std, std) and (max |h|, sum of
     # squares), and one more program, the finisher, polls and reduces them (_common.poll_records). A row
     # with NaN/±inf (or overflowing squares), or one that could be constant, merges exact partials into the
     # workspace and flags its second word.
@@ -230,10 +231,14 @@ def _layernorm_welford_kernel(
             sq = (var + m * m) * N  # the row's sum of squares, as _slot_partials derives it
             plain = (sq <= FMAX) & ~_could_be_constant(m, var)
             if plain and PROBE // 2 % 2 == 0:  # the rare rest after y
-                # (mean, var) as they are: the finisher takes the sqrt and the division, 512 rows a poll,
-                # off the row's path between its two passes (H200 bf16, µs: 4096x16384 75.6 -> 75.1,
-                # 16384x4096 77.0 -> 76.0; RESULTS.md stop 36)
-                tl.store(M_ptr + row * 2, record_word(m, var))
+                # the row's own partials, derived here: the finisher reads every row's record in one
+                # program, and at 16384 rows its per-row sqrt and division made it the kernel's tail
+                # (PROBE 8, bench only: (mean, var) as they are, the finisher derives; RESULTS.md stop 36)
+                if PROBE // 8 % 2 == 1:
+                    tl.store(M_ptr + row * 2, record_word(m, var))
+                else:
+                    sf = tl.sqrt(var)
+                    tl.store(M_ptr + row * 2, record_word(_ratio(m, sf, -1.0, CAP), sf))
                 tl.store(M_ptr + row * 2 + 1, record_word(hmax, sq))
         rs = tl.math.rsqrt(var + eps)  # approximate rsqrt
         Y_row = Y_ptr + row * Y_row_stride
@@ -254,19 +259,21 @@ def _layernorm_welford_kernel(
         v_ratio = tl.zeros([POLL], dtype=tl.float32)
         v_minstd = tl.full([POLL], float("inf"), tl.float32)
         first_flagged = n_rows
-        for r0 in range(0, n_rows if PROBE // 2 % 2 == 0 and PROBE // 8 % 2 == 0 else 0, POLL):
+        for r0 in range(0, n_rows if PROBE // 2 % 2 == 0 else 0, POLL):
             lo, hi = poll_records(M_ptr, r0, n_rows, POLL, 2)
-            mean_bits, amax_bits = tl.split(lo)  # word 0 = (mean, var), word 1 = (max |h|, sum h*h or the flag)
-            var_bits, tag = tl.split(hi)
-            sf = tl.sqrt(var_bits.to(tl.float32, bitcast=True))  # a flagged row's word 0 is (0, 0)
-            ratio = _ratio(mean_bits.to(tl.float32, bitcast=True), sf, -1.0, CAP)
+            ratio_bits, amax_bits = tl.split(lo)  # word 0 = (|mean|/std, std), word 1 = (max |h|, sum h*h or the flag)
+            sf_bits, tag = tl.split(hi)
+            if PROBE // 8 % 2 == 1:  # bench only: word 0 = (mean, var), derived here
+                sf = tl.sqrt(sf_bits.to(tl.float32, bitcast=True))
+                ratio_bits = _ratio(ratio_bits.to(tl.float32, bitcast=True), sf, -1.0, CAP).to(tl.int32, bitcast=True)
+                sf_bits = sf.to(tl.int32, bitcast=True)
             rows = r0 + tl.arange(0, POLL)
             flagged = tag == RECORD_FLAG_HI
             plain = (rows < n_rows) & ~flagged
             v_amax = tl.maximum(v_amax, tl.where(plain, amax_bits.to(tl.float32, bitcast=True), 0.0))
             v_sq += tl.where(plain, tag.to(tl.float32, bitcast=True), 0.0).to(tl.float64)
-            v_ratio = tl.maximum(v_ratio, tl.where(plain, ratio, 0.0))
-            v_minstd = tl.minimum(v_minstd, tl.where(plain, sf, float("inf")))
+            v_ratio = tl.maximum(v_ratio, tl.where(plain, ratio_bits.to(tl.float32, bitcast=True), 0.0))
+            v_minstd = tl.minimum(v_minstd, tl.where(plain, sf_bits.to(tl.float32, bitcast=True), float("inf")))
             first_flagged = tl.minimum(first_flagged, acquire_flagged(M_ptr, flagged, rows, n_rows, 2))
         m_amax, s_sq, m_ratio, m_minstd = max_sum_max_min(v_amax, v_sq, v_ratio, v_minstd)
         g_amax, g_sq, g_ratio, g_minstd = m_amax.to(tl.float64), s_sq, m_ratio.to(tl.float64), m_minstd.to(tl.float64)
