@@ -42,6 +42,8 @@ from _bench_common import (
     config_name,
     entry_ms,
     report_tail,
+    reset_sketch_state,
+    sketch_state_left,
     watchdog,
     worst_diff,
     write_report,
@@ -131,6 +133,16 @@ def _against_live(y: torch.Tensor, live: torch.Tensor) -> str:
     return f"y = live's but {int(diff.sum())} values <= 2^-126"
 
 
+def _clear_left_state(left_by: dict[tuple[str, str], int], entry: tuple[str, str]) -> None:
+    """After an entry's launches: row records or workspace slots they left set (a bench probe that skips
+    the finisher's reads) are counted against the entry and reset. Left set, every later launch's finisher
+    would take those stale words without waiting for its own rows (stop 36's contaminated run)."""
+    words, _, slots, _ = sketch_state_left()
+    if words or slots:
+        left_by[entry] = left_by.get(entry, 0) + words + slots
+        reset_sketch_state()
+
+
 LONG = (6, 1000) if SMOKE else (64, 100000)
 
 
@@ -190,6 +202,7 @@ def main() -> str:
     sel = os.environ.get("BENCH_OPS", "rmsnorm,layernorm,rope").split(",")
     entries: list[tuple[str, str, Callable[[], Any]]] = [("copy", "y.copy_(x)", lambda: yc.copy_(x0))]
     checks: dict[tuple[str, str], str] = {}
+    left_by: dict[tuple[str, str], int] = {}  # entries whose launches left records or workspace slots set
     for op in sel:  # an OPS entry: "softmax (hf mask)" is softmax's kernel on another input
         b = OPS[op]
         kop = b.op  # the kernel's op
@@ -218,6 +231,7 @@ def main() -> str:
                 elif "pkg" in cfg:
                     tw += f" ({_against_live(y0, live_y)})"
                 checks[(op, cname)] = f"{'yes' if same else 'NO'} | {d} | {tw}"
+                _clear_left_state(left_by, (op, cname))  # before the next config's check reads the records
             except Exception as e:  # noqa: BLE001 - report and go on
                 checks[(op, cname)] = f"{type(e).__name__}: {str(e)[:90]} | | "
                 continue
@@ -232,6 +246,7 @@ def main() -> str:
             except Exception as e:  # noqa: BLE001 - e.g. a launch that cannot be graph-captured: nan, go on
                 print(f"{o} {c}: {type(e).__name__}: {str(e)[:80]}", flush=True)
                 times[(o, c)].append(float("nan"))
+            _clear_left_state(left_by, (o, c))
     med = {k: statistics.median(v) for k, v in times.items()}
     copy = med[("copy", "y.copy_(x)")]
     lines += [f"copy: {copy * 1e3:.1f} µs (median of rounds)", "",
@@ -258,6 +273,10 @@ def main() -> str:
     for shape in ((64, 1000), (8, 3000)) if SMOKE else ((4096, 16384), (1823, 781), (64, 100000)):
         for dt in (torch.bfloat16, torch.float16, torch.float32):
             lines.append(f"| {shape[0]}x{shape[1]} | {str(dt).removeprefix('torch.')} | {_constant_rows_check(shape, dt)} |")
+    if left_by:
+        lines += ["", "Entries whose launches left row records or workspace slots set (reset after each, so the entries "
+                  "after them were timed clean; their own sketch is not):",
+                  *(f"- {o} {c}: {n}" for (o, c), n in left_by.items())]
     failed = [f"- {o} {c}: {v}" for (o, c), v in checks.items() if "Error" in v or "Exception" in v]
     if failed:
         lines += ["", "Configs that failed:", *failed]

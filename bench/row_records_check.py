@@ -32,18 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, f
 sys.path.insert(1, str(Path(__file__).resolve().parent))  # bench/
 
 import torch
-from _bench_common import watchdog, write_report
+from _bench_common import sketch_state_left, watchdog, write_report
 from gpu_kernels import _sweep_launcher, check
 
 from optwin.ingest.sketch import sketch as ingest_sketch
-from optwin.kernels.sketch_buffer import (
-    _RECORDS,
-    _WS,
-    SENTINEL,
-    new_buffer,
-    read_sketch,
-    workspace_identities,
-)
+from optwin.kernels.sketch_buffer import new_buffer, read_sketch
 
 SHAPES = [(4096, 16384), (1823, 9000), (5, 16384), (70001, 12000), (16384, 4096), (777, 3000), (3001, 5000), (999, 6144)]
 # BENCH_SHAPES=4096x16383,1823x9001 checks other shapes (rows no power of two divides: softmax's WINDOW)
@@ -155,15 +148,6 @@ def graph_replays(op: str) -> list[str]:
     return out
 
 
-def workspace_left() -> int:
-    """Slots of every workspace (every stream) not at their identities."""
-    bad = 0
-    for (op, _, _), (f, i) in _WS.items():
-        want = torch.tensor(workspace_identities(op) * 2, dtype=torch.float64, device=f.device)
-        bad += int((f != want).sum()) + int((i != 0).sum())
-    return bad
-
-
 def main() -> str:
     lines = [f"# Sketched launches ({', '.join(OPS)}): row records of a program per row; softmax its persistent launch; {torch.cuda.get_device_name()}", ""]
     rows: list[dict[str, Any]] = []
@@ -184,10 +168,9 @@ def main() -> str:
               *(r for op in OPS for r in back_to_back(op))]
     lines += ["", "## CUDA graph replays on new inputs", "", "| op | replay input seed | sketch vs ingest | |",
               "|---|---|---|---|", *(r for op in OPS for r in graph_replays(op))]
-    torch.cuda.synchronize()
-    left = sum(int((words != SENTINEL).sum()) for words, _ in _RECORDS.values())
-    lines += ["", f"Record words not at the sentinel after everything: {left} (of {sum(words.numel() for words, _ in _RECORDS.values())})"]
-    lines += ["", f"Workspace slots off their identities after everything: {workspace_left()} (of {sum(f.numel() + i.numel() for f, i in _WS.values())})"]
+    words, n_words, slots, n_slots = sketch_state_left()
+    lines += ["", f"Record words not at the sentinel after everything: {words} (of {n_words})"]
+    lines += ["", f"Workspace slots off their identities after everything: {slots} (of {n_slots})"]
     return "\n".join(lines) + "\n"
 
 
