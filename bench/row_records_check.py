@@ -16,8 +16,9 @@ same records), then:
 - a CUDA graph of the launch replayed on new inputs;
 - every record back at the sentinel at the end, every workspace back at its identities.
 BENCH_OPS=softmax runs the same checks on softmax's launches (the row launch at BLOCK 8192 and 16384, the
-persistent one elsewhere, whose programs merge into the workspace with atomics); its inputs get -inf masks and a fully masked row, and its NaN/inf rows HF masks
-(finfo.min, the HUGE branch) beside -inf and HUGE values.
+persistent one elsewhere, whose programs merge into the workspace with atomics); its inputs get -inf
+masks and a fully masked row, and its NaN/inf rows HF masks (finfo.min, the HUGE branch) beside -inf and
+HUGE values.
 Needs torch and numpy (optwin's kernels and ingest are torch + triton).
 """
 
@@ -43,7 +44,7 @@ SHAPES = [(4096, 16384), (1823, 9000), (5, 16384), (70001, 12000), (16384, 4096)
 if os.environ.get("BENCH_SHAPES"):
     SHAPES = [tuple(int(v) for v in s.split("x")) for s in os.environ["BENCH_SHAPES"].split(",")]
 NF_WIDTH = int(os.environ.get("BENCH_NF_WIDTH", "16384"))  # the special rows' width (>= 128)
-if NF_WIDTH < 128:  # nonfinite_rows writes columns up to 100 and more (a stop-35 run lost its report to a width check at its end)
+if NF_WIDTH < 128:  # nonfinite_rows writes past column 100 (checked up front: a stop-35 run lost its report at its end)
     sys.exit(f"row_records_check: BENCH_NF_WIDTH must be at least 128, got {NF_WIDTH}")
 NEG_CUT = min(9000, NF_WIDTH - 2)  # row 702: -inf up to here, the lowest value after one normal column
 # layernorm: its Welford launch (a program per row where twin.numerics.welford_chunk says; stop 18's one-row
