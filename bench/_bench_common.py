@@ -30,47 +30,6 @@ def watchdog(default_s: float = 420.0) -> None:
         faulthandler.dump_traceback_later(seconds, exit=True)
 
 
-def sketch_state_left() -> tuple[int, int, int, int]:
-    """(record words not at the sentinel, of all; workspace slots off their identities, of all) over every
-    row-record buffer and workspace the kernels made in this process (optwin.kernels.sketch_buffer). A
-    launch that completed leaves both at 0: a finisher reset every word it read, the last program every
-    slot. A bench probe that skips the reads leaves them set, and every later launch's finisher then takes
-    those stale words without waiting (stop 36's bit 32)."""
-    from optwin.kernels.sketch_buffer import (
-        _RECORDS,
-        _WS,
-        SENTINEL,
-        workspace_identities,
-    )
-
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    words = sum(int((w != SENTINEL).sum()) for w, _ in _RECORDS.values())
-    n_words = sum(w.numel() for w, _ in _RECORDS.values())
-    slots = n_slots = 0
-    for (op, _, _), (f, i) in _WS.items():
-        want = torch.tensor(workspace_identities(op) * 2, dtype=torch.float64, device=f.device)
-        slots += int((f != want).sum()) + int((i != 0).sum())
-        n_slots += f.numel() + i.numel()
-    return words, n_words, slots, n_slots
-
-
-def reset_sketch_state() -> None:
-    """Every row-record word back at the sentinel, every workspace at its identities."""
-    from optwin.kernels.sketch_buffer import (
-        _RECORDS,
-        _WS,
-        SENTINEL,
-        workspace_identities,
-    )
-
-    for w, _ in _RECORDS.values():
-        w.fill_(SENTINEL)
-    for (op, _, _), (f, i) in _WS.items():
-        f.copy_(torch.tensor(workspace_identities(op) * 2, dtype=torch.float64, device=f.device))
-        i.zero_()
-
-
 def config_name(cfg: dict[str, Any]) -> str:
     """A sweep config's label in the tables: `k=v,k=v` (launch overrides), `default` for none."""
     return ",".join(f"{k}={v}" for k, v in cfg.items()) or "default"

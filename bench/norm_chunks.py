@@ -42,15 +42,18 @@ from _bench_common import (
     config_name,
     entry_ms,
     report_tail,
-    reset_sketch_state,
-    sketch_state_left,
     watchdog,
     worst_diff,
     write_report,
 )
 from gpu_kernels import OPS, _sweep_launchers
 
-from optwin.kernels.sketch_buffer import new_buffer, read_sketch
+from optwin.kernels.sketch_buffer import (
+    leftover_state,
+    new_buffer,
+    read_sketch,
+    reset_state,
+)
 
 SMOKE = "--smoke" in sys.argv
 DEV = "cpu" if SMOKE else "cuda"
@@ -137,10 +140,10 @@ def _clear_left_state(left_by: dict[tuple[str, str], int], entry: tuple[str, str
     """After an entry's launches: row records or workspace slots they left set (a bench probe that skips
     the finisher's reads) are counted against the entry and reset. Left set, every later launch's finisher
     would take those stale words without waiting for its own rows (stop 36's contaminated run)."""
-    words, _, slots, _ = sketch_state_left()
+    words, _, slots, _ = leftover_state()
     if words or slots:
         left_by[entry] = left_by.get(entry, 0) + words + slots
-        reset_sketch_state()
+        reset_state()
 
 
 LONG = (6, 1000) if SMOKE else (64, 100000)

@@ -33,11 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, f
 sys.path.insert(1, str(Path(__file__).resolve().parent))  # bench/
 
 import torch
-from _bench_common import sketch_state_left, watchdog, write_report
+from _bench_common import watchdog, write_report
 from gpu_kernels import _sweep_launcher, check
 
 from optwin.ingest.sketch import sketch as ingest_sketch
-from optwin.kernels.sketch_buffer import new_buffer, read_sketch
+from optwin.kernels.sketch_buffer import leftover_state, new_buffer, read_sketch
 
 SHAPES = [(4096, 16384), (1823, 9000), (5, 16384), (70001, 12000), (16384, 4096), (777, 3000), (3001, 5000), (999, 6144)]
 # BENCH_SHAPES=4096x16383,1823x9001 checks other shapes (rows no power of two divides: softmax's WINDOW)
@@ -169,7 +169,7 @@ def main() -> str:
               *(r for op in OPS for r in back_to_back(op))]
     lines += ["", "## CUDA graph replays on new inputs", "", "| op | replay input seed | sketch vs ingest | |",
               "|---|---|---|---|", *(r for op in OPS for r in graph_replays(op))]
-    words, n_words, slots, n_slots = sketch_state_left()
+    words, n_words, slots, n_slots = leftover_state()
     lines += ["", f"Record words not at the sentinel after everything: {words} (of {n_words})"]
     lines += ["", f"Workspace slots off their identities after everything: {slots} (of {n_slots})"]
     return "\n".join(lines) + "\n"

@@ -169,23 +169,28 @@ def test_rope_check_without_gpu_says_so():
     assert "needs a CUDA GPU" in out.stdout
 
 
-def test_sketch_state_left_counts_what_launches_left_set_and_resets_it():
-    """bench/_bench_common's check between a bench's entries: a record word off the sentinel and a workspace
-    slot off its identity are counted (a probe that skips the finisher's reads leaves them so, and every
-    later finisher would take the stale words), and the reset puts both back."""
+def test_leftover_state_counts_what_launches_left_set_and_resets_it():
+    """sketch_buffer's check that bench/norm_chunks.py runs between its entries: a record word off the
+    sentinel and a workspace slot off its identity are counted (a probe that skips the finisher's reads
+    leaves them so, and every later finisher would take the stale words), and the reset puts both back."""
     import torch
 
-    from optwin.kernels.sketch_buffer import SENTINEL, row_records, workspace
+    from optwin.kernels.sketch_buffer import (
+        SENTINEL,
+        leftover_state,
+        reset_state,
+        row_records,
+        workspace,
+    )
 
-    common = bench_script("_bench_common")
     words, _ = row_records("rmsnorm", torch.device("cpu"), 8)
     f, i = workspace("softmax", torch.device("cpu"))
-    common.reset_sketch_state()
-    left, n_words, slots, n_slots = common.sketch_state_left()
+    reset_state()
+    left, n_words, slots, n_slots = leftover_state()
     assert (left, slots) == (0, 0) and n_words >= 8 and n_slots >= f.numel() + i.numel()
     words[3] = 123
     f[1] = 5.0
     i[2] = 7
-    assert common.sketch_state_left()[::2] == (1, 2)
-    common.reset_sketch_state()
-    assert common.sketch_state_left()[::2] == (0, 0) and int(words[3]) == SENTINEL
+    assert leftover_state()[::2] == (1, 2)
+    reset_state()
+    assert leftover_state()[::2] == (0, 0) and int(words[3]) == SENTINEL

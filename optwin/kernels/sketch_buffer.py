@@ -127,6 +127,38 @@ def workspace(op: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor
     return _WS[key]
 
 
+def _identity_slots(op: str, device: torch.device) -> torch.Tensor:
+    """What a workspace's float64 slots hold between launches: its identities, twice (workspace's layout)."""
+    return torch.tensor(workspace_identities(op) * 2, dtype=torch.float64, device=device)
+
+
+def leftover_state() -> tuple[int, int, int, int]:
+    """(record words not at the sentinel, of all; workspace slots off their identities, of all) over every
+    row-record buffer and workspace made in this process. Completed launches leave both at 0: a finisher
+    writes the sentinel back to every word it read, the last program the identities to every slot. A bench
+    probe that skips the finisher's reads leaves them set, and every later launch's finisher then takes
+    those stale words without waiting for its own rows (bench/RESULTS.md, stop 36). One device sync."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    words = sum(int((w != SENTINEL).sum()) for w, _ in _RECORDS.values())
+    n_words = sum(w.numel() for w, _ in _RECORDS.values())
+    slots = n_slots = 0
+    for (op, _, _), (f, i) in _WS.items():
+        slots += int((f != _identity_slots(op, f.device)).sum()) + int((i != 0).sum())
+        n_slots += f.numel() + i.numel()
+    return words, n_words, slots, n_slots
+
+
+def reset_state() -> None:
+    """Every row-record word back at the sentinel, every workspace at its identities (after a bench probe
+    that left them set: leftover_state). Copies from the host: not inside CUDA graph capture."""
+    for w, _ in _RECORDS.values():
+        w.fill_(SENTINEL)
+    for (op, _, _), (f, i) in _WS.items():
+        f.copy_(_identity_slots(op, f.device))
+        i.zero_()
+
+
 def _capacity(n: int) -> int:
     """The next power of two >= n, at least 1: what the grown buffers hold (_common.next_pow2 gives 0 for 0,
     and _common imports this module)."""
