@@ -22,10 +22,9 @@ With the sketch at 4096x16384: 76.5 / 73.4 flushed / graph, against the row-in-r
 75.5; the sketch costs +7.5 to +34 % of this kernel over those widths (RESULTS.md, stop 20).
 Compiled without FMA contraction: the FMAs are written out, and the twin models each rounding.
 The sketch (y is bit-identical with and without it: the merge tree carries max |x| beside mean, M2 and
-count, and the same merges): each row's program derives its own partials from (mean, var) as the
-persistent kernel's slots do and stores them as two record words, (|mean|/std, std) and (max |x|, sum of
-squares) (sketch_buffer.row_records); one more program, the finisher, polls them (_common.poll_records)
-and reduces them. A row with NaN/±inf, overflowing squares, or that could be constant merges its exact
+count, and the same merges): each row's program stores two record words, (mean, var) and (max |x|, sum
+of squares) (sketch_buffer.row_records); one more program, the finisher, polls them (_common.poll_records),
+derives each row's std and |mean|/std as the persistent kernel's slots do, and reduces them. A row with NaN/±inf, overflowing squares, or that could be constant merges its exact
 float64 partials into the "layernorm" workspace with scalar atomics and flags its second word (released
 after them); the finisher acquires each flag and, if any row was flagged, adds the workspace to its own
 partials and resets it.
@@ -41,7 +40,9 @@ and folding the finisher's per-thread rows (80 -> 63 registers at 4 warps) moved
 72.9 µs for 40 (3), stop 36 (layernorm_occupancy_h200_s36.md). The rows per poll matter: 512 is the
 fastest of 128..2048 at every shape timed (layernorm_probe_h200_s28_*.md). Stop 36: the rows' two record
 stores (with the sqrt and division before them) cost 1.3 µs at 4096x16384, 1.1 at 16384x4096 (a probe
-with the stores and no polls, layernorm_polls_*_h200_s36.md).
+with the stores and no polls, layernorm_polls_*_h200_s36.md). Stop 37: the finisher derives std and
+|mean|/std again (the rows had since stop 28), in four A/Bs 0.5 µs faster: 75.0 -> 74.7 and 75.3 -> 74.8 at
+4096x16384, 75.9 -> 75.3 at 8192x8192, 76.3 -> 75.8 at 16384x4096 (layernorm_records_*_h200_s3[67].md).
 """
 
 from __future__ import annotations
@@ -172,14 +173,13 @@ def _layernorm_welford_kernel(
     PACKED: tl.constexpr,  # x is 16-bit: max |x| two elements an instruction (_abs_max_step)
     PF_BYTES: tl.constexpr = 0,  # bytes of a row to prefetch into L2 (_common.prefetch_row); 0: none
     pf_ahead=0,  # the row prefetched is pf_ahead rows past this program's
-    PROBE: tl.constexpr = 0,  # bench only (the sketch is then wrong), bits: 1 no max |h|, 2 no records (no polls), 4 no flagged path,
-    # 8 (the sketch stays right) records (mean, var) that the finisher derives std and |mean|/std from
+    PROBE: tl.constexpr = 0,  # bench only (the sketch is then wrong), bits: 1 no max |h|, 2 no records (no polls), 4 no flagged path
 ):
     # A program per row, as torch.compile's layernorm: lane l runs Welford's update over elements l,
     # l + CHUNK, ... (the first piece sets mean = h, M2 = 0; every lane has the same count, so 1/count is
     # one division per piece), a tree of Chan merges gives the row's mean and M2, and a second pass
     # re-reads the row (an L2 hit) for y. Few registers a thread (no row held), so many programs per SM.
-    # With the sketch each row's program stores two record words, (|mean|/std, std) and (max |h|, sum of
+    # With the sketch each row's program stores two record words, (mean, var) and (max |h|, sum of
     # squares), and one more program, the finisher, polls and reduces them (_common.poll_records). A row
     # with NaN/±inf (or overflowing squares), or one that could be constant, merges exact partials into the
     # workspace and flags its second word.
@@ -231,14 +231,9 @@ def _layernorm_welford_kernel(
             sq = (var + m * m) * N  # the row's sum of squares, as _slot_partials derives it
             plain = (sq <= FMAX) & ~_could_be_constant(m, var)
             if plain and PROBE // 2 % 2 == 0:  # the rare rest after y
-                # the row's own partials, derived here: the finisher reads every row's record in one
-                # program, and at 16384 rows its per-row sqrt and division made it the kernel's tail
-                # (PROBE 8, bench only: (mean, var) as they are, the finisher derives; RESULTS.md stop 36)
-                if PROBE // 8 % 2 == 1:
-                    tl.store(M_ptr + row * 2, record_word(m, var))
-                else:
-                    sf = tl.sqrt(var)
-                    tl.store(M_ptr + row * 2, record_word(_ratio(m, sf, -1.0, CAP), sf))
+                # (mean, var) as they are: the finisher derives std and |mean|/std (stop 37: 0.5 µs less
+                # than the rows deriving them, in four A/Bs at 4096x16384, 8192x8192 and 16384x4096)
+                tl.store(M_ptr + row * 2, record_word(m, var))
                 tl.store(M_ptr + row * 2 + 1, record_word(hmax, sq))
         rs = tl.math.rsqrt(var + eps)  # approximate rsqrt
         Y_row = Y_ptr + row * Y_row_stride
@@ -261,19 +256,17 @@ def _layernorm_welford_kernel(
         first_flagged = n_rows
         for r0 in range(0, n_rows if PROBE // 2 % 2 == 0 else 0, POLL):
             lo, hi = poll_records(M_ptr, r0, n_rows, POLL, 2)
-            ratio_bits, amax_bits = tl.split(lo)  # word 0 = (|mean|/std, std), word 1 = (max |h|, sum h*h or the flag)
-            sf_bits, tag = tl.split(hi)
-            if PROBE // 8 % 2 == 1:  # bench only: word 0 = (mean, var), derived here
-                sf = tl.sqrt(sf_bits.to(tl.float32, bitcast=True))
-                ratio_bits = _ratio(ratio_bits.to(tl.float32, bitcast=True), sf, -1.0, CAP).to(tl.int32, bitcast=True)
-                sf_bits = sf.to(tl.int32, bitcast=True)
+            mean_bits, amax_bits = tl.split(lo)  # word 0 = (mean, var), word 1 = (max |h|, sum h*h or the flag)
+            var_bits, tag = tl.split(hi)
+            sf = tl.sqrt(var_bits.to(tl.float32, bitcast=True))
+            ratio = _ratio(mean_bits.to(tl.float32, bitcast=True), sf, -1.0, CAP)
             rows = r0 + tl.arange(0, POLL)
             flagged = tag == RECORD_FLAG_HI
             plain = (rows < n_rows) & ~flagged
             v_amax = tl.maximum(v_amax, tl.where(plain, amax_bits.to(tl.float32, bitcast=True), 0.0))
             v_sq += tl.where(plain, tag.to(tl.float32, bitcast=True), 0.0).to(tl.float64)
-            v_ratio = tl.maximum(v_ratio, tl.where(plain, ratio_bits.to(tl.float32, bitcast=True), 0.0))
-            v_minstd = tl.minimum(v_minstd, tl.where(plain, sf_bits.to(tl.float32, bitcast=True), float("inf")))
+            v_ratio = tl.maximum(v_ratio, tl.where(plain, ratio, 0.0))
+            v_minstd = tl.minimum(v_minstd, tl.where(plain, sf, float("inf")))
             first_flagged = tl.minimum(first_flagged, acquire_flagged(M_ptr, flagged, rows, n_rows, 2))
         m_amax, s_sq, m_ratio, m_minstd = max_sum_max_min(v_amax, v_sq, v_ratio, v_minstd)
         g_amax, g_sq, g_ratio, g_minstd = m_amax.to(tl.float64), s_sq, m_ratio.to(tl.float64), m_minstd.to(tl.float64)

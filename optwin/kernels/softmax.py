@@ -95,6 +95,7 @@ from optwin.kernels._common import (
     column_multiple,
     div_by_row,
     exp_ftz,
+    globaltimer,
     grid_per_sm,
     lane_min,
     lane_shape,
@@ -436,6 +437,7 @@ def _softmax_kernel(
     F_ptr,  # workspace float64 slots (sumsq, max, min, max row range, min row max)
     I_ptr,  # workspace int64 slots (ticket, nonfinite, -inf count, masked | peaked rows << 32, eligible rows)
     M_ptr,  # ROWS: row record words, int64 (>= 2 * n_rows,), all -1 (sketch_buffer.row_records)
+    T_ptr,  # PROBE 131072 (bench only): int64 globaltimer stamps, the rows' starts and ends, then the finisher's
     n_rows,
     n_cols,
     peak_nats,  # fp32: entropy below which a row is peaked
@@ -465,15 +467,21 @@ def _softmax_kernel(
     # the lane totals at the end: n_left stays FLUSH),
     # 32 no publish (no atomics, no ticket, no features written), 64 no -inf mask (the op on the words alone),
     # 128 the publish's ticket and end without its atomics, 256 the HUGE branch without its -inf test,
-    # 512 only every 8th program merges, 1024 no float merges, 2048 no integer merges
+    # 512 only every 8th program merges, 1024 no float merges, 2048 no integer merges, 4096 ROWS: no records stored
+    # and none polled (the finisher returns at once; the records stay at their sentinel), 8192 ROWS: the finisher
+    # returns at once (the rows' records stay set: the bench resets them, sketch_buffer.reset_state), 16384 ROWS: the
+    # finisher polls by relaxed gpu-scope loads, 32768 / 65536 ROWS: the finisher naps 200 / 1000 ns between polls,
+    # 131072: globaltimer stamps into T_ptr (bench/finisher_timeline.py)
 ):
     pid = tl.program_id(0)
     finisher = pid < 0  # never: a runtime False (a constant one still compiled the branch below)
     if ROWS:
         finisher = pid == (0 if FINISHER_FIRST else n_rows)
     if finisher:
-        if ROWS:  # the finisher polls the rows' records
-            _finish_row_records(S_ptr, F_ptr, I_ptr, M_ptr, n_rows, n_cols, POLL)
+        if ROWS and PROBE // 4096 % 2 == 0 and PROBE // 8192 % 2 == 0:  # the finisher polls the rows' records
+            _finish_row_records(S_ptr, F_ptr, I_ptr, M_ptr, n_rows, n_cols, POLL, PROBE // 16384 % 2 == 1,
+                                200 if PROBE // 32768 % 2 == 1 else (1000 if PROBE // 65536 % 2 == 1 else 0),
+                                T_ptr, PROBE // 131072 % 2 == 1)
     else:
         n_cols, X_row_stride, Y_row_stride = aligned_rows(n_cols, X_row_stride, Y_row_stride, ALIGN)
         cols = tl.arange(0, BLOCK)
@@ -506,6 +514,8 @@ def _softmax_kernel(
             r_step = tl.num_programs(0)
         for r in tl.range(r_first, r_end, r_step, num_stages=STAGES):
             row = tl.cast(r, tl.int64)
+            if PROBE // 131072 % 2 == 1:
+                tl.store(T_ptr + row, globaltimer(row))
             prefetch_row(X_ptr, r, pf_ahead, n_rows, X_row_stride, PF_BYTES, VEC if WINDOW else 1)
             if PACKED and WINDOW:  # the words of the row's whole vectors (_window), its edges as elements
                 start, off, first, end = _window(row, X_row_stride, n_cols, VEC)
@@ -681,6 +691,8 @@ def _softmax_kernel(
             else:
                 tl.store(Y_ptr + row * Y_row_stride + cols, y.to(Y_ptr.dtype.element_ty), mask=mask,
                          eviction_policy="evict_first")  # write n
+            if PROBE // 131072 % 2 == 1:  # the row's end (a ROWS program's is after its record store, below)
+                tl.store(T_ptr + n_rows + row, globaltimer(row))
             if SKETCH and VARIANT >= 4 and PROBE // 8 % 2 == 0:  # scalars only; a program with NaN/+inf rows redoes them after the loop
                 p_min = tl.minimum(p_min, rmin)  # fully masked rows: rmin = +inf
                 # half the range, in float32: a row can hold 3e38 and -3e38, whose difference is inf in
@@ -770,8 +782,11 @@ def _softmax_kernel(
                         p_elig += elig2
                         p_peak += peak2
         if SKETCH and ROWS:
-            _store_row_record(M_ptr, r_first, F_ptr, I_ptr, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, p_masked,
-                              p_peak, p_elig, exact)
+            if PROBE // 4096 % 2 == 0:
+                _store_row_record(M_ptr, r_first, F_ptr, I_ptr, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, p_masked,
+                                  p_peak, p_elig, exact)
+            if PROBE // 131072 % 2 == 1:  # the row program's end: after its record store
+                tl.store(T_ptr + n_rows + r_first, globaltimer(r_first))
         elif SKETCH and PROBE // 32 % 2 == 0:
             publish_sketch(S_ptr, F_ptr, I_ptr, p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, p_masked, p_peak, p_elig,
                            n_rows, n_cols, tl.num_programs(0), 2.0 if VARIANT >= 4 else 1.0,
@@ -799,7 +814,8 @@ def _softmax_launch(
     stages: int | None = None, per_sm: int | None = None,
     variant: int | None = None, fusion: bool | None = None, maxnreg: int | None = None, keep: int | None = None,
     packed: bool | None = None, prefetch: float | None = None, piece: int | None = None, probe: int = 0,
-    window: bool = True, rows: bool | None = None,
+    window: bool = True, rows: bool | None = None, poll: int | None = None, finisher_first: bool | None = None,
+    timestamps: torch.Tensor | None = None,
 ) -> None:
     """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows;
     without the sketch one program per row where _common.ROW_GRID lists the launch.
@@ -810,7 +826,9 @@ def _softmax_launch(
     the sketch's time goes, bench/RESULTS.md stop 28); window=False reads the rows that windowed() takes
     (layouts 0, 4 and 10) element by element, as layouts 3 and 8 always do (the bench's and tests'
     comparisons); rows: the sketched launch with a program per row (softmax_rows) or the persistent one
-    (default: ROWS_BLOCKS' rows a program each)."""
+    (default: ROWS_BLOCKS' rows a program each); poll: rows whose records its finisher reads at once;
+    finisher_first: the finisher is program 0 (default on a GPU) or the last; timestamps: int64 (2 * n_rows + polls
+    + 1,) for PROBE 131072's globaltimer stamps (bench/finisher_timeline.py)."""
     n_rows, n = x2.shape
     if n > MAX_BLOCK or piece is not None:  # past what a program holds (or asked for): the chunked kernel
         softmax_long_launch(x2, y2, buf, PEAK_NATS, num_warps, maxnreg, piece)
@@ -858,12 +876,14 @@ def _softmax_launch(
         m = y2
     pf = prefetch_args("softmax", block, x2, sketch, grid, key, prefetch, win)
     k = launch(_softmax_kernel, (grid,),
-        x2, x2.stride(0), y2, y2.stride(0), buf if sketch else y2, f, i, m, n_rows, n, PEAK_NATS,
+        x2, x2.stride(0), y2, y2.stride(0), buf if sketch else y2, f, i, m, m if timestamps is None else timestamps,
+        n_rows, n, PEAK_NATS,
         BLOCK=block, SKETCH=sketch, STAGES=st, VARIANT=var,
         CHUNK=min(CHUNK, block), VEC=vec, LANES=lanes, KEEP=kp, FLUSH=FLUSH, EVEN=even, PACKED=packed,
         BF16=x2.dtype == torch.bfloat16, NEG_PAIR=NEG_INF_PAIR.get(x2.dtype, 0),
         NEG_SAFE=NEG_SAFE.get(x2.dtype, 0.0), **pf, ALIGN=align, WINDOW=win, PROBE=probe,
-        ROWS=by_row, POLL=RECORD_POLL, FINISHER_FIRST=not INTERPRETED,
+        ROWS=by_row, POLL=poll or RECORD_POLL,
+        FINISHER_FIRST=not INTERPRETED if finisher_first is None else finisher_first,
         num_warps=warps,
         enable_fp_fusion=fuse,
         **extra,

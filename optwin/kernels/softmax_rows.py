@@ -30,6 +30,7 @@ from optwin.kernels._common import (
     INTERPRET,
     RECORD_FLAG_HI,
     acquire_flagged,
+    globaltimer,
     poll_records,
     record_word,
     release_flag,
@@ -74,7 +75,8 @@ def _sum4(a0, a1, a2, a3, b0, b1, b2, b3):
 
 
 @triton.jit
-def _finish_row_records(S_ptr, F_ptr, I_ptr, M_ptr, n_rows, n_cols, POLL: tl.constexpr):
+def _finish_row_records(S_ptr, F_ptr, I_ptr, M_ptr, n_rows, n_cols, POLL: tl.constexpr, RELAXED: tl.constexpr = False,
+                        NAP: tl.constexpr = 0, T_ptr=None, STAMPS: tl.constexpr = False):
     """The finisher: every row's record words polled in row order (POLL at once), reduced into the launch's
     totals (the persistent kernel's partials, row by row), the flagged rows' workspace added, the features
     stored. The range is kept halved, as the row loop keeps it."""
@@ -89,7 +91,9 @@ def _finish_row_records(S_ptr, F_ptr, I_ptr, M_ptr, n_rows, n_cols, POLL: tl.con
     v_elig = tl.zeros([POLL], dtype=tl.int32)
     first_flagged = n_rows
     for r0 in range(0, n_rows, POLL):
-        lo, hi = poll_records(M_ptr, r0, n_rows, POLL, 2)
+        lo, hi = poll_records(M_ptr, r0, n_rows, POLL, 2, RELAXED, NAP)
+        if STAMPS:  # bench only: when this poll's records were all in
+            tl.store(T_ptr + 2 * n_rows + r0 // POLL, globaltimer(r0))
         m_bits, sq_bits = tl.split(lo)  # word 0 = (m, rmin), word 1 = (sq, counts or the flag)
         rmin_bits, counts = tl.split(hi)
         rows = r0 + tl.arange(0, POLL)
@@ -137,3 +141,5 @@ def _finish_row_records(S_ptr, F_ptr, I_ptr, M_ptr, n_rows, n_cols, POLL: tl.con
     g_amax = tl.maximum(tl.maximum(g_max, -g_min), 0.0)
     _store_features(S_ptr, n_rows, n_cols, g_amax, s_sq, g_max, g_min, g_rng, g_rmx, g_nf, s_neg, s_masked, s_peak,
                     s_elig)
+    if STAMPS:
+        tl.store(T_ptr + 2 * n_rows + tl.cdiv(n_rows, POLL), globaltimer(n_rows))
