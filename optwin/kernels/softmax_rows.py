@@ -65,13 +65,11 @@ def _store_row_record(M_ptr, r, F_ptr, I_ptr, p_max, p_min, p_rng, p_rmx, p_sq, 
 
 
 @triton.jit
-def _extremes_sum(a0, a1, a2, a3, a4, b0, b1, b2, b3, b4):
-    return tl.maximum(a0, b0), tl.minimum(a1, b1), tl.maximum(a2, b2), tl.minimum(a3, b3), a4 + b4
-
-
-@triton.jit
-def _sum4(a0, a1, a2, a3, b0, b1, b2, b3):
-    return a0 + b0, a1 + b1, a2 + b2, a3 + b3
+def _extremes_sums(a0, a1, a2, a3, a4, a5, a6, a7, a8, b0, b1, b2, b3, b4, b5, b6, b7, b8):
+    """The finisher's one tree: max, min, max, min, then five sums (one exchange between the warps at the
+    kernel's end, where two trees had two)."""
+    return (tl.maximum(a0, b0), tl.minimum(a1, b1), tl.maximum(a2, b2), tl.minimum(a3, b3), a4 + b4, a5 + b5,
+            a6 + b6, a7 + b7, a8 + b8)
 
 
 @triton.jit
@@ -117,8 +115,8 @@ def _finish_row_records(S_ptr, F_ptr, I_ptr, M_ptr, n_rows, n_cols, POLL: tl.con
         g_max, g_min, g_rng, g_rmx, s_sq = tl.max(v_max), tl.min(v_min), tl.max(v_rng), tl.min(v_rmx), tl.sum(v_sq)
         s_neg, s_masked, s_peak, s_elig = tl.sum(v_neg), tl.sum(v_masked), tl.sum(v_peak), tl.sum(v_elig)
     else:
-        g_max, g_min, g_rng, g_rmx, s_sq = tl.reduce((v_max, v_min, v_rng, v_rmx, v_sq), 0, _extremes_sum)
-        s_neg, s_masked, s_peak, s_elig = tl.reduce((v_neg, v_masked, v_peak, v_elig), 0, _sum4)
+        g_max, g_min, g_rng, g_rmx, s_sq, s_neg, s_masked, s_peak, s_elig = tl.reduce(
+            (v_max, v_min, v_rng, v_rmx, v_sq, v_neg, v_masked, v_peak, v_elig), 0, _extremes_sums)
     g_max = g_max.to(tl.float64)
     g_min = g_min.to(tl.float64)
     g_rng = g_rng.to(tl.float64) * 2.0
