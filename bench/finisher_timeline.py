@@ -8,8 +8,8 @@ launch without the sketch, L2 flushed before each launch as do_bench flushes it.
 
 Per config, medians over the launches (µs, from the first row's start): the last row's end, the finisher's
 last poll in and its end, the gap from the last row's end to the finisher's end (what the finisher adds to the
-kernel), each poll's wait after its own rows' last end, and the kernel's event time. The stamps are the
-kernel's PROBE 131072 (bench only; it changes nothing else).
+kernel), each poll's wait after its own rows' last end. The stamps are the kernel's PROBE 131072 (bench only; it
+changes nothing else). The kernel's time is norm_chunks.py's (do_bench); the stamps say where in it things happen.
 """
 
 from __future__ import annotations
@@ -50,19 +50,12 @@ def _timeline(x: torch.Tensor, y: torch.Tensor, sketch: bool, cfg: dict, flush: 
     cfg["probe"] = cfg.get("probe", 0) | STAMPS
     if flush is not None:
         flush.zero_()
-    start, end = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if DEV == "cuda" else (None, None)
-    if start is not None:
-        start.record()
     softmax_mod._softmax_launch(x, y, buf, timestamps=stamps, **cfg)
-    if end is not None:
-        end.record()
-        torch.cuda.synchronize()
     t = stamps.cpu().double() / 1e3
     begin, ends = t[:n_rows], t[n_rows:2 * n_rows]
     t0 = begin.min().item()
-    out = {"last_row_end": ends.max().item() - t0, "row_us": (ends - begin).median().item(),
-           "event": start.elapsed_time(end) * 1e3 if start is not None else 0.0}
-    if sketch:
+    out = {"last_row_end": ends.max().item() - t0, "row_us": (ends - begin).median().item()}
+    if sketch and stamps[2 * n_rows + polls].item() != 0:  # a finisher ran (not PROBE 4096 / 8192)
         poll_in, fin_end = t[2 * n_rows:2 * n_rows + polls], t[2 * n_rows + polls].item()
         waits = [poll_in[k].item() - ends[k * poll:(k + 1) * poll].max().item() for k in range(polls)]
         out.update({"last_poll_in": poll_in[-1].item() - t0, "finisher_end": fin_end - t0,
@@ -82,8 +75,8 @@ def main() -> None:
              f"{SHAPE[0]}x{SHAPE[1]}, {LAUNCHES} launches each, L2 flushed before each", "",
              f"Command: `BENCH_SHAPE={SHAPE[0]}x{SHAPE[1]} BENCH_CONFIGS='{json.dumps(CONFIGS)}' python bench/finisher_timeline.py`",
              "", "µs from the first row's start, medians over the launches", "",
-             "| launch | config | event µs | last row end | row program µs | last poll in | finisher end | finisher after "
-             "last row | poll wait (median) | last poll wait |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| launch | config | last row end | row program µs | last poll in | finisher end | finisher after "
+             "last row | poll wait (median) | last poll wait |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for sketch in (False, True):
         for cfg in CONFIGS if sketch else [{}]:
             for _ in range(2):  # compile and warm
@@ -92,7 +85,7 @@ def main() -> None:
             reset_state()
             med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
             cells = [f"{med.get(k, float('nan')):.2f}" if k in med else "-" for k in
-                     ("event", "last_row_end", "row_us", "last_poll_in", "finisher_end", "finisher_after_rows",
+                     ("last_row_end", "row_us", "last_poll_in", "finisher_end", "finisher_after_rows",
                       "poll_wait_median", "last_poll_wait")]
             lines.append(f"| {'sketch' if sketch else 'plain'} | {config_name(cfg) if sketch else '-'} | "
                          + " | ".join(cells) + " |")

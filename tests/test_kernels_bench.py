@@ -104,6 +104,17 @@ def test_softmax_long_check_runs_every_mask_and_dtype_on_cpu():
 
 
 
+def test_finisher_timeline_runs_the_row_launch_with_its_stamps_on_cpu():
+    """bench/finisher_timeline.py's smoke run: the launch without the sketch and the sketched row launch (forced:
+    64x512 rows are persistent by default) both run with PROBE 131072's stamps and get a table row (the
+    interpreter's stamps read 0, so no finisher columns)."""
+    env = dict(os.environ, TRITON_INTERPRET="1", OUT="", BENCH_CONFIGS='[{"rows": true}]')
+    out = subprocess.run([sys.executable, str(BENCH / "finisher_timeline.py"), "--smoke"], capture_output=True,
+                         text=True, env=env, check=True).stdout
+    rows = [line for line in out.splitlines() if line.startswith(("| plain", "| sketch"))]
+    assert [r.split("|")[2].strip() for r in rows] == ["-", "rows=True"], out
+
+
 def test_attention_probe_variants_match_float64_on_cpu():
     """bench/attention_probe.py's smoke run: every probe variant (pointer and TMA-descriptor loads, the
     warp-specialized loop, FMA scaling, software pipelining) against float64, ragged and causal."""

@@ -785,10 +785,10 @@ def _record_load(ptrs, valid, RELAXED: tl.constexpr):
 
 @triton.jit
 def globaltimer(x):
-    """The GPU's global nanosecond timer (%globaltimer) as int64, behind x (any int: keeps the read in place);
-    the interpreter gives 0. Bench probes only."""
+    """The GPU's global nanosecond timer (%globaltimer) as an int64 scalar, behind scalar x (any int: keeps the
+    read in place); the interpreter gives 0. Bench probes only."""
     if INTERPRET:
-        return tl.zeros_like(x).to(tl.int64)
+        return tl.zeros((), dtype=tl.int64)
     else:
         return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,l", [x.to(tl.int64)], dtype=tl.int64,
                                          is_pure=False, pack=1)

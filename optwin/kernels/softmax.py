@@ -515,6 +515,7 @@ def _softmax_kernel(
     ROWS: tl.constexpr = False,  # VARIANT 10: a program per row, its partials in row records, and the finisher
     POLL: tl.constexpr = 512,  # ROWS: rows whose records the finisher reads at once
     FINISHER_FIRST: tl.constexpr = True,  # ROWS: program 0 finishes (a GPU starts it first); else program n_rows
+    fin_at=0,  # ROWS with FINISHER_FIRST: the finisher's program (bench only: one started later polls less)
     PROBE: tl.constexpr = 0,  # bench only, VARIANT 10 (y stays the same; the sketch is then wrong), bits: 1 no t
     # (s alone), 2 no min (a plain max tree), 4 no lane accumulators, 8 no per-row scalars, 16 no flushes (nor
     # the lane totals at the end: n_left stays FLUSH),
@@ -531,7 +532,8 @@ def _softmax_kernel(
     pid = tl.program_id(0)
     finisher = pid < 0  # never: a runtime False (a constant one still compiled the branch below)
     if ROWS:
-        finisher = pid == (0 if FINISHER_FIRST else n_rows)
+        fin_pid = fin_at if FINISHER_FIRST else n_rows
+        finisher = pid == fin_pid
     if finisher:
         if ROWS and PROBE // 4096 % 2 == 0 and PROBE // 8192 % 2 == 0:  # the finisher polls the rows' records
             _finish_row_records(S_ptr, F_ptr, I_ptr, M_ptr, n_rows, n_cols, POLL, PROBE // 16384 % 2 == 1,
@@ -560,7 +562,7 @@ def _softmax_kernel(
             wcols = tl.arange(0, BLOCK // 2)
             wmask = wcols < n_cols // 2
         if ROWS:  # this program's one row (program 0 finishes on a GPU)
-            r_first = pid - 1 if FINISHER_FIRST else pid
+            r_first = pid - (pid > fin_pid).to(tl.int32)
             r_end = r_first + 1
             r_step = 1
         else:  # persistent: rows pid, pid + grid, ...
@@ -877,7 +879,7 @@ def _softmax_launch(
     variant: int | None = None, fusion: bool | None = None, maxnreg: int | None = None, keep: int | None = None,
     packed: bool | None = None, prefetch: float | None = None, piece: int | None = None, probe: int = 0,
     window: bool = True, rows: bool | None = None, poll: int | None = None, finisher_first: bool | None = None,
-    timestamps: torch.Tensor | None = None,
+    timestamps: torch.Tensor | None = None, finisher_at: int = 0,
 ) -> None:
     """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows;
     without the sketch one program per row where _common.ROW_GRID lists the launch.
@@ -889,7 +891,8 @@ def _softmax_launch(
     (layouts 0, 4 and 10) element by element, as layouts 3 and 8 always do (the bench's and tests'
     comparisons); rows: the sketched launch with a program per row (softmax_rows) or the persistent one
     (default: ROWS_BLOCKS' rows a program each); poll: rows whose records its finisher reads at once;
-    finisher_first: the finisher is program 0 (default on a GPU) or the last; timestamps: int64 (2 * n_rows + polls
+    finisher_first: the finisher is program 0 (default on a GPU) or the last; finisher_at: the program that
+    finishes where finisher_first (default 0; bench only); timestamps: int64 (2 * n_rows + polls
     + 1,) for PROBE 131072's globaltimer stamps (bench/finisher_timeline.py)."""
     n_rows, n = x2.shape
     if n > MAX_BLOCK or piece is not None:  # past what a program holds (or asked for): the chunked kernel
@@ -945,7 +948,7 @@ def _softmax_launch(
         BF16=x2.dtype == torch.bfloat16, NEG_PAIR=NEG_INF_PAIR.get(x2.dtype, 0),
         NEG_SAFE=NEG_SAFE.get(x2.dtype, 0.0), **pf, ALIGN=align, WINDOW=win, PROBE=probe,
         ROWS=by_row, POLL=poll or RECORD_POLL,
-        FINISHER_FIRST=not INTERPRETED if finisher_first is None else finisher_first,
+        FINISHER_FIRST=not INTERPRETED if finisher_first is None else finisher_first, fin_at=finisher_at,
         num_warps=warps,
         enable_fp_fusion=fuse,
         **extra,
