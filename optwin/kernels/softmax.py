@@ -55,7 +55,8 @@ warps, 128 elements a thread, stop 34); the sketch
 kernel is capped at MAXNREG registers where listed (2 programs per SM). The sketched launch is persistent
 except at ROWS_BLOCKS (8192, 16384), where each row has its program, as without the sketch, and writes its
 partials as row records that one more program reduces (optwin.kernels.softmax_rows: H200 4096x16384 bf16 with
-the sketch 78.0 -> 75.8 µs, 8192x8192 76.9 -> 73.6; stop 35). Where
+the sketch 78.0 -> 75.8 µs, 8192x8192 76.9 -> 73.6; stop 35); such a program's lane accumulators ride in its
+row's sum tree (_row_sums_lanes: no tree after the row; 75.7 -> 74.4, 8192x8192 73.6 -> 72.8; stop 37). Where
 _common.PREFETCH lists the launch (16-bit rows, sm_90+, 16-byte aligned rows), each program first asks the L2
 for the row it reads one step later (one cp.async.bulk.prefetch.L2 per row: _common.prefetch_l2), so
 DRAM keeps streaming while the warps are in the row's trees: H200 4096x16384 bf16 73.1 / 86.9 ->

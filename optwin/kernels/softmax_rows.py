@@ -10,6 +10,17 @@ row merging through the workspace's atomics ran 102.8 (stop 28: 49k atomics on a
 row records (commit fa3e641, then at 16 warps) ran 81.4 against 82.0 and were reverted; at stop 32's 8 warps
 the same code ran 75.8 against 77.8 (bench/results/softmax_wd_4096x16384_h200_s35.md). This launch: 75.8 against
 78.0 at 4096x16384, 73.6 against 76.9 at 8192x8192 (softmax.ROWS_BLOCKS has the rest).
+Stop 37: a row's lane squares and -inf count ride in its sum tree (softmax._row_sums_lanes; the tree after the row
+held its program's slot), and the finisher reduces in one tree: 75.7 -> 74.4 µs, HF-masked 81.0 -> 78.4,
+8192x8192 73.6 -> 72.8 (bench/results/softmax_merged_tree_*_h200_s37.md). Where the rest of 4096x16384's sketch
+cost is (bench/finisher_timeline.py: globaltimer stamps, µs from the first row's start, medians of 20 launches,
+softmax_timeline_merged_h200_s37.md): the last row ends at 65.8 without the sketch, 67.4 with it and no
+finisher polling (PROBE 8192), 69.5 with the finisher; the finisher ends 2.0 after the last row. So the rows'
+sketch work is ~1.6 µs, the finisher's presence ~2 and its tail ~2. Not what the finisher costs (stop 37,
+softmax_finisher_*_h200_s37.md): system-scope polls (relaxed gpu-scope ones ran the same), busy polling (a
+200 ns nap between polls the same, 1000 ns slower), its place in the grid (program 2000, 3000 or 3600 of 4097:
+within 0.4 µs); 128 rows a poll ran as 512, 2048 and 4096 slower (80.2, 89.8: one program reducing that many
+rows at once).
 
 A row's words (sketch_buffer.row_records, two a row; no half of a written word is the sentinel):
     word 0: (m, rmin)   the row's max and its min over non-(-inf) entries (float32; -inf / +inf: fully masked)
