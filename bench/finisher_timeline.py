@@ -1,10 +1,12 @@
 """Where a row launch's finisher spends the kernel's end: globaltimer stamps of every row program's start and
-end and of each finisher poll, softmax's sketched launch a program per row (softmax.ROWS_BLOCKS) against the
-launch without the sketch, L2 flushed before each launch as do_bench flushes it.
+end and of each finisher poll, a sketched launch with a program per row (softmax at softmax.ROWS_BLOCKS,
+layernorm's Welford launch) against the launch without the sketch, L2 flushed before each launch as do_bench
+flushes it.
 
-    python bench/finisher_timeline.py                      # bf16 4096x16384; writes $OUT/finisher_timeline.md
+    python bench/finisher_timeline.py                      # softmax bf16 4096x16384; writes $OUT/finisher_timeline.md
     BENCH_SHAPE=8192x8192 BENCH_CONFIGS='[{}, {"poll": 128}]' python bench/finisher_timeline.py
-    TRITON_INTERPRET=1 python bench/finisher_timeline.py --smoke   # CPU dry run (the stamps read 0 there)
+    BENCH_OP=layernorm BENCH_SHAPE=16384x4096 python bench/finisher_timeline.py
+    TRITON_INTERPRET=1 python bench/finisher_timeline.py --smoke   # CPU dry run, 64x512 (the stamps read 0 there)
 
 Per config, medians over the launches (µs, from the first row's start): the last row's end, the finisher's
 last poll in and its end, the gap from the last row's end to the finisher's end (what the finisher adds to the
@@ -27,30 +29,41 @@ import torch
 from _bench_common import config_name, watchdog, write_report
 from gpu_kernels import OPS
 
+from optwin.kernels import layernorm as layernorm_mod
 from optwin.kernels import softmax as softmax_mod
 from optwin.kernels._common import RECORD_POLL, cdiv
 from optwin.kernels.sketch_buffer import new_buffer, reset_state
 
 SMOKE = "--smoke" in sys.argv
 DEV = "cpu" if SMOKE else "cuda"
-SHAPE = (64, 512) if SMOKE else tuple(int(v) for v in os.environ.get("BENCH_SHAPE", "4096x16384").split("x"))
+SHAPE = tuple(int(v) for v in os.environ.get("BENCH_SHAPE", "64x512" if SMOKE else "4096x16384").split("x"))
 CONFIGS = json.loads(os.environ.get("BENCH_CONFIGS", "[{}]"))
+OP = os.environ.get("BENCH_OP", "softmax")
 LAUNCHES = 3 if SMOKE else int(os.environ.get("BENCH_LAUNCHES", "20"))
 STAMPS = 131072
 
 
-def _timeline(x: torch.Tensor, y: torch.Tensor, sketch: bool, cfg: dict, flush: torch.Tensor | None) -> dict:
+def _launch(inp: dict, y: torch.Tensor, buf: torch.Tensor | None, stamps: torch.Tensor, cfg: dict) -> None:
+    if OP == "softmax":
+        softmax_mod._softmax_launch(inp["x"], y, buf, timestamps=stamps, **cfg)
+    else:
+        layernorm_mod._layernorm_launch(inp["x"], inp["weight"], inp["bias"], y, buf, layernorm_mod.EPS,
+                                        timestamps=stamps, **cfg)
+
+
+def _timeline(inp: dict, y: torch.Tensor, sketch: bool, cfg: dict, flush: torch.Tensor | None) -> dict:
     """One launch's stamps, as µs from its first row's start."""
+    x = inp["x"]
     n_rows = x.shape[0]
     cfg = dict(cfg)
     poll = cfg.get("poll") or RECORD_POLL
     polls = cdiv(n_rows, poll)
     stamps = torch.zeros(2 * n_rows + polls + 1, dtype=torch.int64, device=x.device)
-    buf = new_buffer("softmax", x.device) if sketch else None
+    buf = new_buffer(OP, x.device) if sketch else None
     cfg["probe"] = cfg.get("probe", 0) | STAMPS
     if flush is not None:
         flush.zero_()
-    softmax_mod._softmax_launch(x, y, buf, timestamps=stamps, **cfg)
+    _launch(inp, y, buf, stamps, cfg)
     t = stamps.cpu().double() / 1e3
     begin, ends = t[:n_rows], t[n_rows:2 * n_rows]
     t0 = begin.min().item()
@@ -67,21 +80,21 @@ def _timeline(x: torch.Tensor, y: torch.Tensor, sketch: bool, cfg: dict, flush: 
 def main() -> None:
     watchdog()
     g = torch.Generator().manual_seed(2)
-    inp, _ = OPS["softmax"].make(SHAPE, torch.bfloat16, DEV, g)
-    x = inp["x"]
-    y = torch.empty_like(x)
+    inp, _ = OPS[OP].make(SHAPE, torch.bfloat16, DEV, g)
+    y = torch.empty_like(inp["x"])
     flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device=DEV) if DEV == "cuda" else None
-    lines = [f"# softmax row launch timeline; {torch.cuda.get_device_name() if DEV == 'cuda' else DEV}, bf16 "
+    lines = [f"# {OP} row launch timeline; {torch.cuda.get_device_name() if DEV == 'cuda' else DEV}, bf16 "
              f"{SHAPE[0]}x{SHAPE[1]}, {LAUNCHES} launches each, L2 flushed before each", "",
-             f"Command: `BENCH_SHAPE={SHAPE[0]}x{SHAPE[1]} BENCH_CONFIGS='{json.dumps(CONFIGS)}' python bench/finisher_timeline.py`",
+             f"Command: `BENCH_OP={OP} BENCH_SHAPE={SHAPE[0]}x{SHAPE[1]} BENCH_CONFIGS='{json.dumps(CONFIGS)}' "
+             "python bench/finisher_timeline.py`",
              "", "µs from the first row's start, medians over the launches", "",
              "| launch | config | last row end | row program µs | last poll in | finisher end | finisher after "
              "last row | poll wait (median) | last poll wait |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for sketch in (False, True):
         for cfg in CONFIGS if sketch else [{}]:
             for _ in range(2):  # compile and warm
-                _timeline(x, y, sketch, cfg, flush)
-            runs = [_timeline(x, y, sketch, cfg, flush) for _ in range(LAUNCHES)]
+                _timeline(inp, y, sketch, cfg, flush)
+            runs = [_timeline(inp, y, sketch, cfg, flush) for _ in range(LAUNCHES)]
             reset_state()
             med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
             cells = [f"{med.get(k, float('nan')):.2f}" if k in med else "-" for k in

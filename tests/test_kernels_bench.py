@@ -105,14 +105,20 @@ def test_softmax_long_check_runs_every_mask_and_dtype_on_cpu():
 
 
 def test_finisher_timeline_runs_the_row_launch_with_its_stamps_on_cpu():
-    """bench/finisher_timeline.py's smoke run: the launch without the sketch and the sketched row launch (forced:
-    64x512 rows are persistent by default) both run with PROBE 131072's stamps and get a table row (the
-    interpreter's stamps read 0, so no finisher columns)."""
+    """bench/finisher_timeline.py's smoke run: the launch without the sketch and the sketched row launch (softmax's
+    forced: 64x512 rows are persistent by default; layernorm's Welford launch) run with PROBE 131072's stamps and
+    get a table row each (the interpreter's stamps read 0, so no finisher columns)."""
     env = dict(os.environ, TRITON_INTERPRET="1", OUT="", BENCH_CONFIGS='[{"rows": true}]')
     out = subprocess.run([sys.executable, str(BENCH / "finisher_timeline.py"), "--smoke"], capture_output=True,
                          text=True, env=env, check=True).stdout
     rows = [line for line in out.splitlines() if line.startswith(("| plain", "| sketch"))]
     assert [r.split("|")[2].strip() for r in rows] == ["-", "rows=True"], out
+    env.update(BENCH_OP="layernorm", BENCH_SHAPE="8x4096", BENCH_CONFIGS="[{}]")  # the Welford launch: 4 pieces of 1024
+    out = subprocess.run([sys.executable, str(BENCH / "finisher_timeline.py"), "--smoke"], capture_output=True,
+                         text=True, env=env, check=True).stdout
+    assert "# layernorm row launch timeline" in out
+    assert [line.split("|")[2].strip() for line in out.splitlines() if line.startswith(("| plain", "| sketch"))] == \
+        ["-", "default"], out
 
 
 def test_attention_probe_variants_match_float64_on_cpu():

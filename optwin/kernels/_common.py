@@ -767,23 +767,6 @@ def record_halves(words):
 
 
 @triton.jit
-def _relaxed_words(ptrs, valid):
-    """The int64 words at ptrs (0 where not valid) by relaxed gpu-scope loads (ld.relaxed.gpu: served by
-    the L2, coherent with the rows' stores on this GPU), where tl.load(volatile=True) is a system-scope one."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.s32 p, $2, 0; mov.b64 $0, 0; @p ld.relaxed.gpu.global.b64 $0, [$1]; }",
-        "=l,l,r", [ptrs, valid.to(tl.int32)], dtype=tl.int64, is_pure=False, pack=1)
-
-
-@triton.jit
-def _record_load(ptrs, valid, RELAXED: tl.constexpr):
-    if RELAXED and not INTERPRET:
-        return _relaxed_words(ptrs, valid)
-    else:
-        return tl.load(ptrs, mask=valid, other=0, volatile=True)
-
-
-@triton.jit
 def globaltimer(x):
     """The GPU's global nanosecond timer (%globaltimer) as an int64 scalar, behind scalar x (any int: keeps the
     read in place); the interpreter gives 0. Bench probes only."""
@@ -795,20 +778,7 @@ def globaltimer(x):
 
 
 @triton.jit
-def _nap(x, NS: tl.constexpr):
-    """x, after the warp slept about NS (200 or 1000) nanoseconds (nanosleep: a finisher's wait that leaves
-    the SM's issue slots to the row program beside it)."""
-    if NS == 200:
-        return tl.inline_asm_elementwise("nanosleep.u32 200; mov.b32 $0, $1;", "=r,r", [x], dtype=tl.int32,
-                                         is_pure=False, pack=1)
-    else:
-        return tl.inline_asm_elementwise("nanosleep.u32 1000; mov.b32 $0, $1;", "=r,r", [x], dtype=tl.int32,
-                                         is_pure=False, pack=1)
-
-
-@triton.jit
-def poll_records(M_ptr, r0, n_rows, POLL: tl.constexpr, WORDS: tl.constexpr = 1, RELAXED: tl.constexpr = False,
-                 NAP: tl.constexpr = 0):
+def poll_records(M_ptr, r0, n_rows, POLL: tl.constexpr, WORDS: tl.constexpr = 1):
     """(low, high) int32 halves, each [POLL] (WORDS > 1: [POLL, WORDS], a row's words side by side),
     of the record words of rows r0 .. r0 + POLL - 1 (rows past n_rows read as zeros) once no half is
     the sentinel; the sentinel then goes back for the next launch. Volatile loads (no L1), re-issued
@@ -820,16 +790,14 @@ def poll_records(M_ptr, r0, n_rows, POLL: tl.constexpr, WORDS: tl.constexpr = 1,
     else:
         ptrs = M_ptr + rows.to(tl.int64)[:, None] * WORDS + tl.arange(0, WORDS)[None, :]
         valid = (rows < n_rows)[:, None] & (tl.arange(0, WORDS) < WORDS)[None, :]
-    words = _record_load(ptrs, valid, RELAXED)
+    words = tl.load(ptrs, mask=valid, other=0, volatile=True)
     lo, hi = record_halves(words)
     if INTERPRET:  # programs ran in order, the finisher last: a word still unwritten is a bug, not a wait
         assert tl.max(tl.reshape(tl.where((lo == -1) | (hi == -1), 1, 0), [POLL * WORDS]), axis=0) == 0, \
             "a row record was never written"
     else:
         while tl.max(tl.reshape(tl.where((lo == -1) | (hi == -1), 1, 0), [POLL * WORDS]), axis=0) > 0:
-            if NAP > 0:  # a data dependence (always true), so the loads wait for the nap
-                valid = valid & (_nap(r0, NAP) >= 0)
-            words = _record_load(ptrs, valid, RELAXED)
+            words = tl.load(ptrs, mask=valid, other=0, volatile=True)
             lo, hi = record_halves(words)
     tl.store(ptrs, tl.full(ptrs.shape, -1, tl.int64), mask=valid)
     return lo, hi

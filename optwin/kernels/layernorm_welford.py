@@ -61,6 +61,7 @@ from optwin.kernels._common import (
     RECORD_FLAG_HI,
     RECORD_POLL,
     acquire_flagged,
+    globaltimer,
     max_sum_max_min,
     note_occupancy,
     poll_records,
@@ -159,6 +160,7 @@ def _welford_merge_max(ma, qa, wa, xa, mb, qb, wb, xb):
 def _layernorm_welford_kernel(
     X_ptr, X_row_stride, W_ptr, B_ptr, Y_ptr, Y_row_stride, S_ptr,  # as _layernorm_kernel
     M_ptr,  # row record words, int64 (>= 2 * n_rows,), all -1 (sketch_buffer.row_records); unused unless SKETCH
+    T_ptr,  # PROBE 131072 (bench only): int64 globaltimer stamps, the rows' starts and ends, then the finisher's
     F_ptr,  # the "layernorm" workspace's float64 slots (sketch_buffer.workspace): the flagged rows' partials
     I_ptr,  # its int64 slots
     n_rows,
@@ -173,7 +175,8 @@ def _layernorm_welford_kernel(
     PACKED: tl.constexpr,  # x is 16-bit: max |x| two elements an instruction (_abs_max_step)
     PF_BYTES: tl.constexpr = 0,  # bytes of a row to prefetch into L2 (_common.prefetch_row); 0: none
     pf_ahead=0,  # the row prefetched is pf_ahead rows past this program's
-    PROBE: tl.constexpr = 0,  # bench only (the sketch is then wrong), bits: 1 no max |h|, 2 no records (no polls), 4 no flagged path
+    PROBE: tl.constexpr = 0,  # bench only (the sketch is then wrong), bits: 1 no max |h|, 2 no records (no polls), 4 no flagged path,
+    # 131072 globaltimer stamps into T_ptr (the sketch stays right; bench/finisher_timeline.py)
 ):
     # A program per row, as torch.compile's layernorm: lane l runs Welford's update over elements l,
     # l + CHUNK, ... (the first piece sets mean = h, M2 = 0; every lane has the same count, so 1/count is
@@ -188,6 +191,8 @@ def _layernorm_welford_kernel(
     FULL: tl.constexpr = (N // CHUNK) * CHUNK  # columns in whole pieces (N >= CHUNK)
     if not SKETCH or pid != (0 if FINISHER_FIRST else n_rows):
         row = tl.cast(pid - 1 if SKETCH and FINISHER_FIRST else pid, tl.int64)
+        if PROBE // 131072 % 2 == 1:
+            tl.store(T_ptr + row, globaltimer(row))
         prefetch_row(X_ptr, row, pf_ahead, n_rows, X_row_stride, PF_BYTES)
         X_row = X_ptr + row * X_row_stride
         xr = tl.load(X_row + cols, eviction_policy="evict_last")
@@ -247,6 +252,8 @@ def _layernorm_welford_kernel(
         if SKETCH and PROBE % 8 < 4:  # noqa: SIM102 - a constexpr branch
             if not plain:
                 _publish_flagged_row(X_row, M_ptr + row * 2 + 1, F_ptr, I_ptr, N, EXACT_CHUNK, CAP)
+        if PROBE // 131072 % 2 == 1:
+            tl.store(T_ptr + n_rows + row, globaltimer(row))
     else:  # the finisher: the parameters' partials while rows run, then the records in row order
         param_nf = _param_features(W_ptr, B_ptr, S_ptr, tl.arange(0, EXACT_CHUNK), N, EXACT_CHUNK)
         v_amax = tl.zeros([POLL], dtype=tl.float32)  # per row slot across the polls, reduced at the end
@@ -256,6 +263,8 @@ def _layernorm_welford_kernel(
         first_flagged = n_rows
         for r0 in range(0, n_rows if PROBE // 2 % 2 == 0 else 0, POLL):
             lo, hi = poll_records(M_ptr, r0, n_rows, POLL, 2)
+            if PROBE // 131072 % 2 == 1:  # when this poll's records were all in
+                tl.store(T_ptr + 2 * n_rows + r0 // POLL, globaltimer(r0))
             mean_bits, amax_bits = tl.split(lo)  # word 0 = (mean, var), word 1 = (max |h|, sum h*h or the flag)
             var_bits, tag = tl.split(hi)
             sf = tl.sqrt(var_bits.to(tl.float32, bitcast=True))
@@ -284,6 +293,8 @@ def _layernorm_welford_kernel(
         store_common_features(S_ptr, numel, tl.cast(n_rows, tl.int64), g_amax, g_sq, numel - g_nf, g_nf + param_nf)
         tl.store(S_ptr + 5, tl.cast(N, tl.float64))
         _store_own_features(S_ptr, g_ratio, g_minstd, g_const, n_rows, CAP)
+        if PROBE // 131072 % 2 == 1:
+            tl.store(T_ptr + 2 * n_rows + tl.cdiv(n_rows, POLL), globaltimer(n_rows))
 
 
 @triton.jit
@@ -302,12 +313,14 @@ def _publish_flagged_row(X_row, flag_ptr, F_ptr, I_ptr, n_cols, CHUNK: tl.conste
 def _welford_launch(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2: torch.Tensor,
                     buf: torch.Tensor | None, eps: float, num_warps: int | None = None, poll: int | None = None,
                     maxnreg: int | None = None, probe: int = 0, welford_chunk: int | None = None,
-                    prefetch: float | None = None, packed: bool | None = None) -> None:
+                    prefetch: float | None = None, packed: bool | None = None,
+                    timestamps: torch.Tensor | None = None) -> None:
     """_layernorm_welford_kernel: a program per row (and the finisher with the sketch), the row length
     compiled in (one kernel per hidden size, as torch.compile specializes). poll: rows whose records
     the finisher reads at once (a power of two; tests put flagged rows across its boundaries); prefetch:
     waves of programs ahead whose rows go to the L2 first (_common.PREFETCH); packed: max |x| on 16-bit
-    element pairs (default for 16-bit x) or on the float32 values."""
+    element pairs (default for 16-bit x) or on the float32 values; timestamps: int64 (2 * n_rows + polls + 1,)
+    for PROBE 131072's globaltimer stamps (bench/finisher_timeline.py)."""
     n_rows, n = x2.shape
     # another chunk (or a ragged one) is not the catalog variant's numerics: the bench's sweep and tests
     chunk = welford_chunk or _welford_rule(n) or 4096
@@ -321,7 +334,8 @@ def _welford_launch(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, 
     key = ("layernorm-welford", x2.dtype, n, chunk, warps, cap, sketch, packed)
     pf = prefetch_args("layernorm", n, x2, sketch, n_rows + sketch, key, prefetch)
     k = launch(_layernorm_welford_kernel, (n_rows + sketch,),
-        x2, x2.stride(0), weight, bias, y2, y2.stride(0), buf if sketch else y2, m, f, i, n_rows, eps,
+        x2, x2.stride(0), weight, bias, y2, y2.stride(0), buf if sketch else y2, m,
+        m if timestamps is None else timestamps, f, i, n_rows, eps,
         N=n, CHUNK=chunk, CAP=RATIO_CAP, SKETCH=sketch, POLL=poll or RECORD_POLL, EXACT_CHUNK=_common.EXACT_CHUNK,
         FINISHER_FIRST=not INTERPRETED, PACKED=x2.element_size() == 2 if packed is None else packed, PROBE=probe,
         **pf, num_warps=warps, enable_fp_fusion=False, **register_cap(cap),

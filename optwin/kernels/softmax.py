@@ -516,7 +516,6 @@ def _softmax_kernel(
     ROWS: tl.constexpr = False,  # VARIANT 10: a program per row, its partials in row records, and the finisher
     POLL: tl.constexpr = 512,  # ROWS: rows whose records the finisher reads at once
     FINISHER_FIRST: tl.constexpr = True,  # ROWS: program 0 finishes (a GPU starts it first); else program n_rows
-    fin_at=0,  # ROWS with FINISHER_FIRST: the finisher's program (bench only: one started later polls less)
     PROBE: tl.constexpr = 0,  # bench only, VARIANT 10 (y stays the same; the sketch is then wrong), bits: 1 no t
     # (s alone), 2 no min (a plain max tree), 4 no lane accumulators, 8 no per-row scalars, 16 no flushes (nor
     # the lane totals at the end: n_left stays FLUSH),
@@ -524,22 +523,19 @@ def _softmax_kernel(
     # 128 the publish's ticket and end without its atomics, 256 the HUGE branch without its -inf test,
     # 512 only every 8th program merges, 1024 no float merges, 2048 no integer merges, 4096 ROWS: no records stored
     # and none polled (the finisher returns at once; the records stay at their sentinel), 8192 ROWS: the finisher
-    # returns at once (the rows' records stay set: the bench resets them, sketch_buffer.reset_state), 16384 ROWS: the
-    # finisher polls by relaxed gpu-scope loads, 32768 / 65536 ROWS: the finisher naps 200 / 1000 ns between polls,
-    # 131072: globaltimer stamps into T_ptr (bench/finisher_timeline.py)
+    # returns at once (the rows' records stay set: the bench resets them, sketch_buffer.reset_state), 131072:
+    # globaltimer stamps into T_ptr (bench/finisher_timeline.py). Stop 37's 16384 (relaxed polls) and 32768 / 65536
+    # (naps between polls) moved nothing and are gone (ab33ac9 has them)
 ):
     # a ROWS program's one row: its lane accumulators ride in its sum tree (_row_sums_lanes), no tree after it
     MERGE: tl.constexpr = ROWS and VARIANT == 10 and BLOCK >= 8 * LANES and PROBE // 16 % 2 == 0
     pid = tl.program_id(0)
     finisher = pid < 0  # never: a runtime False (a constant one still compiled the branch below)
     if ROWS:
-        fin_pid = fin_at if FINISHER_FIRST else n_rows
-        finisher = pid == fin_pid
+        finisher = pid == (0 if FINISHER_FIRST else n_rows)
     if finisher:
         if ROWS and PROBE // 4096 % 2 == 0 and PROBE // 8192 % 2 == 0:  # the finisher polls the rows' records
-            _finish_row_records(S_ptr, F_ptr, I_ptr, M_ptr, n_rows, n_cols, POLL, PROBE // 16384 % 2 == 1,
-                                200 if PROBE // 32768 % 2 == 1 else (1000 if PROBE // 65536 % 2 == 1 else 0),
-                                T_ptr, PROBE // 131072 % 2 == 1)
+            _finish_row_records(S_ptr, F_ptr, I_ptr, M_ptr, n_rows, n_cols, POLL, T_ptr, PROBE // 131072 % 2 == 1)
     else:
         n_cols, X_row_stride, Y_row_stride = aligned_rows(n_cols, X_row_stride, Y_row_stride, ALIGN)
         cols = tl.arange(0, BLOCK)
@@ -563,7 +559,7 @@ def _softmax_kernel(
             wcols = tl.arange(0, BLOCK // 2)
             wmask = wcols < n_cols // 2
         if ROWS:  # this program's one row (program 0 finishes on a GPU)
-            r_first = pid - (pid > fin_pid).to(tl.int32)
+            r_first = pid - 1 if FINISHER_FIRST else pid
             r_end = r_first + 1
             r_step = 1
         else:  # persistent: rows pid, pid + grid, ...
@@ -685,8 +681,9 @@ def _softmax_kernel(
                     # value's distance to m overflows float32 (3e38 beside -3e38: d = -inf, e * d = NaN)
                     if PROBE % 2 == 1:
                         e = exp_ftz(_unpacked(wd, BF16, BLOCK) - m)
-                        s, t, row_sq, row_neg = _row_tree(fold8_sum(e, BLOCK), tl.zeros([BLOCK // 8], tl.float32),
-                                                          a_sq + a_huge, a_neg, MERGE, BLOCK, LANES)
+                        fe = fold8_sum(e, BLOCK)
+                        s, t, row_sq, row_neg = _row_tree(fe, tl.zeros_like(fe), a_sq + a_huge, a_neg, MERGE, BLOCK,
+                                                          LANES)
                     elif (m > NEG_SAFE) & (m < POS_SAFE) & (m - rmin <= FMAX):
                         e, fe, fed = _exp_parts(_unpacked(wd, BF16, BLOCK), m, BLOCK)
                         s, t, row_sq, row_neg = _row_tree(fe, fed, a_sq + a_huge, a_neg, MERGE, BLOCK, LANES)
@@ -880,7 +877,7 @@ def _softmax_launch(
     variant: int | None = None, fusion: bool | None = None, maxnreg: int | None = None, keep: int | None = None,
     packed: bool | None = None, prefetch: float | None = None, piece: int | None = None, probe: int = 0,
     window: bool = True, rows: bool | None = None, poll: int | None = None, finisher_first: bool | None = None,
-    timestamps: torch.Tensor | None = None, finisher_at: int = 0,
+    timestamps: torch.Tensor | None = None,
 ) -> None:
     """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows;
     without the sketch one program per row where _common.ROW_GRID lists the launch.
@@ -892,8 +889,7 @@ def _softmax_launch(
     (layouts 0, 4 and 10) element by element, as layouts 3 and 8 always do (the bench's and tests'
     comparisons); rows: the sketched launch with a program per row (softmax_rows) or the persistent one
     (default: ROWS_BLOCKS' rows a program each); poll: rows whose records its finisher reads at once;
-    finisher_first: the finisher is program 0 (default on a GPU) or the last; finisher_at: the program that
-    finishes where finisher_first (default 0; bench only); timestamps: int64 (2 * n_rows + polls
+    finisher_first: the finisher is program 0 (default on a GPU) or the last; timestamps: int64 (2 * n_rows + polls
     + 1,) for PROBE 131072's globaltimer stamps (bench/finisher_timeline.py)."""
     n_rows, n = x2.shape
     if n > MAX_BLOCK or piece is not None:  # past what a program holds (or asked for): the chunked kernel
@@ -949,7 +945,7 @@ def _softmax_launch(
         BF16=x2.dtype == torch.bfloat16, NEG_PAIR=NEG_INF_PAIR.get(x2.dtype, 0),
         NEG_SAFE=NEG_SAFE.get(x2.dtype, 0.0), **pf, ALIGN=align, WINDOW=win, PROBE=probe,
         ROWS=by_row, POLL=poll or RECORD_POLL,
-        FINISHER_FIRST=not INTERPRETED if finisher_first is None else finisher_first, fin_at=finisher_at,
+        FINISHER_FIRST=not INTERPRETED if finisher_first is None else finisher_first,
         num_warps=warps,
         enable_fp_fusion=fuse,
         **extra,

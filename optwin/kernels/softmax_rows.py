@@ -17,10 +17,10 @@ cost is (bench/finisher_timeline.py: globaltimer stamps, µs from the first row'
 softmax_timeline_merged_h200_s37.md): the last row ends at 65.8 without the sketch, 67.4 with it and no
 finisher polling (PROBE 8192), 69.5 with the finisher; the finisher ends 2.0 after the last row. So the rows'
 sketch work is ~1.6 µs, the finisher's presence ~2 and its tail ~2. Not what the finisher costs (stop 37,
-softmax_finisher_*_h200_s37.md): system-scope polls (relaxed gpu-scope ones ran the same), busy polling (a
-200 ns nap between polls the same, 1000 ns slower), its place in the grid (program 2000, 3000 or 3600 of 4097:
-within 0.4 µs); 128 rows a poll ran as 512, 2048 and 4096 slower (80.2, 89.8: one program reducing that many
-rows at once).
+softmax_finisher_*_h200_s37.md; the probes' code is in ab33ac9 and ea58470): system-scope polls (relaxed
+gpu-scope ones ran the same), busy polling (a 200 ns nap between polls the same, 1000 ns slower), its place in
+the grid (program 2000, 3000 or 3600 of 4097: within 0.4 µs); 128 rows a poll ran as 512, 2048 and 4096
+slower (80.2, 89.8: one program reducing that many rows at once).
 
 A row's words (sketch_buffer.row_records, two a row; no half of a written word is the sentinel):
     word 0: (m, rmin)   the row's max and its min over non-(-inf) entries (float32; -inf / +inf: fully masked)
@@ -84,11 +84,12 @@ def _extremes_sums(a0, a1, a2, a3, a4, a5, a6, a7, a8, b0, b1, b2, b3, b4, b5, b
 
 
 @triton.jit
-def _finish_row_records(S_ptr, F_ptr, I_ptr, M_ptr, n_rows, n_cols, POLL: tl.constexpr, RELAXED: tl.constexpr = False,
-                        NAP: tl.constexpr = 0, T_ptr=None, STAMPS: tl.constexpr = False):
+def _finish_row_records(S_ptr, F_ptr, I_ptr, M_ptr, n_rows, n_cols, POLL: tl.constexpr, T_ptr,
+                        STAMPS: tl.constexpr = False):
     """The finisher: every row's record words polled in row order (POLL at once), reduced into the launch's
     totals (the persistent kernel's partials, row by row), the flagged rows' workspace added, the features
-    stored. The range is kept halved, as the row loop keeps it."""
+    stored. The range is kept halved, as the row loop keeps it. STAMPS (bench only): each poll's arrival and
+the end as globaltimer stamps into T_ptr (bench/finisher_timeline.py)."""
     v_max = tl.full([POLL], -float("inf"), tl.float32)
     v_min = tl.full([POLL], float("inf"), tl.float32)
     v_rng = tl.zeros([POLL], dtype=tl.float32)
@@ -100,7 +101,7 @@ def _finish_row_records(S_ptr, F_ptr, I_ptr, M_ptr, n_rows, n_cols, POLL: tl.con
     v_elig = tl.zeros([POLL], dtype=tl.int32)
     first_flagged = n_rows
     for r0 in range(0, n_rows, POLL):
-        lo, hi = poll_records(M_ptr, r0, n_rows, POLL, 2, RELAXED, NAP)
+        lo, hi = poll_records(M_ptr, r0, n_rows, POLL, 2)
         if STAMPS:  # bench only: when this poll's records were all in
             tl.store(T_ptr + 2 * n_rows + r0 // POLL, globaltimer(r0))
         m_bits, sq_bits = tl.split(lo)  # word 0 = (m, rmin), word 1 = (sq, counts or the flag)
