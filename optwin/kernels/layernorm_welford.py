@@ -24,10 +24,10 @@ Compiled without FMA contraction: the FMAs are written out, and the twin models 
 The sketch (y is bit-identical with and without it: the merge tree carries max |x| beside mean, M2 and
 count, and the same merges): each row's program stores two record words, (mean, var) and (max |x|, sum
 of squares) (sketch_buffer.row_records); one more program, the finisher, polls them (_common.poll_records),
-derives each row's std and |mean|/std as the persistent kernel's slots do, and reduces them. A row with NaN/±inf, overflowing squares, or that could be constant merges its exact
-float64 partials into the "layernorm" workspace with scalar atomics and flags its second word (released
-after them); the finisher acquires each flag and, if any row was flagged, adds the workspace to its own
-partials and resets it.
+derives each row's std and |mean|/std as the persistent kernel's slots do, and reduces them. A row with
+NaN/±inf, overflowing squares, or that could be constant merges its exact float64 partials into the
+"layernorm" workspace with scalar atomics and flags its second word (released after them); the finisher
+acquires each flag and, if any row was flagged, adds the workspace to its own partials and resets it.
 Where the sketch's cost is (stop 28, H200 bf16, µs without the sketch / with / with the records and
 the finisher's polls left out, PROBE=2): 4096x16384 71.0 / 76.8 / 75.2, 16384x4096 69.3 / 76.6 / 72.1,
 8192x5120 47.4 / 51.3 / 45.9 (bench/results/layernorm_tail_h200_s28_*.md). The finisher reads every

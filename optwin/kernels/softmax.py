@@ -343,18 +343,10 @@ def fold8_dot(e, d, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _exp_sums(h, m, BLOCK: tl.constexpr):
-    """_exp_sums_clamped for rows where d = h - m is finite at every lane (VARIANT 10's -inf halves
-    read as the format's lowest value): t's lanes e * d, no clamp, each 8 folded by FMAs; s is
-    tl.sum of fold8_sum(e), as in the kernel without the sketch."""
-    e, fe, fed = _exp_parts(h, m, BLOCK)
-    s, t = _sum_pair(fe, fed)
-    return e, s, t
-
-
-@triton.jit
 def _exp_parts(h, m, BLOCK: tl.constexpr):
-    """_exp_sums before its tree: (e, fold8_sum(e), fold8_dot(e, h - m))."""
+    """_exp_parts_clamped for rows where d = h - m is finite at every lane (VARIANT 10's -inf halves
+    read as the format's lowest value): (e, fold8_sum(e), fold8_dot(e, d)), t's lanes e * d, no clamp,
+    each 8 folded by FMAs; the caller's tree over fold8_sum(e) gives s as the kernel without the sketch does."""
     d = h - m
     e = exp_ftz(d)
     return e, fold8_sum(e, BLOCK), fold8_dot(e, d, BLOCK)
