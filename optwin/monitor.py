@@ -52,7 +52,7 @@ from optwin.errors import CatalogError, OptwinError
 import optwin.ingest as _ingest
 from optwin.ingest import intercept
 from optwin.ingest.sketch import SKETCH_FEATURES, sketch_tensor
-from optwin.kernels import sketch_sink
+from optwin.kernels import deferred, sketch_sink
 
 # Importing the submodule binds it over the package's lazy `optwin.ingest.capture` function
 # (the import system sets the parent attribute); put the public function back.
@@ -316,14 +316,19 @@ class Monitor:
             with torch.no_grad():
                 buf[8:10].copy_(rec.rope_tail(base))  # max_pos and base, device to device
             params = {"base": base}
+        if deferred.pending(buf):  # a row launch whose finisher runs with its page (optwin.kernels.deferred)
+            t = self.clock()  # the call's time, not the settle's
+            deferred.when_settled(buf, lambda: self._submit(rec, s, SKETCH_FEATURES[s.op], buf, params, t))
+            return
         self._submit(rec, s, SKETCH_FEATURES[s.op], buf, params)
 
     def _submit(self, rec: _MonitorRecorder, s: Any, names: tuple[str, ...], values: torch.Tensor,
-                params: dict[str, Any]) -> None:
-        """Assess one sketched call now, or queue it behind its device copy (warn on CUDA)."""
+                params: dict[str, Any], t: float | None = None) -> None:
+        """Assess one sketched call (made at time t, default now) now, or queue it behind its device copy
+        (warn on CUDA)."""
         op, variant, dt = s.op, s.variant, s.dtype
         self.stats.checked += 1
-        t = self.clock()
+        t = self.clock() if t is None else t
         asyncr = self.async_readback if self.async_readback is not None else values.is_cuda
         if self.policy == "warn" and asyncr:
             # Copy into pinned host memory behind the sketch kernels; on CUDA the event marks the copy
@@ -405,7 +410,8 @@ class Monitor:
         return self._free.pop()
 
     def flush(self) -> None:
-        """Assess everything still queued (synchronizes once on CUDA)."""
+        """Assess everything still queued, deferred kernel sketches too (synchronizes once on CUDA)."""
+        deferred.settle_all()
         self._drain(block=True)
         if self.client is not None:
             self.client.flush()

@@ -194,3 +194,36 @@ def test_a_monitor_started_before_the_patch_still_takes_the_fused_sketch(db):
     assert {k[2] for k in mon.streams} == {"triton", "fp32-angles"} and mon.stats.checked == 11
     assert modeling_llama.apply_rotary_pos_emb is original
     assert sketch_sink.active() is None and not sketch_sink.FUSED
+
+
+def test_deferred_softmax_sketches_reach_the_monitor_at_its_flush(db, monkeypatch):
+    """A bf16 model whose attention rows take softmax's row launch (ROWS_BLOCKS widened to 16: rows of 16
+    scores, 16-bit pairs): the patched softmax defers its finisher (optwin.kernels.deferred), the monitor queues each
+    call until its page settles (here: the monitor's flush at stop), and the features it assesses are
+    ingest's of the very scores."""
+    from optwin.kernels import deferred, patching
+    from optwin.kernels import softmax as softmax_mod
+
+    monkeypatch.setattr(softmax_mod, "ROWS_BLOCKS", {16})
+    scores: list[torch.Tensor] = []
+    pending: list[bool] = []
+    real = patching.softmax
+
+    def spy(x, sketch=True, out_dtype=None, defer=False):
+        y, buf = real(x, sketch=sketch, out_dtype=out_dtype, defer=defer)
+        scores.append(x.detach().clone())
+        pending.append(buf is not None and deferred.pending(buf))
+        return y, buf
+
+    monkeypatch.setattr(patching, "softmax", spy)
+    model = load_llama_tiny("eager", dtype=torch.bfloat16).module
+    ids = torch.randint(0, 1000, (2, 16), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad(), optwin.kernels.patch(model) as handle, \
+            om.monitor(model, db=db, sampling="always", ops=("softmax",)) as mon:
+        model(ids)
+        assert pending == [True, True] and mon.stats.checked == 0  # both wait for their page
+    assert handle.sketched == {"softmax": 2} and mon.stats.checked == 2
+    for layer, x in enumerate(scores):
+        got = mon.last_sketches[(f"model.layers.{layer}.self_attn:softmax", "softmax", "triton", "bfloat16")]
+        close(got, sketch("softmax", {"x": x}))
+    assert deferred.leftover() == (0, 0)

@@ -153,8 +153,10 @@ def _eager_attention(handle: Patch, mod: ModuleType) -> Callable[..., Any]:
             attn_weights = attn_weights + attention_mask
         # HF: softmax(..., dtype=float32).to(query.dtype): fp32 out, as our kernel's out_dtype
         scores = attn_weights
-        attn_weights = _launch(handle, "softmax", scores.dtype,
-                               lambda sk: softmax(scores, sketch=sk, out_dtype=torch.float32)).to(query.dtype)
+        # defer: where the launch runs a program per row (long rows), its finisher runs batched with other
+        # calls' when the monitor settles them (optwin.kernels.deferred)
+        run = lambda sk: softmax(scores, sketch=sk, out_dtype=torch.float32, defer=True)  # noqa: E731
+        attn_weights = _launch(handle, "softmax", scores.dtype, run).to(query.dtype)
         attn_weights = nn.functional.dropout(attn_weights, p=dropout, training=module.training)
         attn_output = torch.matmul(attn_weights, value_states)  # (B, H, Sq, D)
         return attn_output.transpose(1, 2).contiguous(), attn_weights

@@ -201,12 +201,16 @@ def reduce_sketch(
 ) -> tuple[tuple[str, ...], torch.Tensor]:
     """(feature names in optwin.ingest's order, the float64 feature tensor on the device).
 
-    The kernel already reduced everything: this checks the buffer and returns it (no launch, no sync).
+    The kernel already reduced everything: this checks the buffer and returns it (no sync). A deferred
+    call's buffer (optwin.kernels.deferred) has its page's finisher queued first.
     `shape` and `params` are accepted for callers of the older two-step API and not needed.
     """
+    from optwin.kernels import deferred  # it imports this module
+
     names = feature_names(op)
     if tuple(buffer.shape) != (len(names),) or buffer.dtype != torch.float64:
         raise InputError(f"{op}: sketch buffer has shape {tuple(buffer.shape)} {buffer.dtype}, expected ({len(names)},) float64")
+    deferred.settle(buffer)
     return names, buffer
 
 

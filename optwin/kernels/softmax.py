@@ -83,6 +83,7 @@ import triton.language as tl
 
 from optwin.catalog import DEFAULT_TOLERANCES
 from optwin.errors import InputError
+from optwin.kernels import deferred
 from optwin.kernels._common import (
     DTYPES,
     FMAX,
@@ -869,8 +870,8 @@ def _softmax_launch(
     variant: int | None = None, fusion: bool | None = None, maxnreg: int | None = None, keep: int | None = None,
     packed: bool | None = None, prefetch: float | None = None, piece: int | None = None, probe: int = 0,
     window: bool = True, rows: bool | None = None, poll: int | None = None, finisher_first: bool | None = None,
-    timestamps: torch.Tensor | None = None,
-) -> None:
+    timestamps: torch.Tensor | None = None, defer: bool = False,
+) -> torch.Tensor | None:
     """Grid: one persistent program per resident slot (persistent_grid), each over its share of rows;
     without the sketch one program per row where _common.ROW_GRID lists the launch.
     num_warps / stages / per_sm / variant / fusion / maxnreg / keep override the tuned launch (the
@@ -882,14 +883,21 @@ def _softmax_launch(
     comparisons); rows: the sketched launch with a program per row (softmax_rows) or the persistent one
     (default: ROWS_BLOCKS' rows a program each); poll: rows whose records its finisher reads at once;
     finisher_first: the finisher is program 0 (default on a GPU) or the last; timestamps: int64 (2 * n_rows + polls
-    + 1,) for PROBE 131072's globaltimer stamps (bench/finisher_timeline.py)."""
+    + 1,) for PROBE 131072's globaltimer stamps (bench/finisher_timeline.py); defer (with buf None): the sketch
+    wanted, finished later where the launch has a program per row (optwin.kernels.deferred: no finisher program
+    in this launch; not inside CUDA graph capture).
+    Returns the buffer the sketch goes to: buf, with defer a pending page buffer or a new one, or None."""
     n_rows, n = x2.shape
+    if defer:
+        if buf is not None:
+            raise InputError("softmax: defer makes its own sketch buffer; pass buf=None")
+        buf = new_buffer("softmax", x2.device)  # replaced by a page's where the launch defers
     if n > MAX_BLOCK or piece is not None:  # past what a program holds (or asked for): the chunked kernel
         softmax_long_launch(x2, y2, buf, PEAK_NATS, num_warps, maxnreg, piece)
-        return
+        return buf
     sketch = buf is not None
     if n_rows == 0 and not sketch:
-        return
+        return buf
     align = column_multiple(n, x2.stride(0), y2.stride(0))
     esize = x2.element_size()
     f, i = workspace("softmax", x2.device) if sketch else (y2, y2)
@@ -922,7 +930,12 @@ def _softmax_launch(
     key = ("softmax", x2.dtype, y2.dtype, block, warps, st, sketch, var, fuse, cap, kp, even, packed, probe, align,
            win, by_row)
     extra = register_cap(cap)
-    if by_row:  # a program per row and the finisher
+    defer = defer and by_row and n_rows > 0 and timestamps is None and not deferred.capturing()
+    if defer:  # a program per row, its records to a page; the page's finisher runs later
+        buf, m, f, i = deferred.reserve("softmax", x2.device, n_rows, n, words=2)
+        grid = n_rows
+        finisher_first = False  # program n_rows would finish: there is none
+    elif by_row:  # a program per row and the finisher
         grid = n_rows + 1
         m = row_records("softmax", x2.device, n_rows, words=2, extra=0)[0]
     else:
@@ -943,14 +956,17 @@ def _softmax_launch(
         **extra,
     )
     note_occupancy(key, k, warps)
+    return buf
 
 
 def softmax(
-    x: torch.Tensor, sketch: bool = True, out_dtype: torch.dtype | None = None
+    x: torch.Tensor, sketch: bool = True, out_dtype: torch.dtype | None = None, defer: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(softmax of x over the last dim, sketch features or None); y in out_dtype (default x's dtype).
 
-    Read the features with optwin.kernels.read_sketch("softmax", buf).
+    Read the features with optwin.kernels.read_sketch("softmax", buf). defer: where the launch runs a
+    program per row, its finisher runs later, batched with other calls' (optwin.kernels.deferred); buf is
+    then pending until read_sketch or deferred.settle_all().
     """
     check_device(x)
     check_rows("softmax", x)
@@ -958,6 +974,6 @@ def softmax(
         raise InputError(f"softmax: out_dtype must be float16, bfloat16 or float32, got {out_dtype}")
     x2 = rows_view(x)  # (rows, n)
     y2 = torch.empty(x2.shape, dtype=out_dtype or x.dtype, device=x.device)  # (rows, n)
-    buf = new_buffer("softmax", x.device) if sketch else None
-    _softmax_launch(x2, y2, buf)
+    buf = new_buffer("softmax", x.device) if sketch and not defer else None
+    buf = _softmax_launch(x2, y2, buf, defer=sketch and defer)
     return y2.reshape(x.shape), buf

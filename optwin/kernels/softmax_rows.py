@@ -34,18 +34,23 @@ if any row was flagged, adds the workspace to its totals and resets it.
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
+from optwin.kernels import deferred
 from optwin.kernels._common import (
     INTERPRET,
     RECORD_FLAG_HI,
+    RECORD_POLL,
+    WS_SLOTS,
     acquire_flagged,
     globaltimer,
     poll_records,
     record_word,
     release_flag,
 )
+from optwin.kernels.fast_launch import launch
 from optwin.kernels.softmax_sketch import (
     HUGE,
     HUGE_SCALE,
@@ -153,3 +158,26 @@ the end as globaltimer stamps into T_ptr (bench/finisher_timeline.py)."""
                     s_elig)
     if STAMPS:
         tl.store(T_ptr + 2 * n_rows + tl.cdiv(n_rows, POLL), globaltimer(n_rows))
+
+
+@triton.jit
+def _finish_deferred_kernel(S_ptr, F_ptr, I_ptr, M_ptr, D_ptr, FEATURES: tl.constexpr, POLL: tl.constexpr):
+    """Deferred finishing (optwin.kernels.deferred): program k finishes a page's call k, the records its rows
+    stored (all in before this launch, on the same stream: the polls find them at once) at word D[k, 0], its
+    D[k, 1] rows of D[k, 2] columns, its workspace row and its row of the batch's features."""
+    k = tl.program_id(0)
+    off = tl.load(D_ptr + 3 * k)
+    n_rows = tl.load(D_ptr + 3 * k + 1).to(tl.int32)
+    n_cols = tl.load(D_ptr + 3 * k + 2).to(tl.int32)
+    _finish_row_records(S_ptr + k * FEATURES, F_ptr + k * 2 * WS_SLOTS, I_ptr + k * WS_SLOTS, M_ptr + off, n_rows,
+                        n_cols, POLL, M_ptr)
+
+
+def finish_deferred(page: deferred.Page, features: torch.Tensor, desc: torch.Tensor) -> None:
+    """optwin.kernels.deferred's finisher for softmax: a program per settling call, at the warps of the row
+    launches whose records it reads (8 at ROWS_BLOCKS), so each poll spreads as the in-launch finisher's does."""
+    launch(_finish_deferred_kernel, (desc.shape[0],), features, page.ws_f, page.ws_i, page.records, desc,
+           FEATURES=features.shape[1], POLL=RECORD_POLL, num_warps=8)
+
+
+deferred.register_finisher("softmax", finish_deferred)

@@ -1,0 +1,195 @@
+"""Deferred finishing of a row launch's sketch: the rows store their records, and one batched finisher launch
+reduces the records of up to PAGE_CALLS calls later, off each call's own kernel.
+
+    y, buf = softmax(x, defer=True)              # buf is pending: its features are not written yet
+    read_sketch("softmax", buf, x.shape)         # settles buf's page first (one finisher launch)
+    settle_all()                                 # or: every pending page now (a monitor's flush does this)
+
+Why: a launch with a program per row (softmax's ROWS) runs one more program, the finisher, which polls the
+rows' records while they run and reduces them. On the H200 that program costs the launch about 4 µs of 74
+at 4096x16384 bf16 (stop 37's timeline: ~2 µs its presence beside the rows, ~2 µs its tail after the last
+row), more than everything the rows themselves do for the sketch (~1.6 µs). Deferred, a call runs its rows
+alone (no finisher program: the kernel's FINISHER_FIRST=False launch with grid = rows), and the finisher's
+work for a page of calls runs as one launch of PAGE_CALLS programs, a call each, in parallel (Transformer
+Engine's amax history is the same trade: per-step records, one reduction later).
+
+A page belongs to one (op, device, stream), as the workspace and row records do (sketch_buffer), and is
+settled on that stream, so stream order makes every record written before the finisher reads it. It holds,
+per call: its records (rows * words int64 words at a row offset of the page's records, left at the sentinel
+by the finisher), its own workspace (flagged rows' atomics; back at the identities after the finisher) and
+its row of the page's features (the call's buffer, a view). The call's (record offset, rows, columns) go to
+the device with the settle, in one pinned copy.
+
+A page settles when it is full (PAGE_CALLS calls, or rows past its records), when a pending buffer is read
+(sketch_buffer.reduce_sketch), and on settle_all(). Waiters registered with when_settled run right after
+the finisher is queued (the monitor queues its device-to-host copy there). Launches inside CUDA graph
+capture never defer (a replay runs no host code: nothing would settle it); the launchers check.
+Pure torch: the finishers are registered by the kernel modules (register_finisher).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from optwin.errors import InputError
+from optwin.kernels.sketch_buffer import (
+    SENTINEL,
+    SLOTS,
+    _capacity,
+    _stream_key,
+    feature_names,
+    workspace_identities,
+)
+
+PAGE_CALLS = 16  # calls a page holds before it settles (the finisher's cost is paid once per this many)
+MIN_PAGE_ROWS = 1 << 16  # rows of records a page starts with (1 MB at two words a row)
+
+# op -> finish(page, features, desc): launches the op's batched finisher over a settling batch of calls, whose
+# buffers are the rows of features (float64 (PAGE_CALLS, features)) and whose (record word offset, rows, columns)
+# are desc's rows (int64 (calls, 3) on the device)
+_FINISHERS: dict[str, Callable[["Page", torch.Tensor, torch.Tensor], None]] = {}
+
+
+@dataclass
+class Page:
+    """One (op, device, stream)'s pending calls and the device memory they write."""
+
+    op: str
+    device: torch.device
+    stream: int  # the raw CUDA stream handle (0 on the CPU)
+    words: int  # record words per row
+    records: torch.Tensor  # int64 (rows_cap * words,), SENTINEL where no pending call wrote
+    ws_f: torch.Tensor  # float64 (PAGE_CALLS, 2 * SLOTS): each call's workspace float slots and identities
+    ws_i: torch.Tensor  # int64 (PAGE_CALLS, SLOTS)
+    features: torch.Tensor | None = None  # float64 (PAGE_CALLS, features): this batch's buffers
+    calls: list[tuple[int, int, int]] = field(default_factory=list)  # (record word offset, rows, columns)
+    rows_used: int = 0
+    waiters: list[Callable[[], None]] = field(default_factory=list)
+
+    @property
+    def rows_cap(self) -> int:
+        return self.records.numel() // self.words
+
+
+_PAGES: dict[tuple[str, str, int], Page] = {}
+_PENDING: dict[int, Page] = {}  # data_ptr of a pending buffer -> its page
+
+
+def register_finisher(op: str, finish: Callable[[Page, torch.Tensor, torch.Tensor], None]) -> None:
+    """`finish(page, features, desc)`: launch op's finisher over a settling batch (see _FINISHERS)."""
+    _FINISHERS[op] = finish
+
+
+def capturing() -> bool:
+    """Whether the current CUDA stream is being captured into a graph (no deferral there)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _new_page(op: str, device: torch.device, stream: int, words: int, rows: int) -> Page:
+    idents = workspace_identities(op)
+    ws_f = torch.zeros((PAGE_CALLS, 2 * SLOTS), dtype=torch.float64, device=device)
+    for k, v in enumerate(idents + idents):  # on the device, as sketch_buffer.workspace fills its slots
+        if v != 0.0:
+            ws_f[:, k].fill_(v)
+    return Page(op, device, stream, words,
+                torch.full((_capacity(max(rows, MIN_PAGE_ROWS)) * words,), SENTINEL, dtype=torch.int64, device=device),
+                ws_f, torch.zeros((PAGE_CALLS, SLOTS), dtype=torch.int64, device=device))
+
+
+def reserve(op: str, device: torch.device, n_rows: int, n_cols: int,
+            words: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A pending call's (buffer, records, workspace float slots, int slots) on the current stream's page: the
+    row launch writes the records and workspace; the buffer is final once its page settles."""
+    if op not in _FINISHERS:
+        raise InputError(f"{op}: no deferred finisher; expected one of {', '.join(sorted(_FINISHERS)) or 'none'}")
+    key = _stream_key(op, device)
+    device = torch.device(key[1])  # with its index: the page's stream is that device's
+    page = _PAGES.get(key)
+    if page is not None and (len(page.calls) == PAGE_CALLS or page.rows_used + n_rows > page.rows_cap):
+        _settle(page)
+    if page is None or n_rows > page.rows_cap:  # the old page's memory is freed in stream order
+        page = _PAGES[key] = _new_page(op, device, key[2], words, n_rows)
+    if page.features is None:  # a batch's buffers, fresh: a caller may keep its buffer past the next batch
+        page.features = torch.empty((PAGE_CALLS, len(feature_names(op))), dtype=torch.float64, device=device)
+    k = len(page.calls)
+    off = page.rows_used * words
+    page.calls.append((off, n_rows, n_cols))
+    page.rows_used += n_rows
+    buf = page.features[k]
+    _PENDING[buf.data_ptr()] = page
+    return buf, page.records[off:off + n_rows * words], page.ws_f[k], page.ws_i[k]
+
+
+def pending(buf: torch.Tensor) -> bool:
+    """Whether buf is a deferred call's buffer whose page has not settled yet."""
+    return buf.data_ptr() in _PENDING
+
+
+def when_settled(buf: torch.Tensor, fn: Callable[[], None]) -> None:
+    """Run fn() once buf's finisher is queued (at once if buf is not pending)."""
+    page = _PENDING.get(buf.data_ptr())
+    if page is None:
+        fn()
+    else:
+        page.waiters.append(fn)
+
+
+def settle(buf: torch.Tensor) -> None:
+    """Queue the finisher of buf's page, if buf is pending (no host sync)."""
+    page = _PENDING.get(buf.data_ptr())
+    if page is not None:
+        _settle(page)
+
+
+def settle_all() -> None:
+    """Queue the finisher of every page with pending calls."""
+    for page in list(_PAGES.values()):
+        _settle(page)
+
+
+@contextlib.contextmanager
+def _on_stream(page: Page) -> Iterator[None]:
+    """The page's stream made current (launches and copies go where its calls went)."""
+    if page.device.type != "cuda":
+        yield
+        return
+    with torch.cuda.device(page.device):
+        cur = torch._C._cuda_getCurrentRawStream(page.device.index)
+        if cur == page.stream:
+            yield
+        else:
+            with torch.cuda.stream(torch.cuda.ExternalStream(page.stream, device=page.device)):
+                yield
+
+
+def _settle(page: Page) -> None:
+    if not page.calls:
+        return
+    calls, waiters, features = page.calls, page.waiters, page.features
+    page.calls, page.waiters, page.features, page.rows_used = [], [], None, 0
+    for k in range(len(calls)):
+        _PENDING.pop(features[k].data_ptr(), None)
+    with _on_stream(page):
+        host = torch.tensor(calls, dtype=torch.int64)
+        if page.device.type == "cuda":
+            host = host.pin_memory()  # an async copy; the caching host allocator keeps it until the copy ran
+        _FINISHERS[page.op](page, features, host.to(page.device, non_blocking=True))
+        for fn in waiters:
+            fn()
+
+
+def leftover() -> tuple[int, int]:
+    """(record words off the sentinel, workspace slots off their identities) over every page: 0 once settled
+    (and the finishers ran). One device sync."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    words = slots = 0
+    for page in _PAGES.values():
+        words += int((page.records != SENTINEL).sum())
+        idents = torch.tensor(workspace_identities(page.op) * 2, dtype=torch.float64, device=page.device)
+        slots += int((page.ws_f != idents).sum()) + int((page.ws_i != 0).sum())
+    return words, slots
