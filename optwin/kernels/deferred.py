@@ -15,12 +15,12 @@ Engine's amax history is the same trade: per-step records, one reduction later).
 
 A page belongs to one (op, device, stream), as the workspace and row records do (sketch_buffer), and is
 settled on that stream, so stream order makes every record written before the finisher reads it. It holds,
-per call: its records (rows * words int64 words at a row offset of the page's records, left at the sentinel
-by the finisher), its own workspace (flagged rows' atomics; back at the identities after the finisher) and
-its row of the page's features (the call's buffer, a view). The call's (record offset, rows, columns) go to
-the device with the settle, in one pinned copy.
+per call slot: rows_cap rows of records (left at the sentinel by the finisher), its own workspace (flagged
+rows' atomics; back at the identities after the finisher) and its row of the batch's features (the call's
+buffer). The calls' (record offset, rows, columns) go to the device with the settle, in one pinned copy.
 
-A page settles when it is full (PAGE_CALLS calls, or rows past its records), when a pending buffer is read
+A page settles when its slots are full (PAGE_CALLS; fewer where MAX_PAGE_WORDS would be passed), before a
+call with more rows than its slots hold (which gets a new page), when a pending buffer is read
 (sketch_buffer.reduce_sketch), and on settle_all(). Waiters registered with when_settled run right after
 the finisher is queued (the monitor queues its device-to-host copy there). Launches inside CUDA graph
 capture never defer (a replay runs no host code: nothing would settle it); the launchers check.
@@ -46,41 +46,49 @@ from optwin.kernels.sketch_buffer import (
 )
 
 PAGE_CALLS = 16  # calls a page holds before it settles (the finisher's cost is paid once per this many)
-MIN_PAGE_ROWS = 1 << 16  # rows of records a page starts with (1 MB at two words a row)
+MIN_PAGE_ROWS = 1 << 12  # rows of records a page keeps per call at least
+MAX_PAGE_WORDS = 1 << 22  # record words a page holds at most (32 MB): fewer calls a page for the longest launches
 
-# op -> finish(page, features, desc): launches the op's batched finisher over a settling batch of calls, whose
-# buffers are the rows of features (float64 (PAGE_CALLS, features)) and whose (record word offset, rows, columns)
-# are desc's rows (int64 (calls, 3) on the device)
-_FINISHERS: dict[str, Callable[["Page", torch.Tensor, torch.Tensor], None]] = {}
+# op -> finish(page, features, desc, calls): launches the op's batched finisher over a settling batch of `calls`
+# calls, whose buffers are the first rows of features (float64 (calls_cap, features)) and whose (record word
+# offset, rows, columns) are desc's first rows (int64 (calls_cap, 3) on the device)
+_FINISHERS: dict[str, Callable[["Page", torch.Tensor, torch.Tensor, int], None]] = {}
 
 
 @dataclass
 class Page:
-    """One (op, device, stream)'s pending calls and the device memory they write."""
+    """One (op, device, stream)'s pending calls and the device memory they write: each call a slot of
+    rows_cap rows' records, its own workspace row and its row of the batch's features. Every per-slot view
+    is made once (a view costs microseconds of host time, which a sketched launch cannot spare)."""
 
     op: str
     device: torch.device
     stream: int  # the raw CUDA stream handle (0 on the CPU)
     words: int  # record words per row
-    records: torch.Tensor  # int64 (rows_cap * words,), SENTINEL where no pending call wrote
-    ws_f: torch.Tensor  # float64 (PAGE_CALLS, 2 * SLOTS): each call's workspace float slots and identities
-    ws_i: torch.Tensor  # int64 (PAGE_CALLS, SLOTS)
-    features: torch.Tensor | None = None  # float64 (PAGE_CALLS, features): this batch's buffers
+    rows_cap: int  # rows a call may have on this page
+    records: torch.Tensor  # int64 (calls_cap, rows_cap * words), SENTINEL where no pending call wrote
+    ws_f: torch.Tensor  # float64 (calls_cap, 2 * SLOTS): each call's workspace float slots and identities
+    ws_i: torch.Tensor  # int64 (calls_cap, SLOTS)
+    desc_host: torch.Tensor  # int64 (calls_cap, 3), pinned on CUDA: the settling calls' (offset, rows, columns)
+    desc: torch.Tensor  # the same on the device
+    slots: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)  # per slot views
+    features: torch.Tensor | None = None  # float64 (calls_cap, features): this batch's buffers
+    buffers: list[torch.Tensor] = field(default_factory=list)  # its rows
     calls: list[tuple[int, int, int]] = field(default_factory=list)  # (record word offset, rows, columns)
-    rows_used: int = 0
     waiters: list[Callable[[], None]] = field(default_factory=list)
+    copied: torch.cuda.Event | None = None  # the last settle's copy out of desc_host
 
     @property
-    def rows_cap(self) -> int:
-        return self.records.numel() // self.words
+    def calls_cap(self) -> int:
+        return self.records.shape[0]
 
 
 _PAGES: dict[tuple[str, str, int], Page] = {}
 _PENDING: dict[int, Page] = {}  # data_ptr of a pending buffer -> its page
 
 
-def register_finisher(op: str, finish: Callable[[Page, torch.Tensor, torch.Tensor], None]) -> None:
-    """`finish(page, features, desc)`: launch op's finisher over a settling batch (see _FINISHERS)."""
+def register_finisher(op: str, finish: Callable[[Page, torch.Tensor, torch.Tensor, int], None]) -> None:
+    """`finish(page, features, desc, calls)`: launch op's finisher over a settling batch (see _FINISHERS)."""
     _FINISHERS[op] = finish
 
 
@@ -89,39 +97,49 @@ def capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-def _new_page(op: str, device: torch.device, stream: int, words: int, rows: int) -> Page:
+def _new_page(op: str, key: tuple[str, str, int], words: int, n_rows: int) -> Page:
+    device = torch.device(key[1])  # with its index: the page's stream is that device's
+    rows_cap = _capacity(max(n_rows, MIN_PAGE_ROWS))
+    calls_cap = max(1, min(PAGE_CALLS, MAX_PAGE_WORDS // (rows_cap * words)))
     idents = workspace_identities(op)
-    ws_f = torch.zeros((PAGE_CALLS, 2 * SLOTS), dtype=torch.float64, device=device)
+    ws_f = torch.zeros((calls_cap, 2 * SLOTS), dtype=torch.float64, device=device)
     for k, v in enumerate(idents + idents):  # on the device, as sketch_buffer.workspace fills its slots
         if v != 0.0:
             ws_f[:, k].fill_(v)
-    return Page(op, device, stream, words,
-                torch.full((_capacity(max(rows, MIN_PAGE_ROWS)) * words,), SENTINEL, dtype=torch.int64, device=device),
-                ws_f, torch.zeros((PAGE_CALLS, SLOTS), dtype=torch.int64, device=device))
+    ws_i = torch.zeros((calls_cap, SLOTS), dtype=torch.int64, device=device)
+    records = torch.full((calls_cap, rows_cap * words), SENTINEL, dtype=torch.int64, device=device)
+    cuda = device.type == "cuda"
+    desc_host = torch.zeros((calls_cap, 3), dtype=torch.int64, pin_memory=cuda)
+    page = Page(op, device, key[2], words, rows_cap, records, ws_f, ws_i, desc_host,
+                desc_host.to(device) if cuda else desc_host)
+    page.slots = list(zip(records.unbind(0), ws_f.unbind(0), ws_i.unbind(0)))
+    return page
 
 
 def reserve(op: str, device: torch.device, n_rows: int, n_cols: int,
             words: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """A pending call's (buffer, records, workspace float slots, int slots) on the current stream's page: the
     row launch writes the records and workspace; the buffer is final once its page settles."""
-    if op not in _FINISHERS:
-        raise InputError(f"{op}: no deferred finisher; expected one of {', '.join(sorted(_FINISHERS)) or 'none'}")
     key = _stream_key(op, device)
-    device = torch.device(key[1])  # with its index: the page's stream is that device's
     page = _PAGES.get(key)
-    if page is not None and (len(page.calls) == PAGE_CALLS or page.rows_used + n_rows > page.rows_cap):
+    if page is not None and len(page.calls) == page.calls_cap:
         _settle(page)
-    if page is None or n_rows > page.rows_cap:  # the old page's memory is freed in stream order
-        page = _PAGES[key] = _new_page(op, device, key[2], words, n_rows)
+    if page is None or n_rows > page.rows_cap or page.words != words:
+        if op not in _FINISHERS:
+            raise InputError(f"{op}: no deferred finisher; expected one of {', '.join(sorted(_FINISHERS)) or 'none'}")
+        if page is not None:
+            _settle(page)  # its memory is freed in stream order, after its finisher
+        page = _PAGES[key] = _new_page(op, key, words, n_rows)
     if page.features is None:  # a batch's buffers, fresh: a caller may keep its buffer past the next batch
-        page.features = torch.empty((PAGE_CALLS, len(feature_names(op))), dtype=torch.float64, device=device)
+        page.features = torch.empty((page.calls_cap, len(feature_names(op))), dtype=torch.float64,
+                                    device=page.device)
+        page.buffers = list(page.features.unbind(0))
     k = len(page.calls)
-    off = page.rows_used * words
-    page.calls.append((off, n_rows, n_cols))
-    page.rows_used += n_rows
-    buf = page.features[k]
+    page.calls.append((k * page.rows_cap * words, n_rows, n_cols))
+    buf = page.buffers[k]
     _PENDING[buf.data_ptr()] = page
-    return buf, page.records[off:off + n_rows * words], page.ws_f[k], page.ws_i[k]
+    records, ws_f, ws_i = page.slots[k]
+    return buf, records, ws_f, ws_i
 
 
 def pending(buf: torch.Tensor) -> bool:
@@ -169,15 +187,20 @@ def _on_stream(page: Page) -> Iterator[None]:
 def _settle(page: Page) -> None:
     if not page.calls:
         return
-    calls, waiters, features = page.calls, page.waiters, page.features
-    page.calls, page.waiters, page.features, page.rows_used = [], [], None, 0
-    for k in range(len(calls)):
-        _PENDING.pop(features[k].data_ptr(), None)
+    calls, waiters, features, buffers = page.calls, page.waiters, page.features, page.buffers
+    page.calls, page.waiters, page.features, page.buffers = [], [], None, []
+    for b in buffers[:len(calls)]:
+        _PENDING.pop(b.data_ptr(), None)
+    n = len(calls)
     with _on_stream(page):
-        host = torch.tensor(calls, dtype=torch.int64)
-        if page.device.type == "cuda":
-            host = host.pin_memory()  # an async copy; the caching host allocator keeps it until the copy ran
-        _FINISHERS[page.op](page, features, host.to(page.device, non_blocking=True))
+        if page.copied is not None:
+            page.copied.synchronize()  # the last settle's copy has read desc_host (long done: a page apart)
+        page.desc_host.numpy()[:n] = calls
+        if page.desc is not page.desc_host:
+            page.desc.copy_(page.desc_host, non_blocking=True)
+            page.copied = torch.cuda.Event()
+            page.copied.record()
+        _FINISHERS[page.op](page, features, page.desc, n)
         for fn in waiters:
             fn()
 

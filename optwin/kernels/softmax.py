@@ -888,14 +888,13 @@ def _softmax_launch(
     in this launch; not inside CUDA graph capture).
     Returns the buffer the sketch goes to: buf, with defer a pending page buffer or a new one, or None."""
     n_rows, n = x2.shape
-    if defer:
-        if buf is not None:
-            raise InputError("softmax: defer makes its own sketch buffer; pass buf=None")
-        buf = new_buffer("softmax", x2.device)  # replaced by a page's where the launch defers
+    if defer and buf is not None:
+        raise InputError("softmax: defer makes its own sketch buffer; pass buf=None")
     if n > MAX_BLOCK or piece is not None:  # past what a program holds (or asked for): the chunked kernel
+        buf = new_buffer("softmax", x2.device) if defer else buf
         softmax_long_launch(x2, y2, buf, PEAK_NATS, num_warps, maxnreg, piece)
         return buf
-    sketch = buf is not None
+    sketch = buf is not None or defer
     if n_rows == 0 and not sketch:
         return buf
     align = column_multiple(n, x2.stride(0), y2.stride(0))
@@ -930,7 +929,10 @@ def _softmax_launch(
     key = ("softmax", x2.dtype, y2.dtype, block, warps, st, sketch, var, fuse, cap, kp, even, packed, probe, align,
            win, by_row)
     extra = register_cap(cap)
+    # a sketch buffer made only now: a deferred call's is its page's (its host time counts: bench/deferred_finish.py)
     defer = defer and by_row and n_rows > 0 and timestamps is None and not deferred.capturing()
+    if sketch and not defer and buf is None:
+        buf = new_buffer("softmax", x2.device)
     if defer:  # a program per row, its records to a page; the page's finisher runs later
         buf, m, f, i = deferred.reserve("softmax", x2.device, n_rows, n, words=2)
         grid = n_rows

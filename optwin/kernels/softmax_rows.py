@@ -173,10 +173,10 @@ def _finish_deferred_kernel(S_ptr, F_ptr, I_ptr, M_ptr, D_ptr, FEATURES: tl.cons
                         n_cols, POLL, M_ptr)
 
 
-def finish_deferred(page: deferred.Page, features: torch.Tensor, desc: torch.Tensor) -> None:
+def finish_deferred(page: deferred.Page, features: torch.Tensor, desc: torch.Tensor, calls: int) -> None:
     """optwin.kernels.deferred's finisher for softmax: a program per settling call, at the warps of the row
     launches whose records it reads (8 at ROWS_BLOCKS), so each poll spreads as the in-launch finisher's does."""
-    launch(_finish_deferred_kernel, (desc.shape[0],), features, page.ws_f, page.ws_i, page.records, desc,
+    launch(_finish_deferred_kernel, (calls,), features, page.ws_f, page.ws_i, page.records, desc,
            FEATURES=features.shape[1], POLL=RECORD_POLL, num_warps=8)
 
 

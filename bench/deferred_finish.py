@@ -1,0 +1,162 @@
+"""softmax's deferred finishing (optwin.kernels.deferred) against the row launch with its finisher program and
+the launch without the sketch, timed side by side in interleaved rounds, with a GPU check of its features.
+
+    python bench/deferred_finish.py                                   # writes $OUT/deferred_finish.md
+    BENCH_SHAPES=4096x16384,8192x8192 BENCH_ROUNDS=7 python bench/deferred_finish.py
+    TRITON_INTERPRET=1 python bench/deferred_finish.py --smoke        # CPU dry run, small shapes, no timing
+
+Timing, per shape and input (bench/gpu_kernels.py's softmax inputs: random with a masked column, and HF's
+finfo.min mask), µs per call, median over interleaved rounds:
+- flushed: triton.testing.do_bench(return_mode="mean"), L2 flushed before each call. The deferred entry's
+  mean takes in the finisher launches of the pages its calls filled (one per deferred.PAGE_CALLS calls): the
+  finisher's cost, amortized, is in the number (a median would leave those calls out).
+- back to back: 64 calls between two events, no flush (how a model's layers run them), settles included.
+- host: µs of the host's launch path per call (2000 launches of 64 rows of the shape's width, the GPU idle
+  behind them), the deferred entry's page bookkeeping and settles included.
+Check (every shape): per input, and on rows with NaN / inf, the deferred features are the in-launch
+finisher's bit for bit and y is the same; after settle_all every page's records and workspace are back at
+rest (deferred.leftover()).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for `optwin`
+sys.path.insert(1, str(Path(__file__).resolve().parent))
+
+import torch
+from _bench_common import watchdog, write_report
+from gpu_kernels import OPS
+
+from optwin.kernels import deferred, read_sketch
+from optwin.kernels.sketch_buffer import new_buffer
+from optwin.kernels.softmax import _softmax_launch
+
+SMOKE = "--smoke" in sys.argv
+DEV = "cpu" if SMOKE else "cuda"
+SHAPES = [tuple(int(v) for v in s.split("x")) for s in
+          os.environ.get("BENCH_SHAPES", "48x64" if SMOKE else "4096x16384,8192x8192").split(",")]
+DTYPE = getattr(torch, os.environ.get("BENCH_DTYPE", "bfloat16"))
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "7"))
+INPUTS = ("softmax", "softmax (hf mask)")
+BACK_TO_BACK = 64
+
+
+def _entries(x: torch.Tensor, y: torch.Tensor) -> dict[str, object]:
+    """The three launches over x, each a no-argument callable (rows=True: the row launch at any width)."""
+    buf = new_buffer("softmax", x.device)
+    rows = True if SMOKE else None  # on the GPU the shapes' own default: the row launch at ROWS_BLOCKS
+    return {
+        "no sketch": lambda: _softmax_launch(x, y, None, rows=rows),
+        "finisher in the launch": lambda: _softmax_launch(x, y, buf, rows=rows),
+        "deferred": lambda: _softmax_launch(x, y, None, rows=rows, defer=True),
+    }
+
+
+def _same(a: dict[str, float], b: dict[str, float]) -> bool:
+    return all(a[k] == b[k] or (math.isnan(a[k]) and math.isnan(b[k])) for k in a)
+
+
+def _check(x: torch.Tensor) -> str:
+    """'ok' where the deferred launch's y and features are the in-launch finisher's, bit for bit."""
+    rows = True if SMOKE else None
+    y0, y1 = torch.empty_like(x), torch.empty_like(x)
+    b0 = new_buffer("softmax", x.device)
+    _softmax_launch(x, y0, b0, rows=rows)
+    b1 = _softmax_launch(x, y1, None, rows=rows, defer=True)
+    if not deferred.pending(b1):
+        return "not deferred (no row launch at this width)"
+    want, got = read_sketch("softmax", b0, x.shape), read_sketch("softmax", b1, x.shape)
+    if not torch.equal(y0.view(torch.int16), y1.view(torch.int16)):
+        return "y differs"
+    bad = [k for k in want if not _same({k: want[k]}, {k: got[k]})]
+    return "ok" if not bad else f"features differ: {', '.join(bad)}"
+
+
+def _back_to_back_us(fn) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(BACK_TO_BACK):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / BACK_TO_BACK
+
+
+def _host_us(fn, calls: int = 2000) -> float:
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    us = (time.perf_counter() - t) * 1e6 / calls
+    torch.cuda.synchronize()
+    return us
+
+
+def main() -> None:
+    from triton.testing import do_bench
+
+    g = torch.Generator().manual_seed(5)
+    name = torch.cuda.get_device_name() if not SMOKE else "CPU (TRITON_INTERPRET smoke run)"
+    lines = [f"# softmax: deferred finishing against the finisher in the launch; {name}, {DTYPE}", "",
+             f"Command: `BENCH_SHAPES={','.join(f'{r}x{c}' for r, c in SHAPES)} BENCH_ROUNDS={ROUNDS} "
+             f"python bench/deferred_finish.py`", "",
+             f"deferred.PAGE_CALLS = {deferred.PAGE_CALLS}; µs per call, median over {ROUNDS} interleaved rounds "
+             "(min-max); cost: against the launch without the sketch", ""]
+    checks = []
+    table = ["| shape | input | launch | flushed µs | cost | back to back µs | cost | host µs |",
+             "|---|---|---|---:|---:|---:|---:|---:|"]
+    for shape in SHAPES:
+        for op in INPUTS:
+            inp, _ = OPS[op].make(shape, DTYPE, DEV, g)
+            x = inp["x"].reshape(-1, shape[-1])
+            checks.append(f"| {shape[0]}x{shape[1]} | {op} | {_check(x)} |")
+            if SMOKE:
+                continue
+            y = torch.empty_like(x)
+            entries = _entries(x, y)
+            flushed: dict[str, list[float]] = {k: [] for k in entries}
+            b2b: dict[str, list[float]] = {k: [] for k in entries}
+            for _ in range(ROUNDS):
+                for k, fn in entries.items():
+                    flushed[k].append(do_bench(fn, return_mode="mean") * 1e3)
+                    b2b[k].append(_back_to_back_us(fn))
+            small = x[:64].clone()
+            ys = torch.empty_like(small)
+            host = {k: _host_us(fn) for k, fn in _entries(small, ys).items()}
+            deferred.settle_all()
+            base_f = statistics.median(flushed["no sketch"])
+            base_b = statistics.median(b2b["no sketch"])
+            for k in entries:
+                f, b = statistics.median(flushed[k]), statistics.median(b2b[k])
+                table.append(f"| {shape[0]}x{shape[1]} | {op} | {k} | {f:.1f} ({min(flushed[k]):.1f}-"
+                             f"{max(flushed[k]):.1f}) | {100 * (f / base_f - 1):+.1f}% | {b:.1f} | "
+                             f"{100 * (b / base_b - 1):+.1f}% | {host[k]:.1f} |")
+    # rows with NaN / inf: flagged rows go through each call's own workspace
+    x = torch.randn(512, SHAPES[0][1], generator=g).to(DTYPE).to(DEV)
+    x[3, 5], x[200, 7], x[511, 0] = math.nan, math.inf, -math.inf
+    checks.append(f"| 512x{SHAPES[0][1]} | NaN / inf rows | {_check(x)} |")
+    deferred.settle_all()
+    left = deferred.leftover()
+    checks.append(f"| all | records / workspace slots left off rest after settle_all | "
+                  f"{'ok' if left == (0, 0) else left} |")
+    if not SMOKE:
+        lines += table + [""]
+    lines += ["| shape | input | deferred = finisher in the launch (y and features, bit for bit) |", "|---|---|---|"]
+    lines += checks
+    lines += ["", f"torch {torch.__version__}"]
+    write_report("\n".join(lines) + "\n", "deferred_finish.md")
+
+
+if __name__ == "__main__":
+    if not SMOKE:
+        watchdog()
+    main()
