@@ -2,7 +2,8 @@
 the launch without the sketch, timed side by side in interleaved rounds, with a GPU check of its features.
 
     python bench/deferred_finish.py                                   # writes $OUT/deferred_finish.md
-    BENCH_SHAPES=4096x16384,8192x8192 BENCH_ROUNDS=7 python bench/deferred_finish.py
+    BENCH_SHAPES=4096x16384,8192x8192 BENCH_ROUNDS=7 BENCH_PAGE_CALLS=16 python bench/deferred_finish.py
+    python bench/deferred_finish.py --profile                        # cProfile of the deferred host path
     TRITON_INTERPRET=1 python bench/deferred_finish.py --smoke        # CPU dry run, small shapes, no timing
 
 Timing, per shape and input (bench/gpu_kernels.py's softmax inputs: random with a masked column, and HF's
@@ -46,6 +47,8 @@ DTYPE = getattr(torch, os.environ.get("BENCH_DTYPE", "bfloat16"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "7"))
 INPUTS = ("softmax", "softmax (hf mask)")
 BACK_TO_BACK = 64
+deferred.PAGE_CALLS = int(os.environ.get("BENCH_PAGE_CALLS", deferred.PAGE_CALLS))  # calls a page settles after
+deferred.DESC_RING = int(os.environ.get("BENCH_DESC_RING", deferred.DESC_RING))  # settles before a wait
 
 
 def _entries(x: torch.Tensor, y: torch.Tensor) -> dict[str, object]:
@@ -108,7 +111,7 @@ def main() -> None:
     name = torch.cuda.get_device_name() if not SMOKE else "CPU (TRITON_INTERPRET smoke run)"
     lines = [f"# softmax: deferred finishing against the finisher in the launch; {name}, {DTYPE}", "",
              f"Command: `BENCH_SHAPES={','.join(f'{r}x{c}' for r, c in SHAPES)} BENCH_ROUNDS={ROUNDS} "
-             f"python bench/deferred_finish.py`", "",
+             f"BENCH_PAGE_CALLS={deferred.PAGE_CALLS} BENCH_DESC_RING={deferred.DESC_RING} python bench/deferred_finish.py`", "",
              f"deferred.PAGE_CALLS = {deferred.PAGE_CALLS}; µs per call, median over {ROUNDS} interleaved rounds "
              "(min-max); cost: against the launch without the sketch", ""]
     checks = []
@@ -156,7 +159,32 @@ def main() -> None:
     write_report("\n".join(lines) + "\n", "deferred_finish.md")
 
 
+def profile() -> None:
+    """--profile: cProfile of the host's deferred launch path (2000 launches of 64 rows): top 25 by own time, and
+what the settles, reservations and finisher launches call."""
+    import cProfile
+    import io
+    import pstats
+
+    x = OPS["softmax"].make((64, SHAPES[0][1]), DTYPE, DEV, torch.Generator().manual_seed(5))[0]["x"]
+    x = x.reshape(-1, SHAPES[0][1])
+    y = torch.empty_like(x)
+    fn = _entries(x, y)["deferred"]
+    _host_us(fn, 200)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(2000):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    out = io.StringIO()
+    stats = pstats.Stats(prof, stream=out)
+    stats.sort_stats("tottime").print_stats(25)
+    stats.sort_stats("cumtime").print_callees("_settle|reserve|finish_deferred")
+    write_report(out.getvalue(), "deferred_profile.txt")
+
+
 if __name__ == "__main__":
     if not SMOKE:
         watchdog()
-    main()
+    profile() if "--profile" in sys.argv else main()

@@ -48,6 +48,10 @@ from optwin.kernels.sketch_buffer import (
 PAGE_CALLS = 16  # calls a page holds before it settles (the finisher's cost is paid once per this many)
 MIN_PAGE_ROWS = 1 << 12  # rows of records a page keeps per call at least
 MAX_PAGE_WORDS = 1 << 22  # record words a page holds at most (32 MB): fewer calls a page for the longest launches
+# Pinned descriptor buffers a page cycles through: a settle writes one while the copies out of the others may
+# still be queued (a host that runs pages ahead of the GPU), never waiting for them (a wait per settle, for
+# the copy of the settle before, ran the calls 10-30 µs slower on the H200, bench/deferred_finish.py)
+DESC_RING = 4
 
 # op -> finish(page, features, desc, calls): launches the op's batched finisher over a settling batch of `calls`
 # calls, whose buffers are the first rows of features (float64 (calls_cap, features)) and whose (record word
@@ -69,14 +73,15 @@ class Page:
     records: torch.Tensor  # int64 (calls_cap, rows_cap * words), SENTINEL where no pending call wrote
     ws_f: torch.Tensor  # float64 (calls_cap, 2 * SLOTS): each call's workspace float slots and identities
     ws_i: torch.Tensor  # int64 (calls_cap, SLOTS)
-    desc_host: torch.Tensor  # int64 (calls_cap, 3), pinned on CUDA: the settling calls' (offset, rows, columns)
-    desc: torch.Tensor  # the same on the device
+    desc_host: torch.Tensor  # int64 (DESC_RING, calls_cap, 3), pinned on CUDA: settles' (offset, rows, columns)
+    desc: torch.Tensor  # int64 (calls_cap, 3): what the finisher reads, on the device
     slots: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)  # per slot views
     features: torch.Tensor | None = None  # float64 (calls_cap, features): this batch's buffers
     buffers: list[torch.Tensor] = field(default_factory=list)  # its rows
     calls: list[tuple[int, int, int]] = field(default_factory=list)  # (record word offset, rows, columns)
     waiters: list[Callable[[], None]] = field(default_factory=list)
-    copied: torch.cuda.Event | None = None  # the last settle's copy out of desc_host
+    settles: int = 0  # settles so far: the next one writes desc_host[settles % DESC_RING]
+    copied: list[torch.cuda.Event | None] = field(default_factory=lambda: [None] * DESC_RING)  # each copy's
 
     @property
     def calls_cap(self) -> int:
@@ -92,9 +97,9 @@ def register_finisher(op: str, finish: Callable[[Page, torch.Tensor, torch.Tenso
     _FINISHERS[op] = finish
 
 
-def capturing() -> bool:
-    """Whether the current CUDA stream is being captured into a graph (no deferral there)."""
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+def capturing(device: torch.device) -> bool:
+    """Whether device's current CUDA stream is being captured into a graph (no deferral there)."""
+    return device.type == "cuda" and torch._C._cuda_isCurrentStreamCapturing()
 
 
 def _new_page(op: str, key: tuple[str, str, int], words: int, n_rows: int) -> Page:
@@ -109,9 +114,9 @@ def _new_page(op: str, key: tuple[str, str, int], words: int, n_rows: int) -> Pa
     ws_i = torch.zeros((calls_cap, SLOTS), dtype=torch.int64, device=device)
     records = torch.full((calls_cap, rows_cap * words), SENTINEL, dtype=torch.int64, device=device)
     cuda = device.type == "cuda"
-    desc_host = torch.zeros((calls_cap, 3), dtype=torch.int64, pin_memory=cuda)
+    desc_host = torch.zeros((DESC_RING, calls_cap, 3), dtype=torch.int64, pin_memory=cuda)
     page = Page(op, device, key[2], words, rows_cap, records, ws_f, ws_i, desc_host,
-                desc_host.to(device) if cuda else desc_host)
+                desc_host[0].to(device) if cuda else desc_host[0].clone())
     page.slots = list(zip(records.unbind(0), ws_f.unbind(0), ws_i.unbind(0)))
     return page
 
@@ -192,14 +197,20 @@ def _settle(page: Page) -> None:
     for b in buffers[:len(calls)]:
         _PENDING.pop(b.data_ptr(), None)
     n = len(calls)
+    r = page.settles % DESC_RING
+    page.settles += 1
     with _on_stream(page):
-        if page.copied is not None:
-            page.copied.synchronize()  # the last settle's copy has read desc_host (long done: a page apart)
-        page.desc_host.numpy()[:n] = calls
-        if page.desc is not page.desc_host:
-            page.desc.copy_(page.desc_host, non_blocking=True)
-            page.copied = torch.cuda.Event()
-            page.copied.record()
+        done = page.copied[r]
+        if done is not None and not done.query():
+            done.synchronize()  # DESC_RING settles ahead of the GPU: wait for this buffer's last copy
+        page.desc_host[r].numpy()[:n] = calls
+        if page.device.type == "cuda":
+            page.desc.copy_(page.desc_host[r], non_blocking=True)
+            if done is None:
+                done = page.copied[r] = torch.cuda.Event()
+            done.record()
+        else:
+            page.desc.copy_(page.desc_host[r])
         _FINISHERS[page.op](page, features, page.desc, n)
         for fn in waiters:
             fn()

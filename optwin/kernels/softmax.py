@@ -930,7 +930,7 @@ def _softmax_launch(
            win, by_row)
     extra = register_cap(cap)
     # a sketch buffer made only now: a deferred call's is its page's (its host time counts: bench/deferred_finish.py)
-    defer = defer and by_row and n_rows > 0 and timestamps is None and not deferred.capturing()
+    defer = defer and by_row and n_rows > 0 and timestamps is None and not deferred.capturing(x2.device)
     if sketch and not defer and buf is None:
         buf = new_buffer("softmax", x2.device)
     if defer:  # a program per row, its records to a page; the page's finisher runs later
