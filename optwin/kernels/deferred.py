@@ -45,13 +45,17 @@ from optwin.kernels.sketch_buffer import (
     workspace_identities,
 )
 
-PAGE_CALLS = 16  # calls a page holds before it settles (the finisher's cost is paid once per this many)
+# Calls a page holds before it settles: the settle's host time (its finisher launch and the page's bookkeeping)
+# is paid once per this many. On one H200 host, in one process, 4096x16384 bf16 ran 88.0 µs a call (median of
+# rounds, L2 flushed) at 16 against 76.8 at 64, host-bound (bench/results/deferred_finish_p16|p64_h200_s38.md).
+# A monitor hears of a deferred call when its page settles: at most this many calls of the op on the stream late
+PAGE_CALLS = 64
 MIN_PAGE_ROWS = 1 << 12  # rows of records a page keeps per call at least
 MAX_PAGE_WORDS = 1 << 22  # record words a page holds at most (32 MB): fewer calls a page for the longest launches
 # Pinned descriptor buffers a page cycles through: a settle writes one while the copies out of the others may
-# still be queued (a host that runs pages ahead of the GPU), never waiting for them (a wait per settle, for
-# the copy of the settle before, ran the calls 10-30 µs slower on the H200, bench/deferred_finish.py)
-DESC_RING = 4
+# still be queued (a host that runs pages ahead of the GPU), so a settle waits for the GPU only when the host
+# is DESC_RING settles ahead of it (the first form waited for the settle before's copy every time)
+DESC_RING = 8
 
 # op -> finish(page, features, desc, calls): launches the op's batched finisher over a settling batch of `calls`
 # calls, whose buffers are the first rows of features (float64 (calls_cap, features)) and whose (record word
