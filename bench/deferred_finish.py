@@ -82,6 +82,81 @@ def _check(x: torch.Tensor) -> str:
     return "ok" if not bad else f"features differ: {', '.join(bad)}"
 
 
+def _inputs(g: torch.Generator, count: int, n: int) -> list[torch.Tensor]:
+    """count bf16 inputs of 100-700 rows of n (smoke: 6-22), every third with NaN / inf rows, every fifth
+    HF-masked."""
+    xs = []
+    for k in range(count):
+        x = torch.randn(6 + k % 17 if SMOKE else 100 + 37 * (k % 17), n, generator=g) * (1 + k % 4)
+        if k % 3 == 0:
+            x[k % 5, 3], x[-1, 0] = math.nan, math.inf
+        if k % 5 == 0:
+            x[:, n // 2:] = torch.finfo(torch.bfloat16).min
+        xs.append(x.to(torch.bfloat16).to(DEV))
+    return xs
+
+
+def _agree(pairs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> str:
+    """'ok' where every (x, in-launch buffer, deferred buffer) reads the same features, bit for bit."""
+    bad = [k for k, (x, b0, b1) in enumerate(pairs)
+           if not _same(read_sketch("softmax", b0, x.shape), read_sketch("softmax", b1, x.shape))]
+    return "ok" if not bad else f"calls {bad[:8]} differ"
+
+
+def _many_calls(g: torch.Generator) -> list[str]:
+    """PAGE_CALLS * 2 + 5 deferred calls of mixed rows, every buffer read only at the end (pages settled when
+    full, the last by the reads): the features of each, against its in-launch twin."""
+    n = 64 if SMOKE else SHAPES[0][1]
+    rows = True if SMOKE else None
+    pairs = []
+    for x in _inputs(g, 2 * deferred.PAGE_CALLS + 5 if not SMOKE else 5, n):
+        b0 = new_buffer("softmax", x.device)
+        _softmax_launch(x, torch.empty_like(x), b0, rows=rows)
+        pairs.append((x, b0, _softmax_launch(x, torch.empty_like(x), None, rows=rows, defer=True)))
+    return [f"| mixed rows x{n} | {len(pairs)} calls, read after their pages settled | {_agree(pairs)} |"]
+
+
+def _streams_and_graphs(g: torch.Generator) -> list[str]:
+    """Calls on two side streams at once (a page each), settled from the default stream; and a launch
+    with defer inside CUDA graph capture, which finishes in its own launch (nothing would settle a replay)."""
+    n = SHAPES[0][1]
+    xs = _inputs(g, 12, n)
+    streams = (torch.cuda.Stream(), torch.cuda.Stream())
+    pairs = []
+    for k, x in enumerate(xs):
+        b0 = new_buffer("softmax", x.device)
+        _softmax_launch(x, torch.empty_like(x), b0)
+        s = streams[k % 2]
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            y = torch.empty_like(x)
+            pairs.append((x, b0, _softmax_launch(x, y, None, defer=True)))
+    deferred.settle_all()
+    for s in streams:
+        torch.cuda.current_stream().wait_stream(s)
+    out = [f"| 12 calls x{n} | two side streams, settled from the default one | {_agree(pairs)} |"]
+    x = xs[1]
+    y = torch.empty_like(x)
+    b0 = new_buffer("softmax", x.device)
+    _softmax_launch(x, y, b0)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):  # warm the capture's launch outside it
+            buf = _softmax_launch(x, y, None, defer=True)
+    torch.cuda.current_stream().wait_stream(side)
+    deferred.settle_all()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        buf = _softmax_launch(x, y, None, defer=True)
+    captured_pending = deferred.pending(buf)
+    graph.replay()
+    ok = not captured_pending and _same(read_sketch("softmax", b0, x.shape), read_sketch("softmax", buf, x.shape))
+    out.append(f"| {x.shape[0]}x{n} | defer inside CUDA graph capture: not deferred, the replay's features | "
+               f"{'ok' if ok else 'differ' + (' (deferred in capture)' if captured_pending else '')} |")
+    return out
+
+
 def _back_to_back_us(fn) -> float:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -144,9 +219,13 @@ def main() -> None:
                              f"{max(flushed[k]):.1f}) | {100 * (f / base_f - 1):+.1f}% | {b:.1f} | "
                              f"{100 * (b / base_b - 1):+.1f}% | {host[k]:.1f} |")
     # rows with NaN / inf: flagged rows go through each call's own workspace
-    x = torch.randn(512, SHAPES[0][1], generator=g).to(DTYPE).to(DEV)
-    x[3, 5], x[200, 7], x[511, 0] = math.nan, math.inf, -math.inf
-    checks.append(f"| 512x{SHAPES[0][1]} | NaN / inf rows | {_check(x)} |")
+    n_rows = 40 if SMOKE else 512
+    x = torch.randn(n_rows, SHAPES[0][1], generator=g).to(DTYPE).to(DEV)
+    x[3, 5], x[n_rows // 2, 7], x[n_rows - 1, 0] = math.nan, math.inf, -math.inf
+    checks.append(f"| {n_rows}x{SHAPES[0][1]} | NaN / inf rows | {_check(x)} |")
+    checks += _many_calls(g)
+    if not SMOKE:
+        checks += _streams_and_graphs(g)
     deferred.settle_all()
     left = deferred.leftover()
     checks.append(f"| all | records / workspace slots left off rest after settle_all | "
