@@ -93,7 +93,9 @@ class Page:
 
 
 _PAGES: dict[tuple[str, str, int], Page] = {}
-_PENDING: dict[int, Page] = {}  # data_ptr of a pending buffer -> its page
+# id of a filling batch's features -> (the features, its page): a call's buffer is a view of them (one entry a
+# batch, not a call: a settle then drops one entry, not 64 found by address)
+_PENDING: dict[int, tuple[torch.Tensor, Page]] = {}
 
 
 def register_finisher(op: str, finish: Callable[[Page, torch.Tensor, torch.Tensor, int], None]) -> None:
@@ -143,22 +145,29 @@ def reserve(op: str, device: torch.device, n_rows: int, n_cols: int,
         page.features = torch.empty((page.calls_cap, len(feature_names(op))), dtype=torch.float64,
                                     device=page.device)
         page.buffers = list(page.features.unbind(0))
+        _PENDING[id(page.features)] = (page.features, page)
     k = len(page.calls)
     page.calls.append((k * page.rows_cap * words, n_rows, n_cols))
     buf = page.buffers[k]
-    _PENDING[buf.data_ptr()] = page
     records, ws_f, ws_i = page.slots[k]
     return buf, records, ws_f, ws_i
 
 
+def _page_of(buf: torch.Tensor) -> Page | None:
+    """The page whose unsettled batch buf belongs to, or None."""
+    base = buf._base
+    entry = _PENDING.get(id(base)) if base is not None else None
+    return entry[1] if entry is not None and entry[0] is base else None
+
+
 def pending(buf: torch.Tensor) -> bool:
     """Whether buf is a deferred call's buffer whose page has not settled yet."""
-    return buf.data_ptr() in _PENDING
+    return _page_of(buf) is not None
 
 
 def when_settled(buf: torch.Tensor, fn: Callable[[], None]) -> None:
     """Run fn() once buf's finisher is queued (at once if buf is not pending)."""
-    page = _PENDING.get(buf.data_ptr())
+    page = _page_of(buf)
     if page is None:
         fn()
     else:
@@ -167,7 +176,7 @@ def when_settled(buf: torch.Tensor, fn: Callable[[], None]) -> None:
 
 def settle(buf: torch.Tensor) -> None:
     """Queue the finisher of buf's page, if buf is pending (no host sync)."""
-    page = _PENDING.get(buf.data_ptr())
+    page = _page_of(buf)
     if page is not None:
         _settle(page)
 
@@ -184,22 +193,21 @@ def _on_stream(page: Page) -> Iterator[None]:
     if page.device.type != "cuda":
         yield
         return
-    with torch.cuda.device(page.device):
-        cur = torch._C._cuda_getCurrentRawStream(page.device.index)
-        if cur == page.stream:
-            yield
-        else:
-            with torch.cuda.stream(torch.cuda.ExternalStream(page.stream, device=page.device)):
-                yield
+    idx = page.device.index
+    if torch.cuda.current_device() == idx and torch._C._cuda_getCurrentRawStream(idx) == page.stream:  # no switch
+        yield
+        return
+    with torch.cuda.device(page.device), \
+            torch.cuda.stream(torch.cuda.ExternalStream(page.stream, device=page.device)):
+        yield
 
 
 def _settle(page: Page) -> None:
     if not page.calls:
         return
-    calls, waiters, features, buffers = page.calls, page.waiters, page.features, page.buffers
+    calls, waiters, features = page.calls, page.waiters, page.features
     page.calls, page.waiters, page.features, page.buffers = [], [], None, []
-    for b in buffers[:len(calls)]:
-        _PENDING.pop(b.data_ptr(), None)
+    _PENDING.pop(id(features), None)
     n = len(calls)
     r = page.settles % DESC_RING
     page.settles += 1
