@@ -1,14 +1,12 @@
-"""Deferred finishing (optwin.kernels.deferred) of softmax's row launch or layernorm's Welford launch (BENCH_OP)
-against the launch with its finisher program and the launch without the sketch, timed side by side in
-interleaved rounds, with a GPU check of its features.
+"""softmax's deferred finishing (optwin.kernels.deferred) against the row launch with its finisher program and
+the launch without the sketch, timed side by side in interleaved rounds, with a GPU check of its features.
 
     python bench/deferred_finish.py                                   # writes $OUT/deferred_finish.md
     BENCH_SHAPES=4096x16384,8192x8192 BENCH_ROUNDS=7 BENCH_PAGE_CALLS=16 python bench/deferred_finish.py
     python bench/deferred_finish.py --profile                        # cProfile of the deferred host path
-    BENCH_OP=layernorm BENCH_SHAPES=4096x16384,16384x4096,8192x8192 python bench/deferred_finish.py
     TRITON_INTERPRET=1 python bench/deferred_finish.py --smoke        # CPU dry run, small shapes, no timing
 
-Timing, per shape and input (bench/gpu_kernels.py's inputs; softmax's: random with a masked column, and HF's
+Timing, per shape and input (bench/gpu_kernels.py's softmax inputs: random with a masked column, and HF's
 finfo.min mask), µs per call, median over interleaved rounds:
 - flushed: triton.testing.do_bench(return_mode="mean"), L2 flushed before each call. The deferred entry's
   mean takes in the finisher launches of the pages its calls filled (one per deferred.PAGE_CALLS calls): the
@@ -38,45 +36,29 @@ from _bench_common import watchdog, write_report
 from gpu_kernels import OPS
 
 from optwin.kernels import deferred, read_sketch
-from optwin.kernels.layernorm import _layernorm_launch
 from optwin.kernels.sketch_buffer import new_buffer
 from optwin.kernels.softmax import _softmax_launch
 
 SMOKE = "--smoke" in sys.argv
 DEV = "cpu" if SMOKE else "cuda"
-OP = os.environ.get("BENCH_OP", "softmax")  # or "layernorm" (its Welford launch: rows of 4096 or more)
 SHAPES = [tuple(int(v) for v in s.split("x")) for s in
-          os.environ.get("BENCH_SHAPES", ("48x64" if OP == "softmax" else "8x4096")
-                         if SMOKE else "4096x16384,8192x8192").split(",")]
+          os.environ.get("BENCH_SHAPES", "48x64" if SMOKE else "4096x16384,8192x8192").split(",")]
 DTYPE = getattr(torch, os.environ.get("BENCH_DTYPE", "bfloat16"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "7"))
-INPUTS = {"softmax": ("softmax", "softmax (hf mask)"), "layernorm": ("layernorm",)}[OP]
-ROWS = True if SMOKE else None  # softmax: the row launch forced in the smoke run's narrow rows, else the default
-_PARAMS: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-
-
-def _launch(x: torch.Tensor, y: torch.Tensor, buf: torch.Tensor | None, defer: bool = False) -> torch.Tensor | None:
-    """OP's launch over x (layernorm: with a random weight and bias per width), returning its sketch buffer."""
-    if OP == "softmax":
-        return _softmax_launch(x, y, buf, rows=ROWS, defer=defer)
-    n = x.shape[1]
-    if n not in _PARAMS:
-        g = torch.Generator().manual_seed(n)
-        _PARAMS[n] = tuple(torch.randn(n, generator=g).to(x.dtype).to(x.device) for _ in range(2))
-    w, b = _PARAMS[n]
-    return _layernorm_launch(x, w, b, y, buf, 1e-5, defer=defer)
+INPUTS = ("softmax", "softmax (hf mask)")
 BACK_TO_BACK = 64
 deferred.PAGE_CALLS = int(os.environ.get("BENCH_PAGE_CALLS", deferred.PAGE_CALLS))  # calls a page settles after
 deferred.DESC_RING = int(os.environ.get("BENCH_DESC_RING", deferred.DESC_RING))  # settles before a wait
 
 
 def _entries(x: torch.Tensor, y: torch.Tensor) -> dict[str, object]:
-    """The three launches over x, each a no-argument callable."""
-    buf = new_buffer(OP, x.device)
+    """The three launches over x, each a no-argument callable (rows=True: the row launch at any width)."""
+    buf = new_buffer("softmax", x.device)
+    rows = True if SMOKE else None  # on the GPU the shapes' own default: the row launch at ROWS_BLOCKS
     return {
-        "no sketch": lambda: _launch(x, y, None),
-        "finisher in the launch": lambda: _launch(x, y, buf),
-        "deferred": lambda: _launch(x, y, None, defer=True),
+        "no sketch": lambda: _softmax_launch(x, y, None, rows=rows),
+        "finisher in the launch": lambda: _softmax_launch(x, y, buf, rows=rows),
+        "deferred": lambda: _softmax_launch(x, y, None, rows=rows, defer=True),
     }
 
 
@@ -86,13 +68,14 @@ def _same(a: dict[str, float], b: dict[str, float]) -> bool:
 
 def _check(x: torch.Tensor) -> str:
     """'ok' where the deferred launch's y and features are the in-launch finisher's, bit for bit."""
+    rows = True if SMOKE else None
     y0, y1 = torch.empty_like(x), torch.empty_like(x)
-    b0 = new_buffer(OP, x.device)
-    _launch(x, y0, b0)
-    b1 = _launch(x, y1, None, defer=True)
+    b0 = new_buffer("softmax", x.device)
+    _softmax_launch(x, y0, b0, rows=rows)
+    b1 = _softmax_launch(x, y1, None, rows=rows, defer=True)
     if not deferred.pending(b1):
         return "not deferred (no row launch at this width)"
-    want, got = read_sketch(OP, b0, x.shape), read_sketch(OP, b1, x.shape)
+    want, got = read_sketch("softmax", b0, x.shape), read_sketch("softmax", b1, x.shape)
     if not torch.equal(y0.view(torch.int16), y1.view(torch.int16)):
         return "y differs"
     bad = [k for k in want if not _same({k: want[k]}, {k: got[k]})]
@@ -116,19 +99,20 @@ def _inputs(g: torch.Generator, count: int, n: int) -> list[torch.Tensor]:
 def _agree(pairs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> str:
     """'ok' where every (x, in-launch buffer, deferred buffer) reads the same features, bit for bit."""
     bad = [k for k, (x, b0, b1) in enumerate(pairs)
-           if not _same(read_sketch(OP, b0, x.shape), read_sketch(OP, b1, x.shape))]
+           if not _same(read_sketch("softmax", b0, x.shape), read_sketch("softmax", b1, x.shape))]
     return "ok" if not bad else f"calls {bad[:8]} differ"
 
 
 def _many_calls(g: torch.Generator) -> list[str]:
     """PAGE_CALLS * 2 + 5 deferred calls of mixed rows, every buffer read only at the end (pages settled when
     full, the last by the reads): the features of each, against its in-launch twin."""
-    n = SHAPES[0][1]
+    n = 64 if SMOKE else SHAPES[0][1]
+    rows = True if SMOKE else None
     pairs = []
     for x in _inputs(g, 2 * deferred.PAGE_CALLS + 5 if not SMOKE else 5, n):
-        b0 = new_buffer(OP, x.device)
-        _launch(x, torch.empty_like(x), b0)
-        pairs.append((x, b0, _launch(x, torch.empty_like(x), None, defer=True)))
+        b0 = new_buffer("softmax", x.device)
+        _softmax_launch(x, torch.empty_like(x), b0, rows=rows)
+        pairs.append((x, b0, _softmax_launch(x, torch.empty_like(x), None, rows=rows, defer=True)))
     return [f"| mixed rows x{n} | {len(pairs)} calls, read after their pages settled | {_agree(pairs)} |"]
 
 
@@ -140,34 +124,34 @@ def _streams_and_graphs(g: torch.Generator) -> list[str]:
     streams = (torch.cuda.Stream(), torch.cuda.Stream())
     pairs = []
     for k, x in enumerate(xs):
-        b0 = new_buffer(OP, x.device)
-        _launch(x, torch.empty_like(x), b0)
+        b0 = new_buffer("softmax", x.device)
+        _softmax_launch(x, torch.empty_like(x), b0)
         s = streams[k % 2]
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
             y = torch.empty_like(x)
-            pairs.append((x, b0, _launch(x, y, None, defer=True)))
+            pairs.append((x, b0, _softmax_launch(x, y, None, defer=True)))
     deferred.settle_all()
     for s in streams:
         torch.cuda.current_stream().wait_stream(s)
     out = [f"| 12 calls x{n} | two side streams, settled from the default one | {_agree(pairs)} |"]
     x = xs[1]
     y = torch.empty_like(x)
-    b0 = new_buffer(OP, x.device)
-    _launch(x, y, b0)
+    b0 = new_buffer("softmax", x.device)
+    _softmax_launch(x, y, b0)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(2):  # warm the capture's launch outside it
-            buf = _launch(x, y, None, defer=True)
+            buf = _softmax_launch(x, y, None, defer=True)
     torch.cuda.current_stream().wait_stream(side)
     deferred.settle_all()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        buf = _launch(x, y, None, defer=True)
+        buf = _softmax_launch(x, y, None, defer=True)
     captured_pending = deferred.pending(buf)
     graph.replay()
-    ok = not captured_pending and _same(read_sketch(OP, b0, x.shape), read_sketch(OP, buf, x.shape))
+    ok = not captured_pending and _same(read_sketch("softmax", b0, x.shape), read_sketch("softmax", buf, x.shape))
     out.append(f"| {x.shape[0]}x{n} | defer inside CUDA graph capture: not deferred, the replay's features | "
                f"{'ok' if ok else 'differ' + (' (deferred in capture)' if captured_pending else '')} |")
     return out
@@ -200,8 +184,8 @@ def main() -> None:
 
     g = torch.Generator().manual_seed(5)
     name = torch.cuda.get_device_name() if not SMOKE else "CPU (TRITON_INTERPRET smoke run)"
-    lines = [f"# {OP}: deferred finishing against the finisher in the launch; {name}, {DTYPE}", "",
-             f"Command: `BENCH_OP={OP} BENCH_DTYPE={str(DTYPE).split('.')[-1]} BENCH_SHAPES={','.join(f'{r}x{c}' for r, c in SHAPES)} BENCH_ROUNDS={ROUNDS} "
+    lines = [f"# softmax: deferred finishing against the finisher in the launch; {name}, {DTYPE}", "",
+             f"Command: `BENCH_SHAPES={','.join(f'{r}x{c}' for r, c in SHAPES)} BENCH_ROUNDS={ROUNDS} "
              f"BENCH_PAGE_CALLS={deferred.PAGE_CALLS} BENCH_DESC_RING={deferred.DESC_RING} python bench/deferred_finish.py`", "",
              f"deferred.PAGE_CALLS = {deferred.PAGE_CALLS}; µs per call, median over {ROUNDS} interleaved rounds "
              "(min-max); cost: against the launch without the sketch", ""]
@@ -261,7 +245,7 @@ what the settles, reservations and finisher launches call."""
     import io
     import pstats
 
-    x = OPS[OP].make((64, SHAPES[0][1]), DTYPE, DEV, torch.Generator().manual_seed(5))[0]["x"]
+    x = OPS["softmax"].make((64, SHAPES[0][1]), DTYPE, DEV, torch.Generator().manual_seed(5))[0]["x"]
     x = x.reshape(-1, SHAPES[0][1])
     y = torch.empty_like(x)
     fn = _entries(x, y)["deferred"]

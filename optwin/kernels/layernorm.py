@@ -314,8 +314,8 @@ def _layernorm_launch(
     per_sm: int | None = None, keep: int | None = None, chunk: int | None = None, maxnreg: int | None = None,
     const_n: bool = False, welford: bool | None = None, poll: int | None = None, probe: int = 0,
     welford_chunk: int | None = None, prefetch: float | None = None, packed: bool | None = None,
-    timestamps: torch.Tensor | None = None, defer: bool = False,
-) -> torch.Tensor | None:
+    timestamps: torch.Tensor | None = None,
+) -> None:
     """Rows twin.numerics.welford_chunk takes: the Welford kernel, a program per row (_welford_launch;
     `welford` forces it on or off, `welford_chunk` its chunk, `poll` its finisher's poll, `probe` the
     bench's timing knob, `prefetch` its rows of L2 prefetch ahead, `packed` its max |x| on element
@@ -326,20 +326,16 @@ def _layernorm_launch(
     kernel, TRITON_CHUNK wide by default (part of the numerics: the twin's lanes).
     num_warps / stages / per_sm / keep / chunk / maxnreg (registers per thread) / const_n (the chunked
     kernel compiled for this row length) override the tuned launch (the bench's sweep; num_warps
-    changes the tl.sum trees; any but num_warps takes the row-in-registers kernels). defer (buf None): the Welford
-    launch's finisher runs later, batched (optwin.kernels.deferred); the other launches finish in the launch.
-    Returns the buffer the sketch goes to: buf, with defer a pending page buffer or a new one, or None."""
+    changes the tl.sum trees; any but num_warps takes the row-in-registers kernels)."""
     n_rows, n = x2.shape
-    if defer and buf is not None:
-        raise InputError("layernorm: defer makes its own sketch buffer; pass buf=None")
-    overrides = (stages, per_sm, keep, chunk)
-    if (_welford_rule(n) and all(o is None for o in overrides) if welford is None else welford):
-        return _welford_launch(x2, weight, bias, y2, buf, eps, num_warps, poll, maxnreg, probe, welford_chunk,
-                               prefetch, packed, timestamps, defer)
-    buf = new_buffer("layernorm", x2.device) if defer else buf
     sketch = buf is not None
     if n_rows == 0 and not sketch:
-        return buf
+        return
+    overrides = (stages, per_sm, keep, chunk)
+    if (_welford_rule(n) and all(o is None for o in overrides) if welford is None else welford):
+        _welford_launch(x2, weight, bias, y2, buf, eps, num_warps, poll, maxnreg, probe, welford_chunk, prefetch,
+                       packed, timestamps)
+        return
     if timestamps is not None:
         raise InputError("layernorm: timestamps (PROBE 131072) are the Welford launch's only")
     f, i = workspace("layernorm", x2.device) if sketch else (y2, y2)
@@ -353,7 +349,7 @@ def _layernorm_launch(
             ALIGN=align, num_warps=warps, enable_fp_fusion=False,
         )
         note_occupancy(key, k, warps)
-        return buf
+        return
     block, warps, st, cap = launch_config("layernorm", n, num_warps, stages, maxnreg=maxnreg, sketch=sketch,
                                    esize=x2.element_size())
     vec, lanes = lane_shape(block, x2.element_size(), warps)
@@ -369,7 +365,6 @@ def _layernorm_launch(
         num_warps=warps, enable_fp_fusion=False, **regs,
     )
     note_occupancy(key, k, warps)
-    return buf
 
 
 _ZERO_BIAS: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
@@ -385,15 +380,12 @@ def _zero_bias(weight: torch.Tensor) -> torch.Tensor:
 
 
 def layernorm(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float = EPS, sketch: bool = True,
-    defer: bool = False,
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float = EPS, sketch: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(layer norm of x over the last dim with weight and bias, sketch features or None), x's dtype.
     bias None is a zero bias (nn.LayerNorm(bias=False)): the same y as x*w + 0 in the kernel's fma.
 
-    Read the features with optwin.kernels.read_sketch("layernorm", buf). defer: where the launch runs a
-    program per row (the Welford launch), its finisher runs later, batched with other calls'
-    (optwin.kernels.deferred); buf is then pending until read_sketch or deferred.settle_all().
+    Read the features with optwin.kernels.read_sketch("layernorm", buf).
     """
     if bias is None:
         bias = _zero_bias(weight)
@@ -401,6 +393,6 @@ def layernorm(
     check_rows("layernorm", x, weight=weight, bias=bias)
     x2 = rows_view(x)  # (rows, hidden)
     y2 = torch.empty(x2.shape, dtype=x.dtype, device=x.device)  # (rows, hidden)
-    buf = new_buffer("layernorm", x.device) if sketch and not defer else None
-    buf = _layernorm_launch(x2, weight.contiguous(), bias.contiguous(), y2, buf, float(eps), defer=sketch and defer)
+    buf = new_buffer("layernorm", x.device) if sketch else None
+    _layernorm_launch(x2, weight.contiguous(), bias.contiguous(), y2, buf, float(eps))
     return y2.reshape(x.shape), buf

@@ -52,7 +52,7 @@ import triton
 import triton.language as tl
 
 from optwin.errors import InputError
-from optwin.kernels import _common, deferred
+from optwin.kernels import _common
 from optwin.kernels._common import (
     FMAX,
     INTERPRET,
@@ -60,7 +60,6 @@ from optwin.kernels._common import (
     MAX_BLOCK,
     RECORD_FLAG_HI,
     RECORD_POLL,
-    WS_SLOTS,
     acquire_flagged,
     globaltimer,
     max_sum_max_min,
@@ -81,12 +80,11 @@ from optwin.kernels.layernorm_sketch import (
     _could_be_constant,
     _merge_partials,
     _param_features,
-    _param_partials,
     _ratio,
     _store_own_features,
 )
 from optwin.kernels.packed16 import abs_max_pairs
-from optwin.kernels.sketch_buffer import RATIO_CAP, new_buffer, row_records, workspace
+from optwin.kernels.sketch_buffer import RATIO_CAP, row_records, workspace
 from optwin.twin.numerics import welford_chunk as _welford_rule
 
 # The Welford launch: twin.numerics.welford_chunk's chunk (numerics), 8 elements (one 16-byte bf16
@@ -177,8 +175,6 @@ def _layernorm_welford_kernel(
     PACKED: tl.constexpr,  # x is 16-bit: max |x| two elements an instruction (_abs_max_step)
     PF_BYTES: tl.constexpr = 0,  # bytes of a row to prefetch into L2 (_common.prefetch_row); 0: none
     pf_ahead=0,  # the row prefetched is pf_ahead rows past this program's
-    DEFER: tl.constexpr = False,  # SKETCH without the finisher (optwin.kernels.deferred): FINISHER_FIRST False, grid
-    # n_rows; row 0's program stores the weight's and bias's features (S) and NaN/±inf count (workspace slot 2)
     PROBE: tl.constexpr = 0,  # bench only (the sketch is then wrong), bits: 1 no max |h|, 2 no records (no polls), 4 no flagged path,
     # 131072 globaltimer stamps into T_ptr (the sketch stays right; bench/finisher_timeline.py)
 ):
@@ -198,9 +194,6 @@ def _layernorm_welford_kernel(
         if PROBE // 131072 % 2 == 1:
             tl.store(T_ptr + row, globaltimer(row))
         prefetch_row(X_ptr, row, pf_ahead, n_rows, X_row_stride, PF_BYTES)
-        if DEFER:  # noqa: SIM102 - a constexpr branch
-            if row == 0:  # the parameters' features, which the in-launch finisher takes while the rows run
-                _param_partials(W_ptr, B_ptr, S_ptr, I_ptr, tl.arange(0, EXACT_CHUNK), N, EXACT_CHUNK)
         X_row = X_ptr + row * X_row_stride
         xr = tl.load(X_row + cols, eviction_policy="evict_last")
         mean = xr.to(tl.float32)  # count 1: mean = h, M2 = 0
@@ -263,76 +256,45 @@ def _layernorm_welford_kernel(
             tl.store(T_ptr + n_rows + row, globaltimer(row))
     else:  # the finisher: the parameters' partials while rows run, then the records in row order
         param_nf = _param_features(W_ptr, B_ptr, S_ptr, tl.arange(0, EXACT_CHUNK), N, EXACT_CHUNK)
-        _finish_records(S_ptr, M_ptr, T_ptr, F_ptr, I_ptr, n_rows, N, param_nf, POLL, CAP,
-                        PROBE // 2 % 2 == 0, PROBE // 131072 % 2 == 1)
-
-
-@triton.jit
-def _finish_records(S_ptr, M_ptr, T_ptr, F_ptr, I_ptr, n_rows, n_cols, param_nf, POLL: tl.constexpr,
-                    CAP: tl.constexpr, POLLS: tl.constexpr = True, STAMPS: tl.constexpr = False):
-    """The finisher's reduction: every row's two record words polled in row order (POLL at once), the flagged
-    rows' workspace partials added, the features stored (the weight's and bias's largest |value| are already
-    in S; param_nf is their NaN/±inf count). The in-launch finisher's, and the deferred one's (optwin.kernels
-    .deferred). POLLS False (PROBE 2, bench only): none read. STAMPS (PROBE 131072): each poll's arrival and the
-    end as globaltimer stamps into T_ptr."""
-    v_amax = tl.zeros([POLL], dtype=tl.float32)  # per row slot across the polls, reduced at the end
-    v_sq = tl.zeros([POLL], dtype=tl.float64)
-    v_ratio = tl.zeros([POLL], dtype=tl.float32)
-    v_minstd = tl.full([POLL], float("inf"), tl.float32)
-    first_flagged = n_rows
-    for r0 in range(0, n_rows if POLLS else 0, POLL):
-        lo, hi = poll_records(M_ptr, r0, n_rows, POLL, 2)
-        if STAMPS:  # when this poll's records were all in
-            tl.store(T_ptr + 2 * n_rows + r0 // POLL, globaltimer(r0))
-        mean_bits, amax_bits = tl.split(lo)  # word 0 = (mean, var), word 1 = (max |h|, sum h*h or the flag)
-        var_bits, tag = tl.split(hi)
-        sf = tl.sqrt(var_bits.to(tl.float32, bitcast=True))
-        ratio = _ratio(mean_bits.to(tl.float32, bitcast=True), sf, -1.0, CAP)
-        rows = r0 + tl.arange(0, POLL)
-        flagged = tag == RECORD_FLAG_HI
-        plain = (rows < n_rows) & ~flagged
-        v_amax = tl.maximum(v_amax, tl.where(plain, amax_bits.to(tl.float32, bitcast=True), 0.0))
-        v_sq += tl.where(plain, tag.to(tl.float32, bitcast=True), 0.0).to(tl.float64)
-        v_ratio = tl.maximum(v_ratio, tl.where(plain, ratio, 0.0))
-        v_minstd = tl.minimum(v_minstd, tl.where(plain, sf, float("inf")))
-        first_flagged = tl.minimum(first_flagged, acquire_flagged(M_ptr, flagged, rows, n_rows, 2))
-    m_amax, s_sq, m_ratio, m_minstd = max_sum_max_min(v_amax, v_sq, v_ratio, v_minstd)
-    g_amax, g_sq, g_ratio, g_minstd = m_amax.to(tl.float64), s_sq, m_ratio.to(tl.float64), m_minstd.to(tl.float64)
-    g_const = tl.zeros((), dtype=tl.float64)
-    g_nf = tl.zeros((), dtype=tl.int64)
-    if first_flagged < n_rows:  # the flagged rows' partials; untouched, the workspace is still at its identities
-        g_amax = tl.maximum(g_amax, read_slot(F_ptr + 0))
-        g_sq += read_slot(F_ptr + 1)
-        g_ratio = tl.maximum(g_ratio, read_slot(F_ptr + 2))
-        g_minstd = tl.minimum(g_minstd, read_slot(F_ptr + 3))
-        g_const = read_slot(F_ptr + 4)
-        g_nf = read_slot(I_ptr + 1)
-        reset_workspace(F_ptr, I_ptr)
-    numel = tl.cast(n_rows, tl.int64) * n_cols
-    store_common_features(S_ptr, numel, tl.cast(n_rows, tl.int64), g_amax, g_sq, numel - g_nf, g_nf + param_nf)
-    tl.store(S_ptr + 5, tl.cast(n_cols, tl.float64))
-    _store_own_features(S_ptr, g_ratio, g_minstd, g_const, n_rows, CAP)
-    if STAMPS:
-        tl.store(T_ptr + 2 * n_rows + tl.cdiv(n_rows, POLL), globaltimer(n_rows))
-
-
-@triton.jit
-def _finish_deferred_kernel(S_ptr, F_ptr, I_ptr, M_ptr, D_ptr, FEATURES: tl.constexpr, POLL: tl.constexpr,
-                            CAP: tl.constexpr):
-    """Deferred finishing (optwin.kernels.deferred): program k finishes a page's call k, as softmax_rows's
-    deferred kernel does. Its rows launch put the weight's and bias's largest |value| in its buffer and their
-    NaN/±inf count in its workspace's slot 2 (row 0's program, _layernorm_welford_kernel's DEFER), which
-    this takes and zeroes."""
-    k = tl.program_id(0)
-    off = tl.load(D_ptr + 3 * k)
-    n_rows = tl.load(D_ptr + 3 * k + 1).to(tl.int32)
-    n_cols = tl.load(D_ptr + 3 * k + 2)
-    F_call = F_ptr + k * 2 * WS_SLOTS
-    I_call = I_ptr + k * WS_SLOTS
-    param_nf = read_slot(I_call + 2)
-    tl.debug_barrier()  # every warp has read it before one thread zeroes it (reset_workspace does only for flags)
-    tl.store(I_call + 2, tl.zeros((), dtype=tl.int64))
-    _finish_records(S_ptr + k * FEATURES, M_ptr + off, M_ptr, F_call, I_call, n_rows, n_cols, param_nf, POLL, CAP)
+        v_amax = tl.zeros([POLL], dtype=tl.float32)  # per row slot across the polls, reduced at the end
+        v_sq = tl.zeros([POLL], dtype=tl.float64)
+        v_ratio = tl.zeros([POLL], dtype=tl.float32)
+        v_minstd = tl.full([POLL], float("inf"), tl.float32)
+        first_flagged = n_rows
+        for r0 in range(0, n_rows if PROBE // 2 % 2 == 0 else 0, POLL):
+            lo, hi = poll_records(M_ptr, r0, n_rows, POLL, 2)
+            if PROBE // 131072 % 2 == 1:  # when this poll's records were all in
+                tl.store(T_ptr + 2 * n_rows + r0 // POLL, globaltimer(r0))
+            mean_bits, amax_bits = tl.split(lo)  # word 0 = (mean, var), word 1 = (max |h|, sum h*h or the flag)
+            var_bits, tag = tl.split(hi)
+            sf = tl.sqrt(var_bits.to(tl.float32, bitcast=True))
+            ratio = _ratio(mean_bits.to(tl.float32, bitcast=True), sf, -1.0, CAP)
+            rows = r0 + tl.arange(0, POLL)
+            flagged = tag == RECORD_FLAG_HI
+            plain = (rows < n_rows) & ~flagged
+            v_amax = tl.maximum(v_amax, tl.where(plain, amax_bits.to(tl.float32, bitcast=True), 0.0))
+            v_sq += tl.where(plain, tag.to(tl.float32, bitcast=True), 0.0).to(tl.float64)
+            v_ratio = tl.maximum(v_ratio, tl.where(plain, ratio, 0.0))
+            v_minstd = tl.minimum(v_minstd, tl.where(plain, sf, float("inf")))
+            first_flagged = tl.minimum(first_flagged, acquire_flagged(M_ptr, flagged, rows, n_rows, 2))
+        m_amax, s_sq, m_ratio, m_minstd = max_sum_max_min(v_amax, v_sq, v_ratio, v_minstd)
+        g_amax, g_sq, g_ratio, g_minstd = m_amax.to(tl.float64), s_sq, m_ratio.to(tl.float64), m_minstd.to(tl.float64)
+        g_const = tl.zeros((), dtype=tl.float64)
+        g_nf = tl.zeros((), dtype=tl.int64)
+        if first_flagged < n_rows:  # the flagged rows' partials; untouched, the workspace is still at its identities
+            g_amax = tl.maximum(g_amax, read_slot(F_ptr + 0))
+            g_sq += read_slot(F_ptr + 1)
+            g_ratio = tl.maximum(g_ratio, read_slot(F_ptr + 2))
+            g_minstd = tl.minimum(g_minstd, read_slot(F_ptr + 3))
+            g_const = read_slot(F_ptr + 4)
+            g_nf = read_slot(I_ptr + 1)
+            reset_workspace(F_ptr, I_ptr)
+        numel = tl.cast(n_rows, tl.int64) * N
+        store_common_features(S_ptr, numel, tl.cast(n_rows, tl.int64), g_amax, g_sq, numel - g_nf, g_nf + param_nf)
+        tl.store(S_ptr + 5, tl.cast(N, tl.float64))
+        _store_own_features(S_ptr, g_ratio, g_minstd, g_const, n_rows, CAP)
+        if PROBE // 131072 % 2 == 1:
+            tl.store(T_ptr + 2 * n_rows + tl.cdiv(n_rows, POLL), globaltimer(n_rows))
 
 
 @triton.jit
@@ -352,52 +314,31 @@ def _welford_launch(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, 
                     buf: torch.Tensor | None, eps: float, num_warps: int | None = None, poll: int | None = None,
                     maxnreg: int | None = None, probe: int = 0, welford_chunk: int | None = None,
                     prefetch: float | None = None, packed: bool | None = None,
-                    timestamps: torch.Tensor | None = None, defer: bool = False) -> torch.Tensor | None:
+                    timestamps: torch.Tensor | None = None) -> None:
     """_layernorm_welford_kernel: a program per row (and the finisher with the sketch), the row length
     compiled in (one kernel per hidden size, as torch.compile specializes). poll: rows whose records
     the finisher reads at once (a power of two; tests put flagged rows across its boundaries); prefetch:
     waves of programs ahead whose rows go to the L2 first (_common.PREFETCH); packed: max |x| on 16-bit
     element pairs (default for 16-bit x) or on the float32 values; timestamps: int64 (2 * n_rows + polls + 1,)
-    for PROBE 131072's globaltimer stamps (bench/finisher_timeline.py); defer (buf None): the sketch wanted,
-    finished later with its page (optwin.kernels.deferred; not for no rows, stamps or CUDA graph capture).
-    Returns the buffer the sketch goes to (buf, or the page's or a new one with defer)."""
+    for PROBE 131072's globaltimer stamps (bench/finisher_timeline.py)."""
     n_rows, n = x2.shape
     # another chunk (or a ragged one) is not the catalog variant's numerics: the bench's sweep and tests
     chunk = welford_chunk or _welford_rule(n) or 4096
     if n < chunk or n > MAX_BLOCK:
         raise InputError(f"layernorm: the Welford launch takes rows of {chunk}..{MAX_BLOCK}, got {n}")
-    sketch = buf is not None or defer
-    if n_rows == 0 and not sketch:
-        return buf
-    defer = defer and n_rows > 0 and timestamps is None and not deferred.capturing(x2.device)
+    sketch = buf is not None
     warps = num_warps or max(1, chunk // (32 * ELEMS_PER_THREAD))
     cap = (WELFORD_REG_CAP if sketch else None) if maxnreg is None else maxnreg or None
-    if defer:  # a program per row, its records to a page; the page's finisher runs later
-        buf, m, f, i = deferred.reserve("layernorm", x2.device, n_rows, n, words=2)
-    else:
-        buf = new_buffer("layernorm", x2.device) if sketch and buf is None else buf
-        m = row_records("layernorm", x2.device, n_rows, words=2, extra=0)[0] if sketch else y2
-        f, i = workspace("layernorm", x2.device) if sketch else (y2, y2)
-    grid = n_rows + (sketch and not defer)  # the finisher's program, unless deferred
+    m = row_records("layernorm", x2.device, n_rows, words=2, extra=0)[0] if sketch else y2
+    f, i = workspace("layernorm", x2.device) if sketch else (y2, y2)
     key = ("layernorm-welford", x2.dtype, n, chunk, warps, cap, sketch, packed)
-    pf = prefetch_args("layernorm", n, x2, sketch, grid, key, prefetch)
-    k = launch(_layernorm_welford_kernel, (grid,),
+    pf = prefetch_args("layernorm", n, x2, sketch, n_rows + sketch, key, prefetch)
+    k = launch(_layernorm_welford_kernel, (n_rows + sketch,),
         x2, x2.stride(0), weight, bias, y2, y2.stride(0), buf if sketch else y2, m,
         m if timestamps is None else timestamps, f, i, n_rows, eps,
         N=n, CHUNK=chunk, CAP=RATIO_CAP, SKETCH=sketch, POLL=poll or RECORD_POLL, EXACT_CHUNK=_common.EXACT_CHUNK,
-        FINISHER_FIRST=not INTERPRETED and not defer, PACKED=x2.element_size() == 2 if packed is None else packed,
-        DEFER=defer, PROBE=probe, **pf, num_warps=warps, enable_fp_fusion=False, **register_cap(cap),
+        FINISHER_FIRST=not INTERPRETED, PACKED=x2.element_size() == 2 if packed is None else packed, PROBE=probe,
+        **pf, num_warps=warps, enable_fp_fusion=False, **register_cap(cap),
         **({} if INTERPRETED else {"num_stages": 1}),
     )
     note_occupancy(key, k, warps)
-    return buf
-
-
-def finish_deferred(page: deferred.Page, features: torch.Tensor, desc: torch.Tensor, calls: int) -> None:
-    """optwin.kernels.deferred's finisher for layernorm's Welford launch: a program per settling call, at 8 warps
-    (a poll's 512 rows two a thread, as softmax's deferred finisher)."""
-    launch(_finish_deferred_kernel, (calls,), features, page.ws_f, page.ws_i, page.records, desc,
-           FEATURES=features.shape[1], POLL=RECORD_POLL, CAP=RATIO_CAP, num_warps=8)
-
-
-deferred.register_finisher("layernorm", finish_deferred)

@@ -116,9 +116,8 @@ def _layernorm_forward(handle: Patch, m: nn.LayerNorm) -> Callable[[torch.Tensor
         if x.dtype not in DTYPES:
             return type(m).forward(m, x)
         bias = m.bias.to(x.dtype) if m.bias is not None else None  # nn.LayerNorm(bias=False)
-        # defer: the Welford launch's finisher runs batched when the monitor settles (optwin.kernels.deferred)
         return _launch(handle, "layernorm", x.dtype,
-                       lambda sk: layernorm(x, m.weight.to(x.dtype), bias, float(m.eps), sketch=sk, defer=True))
+                       lambda sk: layernorm(x, m.weight.to(x.dtype), bias, float(m.eps), sketch=sk))
 
     return forward
 

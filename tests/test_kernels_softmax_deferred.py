@@ -1,10 +1,9 @@
-"""Deferred finishing (optwin.kernels.deferred) of softmax's row launch and layernorm's Welford launch under
-TRITON_INTERPRET=1: a row launch without its finisher program, the records of a page of calls reduced by one
-batched finisher launch later. Its features are bit for bit the in-launch finisher's (the same code over the
-same records, in the same order); pages settle when read, when full and on settle_all; every record word and
-workspace slot is back at rest after.
+"""softmax's deferred finishing (optwin.kernels.deferred) under TRITON_INTERPRET=1: a row launch without its
+finisher program, the records of a page of calls reduced by one batched finisher launch later. Its features
+are bit for bit the in-launch finisher's (the same code over the same records, in the same order); pages
+settle when read, when full and on settle_all; every record word and workspace slot is back at rest after.
 
-    python -m pytest -q tests/test_kernels_deferred.py
+    python -m pytest -q tests/test_kernels_softmax_deferred.py
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ from _kernel_checks import bits, seed
 from optwin.errors import InputError
 from optwin.kernels import deferred, read_sketch
 from optwin.kernels._common import RECORD_POLL
-from optwin.kernels.layernorm import _layernorm_launch, layernorm
 from optwin.kernels.sketch_buffer import new_buffer
 from optwin.kernels.softmax import _softmax_launch, softmax
 
@@ -125,50 +123,3 @@ def test_bad_requests_fail_in_one_line():
         _softmax_launch(x, torch.empty_like(x), new_buffer("softmax", "cpu"), defer=True)
     with pytest.raises(InputError, match="no deferred finisher"):
         deferred.reserve("rmsnorm", torch.device("cpu"), 4, 32, words=1)
-
-
-def _layernorm_case(n_rows: int, name: str, dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, ...]:
-    """(x, weight, bias) for the Welford launch (rows of 4096): rows of several scales and offsets, a NaN row,
-    a constant row and an inf row (flagged: their exact partials go through the call's workspace), an inf in
-    the weight (the parameters' count, which row 0's program stores when deferred)."""
-    g = seed(name, n_rows)
-    x = torch.randn(n_rows, 4096, generator=g) * torch.logspace(-1, 1, n_rows)[:, None] + 0.5
-    x[min(2, n_rows - 1), 5] = math.nan
-    x[min(4, n_rows - 1)] = 2.5
-    x[n_rows - 1, 0] = math.inf
-    w, b = torch.randn(4096, generator=g), torch.randn(4096, generator=g)
-    w[7] = math.inf
-    return x.to(dtype), w.to(dtype), b.to(dtype)
-
-
-def _layernorm_pair(x, w, b) -> tuple[torch.Tensor, torch.Tensor, dict[str, float], torch.Tensor]:
-    """(y in-launch, y deferred, the in-launch sketch, the deferred call's pending buffer)."""
-    y0, y1 = torch.empty_like(x), torch.empty_like(x)
-    b0 = new_buffer("layernorm", x.device)
-    _layernorm_launch(x, w, b, y0, b0, 1e-5)
-    b1 = _layernorm_launch(x, w, b, y1, None, 1e-5, defer=True)
-    return y0, y1, read_sketch("layernorm", b0, x.shape), b1
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_layernorm_welford_deferred_matches_the_in_launch_finisher(dtype):
-    """Three calls pending on one page (the parameters' features and count per call), then read."""
-    cases = [_layernorm_case(n, f"ln{n}", dtype) for n in (6, 40, 9)]
-    pairs = [_layernorm_pair(*c) for c in cases]
-    assert all(deferred.pending(p[3]) for p in pairs)
-    for (x, _, _), (y0, y1, want, buf) in zip(cases, pairs):
-        assert torch.equal(bits(y0), bits(y1))
-        got = read_sketch("layernorm", buf, x.shape)
-        assert _same(got, want) and got["nonfinite"] == 3 and got["const_absmax"] == 2.5
-    assert deferred.leftover() == (0, 0)
-
-
-def test_layernorm_defer_where_no_welford_launch_finishes_in_launch():
-    """Rows of 300 take the persistent launch: its buffer is final at once; the public function defers only
-    with the sketch."""
-    g = seed("ln-short")
-    x, w, b = torch.randn(5, 300, generator=g), torch.randn(300, generator=g), torch.randn(300, generator=g)
-    y, buf = layernorm(x, w, b, defer=True)
-    assert not deferred.pending(buf) and read_sketch("layernorm", buf, x.shape)["rows"] == 5
-    with pytest.raises(InputError, match="defer makes its own sketch buffer"):
-        _layernorm_launch(x, w, b, torch.empty_like(x), new_buffer("layernorm", "cpu"), 1e-5, defer=True)
