@@ -123,3 +123,15 @@ def test_bad_requests_fail_in_one_line():
         _softmax_launch(x, torch.empty_like(x), new_buffer("softmax", "cpu"), defer=True)
     with pytest.raises(InputError, match="no deferred finisher"):
         deferred.reserve("rmsnorm", torch.device("cpu"), 4, 32, words=1)
+
+
+def test_launches_past_max_rows_finish_in_launch(monkeypatch):
+    """A launch with more rows than deferred.MAX_ROWS keeps its finisher (a settle's serial polls would cost
+    more than it); one at the limit defers."""
+    monkeypatch.setattr(deferred, "MAX_ROWS", 6)
+    x = _special(7, 40, "max-rows")
+    _, buf = _deferred(x)
+    assert not deferred.pending(buf) and _same(read_sketch("softmax", buf, x.shape), _in_launch(x)[1])
+    _, buf6 = _deferred(x[:6])
+    assert deferred.pending(buf6)
+    deferred.settle_all()

@@ -23,7 +23,8 @@ A page settles when its slots are full (PAGE_CALLS; fewer where MAX_PAGE_WORDS w
 call with more rows than its slots hold (which gets a new page), when a pending buffer is read
 (sketch_buffer.reduce_sketch), and on settle_all(). Waiters registered with when_settled run right after
 the finisher is queued (the monitor queues its device-to-host copy there). Launches inside CUDA graph
-capture never defer (a replay runs no host code: nothing would settle it); the launchers check.
+capture never defer (a replay runs no host code: nothing would settle it), nor launches past MAX_ROWS rows
+(whose serial finish would cost more than the in-launch finisher's overlapped one); the launchers ask takes().
 Pure torch: the finishers are registered by the kernel modules (register_finisher).
 """
 
@@ -52,6 +53,13 @@ from optwin.kernels.sketch_buffer import (
 PAGE_CALLS = 64
 MIN_PAGE_ROWS = 1 << 12  # rows of records a page keeps per call at least
 MAX_PAGE_WORDS = 1 << 22  # record words a page holds at most (32 MB): fewer calls a page for the longest launches
+# Rows of a launch that defers at most. A settle's finisher reduces each call's records in one program, POLL
+# (512) rows at a time in row order, after the calls ran; the in-launch finisher does the same polls while the
+# rows run and ends ~2 µs after the last. Past some rows the serial polls cost more than that: at ~1 µs a
+# poll (a guess from the flushed means, not timed alone) 32768 rows take ~64 µs a settle, 1 µs a call at 64
+# calls a page; 262144 (eager attention's 1 x 32 x 8192 rows) would take ~0.5 ms, ~64 µs a call at its 8
+MAX_ROWS = 1 << 15
+
 # Pinned descriptor buffers a page cycles through: a settle writes one while the copies out of the others may
 # still be queued (a host that runs pages ahead of the GPU), so a settle waits for the GPU only when the host
 # is DESC_RING settles ahead of it (the first form waited for the settle before's copy every time)
@@ -103,9 +111,10 @@ def register_finisher(op: str, finish: Callable[[Page, torch.Tensor, torch.Tenso
     _FINISHERS[op] = finish
 
 
-def capturing(device: torch.device) -> bool:
-    """Whether device's current CUDA stream is being captured into a graph (no deferral there)."""
-    return device.type == "cuda" and torch._C._cuda_isCurrentStreamCapturing()
+def takes(n_rows: int, device: torch.device) -> bool:
+    """Whether a row launch of n_rows on device's current stream may defer: some rows, at most MAX_ROWS, and
+    no CUDA graph capture (a replay runs no host code: nothing would settle it)."""
+    return 0 < n_rows <= MAX_ROWS and not (device.type == "cuda" and torch._C._cuda_isCurrentStreamCapturing())
 
 
 def _new_page(op: str, key: tuple[str, str, int], words: int, n_rows: int) -> Page:

@@ -885,7 +885,7 @@ def _softmax_launch(
     finisher_first: the finisher is program 0 (default on a GPU) or the last; timestamps: int64 (2 * n_rows + polls
     + 1,) for PROBE 131072's globaltimer stamps (bench/finisher_timeline.py); defer (with buf None): the sketch
     wanted, finished later where the launch has a program per row (optwin.kernels.deferred: no finisher program
-    in this launch; not inside CUDA graph capture).
+    in this launch; not inside CUDA graph capture, nor past deferred.MAX_ROWS rows).
     Returns the buffer the sketch goes to: buf, with defer a pending page buffer or a new one, or None."""
     n_rows, n = x2.shape
     if defer and buf is not None:
@@ -930,7 +930,7 @@ def _softmax_launch(
            win, by_row)
     extra = register_cap(cap)
     # a sketch buffer made only now: a deferred call's is its page's (its host time counts: bench/deferred_finish.py)
-    defer = defer and by_row and n_rows > 0 and timestamps is None and not deferred.capturing(x2.device)
+    defer = defer and by_row and timestamps is None and deferred.takes(n_rows, x2.device)
     if sketch and not defer and buf is None:
         buf = new_buffer("softmax", x2.device)
     if defer:  # a program per row, its records to a page; the page's finisher runs later
