@@ -4,6 +4,7 @@ the launch without the sketch, timed side by side in interleaved rounds, with a 
     python bench/deferred_finish.py                                   # writes $OUT/deferred_finish.md
     BENCH_SHAPES=4096x16384,8192x8192 BENCH_ROUNDS=7 BENCH_PAGE_CALLS=16 python bench/deferred_finish.py
     python bench/deferred_finish.py --profile                        # cProfile of the deferred host path
+    python bench/deferred_finish.py --settle                         # a settle's GPU time by rows a call
     TRITON_INTERPRET=1 python bench/deferred_finish.py --smoke        # CPU dry run, small shapes, no timing
 
 Timing, per shape and input (bench/gpu_kernels.py's softmax inputs: random with a masked column, and HF's
@@ -238,6 +239,41 @@ def main() -> None:
     write_report("\n".join(lines) + "\n", "deferred_finish.md")
 
 
+def settle_times() -> None:
+    """--settle: GPU time of one settle (the descriptor copy and the finisher launch over a full page) against
+    the calls' rows, softmax bf16 rows of 8192 (the row launch), per row count (deferred.MAX_ROWS lifted);
+    events around settle_all() after a page of calls ran, median of 5."""
+    deferred.MAX_ROWS = 1 << 30
+    lines = ["| rows a call | calls a page | settle µs | µs a call | the call's rows, µs (one launch) |",
+             "|---:|---:|---:|---:|---:|"]
+    for n_rows in (4096, 32768, 131072):
+        x = torch.randn(n_rows, 8192, device=DEV).to(torch.bfloat16)
+        y = torch.empty_like(x)
+        deferred.settle_all()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        settles, rows_us = [], []
+        for _ in range(5):
+            bufs = [_softmax_launch(x, y, None, defer=True) for _ in range(2)]
+            page = deferred._page_of(bufs[0])
+            while deferred.pending(bufs[0]) and len(page.calls) < page.calls_cap:
+                start.record()
+                _softmax_launch(x, y, None, defer=True)
+                end.record()
+            end.synchronize()
+            rows_us.append(start.elapsed_time(end) * 1e3)
+            calls = len(page.calls)
+            start.record()
+            deferred.settle_all()
+            end.record()
+            end.synchronize()
+            settles.append(start.elapsed_time(end) * 1e3)
+        med = statistics.median(settles)
+        lines.append(f"| {n_rows} | {calls} | {med:.1f} | {med / calls:.2f} | {statistics.median(rows_us):.1f} |")
+    write_report("\n".join([f"# softmax: a deferred settle's GPU time; {torch.cuda.get_device_name()}", "",
+                             "Command: `python bench/deferred_finish.py --settle`", ""] + lines) + "\n",
+                 "deferred_settle.md")
+
+
 def profile() -> None:
     """--profile: cProfile of the host's deferred launch path (2000 launches of 64 rows): top 25 by own time, and
 what the settles, reservations and finisher launches call."""
@@ -266,4 +302,4 @@ what the settles, reservations and finisher launches call."""
 if __name__ == "__main__":
     if not SMOKE:
         watchdog()
-    profile() if "--profile" in sys.argv else main()
+    profile() if "--profile" in sys.argv else settle_times() if "--settle" in sys.argv else main()
