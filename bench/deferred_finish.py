@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, f
 sys.path.insert(1, str(Path(__file__).resolve().parent))
 
 import torch
-from _bench_common import watchdog, write_report
+from _bench_common import events_ms, watchdog, write_report
 from gpu_kernels import OPS
 
 from optwin.kernels import deferred, read_sketch
@@ -158,16 +158,6 @@ def _streams_and_graphs(g: torch.Generator) -> list[str]:
     return out
 
 
-def _back_to_back_us(fn) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(BACK_TO_BACK):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / BACK_TO_BACK
-
-
 def _host_us(fn, calls: int = 2000) -> float:
     for _ in range(50):
         fn()
@@ -207,7 +197,7 @@ def main() -> None:
             for _ in range(ROUNDS):
                 for k, fn in entries.items():
                     flushed[k].append(do_bench(fn, return_mode="mean") * 1e3)
-                    b2b[k].append(_back_to_back_us(fn))
+                    b2b[k].append(events_ms(fn, flush=False, sleep=False, calls=BACK_TO_BACK, reps=1) * 1e3)
             small = x[:64].clone()
             ys = torch.empty_like(small)
             host = {k: _host_us(fn) for k, fn in _entries(small, ys).items()}
