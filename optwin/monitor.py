@@ -273,6 +273,7 @@ class Monitor:
     def _sampled(self, op: str, variant: str, dt: str, site: str) -> Any:
         """The call's stream if its sampling picks this call for a sketch, else None."""
         self.stats.calls += 1
+        deferred.settle_stale()  # deferred kernel sketches wait at most deferred.MAX_AGE_S for their page
         if self._pending:
             self._drain(block=False)
         key = (site, op, variant, dt)

@@ -135,3 +135,12 @@ def test_launches_past_max_rows_finish_in_launch(monkeypatch):
     _, buf6 = _deferred(x[:6])
     assert deferred.pending(buf6)
     deferred.settle_all()
+
+
+def test_settle_stale_settles_only_batches_past_their_age():
+    x = _special(6, 40, "stale")
+    _, buf = _deferred(x)
+    deferred.settle_stale(1e9)
+    assert deferred.pending(buf)
+    deferred.settle_stale(0.0)
+    assert not deferred.pending(buf) and _same(read_sketch("softmax", buf, x.shape), _in_launch(x)[1])

@@ -205,6 +205,7 @@ def test_deferred_softmax_sketches_reach_the_monitor_at_its_flush(db, monkeypatc
     from optwin.kernels import softmax as softmax_mod
 
     monkeypatch.setattr(softmax_mod, "ROWS_BLOCKS", {16})
+    monkeypatch.setattr(deferred, "MAX_AGE_S", 1e9)  # no page goes stale in the interpreter's slow calls
     scores: list[torch.Tensor] = []
     pending: list[bool] = []
     real = patching.softmax
@@ -227,3 +228,10 @@ def test_deferred_softmax_sketches_reach_the_monitor_at_its_flush(db, monkeypatc
         got = mon.last_sketches[(f"model.layers.{layer}.self_attn:softmax", "softmax", "triton", "bfloat16")]
         close(got, sketch("softmax", {"x": x}))
     assert deferred.leftover() == (0, 0)
+    # a page older than MAX_AGE_S settles at the monitor's next call: layer 1's call settles layer 0's
+    monkeypatch.setattr(deferred, "MAX_AGE_S", 0.0)
+    with torch.no_grad(), optwin.kernels.patch(model), \
+            om.monitor(model, db=db, sampling="always", ops=("softmax",)) as mon2:
+        model(ids)
+        assert mon2.stats.checked == 1
+    assert mon2.stats.checked == 2

@@ -21,8 +21,9 @@ buffer). The calls' (record offset, rows, columns) go to the device with the set
 
 A page settles when its slots are full (PAGE_CALLS; fewer where MAX_PAGE_WORDS would be passed), before a
 call with more rows than its slots hold (which gets a new page), when a pending buffer is read
-(sketch_buffer.reduce_sketch), and on settle_all(). Waiters registered with when_settled run right after
-the finisher is queued (the monitor queues its device-to-host copy there). Launches inside CUDA graph
+(sketch_buffer.reduce_sketch), on settle_all(), and on settle_stale() once its batch is MAX_AGE_S old.
+Waiters registered with when_settled run right after the finisher is queued (the monitor queues its
+device-to-host copy there). Launches inside CUDA graph
 capture never defer (a replay runs no host code: nothing would settle it), nor launches past MAX_ROWS rows
 (whose serial finish would cost more than the in-launch finisher's overlapped one); the launchers ask takes().
 Pure torch: the finishers are registered by the kernel modules (register_finisher).
@@ -31,6 +32,7 @@ Pure torch: the finishers are registered by the kernel modules (register_finishe
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -59,6 +61,10 @@ MAX_PAGE_WORDS = 1 << 22  # record words a page holds at most (32 MB): fewer cal
 # poll (a guess from the flushed means, not timed alone) 32768 rows take ~64 µs a settle, 1 µs a call at 64
 # calls a page; 262144 (eager attention's 1 x 32 x 8192 rows) would take ~0.5 ms, ~64 µs a call at its 8
 MAX_ROWS = 1 << 15
+
+# Seconds a batch may wait for its page to fill before settle_stale() settles it (a monitor calls it on each
+# call it sees): an op called rarely would otherwise hold its sketches back for 64 of its calls
+MAX_AGE_S = 0.05
 
 # Pinned descriptor buffers a page cycles through: a settle writes one while the copies out of the others may
 # still be queued (a host that runs pages ahead of the GPU), so a settle waits for the GPU only when the host
@@ -91,6 +97,7 @@ class Page:
     features: torch.Tensor | None = None  # float64 (calls_cap, features): this batch's buffers
     buffers: list[torch.Tensor] = field(default_factory=list)  # its rows
     calls: list[tuple[int, int, int]] = field(default_factory=list)  # (record word offset, rows, columns)
+    opened: float = 0.0  # time.monotonic() of this batch's first call
     waiters: list[Callable[[], None]] = field(default_factory=list)
     settles: int = 0  # settles so far: the next one writes desc_host[settles % DESC_RING]
     copied: list[torch.cuda.Event | None] = field(default_factory=lambda: [None] * DESC_RING)  # each copy's
@@ -156,6 +163,8 @@ def reserve(op: str, device: torch.device, n_rows: int, n_cols: int,
         page.buffers = list(page.features.unbind(0))
         _PENDING[id(page.features)] = (page.features, page)
     k = len(page.calls)
+    if k == 0:
+        page.opened = time.monotonic()
     page.calls.append((k * page.rows_cap * words, n_rows, n_cols))
     buf = page.buffers[k]
     records, ws_f, ws_i = page.slots[k]
@@ -188,6 +197,16 @@ def settle(buf: torch.Tensor) -> None:
     page = _page_of(buf)
     if page is not None:
         _settle(page)
+
+
+def settle_stale(max_age_s: float | None = None) -> None:
+    """Queue the finisher of every page whose batch opened more than max_age_s (default MAX_AGE_S) ago."""
+    if not _PAGES:
+        return
+    oldest = time.monotonic() - (MAX_AGE_S if max_age_s is None else max_age_s)
+    for page in list(_PAGES.values()):
+        if page.calls and page.opened <= oldest:
+            _settle(page)
 
 
 def settle_all() -> None:
