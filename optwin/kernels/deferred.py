@@ -41,11 +41,11 @@ import torch
 from optwin.errors import InputError
 from optwin.kernels.sketch_buffer import (
     SENTINEL,
-    SLOTS,
     _capacity,
+    _identity_slots,
     _stream_key,
     feature_names,
-    workspace_identities,
+    fresh_workspaces,
 )
 
 # Calls a page holds before it settles: the settle's host time (its finisher launch and the page's bookkeeping)
@@ -128,12 +128,7 @@ def _new_page(op: str, key: tuple[str, str, int], words: int, n_rows: int) -> Pa
     device = torch.device(key[1])  # with its index: the page's stream is that device's
     rows_cap = _capacity(max(n_rows, MIN_PAGE_ROWS))
     calls_cap = max(1, min(PAGE_CALLS, MAX_PAGE_WORDS // (rows_cap * words)))
-    idents = workspace_identities(op)
-    ws_f = torch.zeros((calls_cap, 2 * SLOTS), dtype=torch.float64, device=device)
-    for k, v in enumerate(idents + idents):  # on the device, as sketch_buffer.workspace fills its slots
-        if v != 0.0:
-            ws_f[:, k].fill_(v)
-    ws_i = torch.zeros((calls_cap, SLOTS), dtype=torch.int64, device=device)
+    ws_f, ws_i = fresh_workspaces(op, device, (calls_cap,))
     records = torch.full((calls_cap, rows_cap * words), SENTINEL, dtype=torch.int64, device=device)
     cuda = device.type == "cuda"
     desc_host = torch.zeros((DESC_RING, calls_cap, 3), dtype=torch.int64, pin_memory=cuda)
@@ -264,6 +259,5 @@ def leftover() -> tuple[int, int]:
     words = slots = 0
     for page in _PAGES.values():
         words += int((page.records != SENTINEL).sum())
-        idents = torch.tensor(workspace_identities(page.op) * 2, dtype=torch.float64, device=page.device)
-        slots += int((page.ws_f != idents).sum()) + int((page.ws_i != 0).sum())
+        slots += int((page.ws_f != _identity_slots(page.op, page.device)).sum()) + int((page.ws_i != 0).sum())
     return words, slots

@@ -109,22 +109,26 @@ def workspace_identities(op: str) -> list[float]:
     return [v for _, v in fslots] + [0.0] * (SLOTS - len(fslots))
 
 
+def fresh_workspaces(op: str, device: torch.device, copies: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float64 (*copies, 2 * SLOTS), int64 (*copies, SLOTS)): `op`'s workspace at its identities, each of
+    `copies` of it (optwin.kernels.deferred keeps one a call). The float slots, then their identities
+    (read-only: a finisher copies them back). Filled on the device, not copied from a host list: a first
+    launch inside CUDA graph capture (a new stream) may not copy from pageable host memory."""
+    assert len(WORKSPACE[op][1]) <= SLOTS
+    idents = workspace_identities(op)
+    f = torch.zeros((*copies, 2 * SLOTS), dtype=torch.float64, device=device)
+    for k, v in enumerate(idents + idents):
+        if v != 0.0:
+            f[..., k].fill_(v)
+    return f, torch.zeros((*copies, SLOTS), dtype=torch.int64, device=device)
+
+
 def workspace(op: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(float64 slots, int64 slots) of `op` on `device` for the current stream, created once at
-    their identities; every sketch launch leaves them at their identities again."""
+    their identities (fresh_workspaces); every sketch launch leaves them at their identities again."""
     key = _stream_key(op, device)
     if key not in _WS:
-        assert len(WORKSPACE[op][1]) <= SLOTS
-        idents = workspace_identities(op)
-        # the slots, then their identities (read-only: the last program copies them back). Filled on
-        # the device, not copied from a host list: a first launch inside CUDA graph capture (a new
-        # stream) may not copy from pageable host memory
-        f = torch.zeros(2 * SLOTS, dtype=torch.float64, device=device)
-        for k, v in enumerate(idents + idents):
-            if v != 0.0:
-                f[k].fill_(v)
-        i = torch.zeros(SLOTS, dtype=torch.int64, device=device)
-        _WS[key] = (f, i)
+        _WS[key] = fresh_workspaces(op, device)
     return _WS[key]
 
 

@@ -899,7 +899,6 @@ def _softmax_launch(
         return buf
     align = column_multiple(n, x2.stride(0), y2.stride(0))
     esize = x2.element_size()
-    f, i = workspace("softmax", x2.device) if sketch else (y2, y2)
     # words only for layout 10: the kernel without the sketch read them 1-3 µs slower at 4096x16384 bf16
     # (H200: 75.1 against stop 20's 73.9 µs, norm_chunks_h200_s21a.md; 77.9 against 74.5, _s21b.md)
     win = window and windowed(x2, y2, align)
@@ -929,20 +928,22 @@ def _softmax_launch(
     key = ("softmax", x2.dtype, y2.dtype, block, warps, st, sketch, var, fuse, cap, kp, even, packed, probe, align,
            win, by_row)
     extra = register_cap(cap)
-    # a sketch buffer made only now: a deferred call's is its page's (its host time counts: bench/deferred_finish.py)
+    # the sketch buffer and workspace looked up only now: a deferred call's are its page's (its host time
+    # counts: bench/deferred_finish.py)
     defer = defer and by_row and timestamps is None and deferred.takes(n_rows, x2.device)
-    if sketch and not defer and buf is None:
-        buf = new_buffer("softmax", x2.device)
     if defer:  # a program per row, its records to a page; the page's finisher runs later
         buf, m, f, i = deferred.reserve("softmax", x2.device, n_rows, n, words=2)
         grid = n_rows
         finisher_first = False  # program n_rows would finish: there is none
-    elif by_row:  # a program per row and the finisher
-        grid = n_rows + 1
-        m = row_records("softmax", x2.device, n_rows, words=2, extra=0)[0]
     else:
-        grid = persistent_grid(key, n_rows, x2.device, grid_per_sm("softmax", block, sketch, per_sm))
-        m = y2
+        buf = new_buffer("softmax", x2.device) if sketch and buf is None else buf
+        f, i = workspace("softmax", x2.device) if sketch else (y2, y2)
+        if by_row:  # a program per row and the finisher
+            grid = n_rows + 1
+            m = row_records("softmax", x2.device, n_rows, words=2, extra=0)[0]
+        else:
+            grid = persistent_grid(key, n_rows, x2.device, grid_per_sm("softmax", block, sketch, per_sm))
+            m = y2
     pf = prefetch_args("softmax", block, x2, sketch, grid, key, prefetch, win)
     k = launch(_softmax_kernel, (grid,),
         x2, x2.stride(0), y2, y2.stride(0), buf if sketch else y2, f, i, m, m if timestamps is None else timestamps,

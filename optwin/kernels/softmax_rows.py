@@ -94,7 +94,7 @@ def _finish_row_records(S_ptr, F_ptr, I_ptr, M_ptr, n_rows, n_cols, POLL: tl.con
     """The finisher: every row's record words polled in row order (POLL at once), reduced into the launch's
     totals (the persistent kernel's partials, row by row), the flagged rows' workspace added, the features
     stored. The range is kept halved, as the row loop keeps it. STAMPS (bench only): each poll's arrival and
-the end as globaltimer stamps into T_ptr (bench/finisher_timeline.py)."""
+    the end as globaltimer stamps into T_ptr (bench/finisher_timeline.py)."""
     v_max = tl.full([POLL], -float("inf"), tl.float32)
     v_min = tl.full([POLL], float("inf"), tl.float32)
     v_rng = tl.zeros([POLL], dtype=tl.float32)
