@@ -97,17 +97,18 @@ def graph_ms(fn: Callable[[], Any], calls: int = 10, replays: int = 20) -> float
 SLEEP_CYCLES = 400_000  # ~0.2 ms at the H200's clock: longer than any host launch here
 
 
-def events_ms(fn: Callable[[], Any], flush: bool, sleep: bool, calls: int = 1, reps: int = 40,
+def events_ms(fn: Callable[[], Any], flush: bool, sleep: bool | int, calls: int = 1, reps: int = 40,
               warm: Callable[[], Any] | None = None) -> float:
     """Median ms per call of `calls` launches between two events, over `reps` repetitions; flush: a 256 MB
-    zero_ first (L2 flushed, as triton.testing.do_bench); sleep: a GPU sleep queued before it, so the
+    zero_ first (L2 flushed, as triton.testing.do_bench); sleep: a GPU sleep queued before it (True:
+    SLEEP_CYCLES; an int: that many cycles, longer than the host takes to queue the `calls`), so the
     host is ahead of the GPU and a slow host launch cannot show up as GPU time; warm: run after the
     flush, untimed (bench/cold_code.py: the kernel's code back in the caches, its data not)."""
     cache = torch.empty(256 << 20, dtype=torch.int8, device="cuda") if flush else None  # L2 is 60 MB
     times = []
     for _ in range(reps):
         if sleep:
-            torch.cuda._sleep(SLEEP_CYCLES)
+            torch.cuda._sleep(SLEEP_CYCLES if sleep is True else sleep)
         if flush:
             cache.zero_()
         if warm is not None:

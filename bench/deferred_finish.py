@@ -13,6 +13,8 @@ finfo.min mask), µs per call, median over interleaved rounds:
   mean takes in the finisher launches of the pages its calls filled (one per deferred.PAGE_CALLS calls): the
   finisher's cost, amortized, is in the number (a median would leave those calls out).
 - back to back: 64 calls between two events, no flush (how a model's layers run them), settles included.
+- GPU ahead: the same 64 calls queued behind a ~10 ms GPU sleep, so the host's launch time cannot show (the GPU's
+  own time back to back; the difference from the entry before is what the host cost).
 - host: µs of the host's launch path per call (2000 launches of 64 rows of the shape's width, the GPU idle
   behind them), the deferred entry's page bookkeeping and settles included.
 Check (every shape): per input, and on rows with NaN / inf, the deferred features are the in-launch
@@ -48,6 +50,7 @@ DTYPE = getattr(torch, os.environ.get("BENCH_DTYPE", "bfloat16"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "7"))
 INPUTS = ("softmax", "softmax (hf mask)")
 BACK_TO_BACK = 64
+AHEAD_CYCLES = 20_000_000  # ~10 ms of GPU sleep: longer than the host takes to queue BACK_TO_BACK calls
 deferred.PAGE_CALLS = int(os.environ.get("BENCH_PAGE_CALLS", deferred.PAGE_CALLS))  # calls a page settles after
 deferred.DESC_RING = int(os.environ.get("BENCH_DESC_RING", deferred.DESC_RING))  # settles before a wait
 
@@ -181,8 +184,8 @@ def main() -> None:
              f"deferred.PAGE_CALLS = {deferred.PAGE_CALLS}; µs per call, median over {ROUNDS} interleaved rounds "
              "(min-max); cost: against the launch without the sketch", ""]
     checks = []
-    table = ["| shape | input | launch | flushed µs | cost | back to back µs | cost | host µs |",
-             "|---|---|---|---:|---:|---:|---:|---:|"]
+    table = ["| shape | input | launch | flushed µs | cost | back to back µs | cost | GPU ahead µs | cost | host µs |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for shape in SHAPES:
         for op in INPUTS:
             inp, _ = OPS[op].make(shape, DTYPE, DEV, g)
@@ -194,21 +197,25 @@ def main() -> None:
             entries = _entries(x, y)
             flushed: dict[str, list[float]] = {k: [] for k in entries}
             b2b: dict[str, list[float]] = {k: [] for k in entries}
+            ahead: dict[str, list[float]] = {k: [] for k in entries}
             for _ in range(ROUNDS):
                 for k, fn in entries.items():
                     flushed[k].append(do_bench(fn, return_mode="mean") * 1e3)
                     b2b[k].append(events_ms(fn, flush=False, sleep=False, calls=BACK_TO_BACK, reps=1) * 1e3)
+                    ahead[k].append(events_ms(fn, flush=False, sleep=AHEAD_CYCLES, calls=BACK_TO_BACK, reps=1) * 1e3)
             small = x[:64].clone()
             ys = torch.empty_like(small)
             host = {k: _host_us(fn) for k, fn in _entries(small, ys).items()}
             deferred.settle_all()
             base_f = statistics.median(flushed["no sketch"])
             base_b = statistics.median(b2b["no sketch"])
+            base_a = statistics.median(ahead["no sketch"])
             for k in entries:
-                f, b = statistics.median(flushed[k]), statistics.median(b2b[k])
+                f, b, a = statistics.median(flushed[k]), statistics.median(b2b[k]), statistics.median(ahead[k])
                 table.append(f"| {shape[0]}x{shape[1]} | {op} | {k} | {f:.1f} ({min(flushed[k]):.1f}-"
                              f"{max(flushed[k]):.1f}) | {100 * (f / base_f - 1):+.1f}% | {b:.1f} | "
-                             f"{100 * (b / base_b - 1):+.1f}% | {host[k]:.1f} |")
+                             f"{100 * (b / base_b - 1):+.1f}% | {a:.1f} | {100 * (a / base_a - 1):+.1f}% | "
+                             f"{host[k]:.1f} |")
     # rows with NaN / inf: flagged rows go through each call's own workspace
     n_rows = 40 if SMOKE else 512
     x = torch.randn(n_rows, SHAPES[0][1], generator=g).to(DTYPE).to(DEV)

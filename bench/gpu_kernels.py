@@ -62,6 +62,9 @@ class OpBench:
     eager: Callable[[dict[str, Tensor], dict[str, Any]], Tensor]
     rows: Callable[[tuple[int, ...]], int]  # kernel rows (sketch buffer rows before the param row)
     label: str = ""  # row label in the report (default: op)
+    # the launch with its finisher deferred (optwin.kernels.deferred), returning its pending buffer; None: the op
+    # has no deferred form
+    launch_deferred: Callable[[dict[str, Tensor], dict[str, Any], Tensor], Tensor | None] | None = None
 
     @property
     def name(self) -> str:
@@ -122,6 +125,12 @@ def _softmax_launch(inp, params, y, buf):
     from optwin.kernels.softmax import _softmax_launch
 
     _softmax_launch(inp["x"].reshape(-1, inp["x"].shape[-1]), y.view(-1, y.shape[-1]), buf)
+
+
+def _softmax_deferred(inp, params, y):
+    from optwin.kernels.softmax import _softmax_launch
+
+    return _softmax_launch(inp["x"].reshape(-1, inp["x"].shape[-1]), y.view(-1, y.shape[-1]), None, defer=True)
 
 
 def _ln_make(shape, dtype, device, g):
@@ -185,7 +194,8 @@ OPS: dict[str, OpBench] = {
     "rmsnorm": OpBench("rmsnorm", "fp32-acc", _rms_make, _rms_launch, _rms_ref,
                        lambda i, p: P.rmsnorm_fp32_acc(i["x"], i["weight"], 1e-6), _rows2),
     "softmax": OpBench("softmax", "torch", _softmax_make, _softmax_launch,
-                       lambda i, p: torch.softmax(i["x"].double(), -1), lambda i, p: P.softmax_torch(i["x"]), _rows2),
+                       lambda i, p: torch.softmax(i["x"].double(), -1), lambda i, p: P.softmax_torch(i["x"]), _rows2,
+                       launch_deferred=_softmax_deferred),
     "layernorm": OpBench("layernorm", "torch", _ln_make, _ln_launch, _ln_ref,
                          lambda i, p: P.layernorm_torch(i["x"], i["weight"], i["bias"], 1e-5), _rows2),
     "rope": OpBench("rope", "fp32-angles", _rope_make, _rope_launch, _rope_ref,
@@ -195,10 +205,10 @@ BASE_OPS = tuple(OPS)
 # softmax on its timing input without the masked column (main() times it; run()'s default leaves it out)
 OPS["softmax (no mask)"] = OpBench("softmax", "torch", _softmax_make_unmasked, _softmax_launch,
                                    lambda i, p: torch.softmax(i["x"].double(), -1), lambda i, p: P.softmax_torch(i["x"]),
-                                   _rows2, label="softmax (no mask)")
+                                   _rows2, label="softmax (no mask)", launch_deferred=_softmax_deferred)
 OPS["softmax (hf mask)"] = OpBench("softmax", "torch", _softmax_make_hf_mask, _softmax_launch,
                                    lambda i, p: torch.softmax(i["x"].double(), -1), lambda i, p: P.softmax_torch(i["x"]),
-                                   _rows2, label="softmax (hf mask)")
+                                   _rows2, label="softmax (hf mask)", launch_deferred=_softmax_deferred)
 
 
 # ------------------------------------------------------------------------------ correctness
@@ -236,6 +246,16 @@ def check(op: str, shape: tuple[int, ...], dtype: str, device: str, seed: int = 
     buf2 = new_buffer(b.op, device).fill_(float("nan"))
     b.launch(inp, params, torch.empty_like(y), buf2)  # the workspace must be reset by the first launch
     rerun = float(((buf2 - buf).abs() / buf.abs().clamp(min=1e-30)).nan_to_num(1.0).max())
+    deferred_same = "n/a"
+    if b.launch_deferred is not None:  # the deferred finisher: y and every feature bit for bit the in-launch one's
+        y_d = torch.full(x.shape, float("nan"), dtype=x.dtype, device=device)
+        buf_d = b.launch_deferred(inp, params, y_d)
+        if buf_d is None or not torch.equal(y_d.view(torch.uint8), y.view(torch.uint8)):
+            deferred_same = "NO (y)" if buf_d is not None else "NO (no buffer)"
+        else:
+            want, got = read_sketch(b.op, buf, x.shape, params), read_sketch(b.op, buf_d, x.shape, params)
+            bad = [k for k in want if not (want[k] == got[k] or (math.isnan(want[k]) and math.isnan(got[k])))]
+            deferred_same = "yes" if not bad else f"NO ({', '.join(bad)})"
     ref = b.ref64(inp, params)
     unwritten = int((torch.isnan(y) & ~torch.isnan(ref)).sum())
     atol, rtol = TOL[dtype]
@@ -251,19 +271,21 @@ def check(op: str, shape: tuple[int, ...], dtype: str, device: str, seed: int = 
         "op": b.name, "dtype": dtype, "shape": "x".join(map(str, x.shape)), "unwritten": unwritten,
         "vs_float64": rep64 or "ok", "max_abs_vs_production": diff_prod,
         "sketch_unwritten": int(torch.isnan(buf).sum()), "sketch_vs_ingest": _sketch_diff(b.op, inp, params, buf),
-        "same_y": "yes" if same_y else "NO", "rerun": rerun,
+        "same_y": "yes" if same_y else "NO", "rerun": rerun, "deferred_same": deferred_same,
     }
 
 
 # ------------------------------------------------------------------------------ timing
 
 
-def _timer(device: str) -> Callable[[Callable[[], Any]], float]:
-    """Median milliseconds of fn: triton.testing.do_bench on CUDA, perf_counter elsewhere (tests)."""
+def _timer(device: str, mode: str = "median") -> Callable[[Callable[[], Any]], float]:
+    """Milliseconds of fn: triton.testing.do_bench's median (or mode "mean") on CUDA, perf_counter elsewhere
+    (tests). A deferred launch is timed by the mean: its page's settle runs once every deferred.PAGE_CALLS
+    calls, and a median would leave those calls out."""
     if device == "cuda":
         import triton.testing
 
-        return lambda fn: float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+        return lambda fn: float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode=mode))
 
     def cpu(fn: Callable[[], Any]) -> float:
         ts = []
@@ -306,6 +328,17 @@ def time_op(op: str, shape: tuple[int, ...], dtype: str, device: str, copy_ms: f
         plain.append(t(lambda: b.launch(inp, params, y, None)))
         sketched.append(t(lambda: b.launch(inp, params, y, buf)))
     r["kernel_ms"], r["kernel_sketch_ms"] = statistics.median(plain), statistics.median(sketched)
+    r["kernel_mean_ms"] = r["deferred_mean_ms"] = float("nan")
+    if b.launch_deferred is not None:  # the deferred finisher against the same launch without the sketch, by means
+        from optwin.kernels import deferred
+
+        t_mean = _timer(device, "mean")
+        plain_mean, deferred_mean = [], []
+        for _ in range(KERNEL_ROUNDS):
+            plain_mean.append(t_mean(lambda: b.launch(inp, params, y, None)))
+            deferred_mean.append(t_mean(lambda: b.launch_deferred(inp, params, y)))
+        deferred.settle_all()
+        r["kernel_mean_ms"], r["deferred_mean_ms"] = statistics.median(plain_mean), statistics.median(deferred_mean)
     r["eager_ms"] = t(lambda: b.eager(inp, params))
     r["minimal_sketch_ms"] = t(lambda: minimal_sketch(x))
     try:
@@ -359,23 +392,31 @@ def _fmt(v: Any, nd: int = 3) -> str:
     return str(v)
 
 
+def _deferred_cells(r: dict[str, Any]) -> str:
+    """The deferred finisher's two cells: µs without / with the sketch (do_bench means, the settles inside), cost."""
+    plain, dfd = r.get("kernel_mean_ms", float("nan")), r.get("deferred_mean_ms", float("nan"))
+    if math.isnan(plain) or math.isnan(dfd):
+        return "- | -"
+    return f"{plain * 1e3:.1f} / {dfd * 1e3:.1f} | {100 * (dfd / plain - 1):+.1f}%"
+
+
 def report(checks: list[dict[str, Any]], copies: dict[str, tuple[float, float]], times: list[dict[str, Any]],
            device_name: str, notes: list[str]) -> str:
     lines = [f"# optwin.kernels on {device_name}", ""]
     lines += ["## Correctness (NaN-poisoned outputs, float64 math, production variant, ingest sketch)", "",
-              "| op | dtype | shape | unwritten | vs float64 | max abs vs production | sketch unwritten | sketch rel. diff vs ingest | y same w/o sketch | 2nd launch rel. diff |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "| op | dtype | shape | unwritten | vs float64 | max abs vs production | sketch unwritten | sketch rel. diff vs ingest | y same w/o sketch | 2nd launch rel. diff | deferred = in the launch |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in checks:
         lines.append(f"| {c['op']} | {c['dtype']} | {c['shape']} | {c['unwritten']} | {c['vs_float64']} | "
-                     f"{_fmt(c['max_abs_vs_production'])} | {c['sketch_unwritten']} | {c['sketch_vs_ingest']} | {c['same_y']} | {c['rerun']:.1e} |")
+                     f"{_fmt(c['max_abs_vs_production'])} | {c['sketch_unwritten']} | {c['sketch_vs_ingest']} | {c['same_y']} | {c['rerun']:.1e} | {c['deferred_same']} |")
     lines += ["", "## Copy bandwidth (y.copy_(x), same run)", "", "| dtype | ms | GB/s |", "|---|---|---|"]
     for dt, (ms, gbps) in copies.items():
         lines.append(f"| {dt} | {ms * 1e3:.1f} µs | {gbps:.0f} |")
     lines += ["", f"## Timing (median µs; kernel and kernel+sketch: median of {KERNEL_ROUNDS} interleaved rounds; bandwidth = read + write bytes / time; graph: CUDA graph replays)", "",
               ("| op | dtype | shape | kernel | GB/s | % of copy | eager | compiled | kernel+sketch | sketch cost "
                "| extra launches | unfused minimal sketch | ingest sketch (fp64) | graph: kernel | graph: compiled "
-               "| graph: sketch cost |"),
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+               "| graph: sketch cost | deferred finisher: kernel / +sketch (means) | deferred: sketch cost |"),
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     us = lambda v: _fmt(v * 1e3, 4)
     for r in times:
         g_cost = r["kernel_sketch_graph_ms"] / r["kernel_graph_ms"] - 1
@@ -384,7 +425,7 @@ def report(checks: list[dict[str, Any]], copies: dict[str, tuple[float, float]],
             f"{100 * r['copy_frac']:.0f}% | {us(r['eager_ms'])} | {us(r['compiled_ms'])} | {us(r['kernel_sketch_ms'])} | "
             f"{100 * r['sketch_overhead']:+.1f}% | 0 | {us(r['minimal_sketch_ms'])} | "
             f"{us(r['ingest_sketch_ms'])} | {us(r['kernel_graph_ms'])} | {us(r['compiled_graph_ms'])} | "
-            f"{'n/a' if math.isnan(g_cost) else f'{100 * g_cost:+.1f}%'} |")
+            f"{'n/a' if math.isnan(g_cost) else f'{100 * g_cost:+.1f}%'} | {_deferred_cells(r)} |")
         if "compiled_error" in r:
             notes.append(f"{r['op']}/{r['dtype']} torch.compile failed: {r['compiled_error']}")
         if "graph_error" in r:

@@ -24,16 +24,24 @@ def test_bench_checks_and_times_every_kernel_on_cpu():
     md = gk.run("cpu", check_shapes=[(3, 781), (2, 256)], time_shape=(4, 256), dtypes=("bfloat16",),
                 check_dtypes=("float16", "float32"), compile_ok=False)
     rows = [line for line in md.splitlines() if line.startswith("| ") and not line.startswith("| op") and not line.startswith("| dtype")]
-    checks = [r for r in rows if r.count("|") == 11]
+    checks = [r for r in rows if r.count("|") == 12]
     assert len(checks) == 4 * 2 * 2, md
     for r in checks:
         cells = [c.strip() for c in r.strip("|").split("|")]
         assert cells[3] == "0" and cells[4] == "ok" and cells[6] == "0", r  # all written, within tolerance
         assert float(cells[7].split()[0]) < 1e-4, r  # sketch agrees with optwin.ingest
         assert cells[8] == "yes" and float(cells[9]) < 1e-6, r  # y unchanged by the sketch; workspace reset
-    timing = [r for r in rows if r.count("|") == 17]
+        # the deferred launch (softmax only) writes the same y and features as the finisher in the launch
+        assert cells[10] == ("yes" if cells[0] == "softmax" else "n/a"), r
+    timing = [r for r in rows if r.count("|") == 19]
     assert {r.split("|")[1].strip() for r in timing} == {"rmsnorm", "softmax", "layernorm", "rope"}
     assert all(r.split("|")[14:17] == [" n/a ", " n/a ", " n/a "] for r in timing)  # graph replay: CUDA only
+    for r in timing:  # softmax's deferred launch timed beside the plain one (means); the others have none
+        cells = [c.strip() for c in r.strip("|").split("|")]
+        if cells[0] == "softmax":
+            assert cells[17].endswith("%") and all(float(v) > 0 for v in cells[16].split(" / ")), r
+        else:
+            assert cells[16:18] == ["-", "-"], r
     assert "raised" not in md, md
 
 
@@ -82,7 +90,7 @@ def test_kernel_timings_are_interleaved_rounds_and_their_medians(monkeypatch):
     monkeypatch.setitem(gk.OPS, "rmsnorm", dataclasses.replace(gk.OPS["rmsnorm"], launch=recording))
     # rounds: (plain, sketched) = (5, 1), (9, 2), (6, 30): medians 6 and 2; every later timing 1 ms
     ms = itertools.chain([5.0, 1.0, 9.0, 2.0, 6.0, 30.0], itertools.repeat(1.0))
-    monkeypatch.setattr(gk, "_timer", lambda device: lambda fn: (fn(), next(ms))[1])
+    monkeypatch.setattr(gk, "_timer", lambda device, mode="median": lambda fn: (fn(), next(ms))[1])
     monkeypatch.setattr(gk, "KERNEL_ROUNDS", 3)
     r = gk.time_op("rmsnorm", (4, 256), "bfloat16", "cpu", 1.0, compile_ok=False)
     assert launched[:6] == [False, True] * 3  # without, with, without, ...: a slow spell hits both
