@@ -5,6 +5,7 @@ the launch without the sketch, timed side by side in interleaved rounds, with a 
     BENCH_SHAPES=4096x16384,8192x8192 BENCH_ROUNDS=7 BENCH_PAGE_CALLS=16 python bench/deferred_finish.py
     python bench/deferred_finish.py --profile                        # cProfile of the deferred host path
     python bench/deferred_finish.py --settle                         # a settle's GPU time by rows a call
+    python bench/deferred_finish.py --trace                          # torch.profiler of calls back to back
     TRITON_INTERPRET=1 python bench/deferred_finish.py --smoke        # CPU dry run, small shapes, no timing
 
 Timing, per shape and input (bench/gpu_kernels.py's softmax inputs: random with a masked column, and HF's
@@ -56,14 +57,28 @@ deferred.DESC_RING = int(os.environ.get("BENCH_DESC_RING", deferred.DESC_RING)) 
 
 
 def _entries(x: torch.Tensor, y: torch.Tensor) -> dict[str, object]:
-    """The three launches over x, each a no-argument callable (rows=True: the row launch at any width)."""
+    """The launches over x, each a no-argument callable (rows=True: the row launch at any width)."""
     buf = new_buffer("softmax", x.device)
     rows = True if SMOKE else None  # on the GPU the shapes' own default: the row launch at ROWS_BLOCKS
     return {
         "no sketch": lambda: _softmax_launch(x, y, None, rows=rows),
         "finisher in the launch": lambda: _softmax_launch(x, y, buf, rows=rows),
         "deferred": lambda: _softmax_launch(x, y, None, rows=rows, defer=True),
+        "deferred, fresh blocks": _fresh_blocks(lambda: _softmax_launch(x, y, None, rows=rows, defer=True)),
     }
+
+
+def _fresh_blocks(fn):
+    """fn with deferred.RETIRED_BLOCKS at 0 while it runs: a settle inside it keeps no block, so every batch
+    unbinds a fresh one (the form before the blocks were reused: the A/B in one run)."""
+    def call():
+        keep = deferred.RETIRED_BLOCKS
+        deferred.RETIRED_BLOCKS = 0
+        try:
+            return fn()
+        finally:
+            deferred.RETIRED_BLOCKS = keep
+    return call
 
 
 def _same(a: dict[str, float], b: dict[str, float]) -> bool:
@@ -272,6 +287,61 @@ def settle_times() -> None:
                  "deferred_settle.md")
 
 
+def trace() -> None:
+    """--trace: three windows of BACK_TO_BACK calls back to back (no sleep, no flush) of each entry at each shape
+    (random scores), under torch.profiler with CUDA activity only (no per-op host records, which slowed the host
+    several fold): per window the GPU's busy time and its idle gaps between kernels, and each call's host time
+    (perf_counter), its median and the calls past 100 µs; the chrome traces go to $OUT gzipped."""
+    import gzip
+    import json
+
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    lines = ["| shape | launch | window µs a call | GPU busy µs a call | GPU gaps > 5 µs: count, µs a call | "
+             "host µs a call: median | host calls > 100 µs: count, µs in all |", "|---|---|---:|---:|---:|---:|---:|"]
+    out = os.environ.get("OUT")
+    g = torch.Generator().manual_seed(5)
+    for shape in SHAPES:
+        inp, _ = OPS["softmax"].make(shape, DTYPE, DEV, g)
+        x = inp["x"].reshape(-1, shape[-1])
+        for name, fn in _entries(x, torch.empty_like(x)).items():
+            if name == "no sketch":
+                continue
+            for _ in range(2 * BACK_TO_BACK):
+                fn()
+            deferred.settle_all()
+            torch.cuda.synchronize()
+            host: list[float] = []
+            with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(3):
+                    for _ in range(BACK_TO_BACK):
+                        t = time.perf_counter()
+                        fn()
+                        host.append((time.perf_counter() - t) * 1e6)
+                    torch.cuda.synchronize()
+            tag = name.replace(" ", "_").replace(",", "")
+            path = f"/tmp/trace_{shape[0]}x{shape[1]}_{tag}.json"
+            prof.export_chrome_trace(path)
+            events = json.load(open(path))["traceEvents"]
+            if out:
+                with gzip.open(Path(out, Path(path).name + ".gz"), "wt") as f:
+                    json.dump(events, f)
+            gpu = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in ("kernel", "gpu_memcpy"))
+            windows = [gpu[k * len(gpu) // 3:(k + 1) * len(gpu) // 3] for k in range(3)]  # ~a third each
+            span = sum(w[-1][1] - w[0][0] for w in windows)
+            busy = sum(b - a for a, b in gpu)
+            gaps = [b2[0] - a2[1] for w in windows for a2, b2 in zip(w, w[1:]) if b2[0] - a2[1] > 5]
+            calls = 3 * BACK_TO_BACK
+            slow = [h for h in host if h > 100]
+            lines.append(f"| {shape[0]}x{shape[1]} | {name} | {span / calls:.1f} | {busy / calls:.1f} | "
+                         f"{len(gaps)}, {sum(gaps) / calls:.1f} | {statistics.median(host):.1f} | "
+                         f"{len(slow)}, {sum(slow):.0f} |")
+    write_report("\n".join([f"# softmax: deferred finishing back to back, traced; {torch.cuda.get_device_name()}", "",
+                             f"Command: `BENCH_SHAPES={','.join(f'{r}x{c}' for r, c in SHAPES)} python "
+                             "bench/deferred_finish.py --trace`", ""] + lines) + "\n", "deferred_trace.md")
+
+
 def profile() -> None:
     """--profile: cProfile of the host's deferred launch path (2000 launches of 64 rows): top 25 by own time, and
 what the settles, reservations and finisher launches call."""
@@ -300,4 +370,11 @@ what the settles, reservations and finisher launches call."""
 if __name__ == "__main__":
     if not SMOKE:
         watchdog()
-    profile() if "--profile" in sys.argv else settle_times() if "--settle" in sys.argv else main()
+    if "--profile" in sys.argv:
+        profile()
+    elif "--settle" in sys.argv:
+        settle_times()
+    elif "--trace" in sys.argv:
+        trace()
+    else:
+        main()

@@ -32,7 +32,8 @@ def test_bench_checks_and_times_every_kernel_on_cpu():
         assert float(cells[7].split()[0]) < 1e-4, r  # sketch agrees with optwin.ingest
         assert cells[8] == "yes" and float(cells[9]) < 1e-6, r  # y unchanged by the sketch; workspace reset
         # the deferred launch (softmax only) writes the same y and features as the finisher in the launch
-        assert cells[10] == ("yes" if cells[0] == "softmax" else "n/a"), r
+        # (these shapes take the persistent launch, which does not defer: its atomics' order, as a 2nd launch)
+        assert cells[10] == "n/a" if cells[0] != "softmax" else cells[10].startswith(("yes", "not deferred: ")), r
     timing = [r for r in rows if r.count("|") == 19]
     assert {r.split("|")[1].strip() for r in timing} == {"rmsnorm", "softmax", "layernorm", "rope"}
     assert all(r.split("|")[14:17] == [" n/a ", " n/a ", " n/a "] for r in timing)  # graph replay: CUDA only

@@ -144,3 +144,32 @@ def test_settle_stale_settles_only_batches_past_their_age():
     assert deferred.pending(buf)
     deferred.settle_stale(0.0)
     assert not deferred.pending(buf) and _same(read_sketch("softmax", buf, x.shape), _in_launch(x)[1])
+
+
+def test_a_settled_block_is_reused_once_no_caller_holds_its_buffers(monkeypatch):
+    """A new batch takes a settled batch's features block only when no buffer of it, nor a tensor made from
+    one, is held: a held buffer keeps its features through later batches; a dropped block comes back."""
+    monkeypatch.setattr(deferred, "PAGE_CALLS", 2)
+    monkeypatch.setattr(deferred, "_PAGES", {})
+    x = _special(6, 40, "reuse")
+    want = _in_launch(x)[1]
+    _, a = _deferred(x)
+    _, b = _deferred(x)
+    first = id(a._base)
+    deferred.settle_all()
+    kept = b.view(-1)[:4]  # a tensor made from a buffer (not the buffer object itself)
+    held = kept.clone()
+    del a, b
+    _, c = _deferred(x)
+    assert id(c._base) != first  # the first block is held through `kept`: a fresh one
+    deferred.settle_all()
+    _, d = _deferred(x)
+    assert id(d._base) not in (first, id(c._base))  # c holds the second
+    deferred.settle_all()
+    assert torch.equal(kept, held)  # two later batches settled; the held features are intact
+    assert _same(read_sketch("softmax", c, x.shape), want) and _same(read_sketch("softmax", d, x.shape), want)
+    del kept, c
+    _, e = _deferred(x)
+    assert id(e._base) == first  # nothing holds the oldest block any more: it comes back
+    assert _same(read_sketch("softmax", e, x.shape), want)
+    assert deferred.leftover() == (0, 0)

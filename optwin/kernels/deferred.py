@@ -32,6 +32,7 @@ Pure torch: the finishers are registered by the kernel modules (register_finishe
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -71,10 +72,48 @@ MAX_AGE_S = 0.05
 # is DESC_RING settles ahead of it (the first form waited for the settle before's copy every time)
 DESC_RING = 8
 
+# Settled batches' feature blocks a page keeps for reuse: a later batch takes one that no caller holds (no
+# reference to any of its buffers, nor any tensor made from them), where a fresh block costs its unbind into
+# per-call buffers, ~120 µs of host time at 64 calls, all at once at the settle (a CPU; bench/deferred_finish.py
+# --trace: the GPU idled 0.6-0.9 ms around each settle of calls back to back on the H200, torch.profiler on)
+RETIRED_BLOCKS = 4
+
 # op -> finish(page, features, desc, calls): launches the op's batched finisher over a settling batch of `calls`
 # calls, whose buffers are the first rows of features (float64 (calls_cap, features)) and whose (record word
 # offset, rows, columns) are desc's first rows (int64 (calls_cap, 3) on the device)
 _FINISHERS: dict[str, Callable[["Page", torch.Tensor, torch.Tensor, int], None]] = {}
+
+
+def _storage_uses(t: torch.Tensor) -> int:
+    """How many tensors share t's storage (-1 where this torch cannot say: then no block is reused)."""
+    count = getattr(torch._C, "_storage_Use_Count", None)
+    return count(t.untyped_storage()._cdata) if count is not None else -1
+
+
+def _most_refs(views: list[torch.Tensor]) -> int:
+    """The most Python references any of a block's buffers has (this function's own counted alike each time)."""
+    return max(sys.getrefcount(v) for v in views)
+
+
+@dataclass
+class Block:
+    """A batch's features (float64 (calls_cap, features)) and its per-call buffers (the rows, made once), with
+    the storage's use count and the buffers' reference count while only the page holds them."""
+
+    features: torch.Tensor
+    views: list[torch.Tensor]
+    uses: int
+    refs: int
+
+    @classmethod
+    def fresh(cls, op: str, calls: int, device: torch.device) -> "Block":
+        features = torch.empty((calls, len(feature_names(op))), dtype=torch.float64, device=device)
+        views = list(features.unbind(0))
+        return cls(features, views, _storage_uses(features), _most_refs(views))
+
+    def unheld(self) -> bool:
+        """No caller holds a buffer of this block, nor a tensor made from one: a new batch may write it."""
+        return self.uses >= 0 and _storage_uses(self.features) == self.uses and _most_refs(self.views) <= self.refs
 
 
 @dataclass
@@ -94,8 +133,8 @@ class Page:
     desc_host: torch.Tensor  # int64 (DESC_RING, calls_cap, 3), pinned on CUDA: settles' (offset, rows, columns)
     desc: torch.Tensor  # int64 (calls_cap, 3): what the finisher reads, on the device
     slots: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)  # per slot views
-    features: torch.Tensor | None = None  # float64 (calls_cap, features): this batch's buffers
-    buffers: list[torch.Tensor] = field(default_factory=list)  # its rows
+    block: Block | None = None  # this batch's features and buffers
+    retired: list[Block] = field(default_factory=list)  # settled batches' blocks, oldest first (RETIRED_BLOCKS)
     calls: list[tuple[int, int, int]] = field(default_factory=list)  # (record word offset, rows, columns)
     opened: float = 0.0  # time.monotonic() of this batch's first call
     waiters: list[Callable[[], None]] = field(default_factory=list)
@@ -152,16 +191,18 @@ def reserve(op: str, device: torch.device, n_rows: int, n_cols: int,
         if page is not None:
             _settle(page)  # its memory is freed in stream order, after its finisher
         page = _PAGES[key] = _new_page(op, key, words, n_rows)
-    if page.features is None:  # a batch's buffers, fresh: a caller may keep its buffer past the next batch
-        page.features = torch.empty((page.calls_cap, len(feature_names(op))), dtype=torch.float64,
-                                    device=page.device)
-        page.buffers = list(page.features.unbind(0))
-        _PENDING[id(page.features)] = (page.features, page)
+    if page.block is None:  # a batch's buffers: a settled block no caller holds any more, else a fresh one
+        page.block = next((b for b in page.retired if b.unheld()), None)
+        if page.block is not None:
+            page.retired.remove(page.block)
+        else:
+            page.block = Block.fresh(op, page.calls_cap, page.device)
+        _PENDING[id(page.block.features)] = (page.block.features, page)
     k = len(page.calls)
     if k == 0:
         page.opened = time.monotonic()
     page.calls.append((k * page.rows_cap * words, n_rows, n_cols))
-    buf = page.buffers[k]
+    buf = page.block.views[k]
     records, ws_f, ws_i = page.slots[k]
     return buf, records, ws_f, ws_i
 
@@ -228,9 +269,11 @@ def _on_stream(page: Page) -> Iterator[None]:
 def _settle(page: Page) -> None:
     if not page.calls:
         return
-    calls, waiters, features = page.calls, page.waiters, page.features
-    page.calls, page.waiters, page.features, page.buffers = [], [], None, []
+    calls, waiters, block = page.calls, page.waiters, page.block
+    page.calls, page.waiters, page.block = [], [], None
+    features = block.features
     _PENDING.pop(id(features), None)
+    page.retired = (page.retired + [block])[-RETIRED_BLOCKS:] if RETIRED_BLOCKS > 0 else []
     n = len(calls)
     r = page.settles % DESC_RING
     page.settles += 1
