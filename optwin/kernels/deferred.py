@@ -58,9 +58,11 @@ MIN_PAGE_ROWS = 1 << 12  # rows of records a page keeps per call at least
 MAX_PAGE_WORDS = 1 << 22  # record words a page holds at most (32 MB): fewer calls a page for the longest launches
 # Rows of a launch that defers at most. A settle's finisher reduces each call's records in one program, POLL
 # (512) rows at a time in row order, after the calls ran; the in-launch finisher does the same polls while the
-# rows run and ends ~2 µs after the last. Past some rows the serial polls cost more than that: at ~1 µs a
-# poll (a guess from the flushed means, not timed alone) 32768 rows take ~64 µs a settle, 1 µs a call at 64
-# calls a page; 262144 (eager attention's 1 x 32 x 8192 rows) would take ~0.5 ms, ~64 µs a call at its 8
+# rows run, and costs a call ~4 µs (stop 37). A settle's GPU time on the H200 (bench/deferred_finish.py --settle,
+# bf16 rows of 8192; bench/results/deferred_settle_h200_s39.md): 4096 rows x 64 calls 24.4 µs (0.38 a call),
+# 32768 x 64 94.0 (1.47 a call), 131072 x 16 (MAX_PAGE_WORDS) 309 (19.3 a call): ~1.2-1.4 µs a poll, serial in
+# a call's program. 65536 rows (32 calls a page) would take ~155 µs, ~4.8 µs a call: more than the in-launch
+# finisher, so the cap stays at 32768.
 MAX_ROWS = 1 << 15
 
 # Seconds a batch may wait for its page to fill before settle_stale() settles it (a monitor calls it on each
