@@ -68,7 +68,9 @@ def test_packed_layout_hf_masks_and_lowest_value_rows():
     x[7, :10] = -math.inf
     x[7, 10:40] = lo
     x[9, 0], x[9, 3] = 3e38, -3e38  # the range overflows float32: d = -inf at -3e38 (the clamped branch)
-    x[11, 5], x[11, 9:20] = 1e30, -math.inf  # a HUGE value beside -inf: the squares re-read the row
+    x[11, 5], x[11, 9:20] = 1e30, -math.inf  # a HUGE value beside -inf: its squares from wd
+    x[13], x[13, 40:90] = -1e9 + x[13], -math.inf  # a max just above NEG_SAFE (-2^31): -inf read as -2^32, e = 0
+    x[15], x[15, 2:30] = -5e9 + x[15], -math.inf  # a max below NEG_SAFE: the clamped branch re-reads the row
     xb = x.to(torch.bfloat16)
     got, same = softmax_layout(xb, 10)
     assert same
@@ -79,14 +81,15 @@ def test_packed_layout_hf_masks_and_lowest_value_rows():
     _softmax_launch(xb, y, new_buffer("softmax", "cpu"))
     torch.testing.assert_close(y.float(), torch.softmax(xb.double(), -1).float(), atol=2e-2, rtol=0)
     assert (y[3, :7] == 0).all()  # the -inf beside a row of the lowest value
+    assert (y[13, 40:90] == 0).all() and (y[15, 2:30] == 0).all()  # -inf beside very negative maxima
 
 
-@pytest.mark.parametrize("huge", [1e20, 1e30, 3e38])
+@pytest.mark.parametrize("huge", [2.0**56, 1e20, 1e30, 3e38])
 def test_huge_rows_count_the_lowest_value_but_not_minus_inf(huge):
-    """In the HUGE branch the -inf halves read as the lowest finite value (wd), so a row with -inf takes
-    its squares from a re-read. A HUGE value far below the lowest's square (1e20) beside many -inf and a
-    few real lowest values must keep its share of the sum of squares; lanes holding both must count each
-    right (the rms within 1e-6 of ingest's)."""
+    """In the HUGE branch the squares come from wd, whose -inf halves read as -2^32: their scaled squares
+    must vanish in the row's sum, even beside the smallest HUGE value (2^56) alone. A HUGE value far below
+    the lowest's square (1e20) beside many -inf and a few real lowest values must keep its share of the sum
+    of squares; lanes holding both must count each right (the rms within 1e-6 of ingest's)."""
     g = seed("packed-huge", huge)
     lo = torch.finfo(torch.bfloat16).min
     x = torch.randn(12, 256, generator=g)

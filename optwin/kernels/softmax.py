@@ -268,7 +268,10 @@ FUSION = False  # enable_fp_fusion of the VARIANT 3-8 sketch kernels (the sweep'
 # difference is 0: ex2.approx.ftz underflows below -126 * ln 2) can read its -inf halves as that value.
 # In float32 the bf16 bound is the value itself (its ulp is 2^104); fp16's is exact.
 POS_SAFE: tl.constexpr = tl.constexpr(2.0**119)  # lowest bf16 - m stays > -FMAX below this m
-NEG_SAFE = {torch.bfloat16: float(torch.finfo(torch.bfloat16).min), torch.float16: float(torch.finfo(torch.float16).min) + 128.0}
+# bf16 -inf halves read as -2^32 (NEG_MAP_PAIR): rows whose max is above -2^31 (the rest re-read the row and clamp)
+NEG_SAFE = {torch.bfloat16: -(2.0**31), torch.float16: float(torch.finfo(torch.float16).min) + 128.0}
+NEG_MAP_PAIR: tl.constexpr = tl.constexpr(-813641856)  # 0xCF80CF80: two bf16 -2^32
+assert NEG_MAP_PAIR.value == int.from_bytes(bytes.fromhex("80cf80cf"), "little", signed=True)
 
 
 @triton.jit
@@ -513,8 +516,8 @@ def _softmax_kernel(
     # (s alone), 2 no min (a plain max tree), 4 no lane accumulators, 8 no per-row scalars, 16 no flushes (nor
     # the lane totals at the end: n_left stays FLUSH),
     # 32 no publish (no atomics, no ticket, no features written), 64 no -inf mask (the op on the words alone),
-    # 128 the publish's ticket and end without its atomics, 256 the HUGE branch without its -inf test,
-    # 512 only every 8th program merges, 1024 no float merges, 2048 no integer merges, 4096 ROWS: no records stored
+    # 128 the publish's ticket and end without its atomics (256, the HUGE branch without its -inf test, went with
+    # that test in stop 39), 512 only every 8th program merges, 1024 no float merges, 2048 no integer merges, 4096 ROWS: no records stored
     # and none polled (the finisher returns at once; the records stay at their sentinel), 8192 ROWS: the finisher
     # returns at once (the rows' records stay set: the bench resets them, sketch_buffer.reset_state), 131072:
     # globaltimer stamps into T_ptr (bench/finisher_timeline.py). Stop 37's 16384 (relaxed polls) and 32768 / 65536
@@ -571,13 +574,11 @@ def _softmax_kernel(
                 # through shared memory every row, H200 4096x16383 bf16 with the sketch 333 µs)
                 inner = _whole(first, end, BLOCK, VEC)
                 pos, edge = _edges(off, first, end, n_cols, VEC)
-                n_pad = BLOCK - tl.maximum(end - first, 0) * VEC  # -inf halves of the words outside the whole vectors
                 Xw = (X_ptr + start).to(tl.pointer_type(tl.int32))
                 w = tl.load(Xw + wcols, mask=wm, other=NEG_PAIR, eviction_policy="evict_first")
                 he = tl.load(X_ptr + start + pos, mask=edge, other=-float("inf")).to(tl.float32)  # read n (dtype)
             elif PACKED:
                 wm = wmask
-                n_pad = BLOCK - n_cols  # the padding words' -inf halves
                 Xw = (X_ptr + row * X_row_stride).to(tl.pointer_type(tl.int32))
                 w = tl.load(Xw + wcols, mask=wm, other=NEG_PAIR, eviction_policy="evict_first")  # read n (dtype)
             elif WINDOW:  # a row no power of two divides: its interior in whole vectors, its edges apart (_window)
@@ -639,13 +640,17 @@ def _softmax_kernel(
                     ninf = neg_inf_mask(w, BF16)  # 0xFFFF per -inf half
                     ones = ninf & LOW_BITS_PAIR  # 1 per -inf half
                     a_prev = a_sq
-                    n_prev = a_neg
                     if PROBE // 4 % 2 == 0:
                         a_neg += lane_sum(ones, BLOCK // 2, LANES, VEC // 2, KEEP)  # padding included
                         a_sq += lane_sum_squares(_unpacked(w & ~ninf, BF16, BLOCK), BLOCK, LANES, VEC, KEEP)  # HUGE rows below
-                    # only wd lives across the max tree: -inf halves read as the format's lowest finite value
-                    # (0xFF80 - 1 = 0xFF7F, 0xFC00 - 1 = 0xFBFF), whose e is still 0 where m > NEG_SAFE
-                    wd = w - ones
+                    # only wd lives across the max tree, its -inf halves read as a finite value whose e is still 0
+                    # where m > NEG_SAFE: bf16 -2^32 (NEG_MAP_PAIR, one LOP3 a word), whose scaled square in a HUGE
+                    # row's sum is below half an ulp of any square there (below); fp16 its lowest value
+                    # (0xFC00 - 1 = 0xFBFF: fp16 has no HUGE rows but +inf ones, which the exact pass redoes)
+                    if BF16:
+                        wd = (w & ~ninf) | (ninf & NEG_MAP_PAIR)
+                    else:
+                        wd = w - ones
                     if PROBE // 2 % 2 == 0:
                         m, rmin = row_max_min(w, w ^ (ninf & SIGN_PAIR), BF16)  # the min's -inf halves made +inf
                     else:
@@ -657,18 +662,13 @@ def _softmax_kernel(
                     if PROBE // 4 % 2 == 1:
                         pass
                     elif tl.maximum(m, -rmin) >= HUGE:  # a finite |h| >= HUGE (every HF-masked row) or +inf
-                        a_sq = a_prev  # as layout 4: the squares scaled, in their own lanes
-                        n_inf = tl.sum(_lane_count_i32(a_neg - n_prev))  # the row's -inf halves, padding included
-                        if PROBE // 256 % 2 == 1:  # bench only: no cross-warp -inf test (wrong for rows with -inf)
-                            hw = wd
-                        elif n_inf == 0:  # no -inf (HF masks): wd is the row
-                            hw = wd
-                        elif n_inf == n_pad:  # -inf only in the padding: wd is the row where wm (no re-read)
-                            hw = tl.where(wm, wd, 0)
-                        else:  # wd reads -inf as the lowest value: re-read the row (an L2 hit) and zero them
-                            w2 = tl.load(Xw + wcols, mask=wm, other=NEG_PAIR)
-                            hw = w2 & ~neg_inf_mask(w2, BF16)
-                        hs = _mul_opaque(_unpacked(hw, BF16, BLOCK), HUGE_SCALE)
+                        # as layout 4: the squares scaled, in their own lanes, straight from wd. Its -inf halves
+                        # (padding too) add 2^-80 each, at most 2^-65 a row: below half an ulp (2^-56) of the
+                        # smallest scaled HUGE square (2^-32), so every sum they join rounds to the same bits as
+                        # without them. Before, a tree of the row's -inf count chose between wd, a select and an
+                        # L2 re-read (stop 29: that test was 4.2 of HF-masked rows' sketch µs)
+                        a_sq = a_prev
+                        hs = _mul_opaque(_unpacked(wd, BF16, BLOCK), HUGE_SCALE)
                         a_huge += lane_sum_squares(hs, BLOCK, LANES, VEC, KEEP)
                     # d finite at every lane: t without the clamp. Not where the row's range or the lowest
                     # value's distance to m overflows float32 (3e38 beside -3e38: d = -inf, e * d = NaN)
