@@ -95,6 +95,9 @@ def graph_ms(fn: Callable[[], Any], calls: int = 10, replays: int = 20) -> float
 
 
 SLEEP_CYCLES = 400_000  # ~0.2 ms at the H200's clock: longer than any host launch here
+# ~10 ms of GPU sleep: longer than the host takes to queue a window of 64 launches (the deferred finisher's page),
+# so that window's GPU time, its settle included, shows without the host's (events_ms's sleep)
+AHEAD_CYCLES = 20_000_000
 
 
 def events_ms(fn: Callable[[], Any], flush: bool, sleep: bool | int, calls: int = 1, reps: int = 40,

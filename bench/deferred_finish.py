@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, f
 sys.path.insert(1, str(Path(__file__).resolve().parent))
 
 import torch
-from _bench_common import events_ms, watchdog, write_report
+from _bench_common import AHEAD_CYCLES, events_ms, watchdog, write_report
 from gpu_kernels import OPS
 
 from optwin.kernels import deferred, read_sketch
@@ -51,7 +51,6 @@ DTYPE = getattr(torch, os.environ.get("BENCH_DTYPE", "bfloat16"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "7"))
 INPUTS = ("softmax", "softmax (hf mask)")
 BACK_TO_BACK = 64
-AHEAD_CYCLES = 20_000_000  # ~10 ms of GPU sleep: longer than the host takes to queue BACK_TO_BACK calls
 deferred.PAGE_CALLS = int(os.environ.get("BENCH_PAGE_CALLS", deferred.PAGE_CALLS))  # calls a page settles after
 deferred.DESC_RING = int(os.environ.get("BENCH_DESC_RING", deferred.DESC_RING))  # settles before a wait
 

@@ -234,10 +234,10 @@ ROW_PER_PROGRAM = 1 << 20  # per_sm that makes persistent_grid give one program 
 # the L2. A fraction of a wave (bench/results/prefetch_fraction_h200_s22d_*.md): rmsnorm at 16384x4096
 # 73.1 -> 69.5 at half a wave (4096x16384: 70.1 -> 70.0, not taken); layernorm lost at 1/4 and 1/2 (69.3
 # -> 71.3, 75.9 at 16384x4096); with the sketch a wave stayed best or equal.
-# Layernorm's sketched Welford launch at 4096 and 8192 half a wave ahead too (stop 39, bf16, µs with the sketch,
-# 5 rounds, a wave -> half: 16384x4096 76.0 -> 73.9, 8192x8192 79.1 -> 74.5; none 80.5, 75.9; two waves 90.7,
-# 96.0; the launch without the sketch 69.2, 70.3; bench/results/ln_pf_*_h200_s39.md). fp16 at half a wave:
-# bench/results/ln_pf_fp16_*_h200_s39.md.
+# Layernorm's sketched Welford launch at 8192 half a wave ahead too (stop 39, µs with the sketch, 5 rounds, a
+# wave -> half: bf16 8192x8192 79.1 -> 74.5 (none 75.9, two waves 96.0; without the sketch 70.3), fp16 79.3 ->
+# 72.9; bench/results/ln_pf_*8192x8192_h200_s39.md). Not 4096, where the dtypes disagreed: bf16 16384x4096 76.0 ->
+# 73.9, fp16 91.8 -> 106.8 (a noisy run: torch.compile read 92-194 µs in its rounds; ln_pf_*16384x4096_h200_s39.md).
 # Layernorm at 16384 half a wave ahead, not a wave (stop 30, 4096x16384, µs with the sketch, a wave -> none;
 # the plain launch 70.3-71.5): float16 84.7 -> 73.7, bfloat16 76.5 -> 76.5 (bench/results/ln_dtype2_*_h200_s30.md).
 # Stop 31, none -> half a wave: bfloat16 76.8 -> 75.9 and 76.5 -> 75.3, float16 73.9 -> 73.2 (a quarter 72.9;
@@ -245,8 +245,9 @@ ROW_PER_PROGRAM = 1 << 20  # per_sm that makes persistent_grid give one program 
 # 75.4, 8192x8192 76.0 -> 74.6 (ln_pf_*_h200_s30.md).
 PREFETCH: dict[tuple[str, int, int, bool], float] = {
     **{("softmax", b, 2, sk): 1 for b in (8192, 16384, 32768) for sk in (False, True)},
-    **{(op, b, 2, True): 1 for op, b in (("rmsnorm", 4096), ("rmsnorm", 8192), ("rmsnorm", 16384))},
-    **{("layernorm", b, 2, True): 0.5 for b in (4096, 8192, 16384)},
+    **{(op, b, 2, True): 1 for op, b in (("rmsnorm", 4096), ("rmsnorm", 8192), ("rmsnorm", 16384),
+                                          ("layernorm", 4096))},
+    **{("layernorm", b, 2, True): 0.5 for b in (8192, 16384)},
     ("rmsnorm", 4096, 2, False): 0.5,
     # float32 rows, one step ahead, µs without / with the sketch, none -> prefetch: 4096x16384 at
     # TUNED_BY_ELEMENT's launches (above; bench/results/fp32_defaults_h200_s23.md), 8192x8192 softmax
