@@ -173,3 +173,41 @@ def test_a_settled_block_is_reused_once_no_caller_holds_its_buffers(monkeypatch)
     assert id(e._base) == first  # nothing holds the oldest block any more: it comes back
     assert _same(read_sketch("softmax", e, x.shape), want)
     assert deferred.leftover() == (0, 0)
+
+
+def test_a_settle_from_another_thread_waits_for_the_launch(monkeypatch):
+    """A settle from another thread (a monitor flushed from a reporting thread) while a deferred call sits between
+    its reservation and its launch waits for the launch: its page's finisher is never queued ahead of the rows
+    whose records it polls (on a GPU it would wait for them forever)."""
+    import threading
+
+    import optwin.kernels.softmax as sm
+
+    x = _special(6, 40, "thread")
+    want = _in_launch(x)[1]
+    events: list[str] = []
+    real_launch, real_finish = sm.launch, deferred._FINISHERS["softmax"]
+
+    def launch(kernel, grid, *args, **kwargs):
+        if kernel is sm._softmax_kernel and kwargs.get("ROWS") and grid[0] == x.shape[0]:  # the deferred rows
+            other = threading.Thread(target=deferred.settle_all)
+            other.start()
+            other.join(0.3)  # time for it to settle now, were nothing holding it back
+            out = real_launch(kernel, grid, *args, **kwargs)
+            events.append("rows")
+            monkeypatch.setattr(sm, "launch", real_launch)
+            launch.other = other
+            return out
+        return real_launch(kernel, grid, *args, **kwargs)
+
+    def finish(page, features, desc, calls):
+        events.append("finisher")
+        if "rows" in events:  # else the interpreter's finisher would poll for records never written
+            real_finish(page, features, desc, calls)
+
+    monkeypatch.setattr(sm, "launch", launch)
+    monkeypatch.setitem(deferred._FINISHERS, "softmax", finish)
+    _, buf = _deferred(x)
+    launch.other.join()
+    assert events == ["rows", "finisher"]
+    assert _same(read_sketch("softmax", buf, x.shape), want) and deferred.leftover() == (0, 0)

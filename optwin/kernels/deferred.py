@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -148,6 +149,12 @@ class Page:
         return self.records.shape[0]
 
 
+# Held while pages change (reserve, settles, waiters) and by a launcher from its reservation until its launch is
+# queued: a settle from another thread (a monitor flushed from a reporting thread) must not queue a page's
+# finisher between a call's reservation and its launch, where the finisher would wait on the GPU for records that
+# the rows, queued behind it on the same stream, never write first. Reentrant: a settle's waiters may launch.
+lock = threading.RLock()
+
 _PAGES: dict[tuple[str, str, int], Page] = {}
 # id of a filling batch's features -> (the features, its page): a call's buffer is a view of them (one entry a
 # batch, not a call: a settle then drops one entry, not 64 found by address)
@@ -182,7 +189,14 @@ def _new_page(op: str, key: tuple[str, str, int], words: int, n_rows: int) -> Pa
 def reserve(op: str, device: torch.device, n_rows: int, n_cols: int,
             words: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """A pending call's (buffer, records, workspace float slots, int slots) on the current stream's page: the
-    row launch writes the records and workspace; the buffer is final once its page settles."""
+    row launch writes the records and workspace; the buffer is final once its page settles. The caller holds
+    `lock` until the launch that writes them is queued."""
+    with lock:
+        return _reserve(op, device, n_rows, n_cols, words)
+
+
+def _reserve(op: str, device: torch.device, n_rows: int, n_cols: int,
+             words: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     key = _stream_key(op, device)
     page = _PAGES.get(key)
     if page is not None and len(page.calls) == page.calls_cap:
@@ -223,18 +237,20 @@ def pending(buf: torch.Tensor) -> bool:
 
 def when_settled(buf: torch.Tensor, fn: Callable[[], None]) -> None:
     """Run fn() once buf's finisher is queued (at once if buf is not pending)."""
-    page = _page_of(buf)
-    if page is None:
-        fn()
-    else:
-        page.waiters.append(fn)
+    with lock:
+        page = _page_of(buf)
+        if page is not None:
+            page.waiters.append(fn)
+            return
+    fn()
 
 
 def settle(buf: torch.Tensor) -> None:
     """Queue the finisher of buf's page, if buf is pending (no host sync)."""
-    page = _page_of(buf)
-    if page is not None:
-        _settle(page)
+    with lock:
+        page = _page_of(buf)
+        if page is not None:
+            _settle(page)
 
 
 def settle_stale(max_age_s: float | None = None) -> None:
@@ -242,15 +258,17 @@ def settle_stale(max_age_s: float | None = None) -> None:
     if not _PAGES:
         return
     oldest = time.monotonic() - (MAX_AGE_S if max_age_s is None else max_age_s)
-    for page in list(_PAGES.values()):
-        if page.calls and page.opened <= oldest:
-            _settle(page)
+    with lock:
+        for page in list(_PAGES.values()):
+            if page.calls and page.opened <= oldest:
+                _settle(page)
 
 
 def settle_all() -> None:
     """Queue the finisher of every page with pending calls."""
-    for page in list(_PAGES.values()):
-        _settle(page)
+    with lock:
+        for page in list(_PAGES.values()):
+            _settle(page)
 
 
 @contextlib.contextmanager

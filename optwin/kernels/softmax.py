@@ -77,6 +77,8 @@ atomics per program and the feature vector.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import triton
 import triton.language as tl
@@ -864,6 +866,9 @@ def unaligned_warps(n: int, esize: int, align: int) -> int | None:
     return UNALIGNED_WARPS.get((next_pow2(n), esize)) if align == 1 else None
 
 
+_NO_LOCK = contextlib.nullcontext()  # _softmax_launch's lock where the call does not defer
+
+
 def _softmax_launch(
     x2: torch.Tensor, y2: torch.Tensor, buf: torch.Tensor | None, num_warps: int | None = None,
     stages: int | None = None, per_sm: int | None = None,
@@ -931,33 +936,36 @@ def _softmax_launch(
     # the sketch buffer and workspace looked up only now: a deferred call's are its page's (its host time
     # counts: bench/deferred_finish.py)
     defer = defer and by_row and timestamps is None and deferred.takes(n_rows, x2.device)
-    if defer:  # a program per row, its records to a page; the page's finisher runs later
-        buf, m, f, i = deferred.reserve("softmax", x2.device, n_rows, n, words=2)
-        grid = n_rows
-        finisher_first = False  # program n_rows would finish: there is none
-    else:
-        buf = new_buffer("softmax", x2.device) if sketch and buf is None else buf
-        f, i = workspace("softmax", x2.device) if sketch else (y2, y2)
-        if by_row:  # a program per row and the finisher
-            grid = n_rows + 1
-            m = row_records("softmax", x2.device, n_rows, words=2, extra=0)[0]
+    # a deferred call holds deferred.lock from its reservation until its launch is queued: a settle of its page
+    # from another thread (a monitor's flush) then cannot queue the finisher ahead of the rows it polls for
+    with deferred.lock if defer else _NO_LOCK:
+        if defer:  # a program per row, its records to a page; the page's finisher runs later
+            buf, m, f, i = deferred.reserve("softmax", x2.device, n_rows, n, words=2)
+            grid = n_rows
+            finisher_first = False  # program n_rows would finish: there is none
         else:
-            grid = persistent_grid(key, n_rows, x2.device, grid_per_sm("softmax", block, sketch, per_sm))
-            m = y2
-    pf = prefetch_args("softmax", block, x2, sketch, grid, key, prefetch, win)
-    k = launch(_softmax_kernel, (grid,),
-        x2, x2.stride(0), y2, y2.stride(0), buf if sketch else y2, f, i, m, m if timestamps is None else timestamps,
-        n_rows, n, PEAK_NATS,
-        BLOCK=block, SKETCH=sketch, STAGES=st, VARIANT=var,
-        CHUNK=min(CHUNK, block), VEC=vec, LANES=lanes, KEEP=kp, FLUSH=FLUSH, EVEN=even, PACKED=packed,
-        BF16=x2.dtype == torch.bfloat16, NEG_PAIR=NEG_INF_PAIR.get(x2.dtype, 0),
-        NEG_SAFE=NEG_SAFE.get(x2.dtype, 0.0), **pf, ALIGN=align, WINDOW=win, PROBE=probe,
-        ROWS=by_row, POLL=poll or RECORD_POLL,
-        FINISHER_FIRST=not INTERPRETED if finisher_first is None else finisher_first,
-        num_warps=warps,
-        enable_fp_fusion=fuse,
-        **extra,
-    )
+            buf = new_buffer("softmax", x2.device) if sketch and buf is None else buf
+            f, i = workspace("softmax", x2.device) if sketch else (y2, y2)
+            if by_row:  # a program per row and the finisher
+                grid = n_rows + 1
+                m = row_records("softmax", x2.device, n_rows, words=2, extra=0)[0]
+            else:
+                grid = persistent_grid(key, n_rows, x2.device, grid_per_sm("softmax", block, sketch, per_sm))
+                m = y2
+        pf = prefetch_args("softmax", block, x2, sketch, grid, key, prefetch, win)
+        k = launch(_softmax_kernel, (grid,),
+            x2, x2.stride(0), y2, y2.stride(0), buf if sketch else y2, f, i, m, m if timestamps is None else timestamps,
+            n_rows, n, PEAK_NATS,
+            BLOCK=block, SKETCH=sketch, STAGES=st, VARIANT=var,
+            CHUNK=min(CHUNK, block), VEC=vec, LANES=lanes, KEEP=kp, FLUSH=FLUSH, EVEN=even, PACKED=packed,
+            BF16=x2.dtype == torch.bfloat16, NEG_PAIR=NEG_INF_PAIR.get(x2.dtype, 0),
+            NEG_SAFE=NEG_SAFE.get(x2.dtype, 0.0), **pf, ALIGN=align, WINDOW=win, PROBE=probe,
+            ROWS=by_row, POLL=poll or RECORD_POLL,
+            FINISHER_FIRST=not INTERPRETED if finisher_first is None else finisher_first,
+            num_warps=warps,
+            enable_fp_fusion=fuse,
+            **extra,
+        )
     note_occupancy(key, k, warps)
     return buf
 
