@@ -26,6 +26,9 @@ Waiters registered with when_settled run right after the finisher is queued (the
 device-to-host copy there). Launches inside CUDA graph
 capture never defer (a replay runs no host code: nothing would settle it), nor launches past MAX_ROWS rows
 (whose serial finish would cost more than the in-launch finisher's overlapped one); the launchers ask takes().
+Settled batches' feature blocks are reused once no caller holds a buffer of them (RETIRED_BLOCKS). Pages change
+under one lock, which a launcher holds from a call's reservation until its launch is queued (`lock`), so a settle
+from another thread waits for that launch.
 Pure torch: the finishers are registered by the kernel modules (register_finisher).
 """
 

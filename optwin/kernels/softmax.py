@@ -519,9 +519,10 @@ def _softmax_kernel(
     # the lane totals at the end: n_left stays FLUSH),
     # 32 no publish (no atomics, no ticket, no features written), 64 no -inf mask (the op on the words alone),
     # 128 the publish's ticket and end without its atomics (256, the HUGE branch without its -inf test, went with
-    # that test in stop 39), 512 only every 8th program merges, 1024 no float merges, 2048 no integer merges, 4096 ROWS: no records stored
-    # and none polled (the finisher returns at once; the records stay at their sentinel), 8192 ROWS: the finisher
-    # returns at once (the rows' records stay set: the bench resets them, sketch_buffer.reset_state), 131072:
+    # that test in stop 39), 512 only every 8th program merges, 1024 no float merges, 2048 no integer merges,
+    # 4096 ROWS: no records stored and none polled (the finisher returns at once; the records stay at their
+    # sentinel), 8192 ROWS: the finisher returns at once (the rows' records stay set: the bench resets them,
+    # sketch_buffer.reset_state), 131072:
     # globaltimer stamps into T_ptr (bench/finisher_timeline.py). Stop 37's 16384 (relaxed polls) and 32768 / 65536
     # (naps between polls) moved nothing and are gone (ab33ac9 has them)
 ):
@@ -665,9 +666,9 @@ def _softmax_kernel(
                         pass
                     elif tl.maximum(m, -rmin) >= HUGE:  # a finite |h| >= HUGE (every HF-masked row) or +inf
                         # as layout 4: the squares scaled, in their own lanes, straight from wd. Its -inf halves
-                        # (padding too) add 2^-80 each, at most 2^-65 a row: below half an ulp (2^-56) of the
-                        # smallest scaled HUGE square (2^-32), so every sum they join rounds to the same bits as
-                        # without them. Before, a tree of the row's -inf count chose between wd, a select and an
+                        # (padding too) add 2^-80 each, at most 2^-64 a row (65536 halves): below half an ulp
+                        # (2^-56) of the smallest scaled HUGE square (2^-32), so every sum they join rounds to the
+                        # same bits as without them. Before, a tree of the row's -inf count chose between wd, a select and an
                         # L2 re-read (stop 29: that test was 4.2 of HF-masked rows' sketch µs)
                         a_sq = a_prev
                         hs = _mul_opaque(_unpacked(wd, BF16, BLOCK), HUGE_SCALE)
