@@ -42,7 +42,8 @@ ROUNDS, CALLS = 7, 200
 
 
 # The kernel modules whose launchers call fast_launch.launch (and check_device)
-KERNEL_MODULES = ("rmsnorm", "layernorm", "layernorm_welford", "softmax", "softmax_long", "rope", "attention")
+KERNEL_MODULES = ("rmsnorm", "layernorm", "layernorm_welford", "softmax", "softmax_long", "softmax_rows", "rope",
+                  "attention")
 
 
 @contextlib.contextmanager
@@ -218,7 +219,36 @@ def _host_table(pkgs: list[str]) -> str:
     for name in ("rmsnorm", "layernorm", "softmax", "rope"):
         cells = [f"{statistics.median(res[(name, p, sk)]):.1f}" for p in pkgs for sk in (False, True)]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + f"\n\ntorch {torch.__version__}\n"
+    return "\n".join(lines + [""] + _deferred_rows()) + f"\n\ntorch {torch.__version__}\n"
+
+
+def _deferred_rows() -> list[str]:
+    """The live package's softmax row launch (bf16 rows of 16384: a program per row) without the sketch, with its
+    finisher in the launch and deferred (optwin.kernels.deferred: the page's reservations, the lock, and the
+    settle's host part, once every PAGE_CALLS calls), host µs per call in interleaved rounds."""
+    from optwin.kernels import deferred
+    from optwin.kernels.sketch_buffer import new_buffer
+    from optwin.kernels.softmax import _softmax_launch
+
+    x = torch.randn(SHAPE[0], 16384).to(torch.bfloat16)
+    y = torch.empty_like(x)
+    buf = new_buffer("softmax", "cpu")
+    entries = {"no sketch": lambda: _softmax_launch(x, y, None, rows=True),
+               "finisher in the launch": lambda: _softmax_launch(x, y, buf, rows=True),
+               "deferred": lambda: _softmax_launch(x, y, None, rows=True, defer=True)}
+    res: dict[str, list[float]] = {k: [] for k in entries}
+    for fn in entries.values():
+        fn()
+    for _ in range(ROUNDS):
+        for k, fn in entries.items():
+            t = time.perf_counter()
+            for _ in range(CALLS):
+                fn()
+            res[k].append(1e6 * (time.perf_counter() - t) / CALLS)
+    deferred.settle_all()
+    return [f"Softmax's row launch, bf16 {SHAPE[0]}x16384, host µs per call:", "",
+            "| launch | " + " | ".join(entries) + " |", "|---|" + "---:|" * len(entries),
+            "| softmax rows | " + " | ".join(f"{statistics.median(v):.1f}" for v in res.values()) + " |"]
 
 
 if __name__ == "__main__":
