@@ -25,7 +25,9 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for `optwin`
 sys.path.insert(1, str(Path(__file__).resolve().parent))  # bench/
@@ -204,15 +206,7 @@ def _host_table(pkgs: list[str]) -> str:
             f = _sweep_launcher(name, inp, params, y, {"pkg": pkg})
             for sk in (False, True):
                 entries[(name, pkg, sk)] = (lambda f=f, bb=buf if sk else None: f(bb))
-    res: dict[tuple, list[float]] = {}
-    for fn in entries.values():
-        fn()
-    for _ in range(ROUNDS):
-        for k, fn in entries.items():
-            t = time.perf_counter()
-            for _ in range(CALLS):
-                fn()
-            res.setdefault(k, []).append(1e6 * (time.perf_counter() - t) / CALLS)
+    res = _interleaved_us(entries)
     lines = [f"# Our launchers' host µs per call (kernel call left out), bf16 {SHAPE[0]}x{SHAPE[1]}, CPU tensors; "
              f"median of {ROUNDS} interleaved rounds of {CALLS} calls", "",
              "| op | " + " | ".join(f"{p} no sketch | {p} sketch" for p in pkgs) + " |", "|---|" + "---:|" * (2 * len(pkgs))]
@@ -220,6 +214,20 @@ def _host_table(pkgs: list[str]) -> str:
         cells = [f"{statistics.median(res[(name, p, sk)]):.1f}" for p in pkgs for sk in (False, True)]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines + [""] + _deferred_rows()) + f"\n\ntorch {torch.__version__}\n"
+
+
+def _interleaved_us(entries: dict[Any, Callable[[], Any]]) -> dict[Any, list[float]]:
+    """Host µs per call of each entry: one warm call each, then ROUNDS interleaved rounds of CALLS calls."""
+    for fn in entries.values():
+        fn()
+    res: dict[Any, list[float]] = {k: [] for k in entries}
+    for _ in range(ROUNDS):
+        for k, fn in entries.items():
+            t = time.perf_counter()
+            for _ in range(CALLS):
+                fn()
+            res[k].append(1e6 * (time.perf_counter() - t) / CALLS)
+    return res
 
 
 def _deferred_rows() -> list[str]:
@@ -236,15 +244,7 @@ def _deferred_rows() -> list[str]:
     entries = {"no sketch": lambda: _softmax_launch(x, y, None, rows=True),
                "finisher in the launch": lambda: _softmax_launch(x, y, buf, rows=True),
                "deferred": lambda: _softmax_launch(x, y, None, rows=True, defer=True)}
-    res: dict[str, list[float]] = {k: [] for k in entries}
-    for fn in entries.values():
-        fn()
-    for _ in range(ROUNDS):
-        for k, fn in entries.items():
-            t = time.perf_counter()
-            for _ in range(CALLS):
-                fn()
-            res[k].append(1e6 * (time.perf_counter() - t) / CALLS)
+    res = _interleaved_us(entries)
     deferred.settle_all()
     return [f"Softmax's row launch, bf16 {SHAPE[0]}x16384, host µs per call:", "",
             "| launch | " + " | ".join(entries) + " |", "|---|" + "---:|" * len(entries),
