@@ -58,6 +58,11 @@ def worst_diff(got: dict[str, float], want: dict[str, float]) -> str:
     return f"{worst:.1e} ({key})" if key else "0"
 
 
+def differing_features(got: dict[str, float], want: dict[str, float]) -> list[str]:
+    """The features of `want` whose value in `got` is not the same, bit for bit (NaN matches NaN)."""
+    return [k for k, w in want.items() if not (got[k] == w or (math.isnan(got[k]) and math.isnan(w)))]
+
+
 def report_tail(lines: list[str], t0: float, title: str, keep: Callable[[tuple], bool]) -> str:
     """The whole report: `lines`, then `title` over each compiled kernel's programs per SM (the
     occupancy keys `keep` accepts), torch's version and the wall time since t0."""

@@ -36,7 +36,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, f
 sys.path.insert(1, str(Path(__file__).resolve().parent))
 
 import torch
-from _bench_common import AHEAD_CYCLES, events_ms, watchdog, write_report
+from _bench_common import (
+    AHEAD_CYCLES,
+    differing_features,
+    events_ms,
+    watchdog,
+    write_report,
+)
 from gpu_kernels import OPS
 
 from optwin.kernels import deferred, read_sketch
@@ -81,7 +87,7 @@ def _fresh_blocks(fn):
 
 
 def _same(a: dict[str, float], b: dict[str, float]) -> bool:
-    return all(a[k] == b[k] or (math.isnan(a[k]) and math.isnan(b[k])) for k in a)
+    return not differing_features(a, b)
 
 
 def _check(x: torch.Tensor) -> str:
@@ -96,7 +102,7 @@ def _check(x: torch.Tensor) -> str:
     want, got = read_sketch("softmax", b0, x.shape), read_sketch("softmax", b1, x.shape)
     if not torch.equal(y0.view(torch.int16), y1.view(torch.int16)):
         return "y differs"
-    bad = [k for k in want if not _same({k: want[k]}, {k: got[k]})]
+    bad = differing_features(got, want)
     return "ok" if not bad else f"features differ: {', '.join(bad)}"
 
 

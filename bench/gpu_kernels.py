@@ -36,10 +36,12 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))  # bench/, for `_bench_
 import torch
 from _bench_common import (
     AHEAD_CYCLES,
+    differing_features,
     events_ms,
     graph_ms,
     watchdog,
     within_budget,
+    worst_diff,
     write_report,
 )
 
@@ -264,14 +266,13 @@ def check(op: str, shape: tuple[int, ...], dtype: str, device: str, seed: int = 
             deferred_same = "NO (y)" if buf_d is not None else "NO (no buffer)"
         else:
             want, got = read_sketch(b.op, buf, x.shape, params), read_sketch(b.op, buf_d, x.shape, params)
-            bad = [k for k in want if not (want[k] == got[k] or (math.isnan(want[k]) and math.isnan(got[k])))]
+            bad = differing_features(got, want)
             if not bad:
                 deferred_same = "yes" if was else "yes (not deferred)"
             elif was:
                 deferred_same = f"NO ({', '.join(bad)})"
             else:  # a launch that finished in itself (a persistent one): its atomics' order, as the 2nd launch's
-                rel = max(abs(got[k] - want[k]) / max(abs(want[k]), 1e-30) for k in bad)
-                deferred_same = f"not deferred: {rel:.1e}"
+                deferred_same = f"not deferred: {worst_diff({k: got[k] for k in bad}, {k: want[k] for k in bad})}"
     ref = b.ref64(inp, params)
     unwritten = int((torch.isnan(y) & ~torch.isnan(ref)).sum())
     atol, rtol = TOL[dtype]
@@ -296,11 +297,13 @@ def check(op: str, shape: tuple[int, ...], dtype: str, device: str, seed: int = 
 
 def _timer(device: str, mode: str = "median") -> Callable[[Callable[[], Any]], float]:
     """Milliseconds of fn: triton.testing.do_bench's median on CUDA, perf_counter elsewhere (tests). mode
-    "ahead": ms a call of AHEAD_CALLS calls back to back queued behind a GPU sleep, the median of 5 such windows
+    "ahead": ms a call of deferred.PAGE_CALLS calls back to back queued behind a GPU sleep, the median of 5 windows
     (the deferred launch: each window holds its page's one settle, and the host's time, whose stalls made
     do_bench's means of it swing by +3 to +56 % between runs, stays out)."""
     if device == "cuda" and mode == "ahead":
-        return lambda fn: events_ms(fn, flush=False, sleep=AHEAD_CYCLES, calls=AHEAD_CALLS, reps=5)
+        from optwin.kernels import deferred
+
+        return lambda fn: events_ms(fn, flush=False, sleep=AHEAD_CYCLES, calls=deferred.PAGE_CALLS, reps=5)
     if device == "cuda":
         import triton.testing
 
@@ -325,7 +328,6 @@ def minimal_sketch(x: Tensor) -> Tensor:
 
 
 KERNEL_ROUNDS = int(os.environ.get("BENCH_KERNEL_ROUNDS", "3"))  # interleaved rounds of the kernel timings
-AHEAD_CALLS = 64  # optwin.kernels.deferred.PAGE_CALLS: a window of the "ahead" timing holds one settle
 
 
 def time_op(op: str, shape: tuple[int, ...], dtype: str, device: str, copy_ms: float,

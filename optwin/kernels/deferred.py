@@ -195,35 +195,30 @@ def reserve(op: str, device: torch.device, n_rows: int, n_cols: int,
     row launch writes the records and workspace; the buffer is final once its page settles. The caller holds
     `lock` until the launch that writes them is queued."""
     with lock:
-        return _reserve(op, device, n_rows, n_cols, words)
-
-
-def _reserve(op: str, device: torch.device, n_rows: int, n_cols: int,
-             words: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    key = _stream_key(op, device)
-    page = _PAGES.get(key)
-    if page is not None and len(page.calls) == page.calls_cap:
-        _settle(page)
-    if page is None or n_rows > page.rows_cap or page.words != words:
-        if op not in _FINISHERS:
-            raise InputError(f"{op}: no deferred finisher; expected one of {', '.join(sorted(_FINISHERS)) or 'none'}")
-        if page is not None:
-            _settle(page)  # its memory is freed in stream order, after its finisher
-        page = _PAGES[key] = _new_page(op, key, words, n_rows)
-    if page.block is None:  # a batch's buffers: a settled block no caller holds any more, else a fresh one
-        page.block = next((b for b in page.retired if b.unheld()), None)
-        if page.block is not None:
-            page.retired.remove(page.block)
-        else:
-            page.block = Block.fresh(op, page.calls_cap, page.device)
-        _PENDING[id(page.block.features)] = (page.block.features, page)
-    k = len(page.calls)
-    if k == 0:
-        page.opened = time.monotonic()
-    page.calls.append((k * page.rows_cap * words, n_rows, n_cols))
-    buf = page.block.views[k]
-    records, ws_f, ws_i = page.slots[k]
-    return buf, records, ws_f, ws_i
+        key = _stream_key(op, device)
+        page = _PAGES.get(key)
+        if page is not None and len(page.calls) == page.calls_cap:
+            _settle(page)
+        if page is None or n_rows > page.rows_cap or page.words != words:
+            if op not in _FINISHERS:
+                raise InputError(f"{op}: no deferred finisher; expected one of {', '.join(sorted(_FINISHERS)) or 'none'}")
+            if page is not None:
+                _settle(page)  # its memory is freed in stream order, after its finisher
+            page = _PAGES[key] = _new_page(op, key, words, n_rows)
+        if page.block is None:  # a batch's buffers: a settled block no caller holds any more, else a fresh one
+            page.block = next((b for b in page.retired if b.unheld()), None)
+            if page.block is not None:
+                page.retired.remove(page.block)
+            else:
+                page.block = Block.fresh(op, page.calls_cap, page.device)
+            _PENDING[id(page.block.features)] = (page.block.features, page)
+        k = len(page.calls)
+        if k == 0:
+            page.opened = time.monotonic()
+        page.calls.append((k * page.rows_cap * words, n_rows, n_cols))
+        buf = page.block.views[k]
+        records, ws_f, ws_i = page.slots[k]
+        return buf, records, ws_f, ws_i
 
 
 def _page_of(buf: torch.Tensor) -> Page | None:
