@@ -10,6 +10,7 @@ as torch.compile), timed side by side in interleaved rounds, with torch.compile 
     BENCH_METHOD=flush_sleep python bench/norm_chunks.py     # do_bench's flush, host launch cost hidden
     BENCH_SHAPE=8192x8192 python bench/norm_chunks.py        # another timing shape (bf16)
     BENCH_DTYPE=float16 python bench/norm_chunks.py          # another dtype of the inputs
+    BENCH_NEIGHBOURS=0 BENCH_CONFIGS=... python bench/norm_chunks.py  # the shipped launch and the configs only
     TRITON_INTERPRET=1 python bench/norm_chunks.py --smoke   # CPU dry run of the script, small shapes
 
 Last runs: bench/results/norm_chunks_h200_s12.md (the chunk sweep), norm_chunks_h200_s13b.md (A/B against
@@ -74,6 +75,8 @@ SWEEP_PER_SM = tuple(int(c) for c in os.environ.get("BENCH_PER_SM", "").split(",
 AB = tuple(f"optwin_{n}" for n in os.environ.get("BENCH_AB", "").split(",") if n)
 # more launch overrides per op, as JSON: BENCH_CONFIGS='{"rmsnorm": [{"num_warps": 8, "maxnreg": 128}]}'
 EXTRA: dict[str, list[dict[str, Any]]] = json.loads(os.environ.get("BENCH_CONFIGS") or "{}")
+# BENCH_NEIGHBOURS=0: the shipped launch and BENCH_CONFIGS only, without its warps x stages neighbours
+NEIGHBOURS = os.environ.get("BENCH_NEIGHBOURS", "1") != "0"
 
 
 def _norm_configs(small: bool) -> list[dict[str, Any]]:
@@ -81,7 +84,8 @@ def _norm_configs(small: bool) -> list[dict[str, Any]]:
     (BENCH_CHUNKS=4096 for the chunked kernels)."""
     if small:
         return [{}, {"chunk": 256, "num_warps": 4}]
-    whole = [{}, {"num_warps": 8, "stages": 1}, {"num_warps": 8, "stages": 2}, {"num_warps": 4, "stages": 1}]
+    whole = [{}] + ([{"num_warps": 8, "stages": 1}, {"num_warps": 8, "stages": 2}, {"num_warps": 4, "stages": 1}]
+                    if NEIGHBOURS else [])
     whole += [{"per_sm": k} for k in SWEEP_PER_SM]
     return whole + [{"chunk": c, "num_warps": w} for c in SWEEP_CHUNKS for w in (4, 8, 16) if c // (32 * w) >= 2]
 
