@@ -220,25 +220,9 @@ def _welford_row(X_row, N: tl.constexpr, CHUNK: tl.constexpr, MAX: tl.constexpr,
 
 
 @triton.jit
-def _opaque_zero(r):
-    """0, which the compiler cannot see is 0 nor the same for every r: added to the weight and bias
-    addresses in a persistent loop, it keeps LLVM from hoisting their loads out of the loop and
-    holding every piece of w and b in registers across the rows (+32 registers a thread at 16 warps,
-    one program per SM fewer)."""
-    if INTERPRET:
-        return r * 0
-    else:
-        return tl.multiple_of(tl.inline_asm_elementwise("mov.u32 $0, 0;", "=r,r", [r], dtype=tl.int32, is_pure=True,
-                                                        pack=1), 16)
-
-
-@triton.jit
-def _welford_normalize(X_row, W_ptr, B_ptr, Y_row, m, var, eps, N: tl.constexpr, CHUNK: tl.constexpr, wb_off=0):
-    """y = fma((h - m) * rsqrt(var + eps), w, b) over the row, a second pass (an L2 hit); wb_off (0)
-    offsets the weight and bias (_opaque_zero)."""
+def _welford_normalize(X_row, W_ptr, B_ptr, Y_row, m, var, eps, N: tl.constexpr, CHUNK: tl.constexpr):
+    """y = fma((h - m) * rsqrt(var + eps), w, b) over the row, a second pass (an L2 hit)."""
     cols = tl.arange(0, CHUNK)
-    W_ptr += wb_off
-    B_ptr += wb_off
     rs = tl.math.rsqrt(var + eps)  # approximate rsqrt
     for c0 in tl.range(0, N, CHUNK):
         cm = c0 + cols < N
@@ -297,7 +281,7 @@ def _welford_rows_persistent(X_ptr, X_row_stride, W_ptr, B_ptr, Y_ptr, Y_row_str
                 p_minstd = tl.minimum(p_minstd, r_std)
                 p_sq += r_sq
                 k = 0
-        _welford_normalize(X_row, W_ptr, B_ptr, Y_ptr + row * Y_row_stride, m, var, eps, N, CHUNK, _opaque_zero(r))
+        _welford_normalize(X_row, W_ptr, B_ptr, Y_ptr + row * Y_row_stride, m, var, eps, N, CHUNK)
         if not plain:
             tl.store(flagged + n_flagged, r)
             n_flagged += 1
