@@ -83,7 +83,8 @@ from optwin.kernels.layernorm_sketch import (
     _param_partials,
     _publish,
     _ratio,
-    _slot_partials,
+    _slot_merge,
+    _slot_push,
 )
 from optwin.kernels.layernorm_welford import _welford_launch
 from optwin.kernels.sketch_buffer import (
@@ -168,23 +169,11 @@ def _layernorm_kernel(
         tl.store(Y_ptr + row * Y_row_stride + cols, y.to(Y_ptr.dtype.element_ty), mask=mask,
                  eviction_policy="evict_first")  # write n
         if SKETCH:  # the per-row scalar work (sqrt, divide, float64 add) off each row's path
-            sel = lane_id == k
-            sl_m = tl.where(sel, m, sl_m)
-            sl_var = tl.where(sel, var, sl_var)
-            k += 1
-            if k == LANES:
-                r_ratio, r_std, r_sq, r_later = _slot_partials(sl_m, sl_var, lane_id < LANES, n_cols, CAP)
-                p_ratio = tl.maximum(p_ratio, r_ratio)
-                p_minstd = tl.minimum(p_minstd, r_std)
-                p_sq += r_sq
-                p_later += r_later
-                k = 0
+            sl_m, sl_var, k, p_ratio, p_minstd, p_sq, p_later = _slot_push(
+                sl_m, sl_var, k, lane_id, m, var, p_ratio, p_minstd, p_sq, p_later, n_cols, CAP, LANES)
     if SKETCH:
-        r_ratio, r_std, r_sq, r_later = _slot_partials(sl_m, sl_var, lane_id < k, n_cols, CAP)
-        p_ratio = tl.maximum(p_ratio, r_ratio)
-        p_minstd = tl.minimum(p_minstd, r_std)
-        p_sq += r_sq
-        p_later += r_later
+        p_ratio, p_minstd, p_sq, p_later = _slot_merge(sl_m, sl_var, lane_id < k, p_ratio, p_minstd, p_sq, p_later,
+                                                       n_cols, CAP)
         p_amax = tl.max(a_amax).to(tl.float32)
         if p_later > 0:  # rare: re-read this program's rows; no load or branch of it sits in the row loop
             p_amax = tl.zeros((), dtype=tl.float32)  # the lanes may have seen NaN/±inf rows: from scratch

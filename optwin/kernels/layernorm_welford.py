@@ -92,7 +92,8 @@ from optwin.kernels.layernorm_sketch import (
     _param_features,
     _param_partials,
     _ratio,
-    _slot_partials,
+    _slot_merge,
+    _slot_push,
     _store_own_features,
 )
 from optwin.kernels.packed16 import abs_max_pairs
@@ -256,6 +257,7 @@ def _welford_rows_persistent(X_ptr, X_row_stride, W_ptr, B_ptr, Y_ptr, Y_row_str
     p_ratio = tl.zeros((), dtype=tl.float32)
     p_minstd = tl.full((), float("inf"), tl.float32)
     p_sq = tl.zeros((), dtype=tl.float64)
+    p_later = tl.zeros((), dtype=tl.int32)  # none: flagged rows never reach the slots
     flagged = L_ptr + pid * tl.cdiv(n_rows, tl.num_programs(0))  # this program's flagged rows
     n_flagged = tl.zeros((), dtype=tl.int32)
     if PACKED:
@@ -271,24 +273,16 @@ def _welford_rows_persistent(X_ptr, X_row_stride, W_ptr, B_ptr, Y_ptr, Y_row_str
         plain = (sq <= FMAX) & ~_could_be_constant(m, var)
         if plain:  # a flagged row's lanes may hold ±inf: its exact max goes to the workspace instead
             acc = _abs_max_step(acc, amax, amax, PACKED)
-            sel = lane_id == k
-            sl_m = tl.where(sel, m, sl_m)
-            sl_var = tl.where(sel, var, sl_var)
-            k += 1
-            if k == SLOTS:
-                r_ratio, r_std, r_sq, _later = _slot_partials(sl_m, sl_var, lane_id < SLOTS, N, CAP)
-                p_ratio = tl.maximum(p_ratio, r_ratio)
-                p_minstd = tl.minimum(p_minstd, r_std)
-                p_sq += r_sq
-                k = 0
+            sl_m, sl_var, k, p_ratio, p_minstd, p_sq, p_later = _slot_push(
+                sl_m, sl_var, k, lane_id, m, var, p_ratio, p_minstd, p_sq, p_later, N, CAP, SLOTS)
         _welford_normalize(X_row, W_ptr, B_ptr, Y_ptr + row * Y_row_stride, m, var, eps, N, CHUNK)
         if not plain:
             tl.store(flagged + n_flagged, r)
             n_flagged += 1
-    r_ratio, r_std, r_sq, _later = _slot_partials(sl_m, sl_var, lane_id < k, N, CAP)
+    p_ratio, p_minstd, p_sq, p_later = _slot_merge(sl_m, sl_var, lane_id < k, p_ratio, p_minstd, p_sq, p_later, N, CAP)
     p_amax = tl.max(tl.abs(acc.to(tl.float32)), 0)
-    _merge_partials(F_ptr, I_ptr, p_amax, p_sq + r_sq, tl.maximum(p_ratio, r_ratio), tl.minimum(p_minstd, r_std),
-                    tl.zeros((), dtype=tl.int64), tl.full((), -1.0, tl.float32))
+    _merge_partials(F_ptr, I_ptr, p_amax, p_sq, p_ratio, p_minstd, tl.zeros((), dtype=tl.int64),
+                    tl.full((), -1.0, tl.float32))
     if n_flagged > 0:  # rare: the flagged rows' exact partials (nothing else live: few registers)
         tl.debug_barrier()  # the indices one thread stored, visible to all
         for j in range(0, n_flagged):
