@@ -248,7 +248,7 @@ def _welford_rows_persistent(X_ptr, X_row_stride, W_ptr, B_ptr, Y_ptr, Y_row_str
     grid) a program); after the loop the program merges those rows' exact partials into the workspace
     (scalar atomics): inside the loop that path held 92 registers a thread against 64 (offline sm_90a),
     one program per SM instead of two. At the end every program merges its partials; the last to take
-    the ticket writes the features (_publish). No row records and no finisher program."""
+    the ticket writes the features (_finish_if_last). No row records and no finisher program."""
     pid = tl.program_id(0)
     lane_id = tl.arange(0, SLOTS)
     sl_m = tl.zeros([SLOTS], dtype=tl.float32)
@@ -298,7 +298,7 @@ def _welford_rows_persistent(X_ptr, X_row_stride, W_ptr, B_ptr, Y_ptr, Y_row_str
 def _layernorm_welford_kernel(
     X_ptr, X_row_stride, W_ptr, B_ptr, Y_ptr, Y_row_stride, S_ptr,  # as _layernorm_kernel
     M_ptr,  # row record words, int64 (>= 2 * n_rows,), all -1 (sketch_buffer.row_records); unused unless SKETCH;
-    # PERSIST: (>= n_rows + grid,) int32 scratch for the flagged rows' indices
+    # PERSIST: scratch for the flagged rows' indices, int32 (grid * cdiv(n_rows, grid),)
     T_ptr,  # PROBE 131072 (bench only): int64 globaltimer stamps, the rows' starts and ends, then the finisher's
     F_ptr,  # the "layernorm" workspace's float64 slots (sketch_buffer.workspace): the flagged rows' partials
     I_ptr,  # its int64 slots
@@ -330,7 +330,8 @@ def _layernorm_welford_kernel(
     pid = tl.program_id(0)
     if PERSIST:  # the sketch's persistent form: no records, no finisher (_welford_rows_persistent)
         _welford_rows_persistent(X_ptr, X_row_stride, W_ptr, B_ptr, Y_ptr, Y_row_stride, S_ptr, F_ptr, I_ptr,
-                                 M_ptr.to(tl.pointer_type(tl.int32)), n_rows, eps, pf_ahead, N, CHUNK, CAP, EXACT_CHUNK, PACKED, PF_BYTES, SLOTS)
+                                 M_ptr.to(tl.pointer_type(tl.int32)), n_rows, eps, pf_ahead, N, CHUNK, CAP,
+                                 EXACT_CHUNK, PACKED, PF_BYTES, SLOTS)
     elif not SKETCH or pid != (0 if FINISHER_FIRST else n_rows):
         row = tl.cast(pid - 1 if SKETCH and FINISHER_FIRST else pid, tl.int64)
         if PROBE // 131072 % 2 == 1:
