@@ -151,3 +151,6 @@ def test_persistent_sketch_equals_the_records_sketch(rows):
         assert got[k] == pytest.approx(v, rel=1e-6, abs=1e-30), k
     if rows > 20:
         assert got["nonfinite"] == 1 and got["const_absmax"] == 0.0
+    if rows == 37:  # the bench's probes time the records launch only: asked for both, a clear error
+        with pytest.raises(InputError, match="not with persist=True"):
+            _launch(inp, sketch=True, persist=True, probe=2)

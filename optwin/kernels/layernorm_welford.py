@@ -284,7 +284,7 @@ def _welford_rows_persistent(X_ptr, X_row_stride, W_ptr, B_ptr, Y_ptr, Y_row_str
     _merge_partials(F_ptr, I_ptr, p_amax, p_sq, p_ratio, p_minstd, tl.zeros((), dtype=tl.int64),
                     tl.full((), -1.0, tl.float32))
     if n_flagged > 0:  # rare: the flagged rows' exact partials (nothing else live: few registers)
-        tl.debug_barrier()  # the indices one thread stored, visible to all
+        tl.debug_barrier()  # the loop's index stores visible to every thread of the program
         for j in range(0, n_flagged):
             X_row = X_ptr + tl.cast(tl.load(flagged + j), tl.int64) * X_row_stride
             amax2, sq2, nf2, mf2, sf2, c2 = _chunked_exact_row(X_row, tl.arange(0, EXACT_CHUNK), N, EXACT_CHUNK)
@@ -430,6 +430,8 @@ def _welford_launch(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, 
     sketch = buf is not None
     warps = num_warps or max(1, chunk // (32 * ELEMS_PER_THREAD))
     cap = (WELFORD_REG_CAP if sketch else None) if maxnreg is None else maxnreg or None
+    if persist and (probe or timestamps is not None):
+        raise InputError("layernorm: probe and timestamps are the records launch's; not with persist=True")
     persistent = sketch and (PERSIST if persist is None else persist) and timestamps is None and not probe
     f, i = workspace("layernorm", x2.device) if sketch else (y2, y2)
     key = ("layernorm-welford", x2.dtype, n, chunk, warps, cap, sketch, packed, persistent)
