@@ -303,13 +303,12 @@ def _layernorm_launch(
     per_sm: int | None = None, keep: int | None = None, chunk: int | None = None, maxnreg: int | None = None,
     const_n: bool = False, welford: bool | None = None, poll: int | None = None, probe: int = 0,
     welford_chunk: int | None = None, prefetch: float | None = None, packed: bool | None = None,
-    timestamps: torch.Tensor | None = None, persist: bool | None = None, persist_per_sm: int | None = None,
+    timestamps: torch.Tensor | None = None,
 ) -> None:
     """Rows twin.numerics.welford_chunk takes: the Welford kernel, a program per row (_welford_launch;
     `welford` forces it on or off, `welford_chunk` its chunk, `poll` its finisher's poll, `probe` the
     bench's timing knob, `prefetch` its rows of L2 prefetch ahead, `packed` its max |x| on element
-    pairs or not, `timestamps` PROBE 131072's stamps, `persist` / `persist_per_sm` its sketch's persistent
-    programs). Otherwise one
+    pairs or not, `timestamps` PROBE 131072's stamps). Otherwise one
     persistent program per resident slot (persistent_grid), each over its share of rows; without the
     sketch one program per row where _common.ROW_GRID lists the launch.
     Rows longer than MAX_BLOCK (or than `chunk`, the bench's comparison) go to the three-pass chunked
@@ -324,7 +323,7 @@ def _layernorm_launch(
     overrides = (stages, per_sm, keep, chunk)
     if (_welford_rule(n) and all(o is None for o in overrides) if welford is None else welford):
         _welford_launch(x2, weight, bias, y2, buf, eps, num_warps, poll, maxnreg, probe, welford_chunk, prefetch,
-                       packed, timestamps, persist, persist_per_sm)
+                       packed, timestamps)
         return
     if timestamps is not None:
         raise InputError("layernorm: timestamps (PROBE 131072) are the Welford launch's only")

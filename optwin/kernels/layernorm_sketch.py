@@ -156,12 +156,6 @@ def _merge_partials(F_ptr, I_ptr, p_amax, p_sq, p_ratio, p_minstd, p_nf, p_const
 def _publish(S_ptr, F_ptr, I_ptr, p_amax, p_sq, p_ratio, p_minstd, p_nf, p_const, n_rows, n_cols, CAP: tl.constexpr):
     """Merge one program's sketch partials into the workspace; the last program writes the features."""
     _merge_partials(F_ptr, I_ptr, p_amax, p_sq, p_ratio, p_minstd, p_nf, p_const)
-    _finish_if_last(S_ptr, F_ptr, I_ptr, n_rows, n_cols, CAP)
-
-
-@triton.jit
-def _finish_if_last(S_ptr, F_ptr, I_ptr, n_rows, n_cols, CAP: tl.constexpr):
-    """After a program's merges: the last program to take the ticket writes the features."""
     if last_program(I_ptr):
         g_ratio = read_slot(F_ptr + 2)
         g_minstd = read_slot(F_ptr + 3)

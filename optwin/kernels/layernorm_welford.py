@@ -43,14 +43,10 @@ stores (with the sqrt and division before them) cost 1.3 µs at 4096x16384, 1.1 
 with the stores and no polls, layernorm_polls_*_h200_s36.md). Stop 37: the finisher derives std and
 |mean|/std again (the rows had since stop 28), in four A/Bs 0.5 µs faster: 75.0 -> 74.7 and 75.3 -> 74.8 at
 4096x16384, 75.9 -> 75.3 at 8192x8192, 76.3 -> 75.8 at 16384x4096 (layernorm_records_*_h200_s3[67].md).
-Stop 40, not yet timed on the GPU (the session had no device time): the sketch as persistent programs
-(PERSIST, `persist=True`; _welford_rows_persistent), same row code, y bit for bit. Offline (sm_90a, triton
-3.6) the sketched rows' hot path was 900 SASS instructions against the plain 809, and ncu (stop 34) had
-both launches issue-bound (~0.9 instructions a cycle a scheduler): the max |x| in every row's merge tree
-(12 FMNMX, 9 SHFL) cost as much as its packed running max (13 HMNMX2). Persistent, each program keeps
-the running max across its rows and reduces it once, and the records, their stores and the finisher
-go. Its cost: 64 registers at 16 warps (2 programs per SM, against 3), 64 at 8 and 72 at 4 warps;
-93 at 2048x32768 (1 per SM). `bash bench/run_ln_persist.sh` is the A/B that decides it.
+Stop 40's persistent form of the sketch (each program over many rows, the running max reduced once, no
+records and no finisher; 64-93 registers) lost everywhere on the H200 (stop 41, bf16 flushed, sketch cost
+against this launch's): 4096x16384 +64 % (+2.8 %), 8192x8192 +45 % (+4.8 %), 16384x4096 +25 % (+8.4 %),
+2048x32768 +119 % (+34.5 %) (bench/results/ln_persist_*_h200_s41.md), and was removed.
 """
 
 from __future__ import annotations
@@ -72,7 +68,6 @@ from optwin.kernels._common import (
     globaltimer,
     max_sum_max_min,
     note_occupancy,
-    persistent_grid,
     poll_records,
     prefetch_args,
     prefetch_row,
@@ -87,17 +82,13 @@ from optwin.kernels.fast_launch import launch
 from optwin.kernels.layernorm_sketch import (
     _chunked_exact_row,
     _could_be_constant,
-    _finish_if_last,
     _merge_partials,
     _param_features,
-    _param_partials,
     _ratio,
-    _slot_merge,
-    _slot_push,
     _store_own_features,
 )
 from optwin.kernels.packed16 import abs_max_pairs
-from optwin.kernels.sketch_buffer import RATIO_CAP, row_records, scratch, workspace
+from optwin.kernels.sketch_buffer import RATIO_CAP, row_records, workspace
 from optwin.twin.numerics import welford_chunk as _welford_rule
 
 # The Welford launch: twin.numerics.welford_chunk's chunk (numerics), 8 elements (one 16-byte bf16
@@ -108,14 +99,17 @@ from optwin.twin.numerics import welford_chunk as _welford_rule
 # (bench/results/layernorm_welford_h200_s20*.md). The chunk must divide the row: a ragged last piece
 # (12000 at 4096) ran no faster than the row in registers, and +13 % against +7 % with the sketch.
 ELEMS_PER_THREAD = 8
-# Registers a thread of the sketched Welford launch (None: the compiler's, 40 at 4096/16 with triton 3.6
-# offline). A cap of 32, the plain kernel's, spills only in the cold paths but ran 89.9 against 77.0 µs at
-# 4096x16384 (stop 28), and 32 before stop 28's finisher spilled in its poll loop (82.5 against 76.6 µs,
-# norm_chunks_h200_s20b.md).
-WELFORD_REG_CAP: int | None = None
-# The sketched launch as persistent programs (_welford_rows_persistent) instead of a program per row with
-# row records and a finisher.
-PERSIST = False
+# Registers a thread of the sketched Welford launch, per num_warps (elsewhere the compiler's). At 16 warps
+# (chunk 4096) triton 3.6 gives it 40 up to rows of 24576 and 52 from 32768 (offline sm_90a): 2 programs
+# per SM instead of the plain launch's 3. Capped at 40 (8 bytes spilled outside the row loop) the
+# sketched 2048x32768 ran 93.8 against 105.1 µs, the plain launch 78.3 (H200 bf16 flushed,
+# bench/results/ln_caps_2048x32768_h200_s41.md; again 93.7 / 105.4, ln_pf_2048x32768_h200_s41.md).
+# Not at rows of 65536: the cap spills inside the row loop there, 112.3 against 111.8 µs
+# (ln_pf_1024x65536_h200_s41.md). Nor at 4 or 8 warps: 48 at 16384x4096 ran 82.0 against 75.8, 40 at
+# 8192x8192 73.8 against 73.6 (ln_caps_*_h200_s41.md). A cap of 32 at 4096x16384 (the plain kernel's)
+# spills only in the cold paths but ran 89.9 against 77.0 µs (stop 28).
+WELFORD_REG_CAP: dict[int, int] = {16: 40}
+WELFORD_REG_CAP_BELOW = 65536  # rows at least this long keep the compiler's count
 
 
 @triton.jit
@@ -173,12 +167,11 @@ def _welford_merge_max(ma, qa, wa, xa, mb, qb, wb, xb):
 
 
 @triton.jit
-def _welford_row(X_row, N: tl.constexpr, CHUNK: tl.constexpr, MAX: tl.constexpr, RIDE: tl.constexpr,
-                 PACKED: tl.constexpr):
-    """One row's (mean, var, max |x| lanes, row max |x|): lane l runs Welford's update over elements l,
-    l + CHUNK, ... (the first piece sets mean = h, M2 = 0; every lane has the same count, so 1/count is
-    one division per piece), then a tree of Chan merges. MAX: the lanes' running max |x| (_abs_max_step);
-    RIDE: the row's max rides in the merge tree (else 0: the caller reduces the lanes itself)."""
+def _welford_row(X_row, N: tl.constexpr, CHUNK: tl.constexpr, MAX: tl.constexpr, PACKED: tl.constexpr):
+    """One row's (mean, var, max |x|): lane l runs Welford's update over elements l, l + CHUNK, ... (the
+    first piece sets mean = h, M2 = 0; every lane has the same count, so 1/count is one division per
+    piece), then a tree of Chan merges. MAX: the lanes' running max |x| (_abs_max_step) rides in the
+    merge tree (else the max is 0)."""
     cols = tl.arange(0, CHUNK)
     FULL: tl.constexpr = (N // CHUNK) * CHUNK  # columns in whole pieces (N >= CHUNK)
     xr = tl.load(X_row + cols, eviction_policy="evict_last")
@@ -212,12 +205,12 @@ def _welford_row(X_row, N: tl.constexpr, CHUNK: tl.constexpr, MAX: tl.constexpr,
     if INTERPRET:  # the twin's tree (the interpreter's tl.reduce folds left); the max its own tree
         m, q = _welford_tree(mean, m2, cnt, CHUNK)
         hmax = tl.max(tl.abs(amax.to(tl.float32)), 0)
-    elif RIDE:
+    elif MAX:
         m, q, _, hmax = tl.reduce((mean, m2, cnt, tl.abs(amax.to(tl.float32))), 0, _welford_merge_max)
     else:
         m, q, _ = tl.reduce((mean, m2, cnt), 0, _welford_merge)
         hmax = tl.zeros((), dtype=tl.float32)
-    return m, tl.math.div_rn(q, tl.cast(N, tl.float32)), amax, hmax
+    return m, tl.math.div_rn(q, tl.cast(N, tl.float32)), hmax
 
 
 @triton.jit
@@ -235,70 +228,9 @@ def _welford_normalize(X_row, W_ptr, B_ptr, Y_row, m, var, eps, N: tl.constexpr,
 
 
 @triton.jit
-def _welford_rows_persistent(X_ptr, X_row_stride, W_ptr, B_ptr, Y_ptr, Y_row_stride, S_ptr, F_ptr, I_ptr, L_ptr,
-                             n_rows, eps, pf_ahead, N: tl.constexpr, CHUNK: tl.constexpr, CAP: tl.constexpr,
-                             EXACT_CHUNK: tl.constexpr, PACKED: tl.constexpr, PF_BYTES: tl.constexpr,
-                             SLOTS: tl.constexpr):
-    """The sketched launch as persistent programs: each walks rows pid, pid + grid, ... with the same
-    row code as a program per row (y bit for bit), and keeps its sketch in registers across them: the
-    lanes' running max |x| (reduced once, at the end, not in every row's merge tree), each plain row's
-    (mean, var) in a lane of SLOTS (their std, |mean|/std and sum of squares taken SLOTS rows at once,
-    as the row-in-registers kernel's slots). A row with NaN/±inf, overflowing squares or that could be
-    constant leaves the lanes alone and its index in the program's part of L_ptr (int32, cdiv(rows,
-    grid) a program); after the loop the program merges those rows' exact partials into the workspace
-    (scalar atomics): inside the loop that path held 92 registers a thread against 64 (offline sm_90a),
-    one program per SM instead of two. At the end every program merges its partials; the last to take
-    the ticket writes the features (_finish_if_last). No row records and no finisher program."""
-    pid = tl.program_id(0)
-    lane_id = tl.arange(0, SLOTS)
-    sl_m = tl.zeros([SLOTS], dtype=tl.float32)
-    sl_var = tl.zeros([SLOTS], dtype=tl.float32)
-    k = tl.zeros((), dtype=tl.int32)  # rows held in the slots
-    p_ratio = tl.zeros((), dtype=tl.float32)
-    p_minstd = tl.full((), float("inf"), tl.float32)
-    p_sq = tl.zeros((), dtype=tl.float64)
-    p_later = tl.zeros((), dtype=tl.int32)  # none: flagged rows never reach the slots
-    flagged = L_ptr + pid * tl.cdiv(n_rows, tl.num_programs(0))  # this program's flagged rows
-    n_flagged = tl.zeros((), dtype=tl.int32)
-    if PACKED:
-        acc = tl.zeros([CHUNK], dtype=X_ptr.dtype.element_ty)  # magnitudes in x's dtype (abs_max_pairs)
-    else:
-        acc = tl.zeros([CHUNK], dtype=tl.float32)
-    for r in tl.range(pid, n_rows, tl.num_programs(0)):
-        row = tl.cast(r, tl.int64)
-        prefetch_row(X_ptr, row, pf_ahead, n_rows, X_row_stride, PF_BYTES)
-        X_row = X_ptr + row * X_row_stride
-        m, var, amax, _hmax = _welford_row(X_row, N, CHUNK, True, False, PACKED)
-        sq = (var + m * m) * N  # the row's sum of squares, as _slot_partials derives it
-        plain = (sq <= FMAX) & ~_could_be_constant(m, var)
-        if plain:  # a flagged row's lanes may hold ±inf: its exact max goes to the workspace instead
-            acc = _abs_max_step(acc, amax, amax, PACKED)
-            sl_m, sl_var, k, p_ratio, p_minstd, p_sq, p_later = _slot_push(
-                sl_m, sl_var, k, lane_id, m, var, p_ratio, p_minstd, p_sq, p_later, N, CAP, SLOTS)
-        _welford_normalize(X_row, W_ptr, B_ptr, Y_ptr + row * Y_row_stride, m, var, eps, N, CHUNK)
-        if not plain:
-            tl.store(flagged + n_flagged, r)
-            n_flagged += 1
-    p_ratio, p_minstd, p_sq, p_later = _slot_merge(sl_m, sl_var, lane_id < k, p_ratio, p_minstd, p_sq, p_later, N, CAP)
-    p_amax = tl.max(tl.abs(acc.to(tl.float32)), 0)
-    _merge_partials(F_ptr, I_ptr, p_amax, p_sq, p_ratio, p_minstd, tl.zeros((), dtype=tl.int64),
-                    tl.full((), -1.0, tl.float32))
-    if n_flagged > 0:  # rare: the flagged rows' exact partials (nothing else live: few registers)
-        tl.debug_barrier()  # the loop's index stores visible to every thread of the program
-        for j in range(0, n_flagged):
-            X_row = X_ptr + tl.cast(tl.load(flagged + j), tl.int64) * X_row_stride
-            amax2, sq2, nf2, mf2, sf2, c2 = _chunked_exact_row(X_row, tl.arange(0, EXACT_CHUNK), N, EXACT_CHUNK)
-            _merge_partials(F_ptr, I_ptr, amax2, sq2, _ratio(mf2, sf2, c2, CAP), sf2, nf2.to(tl.int64), c2)
-    if pid == tl.num_programs(0) - 1:  # the parameters' partials: the last program has the fewest rows
-        _param_partials(W_ptr, B_ptr, S_ptr, I_ptr, tl.arange(0, EXACT_CHUNK), N, EXACT_CHUNK)
-    _finish_if_last(S_ptr, F_ptr, I_ptr, n_rows, N, CAP)
-
-
-@triton.jit
 def _layernorm_welford_kernel(
     X_ptr, X_row_stride, W_ptr, B_ptr, Y_ptr, Y_row_stride, S_ptr,  # as _layernorm_kernel
-    M_ptr,  # row record words, int64 (>= 2 * n_rows,), all -1 (sketch_buffer.row_records); unused unless SKETCH;
-    # PERSIST: scratch for the flagged rows' indices, int32 (grid * cdiv(n_rows, grid),)
+    M_ptr,  # row record words, int64 (>= 2 * n_rows,), all -1 (sketch_buffer.row_records); unused unless SKETCH
     T_ptr,  # PROBE 131072 (bench only): int64 globaltimer stamps, the rows' starts and ends, then the finisher's
     F_ptr,  # the "layernorm" workspace's float64 slots (sketch_buffer.workspace): the flagged rows' partials
     I_ptr,  # its int64 slots
@@ -314,8 +246,6 @@ def _layernorm_welford_kernel(
     PACKED: tl.constexpr,  # x is 16-bit: max |x| two elements an instruction (_abs_max_step)
     PF_BYTES: tl.constexpr = 0,  # bytes of a row to prefetch into L2 (_common.prefetch_row); 0: none
     pf_ahead=0,  # the row prefetched is pf_ahead rows past this program's
-    PERSIST: tl.constexpr = False,  # with the sketch: persistent programs, each over its rows (no records)
-    SLOTS: tl.constexpr = 16,  # PERSIST: rows whose (mean, var) wait in lanes before their partials are taken
     PROBE: tl.constexpr = 0,  # bench only (the sketch is then wrong), bits: 1 no max |h|, 2 no records (no polls), 4 no flagged path,
     # 131072 globaltimer stamps into T_ptr (the sketch stays right; bench/finisher_timeline.py)
 ):
@@ -328,17 +258,13 @@ def _layernorm_welford_kernel(
     # with NaN/±inf (or overflowing squares), or one that could be constant, merges exact partials into the
     # workspace and flags its second word.
     pid = tl.program_id(0)
-    if PERSIST:  # the sketch's persistent form: no records, no finisher (_welford_rows_persistent)
-        _welford_rows_persistent(X_ptr, X_row_stride, W_ptr, B_ptr, Y_ptr, Y_row_stride, S_ptr, F_ptr, I_ptr,
-                                 M_ptr.to(tl.pointer_type(tl.int32)), n_rows, eps, pf_ahead, N, CHUNK, CAP,
-                                 EXACT_CHUNK, PACKED, PF_BYTES, SLOTS)
-    elif not SKETCH or pid != (0 if FINISHER_FIRST else n_rows):
+    if not SKETCH or pid != (0 if FINISHER_FIRST else n_rows):
         row = tl.cast(pid - 1 if SKETCH and FINISHER_FIRST else pid, tl.int64)
         if PROBE // 131072 % 2 == 1:
             tl.store(T_ptr + row, globaltimer(row))
         prefetch_row(X_ptr, row, pf_ahead, n_rows, X_row_stride, PF_BYTES)
         X_row = X_ptr + row * X_row_stride
-        m, var, _, hmax = _welford_row(X_row, N, CHUNK, SKETCH and PROBE % 2 == 0, SKETCH and PROBE % 2 == 0, PACKED)
+        m, var, hmax = _welford_row(X_row, N, CHUNK, SKETCH and PROBE % 2 == 0, PACKED)
         if SKETCH:  # before y: the finisher's wait ends with the last row's sums, not with its stores
             sq = (var + m * m) * N  # the row's sum of squares, as _slot_partials derives it
             plain = (sq <= FMAX) & ~_could_be_constant(m, var)
@@ -413,15 +339,14 @@ def _welford_launch(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, 
                     buf: torch.Tensor | None, eps: float, num_warps: int | None = None, poll: int | None = None,
                     maxnreg: int | None = None, probe: int = 0, welford_chunk: int | None = None,
                     prefetch: float | None = None, packed: bool | None = None,
-                    timestamps: torch.Tensor | None = None, persist: bool | None = None,
-                    persist_per_sm: int | None = None) -> None:
+                    timestamps: torch.Tensor | None = None) -> None:
     """_layernorm_welford_kernel: a program per row (and the finisher with the sketch), the row length
     compiled in (one kernel per hidden size, as torch.compile specializes). poll: rows whose records
     the finisher reads at once (a power of two; tests put flagged rows across its boundaries); prefetch:
     waves of programs ahead whose rows go to the L2 first (_common.PREFETCH); packed: max |x| on 16-bit
     element pairs (default for 16-bit x) or on the float32 values; timestamps: int64 (2 * n_rows + polls + 1,)
-    for PROBE 131072's globaltimer stamps (bench/finisher_timeline.py); persist: the sketch's persistent
-    programs (default PERSIST) or the records and finisher; persist_per_sm: its programs per SM (the bench's)."""
+    for PROBE 131072's globaltimer stamps (bench/finisher_timeline.py); maxnreg: registers a thread (0:
+    the compiler's) instead of WELFORD_REG_CAP's."""
     n_rows, n = x2.shape
     # another chunk (or a ragged one) is not the catalog variant's numerics: the bench's sweep and tests
     chunk = welford_chunk or _welford_rule(n) or 4096
@@ -429,24 +354,20 @@ def _welford_launch(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, 
         raise InputError(f"layernorm: the Welford launch takes rows of {chunk}..{MAX_BLOCK}, got {n}")
     sketch = buf is not None
     warps = num_warps or max(1, chunk // (32 * ELEMS_PER_THREAD))
-    cap = (WELFORD_REG_CAP if sketch else None) if maxnreg is None else maxnreg or None
-    if persist and (probe or timestamps is not None):
-        raise InputError("layernorm: probe and timestamps are the records launch's; not with persist=True")
-    persistent = sketch and (PERSIST if persist is None else persist) and timestamps is None and not probe
-    f, i = workspace("layernorm", x2.device) if sketch else (y2, y2)
-    key = ("layernorm-welford", x2.dtype, n, chunk, warps, cap, sketch, packed, persistent)
-    grid = persistent_grid(key, n_rows, x2.device, persist_per_sm) if persistent else n_rows + sketch
-    if persistent:  # room for cdiv(rows, grid) indices a program
-        m = scratch("layernorm-flagged", x2.device, grid * -(-n_rows // grid))
+    if maxnreg is None:
+        cap = WELFORD_REG_CAP.get(warps) if sketch and n < WELFORD_REG_CAP_BELOW else None
     else:
-        m = row_records("layernorm", x2.device, n_rows, words=2, extra=0)[0] if sketch else y2
-    pf = prefetch_args("layernorm", n, x2, sketch, grid, key, prefetch)
-    k = launch(_layernorm_welford_kernel, (grid,),
+        cap = maxnreg or None
+    m = row_records("layernorm", x2.device, n_rows, words=2, extra=0)[0] if sketch else y2
+    f, i = workspace("layernorm", x2.device) if sketch else (y2, y2)
+    key = ("layernorm-welford", x2.dtype, n, chunk, warps, cap, sketch, packed)
+    pf = prefetch_args("layernorm", n, x2, sketch, n_rows + sketch, key, prefetch)
+    k = launch(_layernorm_welford_kernel, (n_rows + sketch,),
         x2, x2.stride(0), weight, bias, y2, y2.stride(0), buf if sketch else y2, m,
         m if timestamps is None else timestamps, f, i, n_rows, eps,
         N=n, CHUNK=chunk, CAP=RATIO_CAP, SKETCH=sketch, POLL=poll or RECORD_POLL, EXACT_CHUNK=_common.EXACT_CHUNK,
         FINISHER_FIRST=not INTERPRETED, PACKED=x2.element_size() == 2 if packed is None else packed, PROBE=probe,
-        PERSIST=persistent, **pf, num_warps=warps, enable_fp_fusion=False, **register_cap(cap),
+        **pf, num_warps=warps, enable_fp_fusion=False, **register_cap(cap),
         **({} if INTERPRETED else {"num_stages": 1}),
     )
     note_occupancy(key, k, warps)
