@@ -7,8 +7,8 @@ it shows up as kernel time in do_bench; BENCH_METHOD=flush_sleep of bench/norm_c
     BENCH_SHAPE=64x4096 python bench/launch_cost.py
     python bench/launch_cost.py --profile  # also cProfile each sketched launch: where the host time goes
     python bench/launch_cost.py --split    # also each launch's own parts: Triton's JIT call alone, the bare launcher
-    python bench/launch_cost.py --host     # any machine, no GPU: our launchers' own Python, the kernel call left out
-    BENCH_AB=base python bench/launch_cost.py --host   # ... beside a frozen package (bench/ab_snapshot.py)
+    python bench/launch_cost.py --host     # any machine, no GPU: our host code (Triton's compile, driver left out)
+    BENCH_AB=base python bench/launch_cost.py [--host]   # ... beside a frozen package (bench/ab_snapshot.py)
 
 Each entry: µs of host wall time per call over CALLS launches back to back, through
 optwin.kernels.fast_launch and through Triton's own call (fast_launch off) (the GPU queue never
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import os
 import statistics
 import sys
@@ -37,7 +38,6 @@ from _bench_common import write_report
 from gpu_kernels import OPS
 
 from optwin.kernels import fast_launch
-from optwin.kernels.sketch_buffer import new_buffer
 
 SHAPE = tuple(int(v) for v in os.environ.get("BENCH_SHAPE", "64x4096").split("x"))
 ROUNDS, CALLS = 7, 200
@@ -55,6 +55,11 @@ def kernel_calls_replaced(call, pkgs=("optwin",)):
     their process)."""
     saved = []
     for pkg in pkgs:
+        plans = importlib.import_module(f"{pkg}.kernels.launch_plan") if importlib.util.find_spec(
+            f"{pkg}.kernels.launch_plan") else None  # frozen packages from before launch plans have none
+        if plans is not None:  # the launchers that run a launch_plan.Plan
+            saved.append((plans, "launch_keyed", plans.launch_keyed))
+            plans.launch_keyed = lambda key, kernel, grid, args, kwargs: call(kernel, grid, *args, **kwargs)
         for m in KERNEL_MODULES:
             mod = importlib.import_module(f"{pkg}.kernels.{m}")
             for attr, value in (("launch", call), ("check_device", lambda *t: None)):
@@ -80,36 +85,51 @@ def host_us(fn) -> float:
 
 
 def main() -> str:
+    """Host µs per launch on a GPU: the live package and BENCH_AB's frozen ones (bench/ab_snapshot.py), each
+    through its fast_launch and through Triton's own call, torch eager beside them, in interleaved rounds."""
+    from gpu_kernels import _sweep_launcher
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent / ".ab"))
+    pkgs = ["optwin", *(f"optwin_{n}" for n in os.environ.get("BENCH_AB", "").split(",") if n)]
     g = torch.Generator().manual_seed(0)
     entries = {}
     for name in ("rmsnorm", "layernorm", "softmax", "rope"):
         b = OPS[name]
         inp, params = b.make(SHAPE, torch.bfloat16, "cuda", g)
-        y, buf = torch.empty_like(inp["x"]), new_buffer(b.op, "cuda")
-        entries[(name, "no sketch")] = lambda b=b, inp=inp, params=params, y=y: b.launch(inp, params, y, None)
-        entries[(name, "sketch")] = lambda b=b, inp=inp, params=params, y=y, buf=buf: b.launch(inp, params, y, buf)
-        entries[(name, "torch eager")] = lambda b=b, inp=inp, params=params: b.eager(inp, params)
+        if name != "rope":  # the launchers take rows
+            inp = {k: (v.reshape(-1, v.shape[-1]) if k == "x" else v) for k, v in inp.items()}
+        y = torch.empty_like(inp["x"])
+        for pkg in pkgs:
+            buf = importlib.import_module(f"{pkg}.kernels.sketch_buffer").new_buffer(b.op, "cuda")
+            f = _sweep_launcher(name, inp, params, y, {"pkg": pkg})
+            entries[(name, pkg, "no sketch")] = lambda f=f: f(None)
+            entries[(name, pkg, "sketch")] = lambda f=f, buf=buf: f(buf)
+        entries[(name, "torch", "torch eager")] = lambda b=b, inp=inp, params=params: b.eager(inp, params)
     for fn in entries.values():  # compile and warm up
         fn()
         fn()
-    res: dict[tuple[str, str, bool], list[float]] = {}
+    res: dict[tuple[str, str, str, bool], list[float]] = {}
     for _ in range(ROUNDS):
-        for (name, kind), fn in entries.items():
-            for direct in (True, False) if kind != "torch eager" else (True,):
-                with fast_launch.direct(direct):
-                    res.setdefault((name, kind, direct), []).append(host_us(fn))
+        for (name, pkg, kind), fn in entries.items():
+            for direct in (True, False) if pkg != "torch" else (True,):
+                fl = importlib.import_module(f"{pkg if pkg != 'torch' else 'optwin'}.kernels.fast_launch")
+                with fl.direct(direct):
+                    res.setdefault((name, pkg, kind, direct), []).append(host_us(fn))
     lines = [f"# Host µs per launch, bf16 {SHAPE[0]}x{SHAPE[1]}; {torch.cuda.get_device_name()}, {ROUNDS} interleaved "
              f"rounds of {CALLS} calls", "", "optwin.kernels.fast_launch (Triton's own `kernel[grid](...)` call in brackets)",
-             "", "| op | no sketch | sketch | sketch - no sketch | torch eager |", "|---|---:|---:|---:|---:|"]
+             "", "| op | package | no sketch | sketch | sketch - no sketch | torch eager |", "|---|---|---:|---:|---:|---:|"]
     for name in ("rmsnorm", "layernorm", "softmax", "rope"):
-        m = {(w, d): statistics.median(v) for (n, w, d), v in res.items() if n == name}
-        cells = [f"{m[(w, True)]:.1f} ({m[(w, False)]:.1f})" for w in ("no sketch", "sketch")]
-        diff = m[("sketch", True)] - m[("no sketch", True)]
-        lines.append(f"| {name} | {cells[0]} | {cells[1]} | {diff:+.1f} | {m[('torch eager', True)]:.1f} |")
+        eager = statistics.median(res[(name, "torch", "torch eager", True)])
+        for pkg in pkgs:
+            m = {(w, d): statistics.median(v) for (n, p, w, d), v in res.items() if n == name and p == pkg}
+            cells = [f"{m[(w, True)]:.1f} ({m[(w, False)]:.1f})" for w in ("no sketch", "sketch")]
+            diff = m[("sketch", True)] - m[("no sketch", True)]
+            lines.append(f"| {name} | {pkg} | {cells[0]} | {cells[1]} | {diff:+.1f} | {eager:.1f} |")
+    live = {(name, kind): fn for (name, pkg, kind), fn in entries.items() if pkg in ("optwin", "torch")}
     if "--split" in sys.argv:
-        lines += ["", *split(entries)]
+        lines += ["", *split(live)]
     if "--profile" in sys.argv:
-        lines += ["", *profiles(entries)]
+        lines += ["", *profiles(live)]
     return "\n".join(lines) + f"\n\ntorch {torch.__version__}\n"
 
 
@@ -178,19 +198,66 @@ def profiles(entries) -> list[str]:
     return out
 
 
+class _NoKernel:
+    """What Triton's call returns under triton_left_out: a CompiledKernel whose launcher does nothing."""
+
+    n_regs, function, packed_metadata, metadata = 0, None, None, None  # no counts: the default occupancy
+
+    def run(self, *args: Any) -> None:
+        return None
+
+
+@contextlib.contextmanager
+def triton_left_out(pkgs=("optwin",)):
+    """Within the block our launchers run as on a GPU, through fast_launch's direct path, but Triton's own
+    call (the compile on a key's first launch) returns a _NoKernel whose launcher does nothing, and the
+    device checks pass CPU tensors: what is timed is our host code, the launchers and fast_launch's
+    lookup, without the driver's launch. Everything is put back after (tests run this in their process)."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    def no_kernel(self, *args, grid, warmup, **kwargs):
+        return _NoKernel()
+
+    saved = [(cls, "run", cls.run) for cls in (JITFunction, InterpretedFunction)]
+    for cls, _, _ in saved:
+        cls.run = no_kernel
+    states = []
+    for pkg in pkgs:
+        fl = importlib.import_module(f"{pkg}.kernels.fast_launch")
+        states.append((fl, dict(fl._state), list(fl._driver)))
+        fl._state["direct"] = True
+        fl._driver[:] = [lambda: 0, lambda device: 0]
+        for m in KERNEL_MODULES:
+            mod = importlib.import_module(f"{pkg}.kernels.{m}")
+            if hasattr(mod, "check_device"):
+                saved.append((mod, "check_device", mod.check_device))
+                mod.check_device = lambda *t: None
+    try:
+        yield
+    finally:
+        for obj, attr, value in saved:
+            setattr(obj, attr, value)
+        for fl, state, drv in states:
+            fl._state.update(state)
+            fl._driver[:] = drv
+            fl._PLANS.clear()  # no _NoKernel stays behind
+
+
 def host_only() -> str:
-    """Our launchers' own Python per call (CPU tensors, no GPU needed): the kernel call replaced by a
-    no-op and the device check skipped, so what is timed is the launch logic around the call (configs,
-    grids, workspaces, occupancy). The launch itself and Triton's part are --split's columns on a GPU.
-    BENCH_AB=name,...: frozen packages (bench/ab_snapshot.py) timed in the same interleaved rounds."""
+    """Our host code per launch (CPU tensors, no GPU needed): the launchers and fast_launch's direct path,
+    with Triton's compile and the driver's launch left out (triton_left_out): configs, grids,
+    workspaces, occupancy, the launch plans and fast_launch's key. The driver's part is --split's
+    column on a GPU. BENCH_AB=name,...: frozen packages (bench/ab_snapshot.py) timed in the same
+    interleaved rounds."""
     sys.path.insert(0, str(Path(__file__).resolve().parent / ".ab"))
     pkgs = ["optwin", *(f"optwin_{n}" for n in os.environ.get("BENCH_AB", "").split(",") if n)]
-    with kernel_calls_replaced(lambda *a, **k: None, pkgs):
+    with triton_left_out(pkgs):
         return _host_table(pkgs)
 
 
 def _host_table(pkgs: list[str]) -> str:
-    """host_only's rounds and table, with the kernel calls already left out."""
+    """host_only's rounds and table, with Triton's part already left out."""
     from gpu_kernels import _sweep_launcher
 
     g = torch.Generator().manual_seed(0)
@@ -207,7 +274,8 @@ def _host_table(pkgs: list[str]) -> str:
             for sk in (False, True):
                 entries[(name, pkg, sk)] = (lambda f=f, bb=buf if sk else None: f(bb))
     res = _interleaved_us(entries)
-    lines = [f"# Our launchers' host µs per call (kernel call left out), bf16 {SHAPE[0]}x{SHAPE[1]}, CPU tensors; "
+    lines = [f"# Our host µs per launch (launcher and fast_launch; Triton's compile and the driver's launch left out), "
+             f"bf16 {SHAPE[0]}x{SHAPE[1]}, CPU tensors; "
              f"median of {ROUNDS} interleaved rounds of {CALLS} calls", "",
              "| op | " + " | ".join(f"{p} no sketch | {p} sketch" for p in pkgs) + " |", "|---|" + "---:|" * (2 * len(pkgs))]
     for name in ("rmsnorm", "layernorm", "softmax", "rope"):

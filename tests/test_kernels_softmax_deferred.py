@@ -181,31 +181,32 @@ def test_a_settle_from_another_thread_waits_for_the_launch(monkeypatch):
     whose records it polls (on a GPU it would wait for them forever)."""
     import threading
 
+    import optwin.kernels.launch_plan as lp
     import optwin.kernels.softmax as sm
 
     x = _special(6, 40, "thread")
     want = _in_launch(x)[1]
     events: list[str] = []
-    real_launch, real_finish = sm.launch, deferred._FINISHERS["softmax"]
+    real_launch, real_finish = lp.launch_keyed, deferred._FINISHERS["softmax"]
 
-    def launch(kernel, grid, *args, **kwargs):
+    def launch(key, kernel, grid, args, kwargs):
         if kernel is sm._softmax_kernel and kwargs.get("ROWS") and grid[0] == x.shape[0]:  # the deferred rows
             other = threading.Thread(target=deferred.settle_all)
             other.start()
             other.join(0.3)  # time for it to settle now, were nothing holding it back
-            out = real_launch(kernel, grid, *args, **kwargs)
+            out = real_launch(key, kernel, grid, args, kwargs)
             events.append("rows")
-            monkeypatch.setattr(sm, "launch", real_launch)
+            monkeypatch.setattr(lp, "launch_keyed", real_launch)
             launch.other = other
             return out
-        return real_launch(kernel, grid, *args, **kwargs)
+        return real_launch(key, kernel, grid, args, kwargs)
 
     def finish(page, features, desc, calls):
         events.append("finisher")
         if "rows" in events:  # else the interpreter's finisher would poll for records never written
             real_finish(page, features, desc, calls)
 
-    monkeypatch.setattr(sm, "launch", launch)
+    monkeypatch.setattr(lp, "launch_keyed", launch)
     monkeypatch.setitem(deferred._FINISHERS, "softmax", finish)
     _, buf = _deferred(x)
     launch.other.join()

@@ -80,15 +80,17 @@ def grid_per_sm(op: str, block: int, sketch: bool, per_sm: int | None = None) ->
 
 def note_occupancy(key: tuple[Any, ...], compiled: Any, num_warps: int) -> None:
     """Record how many programs of `compiled` fit on one SM: registers (rounded to 8 per thread),
-    warps (64 per SM) and shared memory (228 KiB on Hopper). Silent where Triton gives no counts."""
+    warps (64 per SM) and shared memory (228 KiB on Hopper). DEFAULT_OCCUPANCY where Triton gives no
+    counts (the interpreter), so the launch's plan is final either way (launch_plan)."""
     if key in _OCCUPANCY:
         return
     try:
         regs = int(compiled.n_regs)
         shared = int(getattr(compiled, "metadata", None).shared or 0) if hasattr(compiled, "metadata") else 0
-    except Exception:  # noqa: BLE001 - interpreter / other backends: keep the default
-        return
+    except Exception:  # noqa: BLE001 - interpreter / other backends
+        regs = 0
     if regs <= 0:
+        _OCCUPANCY[key] = DEFAULT_OCCUPANCY
         return
     by_regs = 65536 // (((regs + 7) // 8) * 8 * 32 * num_warps)
     by_warps = 64 // num_warps

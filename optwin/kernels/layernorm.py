@@ -67,13 +67,12 @@ from optwin.kernels._common import (
     lane_max,
     lane_shape,
     launch_config,
-    note_occupancy,
     persistent_grid,
     register_cap,
     rows_view,
     sum_squares,
 )
-from optwin.kernels.fast_launch import launch
+from optwin.kernels.launch_plan import Plan, kept, plan, run
 from optwin.kernels.layernorm_sketch import (
     _chunked_exact_row,
     _const_abs,
@@ -315,7 +314,8 @@ def _layernorm_launch(
     kernel, TRITON_CHUNK wide by default (part of the numerics: the twin's lanes).
     num_warps / stages / per_sm / keep / chunk / maxnreg (registers per thread) / const_n (the chunked
     kernel compiled for this row length) override the tuned launch (the bench's sweep; num_warps
-    changes the tl.sum trees; any but num_warps takes the row-in-registers kernels)."""
+    changes the tl.sum trees; any but num_warps takes the row-in-registers kernels). The launch is worked
+    out once per key (launch_plan)."""
     n_rows, n = x2.shape
     sketch = buf is not None
     if n_rows == 0 and not sketch:
@@ -327,33 +327,38 @@ def _layernorm_launch(
         return
     if timestamps is not None:
         raise InputError("layernorm: timestamps (PROBE 131072) are the Welford launch's only")
+    key = ("layernorm", x2.shape, x2.stride(0), y2.stride(0), x2.data_ptr() & 15, x2.dtype, weight.dtype, bias.dtype,
+           y2.dtype, x2.device, sketch, num_warps, stages, per_sm, keep, chunk, maxnreg, const_n)
+    p = kept(key) or _layernorm_plan(x2, y2, sketch, num_warps, stages, per_sm, keep, chunk, maxnreg, const_n)
     f, i = workspace("layernorm", x2.device) if sketch else (y2, y2)
+    run(key, p, (x2, x2.stride(0), weight, bias, y2, y2.stride(0), buf if sketch else y2, f, i, n_rows, n, eps))
+
+
+def _layernorm_plan(x2: torch.Tensor, y2: torch.Tensor, sketch: bool, num_warps: int | None, stages: int | None,
+                    per_sm: int | None, keep: int | None, chunk: int | None, maxnreg: int | None,
+                    const_n: bool) -> Plan:
+    """_layernorm_launch's kernel, grid and options (rows the Welford kernel does not take) for this call's
+    shape, strides, dtype and overrides."""
+    n_rows, n = x2.shape
     if n > MAX_BLOCK or (chunk is not None and n > chunk):
         block, warps, _, _ = launch_config("layernorm-chunked", n, num_warps, 1, chunk=chunk or TRITON_CHUNK)
         align = column_multiple(n, x2.stride(0), y2.stride(0))
         key = ("layernorm-chunked", x2.dtype, block, warps, sketch, const_n, align)
-        k = launch(_layernorm_chunked_kernel, (persistent_grid(key, n_rows, x2.device, per_sm),),
-            x2, x2.stride(0), weight, bias, y2, y2.stride(0), buf if sketch else y2, f, i,
-            n_rows, n, eps, CAP=RATIO_CAP, CHUNK=block, SKETCH=sketch, CONST_N=n if const_n and n % block == 0 else 0,
-            ALIGN=align, num_warps=warps, enable_fp_fusion=False,
-        )
-        note_occupancy(key, k, warps)
-        return
+        return plan(_layernorm_chunked_kernel, (persistent_grid(key, n_rows, x2.device, per_sm),),
+                    {"CAP": RATIO_CAP, "CHUNK": block, "SKETCH": sketch,
+                     "CONST_N": n if const_n and n % block == 0 else 0, "ALIGN": align, "num_warps": warps,
+                     "enable_fp_fusion": False}, key, warps)
     block, warps, st, cap = launch_config("layernorm", n, num_warps, stages, maxnreg=maxnreg, sketch=sketch,
                                    esize=x2.element_size())
     vec, lanes = lane_shape(block, x2.element_size(), warps)
     kp = min(KEEP if keep is None else keep, vec)
     align = column_multiple(n, x2.stride(0), y2.stride(0))
     key = ("layernorm", x2.dtype, block, warps, st, cap, sketch, kp, align)
-    regs = register_cap(cap)  # registers per thread
     grid = persistent_grid(key, n_rows, x2.device, grid_per_sm("layernorm", block, sketch, per_sm))
-    k = launch(_layernorm_kernel, (grid,),
-        x2, x2.stride(0), weight, bias, y2, y2.stride(0), buf if sketch else y2, f, i,
-        n_rows, n, eps, CAP=RATIO_CAP, BLOCK=block, SKETCH=sketch, STAGES=st, VEC=vec, LANES=lanes, KEEP=kp,
-        EXACT_CHUNK=min(EXACT_CHUNK, block), ALIGN=align,
-        num_warps=warps, enable_fp_fusion=False, **regs,
-    )
-    note_occupancy(key, k, warps)
+    return plan(_layernorm_kernel, (grid,),
+                {"CAP": RATIO_CAP, "BLOCK": block, "SKETCH": sketch, "STAGES": st, "VEC": vec, "LANES": lanes,
+                 "KEEP": kp, "EXACT_CHUNK": min(EXACT_CHUNK, block), "ALIGN": align, "num_warps": warps,
+                 "enable_fp_fusion": False, **register_cap(cap)}, key, warps)
 
 
 _ZERO_BIAS: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}

@@ -67,7 +67,6 @@ from optwin.kernels._common import (
     acquire_flagged,
     globaltimer,
     max_sum_max_min,
-    note_occupancy,
     poll_records,
     prefetch_args,
     prefetch_row,
@@ -78,7 +77,7 @@ from optwin.kernels._common import (
     reset_workspace,
     store_common_features,
 )
-from optwin.kernels.fast_launch import launch
+from optwin.kernels.launch_plan import Plan, kept, plan, run
 from optwin.kernels.layernorm_sketch import (
     _chunked_exact_row,
     _could_be_constant,
@@ -346,28 +345,37 @@ def _welford_launch(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, 
     waves of programs ahead whose rows go to the L2 first (_common.PREFETCH); packed: max |x| on 16-bit
     element pairs (default for 16-bit x) or on the float32 values; timestamps: int64 (2 * n_rows + polls + 1,)
     for PROBE 131072's globaltimer stamps (bench/finisher_timeline.py); maxnreg: registers a thread (0:
-    the compiler's) instead of WELFORD_REG_CAP's."""
+    the compiler's) instead of WELFORD_REG_CAP's. The launch is worked out once per key (launch_plan)."""
+    n_rows = x2.shape[0]
+    sketch = buf is not None
+    key = ("layernorm-welford", x2.shape, x2.stride(0), y2.stride(0), x2.data_ptr() & 15, x2.dtype, weight.dtype,
+           bias.dtype, y2.dtype, x2.device, sketch, num_warps, poll, maxnreg, probe, welford_chunk, prefetch, packed,
+           timestamps is None)
+    p = kept(key) or _welford_plan(x2, sketch, num_warps, poll, maxnreg, probe, welford_chunk, prefetch, packed)
+    m = row_records("layernorm", x2.device, n_rows, words=2, extra=0)[0] if sketch else y2
+    f, i = workspace("layernorm", x2.device) if sketch else (y2, y2)
+    run(key, p, (x2, x2.stride(0), weight, bias, y2, y2.stride(0), buf if sketch else y2, m,
+                 m if timestamps is None else timestamps, f, i, n_rows, eps))
+
+
+def _welford_plan(x2: torch.Tensor, sketch: bool, num_warps: int | None, poll: int | None, maxnreg: int | None,
+                  probe: int, welford_chunk: int | None, prefetch: float | None, packed: bool | None) -> Plan:
+    """_welford_launch's grid and options for this call's shape, dtype and overrides."""
     n_rows, n = x2.shape
     # another chunk (or a ragged one) is not the catalog variant's numerics: the bench's sweep and tests
     chunk = welford_chunk or _welford_rule(n) or 4096
     if n < chunk or n > MAX_BLOCK:
         raise InputError(f"layernorm: the Welford launch takes rows of {chunk}..{MAX_BLOCK}, got {n}")
-    sketch = buf is not None
     warps = num_warps or max(1, chunk // (32 * ELEMS_PER_THREAD))
     if maxnreg is None:
         cap = WELFORD_REG_CAP.get(warps) if sketch and n < WELFORD_REG_CAP_BELOW else None
     else:
         cap = maxnreg or None
-    m = row_records("layernorm", x2.device, n_rows, words=2, extra=0)[0] if sketch else y2
-    f, i = workspace("layernorm", x2.device) if sketch else (y2, y2)
     key = ("layernorm-welford", x2.dtype, n, chunk, warps, cap, sketch, packed)
     pf = prefetch_args("layernorm", n, x2, sketch, n_rows + sketch, key, prefetch)
-    k = launch(_layernorm_welford_kernel, (n_rows + sketch,),
-        x2, x2.stride(0), weight, bias, y2, y2.stride(0), buf if sketch else y2, m,
-        m if timestamps is None else timestamps, f, i, n_rows, eps,
-        N=n, CHUNK=chunk, CAP=RATIO_CAP, SKETCH=sketch, POLL=poll or RECORD_POLL, EXACT_CHUNK=_common.EXACT_CHUNK,
-        FINISHER_FIRST=not INTERPRETED, PACKED=x2.element_size() == 2 if packed is None else packed, PROBE=probe,
-        **pf, num_warps=warps, enable_fp_fusion=False, **register_cap(cap),
-        **({} if INTERPRETED else {"num_stages": 1}),
-    )
-    note_occupancy(key, k, warps)
+    return plan(_layernorm_welford_kernel, (n_rows + sketch,),
+                {"N": n, "CHUNK": chunk, "CAP": RATIO_CAP, "SKETCH": sketch, "POLL": poll or RECORD_POLL,
+                 "EXACT_CHUNK": _common.EXACT_CHUNK, "FINISHER_FIRST": not INTERPRETED,
+                 "PACKED": x2.element_size() == 2 if packed is None else packed, "PROBE": probe, **pf,
+                 "num_warps": warps, "enable_fp_fusion": False, **register_cap(cap),
+                 **({} if INTERPRETED else {"num_stages": 1})}, key, warps)

@@ -64,7 +64,6 @@ from optwin.kernels._common import (
     last_program,
     launch_config,
     max_sum_max,
-    note_occupancy,
     persistent_grid,
     poll_records,
     prefetch_args,
@@ -79,7 +78,7 @@ from optwin.kernels._common import (
     sum_and_max,
     sum_squares,
 )
-from optwin.kernels.fast_launch import launch
+from optwin.kernels.launch_plan import Plan, kept, plan, run
 from optwin.kernels.sketch_buffer import (
     WORKSPACE,
     feature_names,
@@ -392,47 +391,52 @@ def _rmsnorm_launch(
     kernel, TRITON_CHUNK wide by default (part of the numerics: the twin's lanes).
     num_warps / stages / per_sm / chunk / maxnreg (registers per thread) / const_n (the chunked kernel
     compiled for this row length) override the tuned launch (the bench's sweep; num_warps changes the
-    tl.sum tree)."""
+    tl.sum tree). The launch is worked out once per key (launch_plan)."""
     n_rows, n = x2.shape
     sketch = buf is not None
     if n_rows == 0 and not sketch:
         return
-    f, i = workspace("rmsnorm", x2.device) if sketch else (y2, y2)
+    key = ("rmsnorm", x2.shape, x2.stride(0), y2.stride(0), x2.data_ptr() & 15, x2.dtype, weight.dtype, y2.dtype,
+           x2.device, sketch, num_warps, stages, per_sm, chunk, maxnreg, const_n, row_grid, poll, prefetch)
+    p = kept(key) or _rmsnorm_plan(x2, y2, sketch, num_warps, stages, per_sm, chunk, maxnreg, const_n, row_grid,
+                                   poll, prefetch)
+    if not sketch:
+        a, b = y2, y2
+    elif p.kernel is _rmsnorm_rows_kernel:
+        a, b = row_records("rmsnorm", x2.device, n_rows)
+    else:
+        a, b = workspace("rmsnorm", x2.device)
+    run(key, p, (x2, x2.stride(0), weight, y2, y2.stride(0), buf if sketch else y2, a, b, n_rows, n, eps))
+
+
+def _rmsnorm_plan(x2: torch.Tensor, y2: torch.Tensor, sketch: bool, num_warps: int | None, stages: int | None,
+                  per_sm: int | None, chunk: int | None, maxnreg: int | None, const_n: bool, row_grid: bool | None,
+                  poll: int | None, prefetch: float | None) -> Plan:
+    """_rmsnorm_launch's kernel, grid and options for this call's shape, strides, dtype and overrides."""
+    n_rows, n = x2.shape
     if n > MAX_BLOCK or (chunk is not None and n > chunk):
         block, warps, _, _ = launch_config("rmsnorm-chunked", n, num_warps, 1, chunk=chunk or TRITON_CHUNK)
         align = column_multiple(n, x2.stride(0), y2.stride(0))
         key = ("rmsnorm-chunked", x2.dtype, block, warps, sketch, const_n, align)
-        k = launch(_rmsnorm_chunked_kernel, (persistent_grid(key, n_rows, x2.device, per_sm),),
-            x2, x2.stride(0), weight, y2, y2.stride(0), buf if sketch else y2, f, i,
-            n_rows, n, eps, CHUNK=block, SKETCH=sketch, CONST_N=n if const_n and n % block == 0 else 0, ALIGN=align,
-            num_warps=warps, enable_fp_fusion=False,
-        )
-        note_occupancy(key, k, warps)
-        return
+        return plan(_rmsnorm_chunked_kernel, (persistent_grid(key, n_rows, x2.device, per_sm),),
+                    {"CHUNK": block, "SKETCH": sketch, "CONST_N": n if const_n and n % block == 0 else 0,
+                     "ALIGN": align, "num_warps": warps, "enable_fp_fusion": False}, key, warps)
     block, warps, st, cap = launch_config("rmsnorm", n, num_warps, stages, maxnreg=maxnreg, esize=x2.element_size())
     regs = register_cap(cap)  # registers per thread
     align = column_multiple(n, x2.stride(0), y2.stride(0))
     if per_sm is None and (("rmsnorm", block) in ROW_GRID if row_grid is None else row_grid):
-        m, e = row_records("rmsnorm", x2.device, n_rows) if sketch else (y2, y2)
         st = RECORD_STAGES.get(("rmsnorm", block), st) if sketch and stages is None else st
         key = ("rmsnorm-rows", x2.dtype, block, warps, st, cap, sketch, align)
         pf = prefetch_args("rmsnorm", block, x2, sketch, n_rows + sketch, key, prefetch)
-        k = launch(_rmsnorm_rows_kernel, (n_rows + sketch,),
-            x2, x2.stride(0), weight, y2, y2.stride(0), buf if sketch else y2, m, e,
-            n_rows, n, eps, BLOCK=block, SKETCH=sketch, STAGES=st, POLL=poll or RECORD_POLL,
-            EXACT_CHUNK=min(block, EXACT_CHUNK), FINISHER_FIRST=not INTERPRETED, **pf, ALIGN=align,
-            num_warps=warps, enable_fp_fusion=False, **regs,
-        )
-        note_occupancy(key, k, warps)
-        return
+        return plan(_rmsnorm_rows_kernel, (n_rows + sketch,),
+                    {"BLOCK": block, "SKETCH": sketch, "STAGES": st, "POLL": poll or RECORD_POLL,
+                     "EXACT_CHUNK": min(block, EXACT_CHUNK), "FINISHER_FIRST": not INTERPRETED, **pf, "ALIGN": align,
+                     "num_warps": warps, "enable_fp_fusion": False, **regs}, key, warps)
     key = ("rmsnorm", x2.dtype, block, warps, st, cap, sketch, align)
     grid = persistent_grid(key, n_rows, x2.device, grid_per_sm("rmsnorm", block, sketch, per_sm))
-    k = launch(_rmsnorm_kernel, (grid,),
-        x2, x2.stride(0), weight, y2, y2.stride(0), buf if sketch else y2, f, i,
-        n_rows, n, eps, BLOCK=block, SKETCH=sketch, STAGES=st, ALIGN=align,
-        num_warps=warps, enable_fp_fusion=False, **regs,
-    )
-    note_occupancy(key, k, warps)
+    return plan(_rmsnorm_kernel, (grid,),
+                {"BLOCK": block, "SKETCH": sketch, "STAGES": st, "ALIGN": align, "num_warps": warps,
+                 "enable_fp_fusion": False, **regs}, key, warps)
 
 
 def rmsnorm(

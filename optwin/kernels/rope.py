@@ -55,7 +55,6 @@ from optwin.kernels._common import (
     lane_sum,
     last_program,
     next_pow2,
-    note_occupancy,
     persistent_grid,
     read_slot,
     register_cap,
@@ -63,7 +62,7 @@ from optwin.kernels._common import (
     sketch_sum_max,
     store_common_features,
 )
-from optwin.kernels.fast_launch import launch
+from optwin.kernels.launch_plan import Plan, kept, plan, run
 from optwin.kernels.production import rope_inv_freq
 from optwin.kernels.sketch_buffer import (
     WORKSPACE,
@@ -302,40 +301,54 @@ def _rope_launch(
 ) -> None:
     """Grid: one persistent program per resident slot (persistent_grid), each over its tiles.
     block_h / num_warps / stages / per_sm / lane_acc / maxnreg (0: none) / keep override the tuned launch
-    (the bench's sweep)."""
+    (the bench's sweep). The launch is worked out once per key (launch_plan)."""
     _check_4d(x4)
     batch, seq, heads, d = x4.shape
     if batch * seq == 0 and buf is None:
         return
     tables = cos is not None
     sketch = buf is not None
-    block_h, block_d, warps, st = rope_config(heads, d, sketch, block_h, num_warps, stages)
-    n_hb = cdiv(heads, block_h)
+    key = ("rope", x4.shape, x4.stride(), y4.stride(), x4.dtype, y4.dtype, x4.device, sketch,
+           (cos.stride(), cos.dtype, sin.stride(), sin.dtype) if tables else (positions.stride(0), positions.dtype,
+                                                                              inv.dtype),
+           base, block_h, num_warps, stages, per_sm, lane_acc, maxnreg, keep)
+    p = kept(key) or _rope_plan(x4, sketch, tables, base, block_h, num_warps, stages, per_sm, lane_acc, maxnreg, keep)
+    n_hb, trig_slots, base_bits = p.extra
     dummy = y4
     f, i = workspace("rope", x4.device) if sketch else (dummy, dummy)
+    run(key, p, (
+        x4, x4.stride(0), x4.stride(1), x4.stride(2),
+        y4, y4.stride(0), y4.stride(1), y4.stride(2),
+        dummy if tables else positions, 0 if tables else positions.stride(0),
+        dummy if tables else inv,
+        dummy if tables else scratch("rope-trig", x4.device, trig_slots),
+        cos if tables else dummy, sin if tables else dummy,
+        cos.stride(0) if tables else 0, cos.stride(1) if tables else 0,
+        buf if sketch else dummy, f, i,
+        batch * seq, seq, heads, n_hb, d // 2, base_bits,
+    ))
+
+
+def _rope_plan(x4: torch.Tensor, sketch: bool, tables: bool, base: float, block_h: int | None,
+               num_warps: int | None, stages: int | None, per_sm: int | None, lane_acc: bool | None,
+               maxnreg: int | None, keep: int | None) -> Plan:
+    """_rope_launch's grid and options for this call's shape, dtype, mode and overrides; extra: (head
+    blocks, the trig scratch's floats, base's float64 bits)."""
+    batch, seq, heads, d = x4.shape
+    block_h, block_d, warps, st = rope_config(heads, d, sketch, block_h, num_warps, stages)
+    n_hb = cdiv(heads, block_h)
     measured = (block_h, block_d, warps) in ROPE_MAXNREG
     lacc = (LANE_ACC and measured if lane_acc is None else lane_acc) and sketch
     vec, lanes = lane_shape(block_h * block_d, x4.element_size(), warps)
     kp = min(KEEP if keep is None else keep, vec) if lacc else 1
     cap = (ROPE_MAXNREG.get((block_h, block_d, warps)) if maxnreg is None else maxnreg) if lacc else None
     key = ("rope", x4.dtype, block_h, block_d, warps, st, tables, sketch, lacc, cap, kp)
-    extra = register_cap(cap)
     base_bits = struct.unpack("<q", struct.pack("<d", float(base)))[0]
     grid = persistent_grid(key, batch * seq * n_hb, x4.device, per_sm)
-    k = launch(_rope_kernel, (grid,),
-        x4, x4.stride(0), x4.stride(1), x4.stride(2),
-        y4, y4.stride(0), y4.stride(1), y4.stride(2),
-        dummy if tables else positions, 0 if tables else positions.stride(0),
-        dummy if tables else inv,
-        dummy if tables else scratch("rope-trig", x4.device, grid * 4 * block_d),
-        cos if tables else dummy, sin if tables else dummy,
-        cos.stride(0) if tables else 0, cos.stride(1) if tables else 0,
-        buf if sketch else dummy, f, i,
-        batch * seq, seq, heads, n_hb, d // 2, base_bits,
-        BLOCK_H=block_h, BLOCK_D=block_d, FROM_TABLES=tables, SKETCH=sketch, STAGES=st, VEC=vec, LANES=lanes, KEEP=kp,
-        LANE_ACC=lacc, FLUSH=FLUSH, num_warps=warps, **extra,
-    )
-    note_occupancy(key, k, warps)
+    return plan(_rope_kernel, (grid,),
+                {"BLOCK_H": block_h, "BLOCK_D": block_d, "FROM_TABLES": tables, "SKETCH": sketch, "STAGES": st,
+                 "VEC": vec, "LANES": lanes, "KEEP": kp, "LANE_ACC": lacc, "FLUSH": FLUSH, "num_warps": warps,
+                 **register_cap(cap)}, key, warps, (n_hb, grid * 4 * block_d, base_bits))
 
 
 def rope(

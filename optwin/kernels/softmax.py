@@ -107,14 +107,13 @@ from optwin.kernels._common import (
     lane_sum_squares,
     launch_config,
     next_pow2,
-    note_occupancy,
     persistent_grid,
     prefetch_args,
     prefetch_row,
     register_cap,
     rows_view,
 )
-from optwin.kernels.fast_launch import launch
+from optwin.kernels.launch_plan import Plan, kept, plan, run
 from optwin.kernels.packed16 import (
     LOW_BITS_PAIR,
     NEG_INF_PAIR,
@@ -903,6 +902,37 @@ def _softmax_launch(
     sketch = buf is not None or defer
     if n_rows == 0 and not sketch:
         return buf
+    key = ("softmax", x2.shape, x2.stride(0), y2.stride(0), x2.data_ptr() & 15, y2.data_ptr() & 15, x2.dtype, y2.dtype,
+           x2.device, sketch, num_warps, stages, per_sm, variant, fusion, maxnreg, keep, packed, prefetch, probe, window,
+           rows, poll, finisher_first, timestamps is None)
+    p = kept(key) or _softmax_plan(x2, y2, sketch, num_warps, stages, per_sm, variant, fusion, maxnreg, keep, packed,
+                                   prefetch, probe, window, rows, poll, finisher_first)
+    by_row, p_deferred = p.extra
+    # the sketch buffer and workspace looked up only now: a deferred call's are its page's (its host time
+    # counts: bench/deferred_finish.py)
+    defer = defer and p_deferred is not None and timestamps is None and deferred.takes(n_rows, x2.device)
+    # a deferred call holds deferred.lock from its reservation until its launch is queued: a settle of its page
+    # from another thread (a monitor's flush) then cannot queue the finisher ahead of the rows it polls for
+    with deferred.lock if defer else _NO_LOCK:
+        if defer:  # a program per row, its records to a page; the page's finisher runs later
+            buf, m, f, i = deferred.reserve("softmax", x2.device, n_rows, n, words=2)
+            p, key = p_deferred, (*key, "deferred")
+        else:
+            buf = new_buffer("softmax", x2.device) if sketch and buf is None else buf
+            f, i = workspace("softmax", x2.device) if sketch else (y2, y2)
+            m = row_records("softmax", x2.device, n_rows, words=2, extra=0)[0] if by_row else y2
+        run(key, p, (x2, x2.stride(0), y2, y2.stride(0), buf if sketch else y2, f, i, m,
+                     m if timestamps is None else timestamps, n_rows, n, PEAK_NATS))
+    return buf
+
+
+def _softmax_plan(x2: torch.Tensor, y2: torch.Tensor, sketch: bool, num_warps: int | None, stages: int | None,
+                  per_sm: int | None, variant: int | None, fusion: bool | None, maxnreg: int | None, keep: int | None,
+                  packed: bool | None, prefetch: float | None, probe: int, window: bool, rows: bool | None,
+                  poll: int | None, finisher_first: bool | None) -> Plan:
+    """_softmax_launch's kernel, grid and options (rows a program holds) for this call's shape, strides,
+    dtypes and overrides; extra: (a program per row, the plan of its deferred form or None)."""
+    n_rows, n = x2.shape
     align = column_multiple(n, x2.stride(0), y2.stride(0))
     esize = x2.element_size()
     # words only for layout 10: the kernel without the sketch read them 1-3 µs slower at 4096x16384 bf16
@@ -933,42 +963,21 @@ def _softmax_launch(
     by_row = var == 10 and (block in ROWS_BLOCKS and per_sm is None if rows is None else rows)
     key = ("softmax", x2.dtype, y2.dtype, block, warps, st, sketch, var, fuse, cap, kp, even, packed, probe, align,
            win, by_row)
-    extra = register_cap(cap)
-    # the sketch buffer and workspace looked up only now: a deferred call's are its page's (its host time
-    # counts: bench/deferred_finish.py)
-    defer = defer and by_row and timestamps is None and deferred.takes(n_rows, x2.device)
-    # a deferred call holds deferred.lock from its reservation until its launch is queued: a settle of its page
-    # from another thread (a monitor's flush) then cannot queue the finisher ahead of the rows it polls for
-    with deferred.lock if defer else _NO_LOCK:
-        if defer:  # a program per row, its records to a page; the page's finisher runs later
-            buf, m, f, i = deferred.reserve("softmax", x2.device, n_rows, n, words=2)
-            grid = n_rows
-            finisher_first = False  # program n_rows would finish: there is none
-        else:
-            buf = new_buffer("softmax", x2.device) if sketch and buf is None else buf
-            f, i = workspace("softmax", x2.device) if sketch else (y2, y2)
-            if by_row:  # a program per row and the finisher
-                grid = n_rows + 1
-                m = row_records("softmax", x2.device, n_rows, words=2, extra=0)[0]
-            else:
-                grid = persistent_grid(key, n_rows, x2.device, grid_per_sm("softmax", block, sketch, per_sm))
-                m = y2
+    options = {"BLOCK": block, "SKETCH": sketch, "STAGES": st, "VARIANT": var, "CHUNK": min(CHUNK, block), "VEC": vec,
+               "LANES": lanes, "KEEP": kp, "FLUSH": FLUSH, "EVEN": even, "PACKED": packed,
+               "BF16": x2.dtype == torch.bfloat16, "NEG_PAIR": NEG_INF_PAIR.get(x2.dtype, 0),
+               "NEG_SAFE": NEG_SAFE.get(x2.dtype, 0.0), "ALIGN": align, "WINDOW": win, "PROBE": probe, "ROWS": by_row,
+               "POLL": poll or RECORD_POLL, "num_warps": warps, "enable_fp_fusion": fuse, **register_cap(cap)}
+
+    def launch_plan(grid: int, first: bool) -> Plan:
         pf = prefetch_args("softmax", block, x2, sketch, grid, key, prefetch, win)
-        k = launch(_softmax_kernel, (grid,),
-            x2, x2.stride(0), y2, y2.stride(0), buf if sketch else y2, f, i, m, m if timestamps is None else timestamps,
-            n_rows, n, PEAK_NATS,
-            BLOCK=block, SKETCH=sketch, STAGES=st, VARIANT=var,
-            CHUNK=min(CHUNK, block), VEC=vec, LANES=lanes, KEEP=kp, FLUSH=FLUSH, EVEN=even, PACKED=packed,
-            BF16=x2.dtype == torch.bfloat16, NEG_PAIR=NEG_INF_PAIR.get(x2.dtype, 0),
-            NEG_SAFE=NEG_SAFE.get(x2.dtype, 0.0), **pf, ALIGN=align, WINDOW=win, PROBE=probe,
-            ROWS=by_row, POLL=poll or RECORD_POLL,
-            FINISHER_FIRST=not INTERPRETED if finisher_first is None else finisher_first,
-            num_warps=warps,
-            enable_fp_fusion=fuse,
-            **extra,
-        )
-    note_occupancy(key, k, warps)
-    return buf
+        return plan(_softmax_kernel, (grid,), {**options, **pf, "FINISHER_FIRST": first}, key, warps)
+
+    first = not INTERPRETED if finisher_first is None else finisher_first
+    if by_row:  # a program per row and the finisher; deferred: no finisher (program n_rows would be it)
+        return launch_plan(n_rows + 1, first)._replace(extra=(True, launch_plan(n_rows, False)))
+    grid = persistent_grid(key, n_rows, x2.device, grid_per_sm("softmax", block, sketch, per_sm))
+    return launch_plan(grid, first)._replace(extra=(False, None))
 
 
 def softmax(

@@ -1,0 +1,73 @@
+"""Launch plans: what a launcher works out from a call's shapes, strides, dtypes and options (the kernel,
+its grid, its constexprs and launch options), worked out once per such key and kept, so a later call with
+the same key pays only for its tensors and the launch.
+
+    plan = launch_plan.kept(key) or _rmsnorm_plan(...)   # the launcher's own config code, on a miss
+    launch_plan.run(key, plan, args)                     # fast_launch.launch_keyed under the same key
+
+Why: an eager caller (a patched model decoding a token at a time) pays every launch's host time, and for
+small tensors that is the whole cost. Before plans, the launchers' config code (launch_config, strides'
+common multiple, prefetch depth, occupancy lookups) and fast_launch's full specialization key (~6 µs) ran
+on every call (bench/launch_cost.py --host).
+
+The key must hold everything the plan reads: the op, the shapes and row strides, where in 16 bytes the
+rows' data starts (the L2 prefetch, softmax's packed and windowed rows read it), every tensor argument's
+dtype, the device, whether the sketch is on, and the launcher's overrides. It is also fast_launch's key
+(with the tensors' 16-byte alignment added per call), so it must fix every int argument and every
+constexpr.
+
+A plan is kept once it is final: its grid and prefetch depth read the kernel's recorded occupancy
+(_common.note_occupancy, after the kernel's first launch), so a plan built before that is used once and
+built again. Plans read the tuning tables (_common.TUNED, PREFETCH, ROW_GRID, ...) when they are built:
+code that changes a table at run time calls clear() after.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any, NamedTuple
+
+from optwin.kernels import _common
+from optwin.kernels.fast_launch import launch_keyed
+
+MAX_KEPT = 1024  # distinct keys kept (a shape that changes every call, e.g. a growing KV length, stays bounded)
+_KEPT: dict[Hashable, Plan] = {}
+
+
+class Plan(NamedTuple):
+    kernel: Any  # the JITFunction
+    grid: tuple[int, ...]
+    options: dict[str, Any]  # constexprs and launch options, by name
+    occupancy: tuple[Any, ...]  # note_occupancy's key of the launch
+    warps: int
+    final: bool  # the occupancy the grid and prefetch read was recorded when the plan was built
+    extra: tuple[Any, ...] = ()  # what else the launcher derives once (its own order)
+
+
+def plan(kernel: Any, grid: tuple[int, ...], options: dict[str, Any], occupancy: tuple[Any, ...],
+         warps: int, extra: tuple[Any, ...] = ()) -> Plan:
+    """A Plan, final if `occupancy` (the launch's note_occupancy key) is already recorded."""
+    return Plan(kernel, grid, options, occupancy, warps, occupancy in _common._OCCUPANCY, extra)
+
+
+def kept(key: Hashable) -> Plan | None:
+    """The plan kept under `key`, or None (build it)."""
+    return _KEPT.get(key)
+
+
+def run(key: Hashable, p: Plan, args: tuple[Any, ...]) -> Any:
+    """Launch `p` with the call's positional `args`; a plan not kept yet records the kernel's occupancy
+    and is kept if final. Returns the CompiledKernel (None from the interpreter)."""
+    k = launch_keyed(key, p.kernel, p.grid, args, p.options)
+    if _KEPT.get(key) is not p:
+        _common.note_occupancy(p.occupancy, k, p.warps)
+        if p.final:
+            if len(_KEPT) >= MAX_KEPT:
+                _KEPT.clear()
+            _KEPT[key] = p
+    return k
+
+
+def clear() -> None:
+    """Forget every plan (after a tuning table changed at run time)."""
+    _KEPT.clear()
