@@ -43,7 +43,10 @@ try:
 except ImportError:  # older Triton: no knobs module; launch hooks then go unseen, so keep its call
     _knobs = None
 
-_PLANS: dict[tuple[Any, ...], tuple[Any, tuple[tuple[str, Any], ...]]] = {}  # key -> (CompiledKernel, the rest)
+# key -> (CompiledKernel, the parameters after the positional ones: (name, default) pairs, or under a plan
+# key (launch_keyed) their values)
+_PLANS: dict[tuple[Any, ...], tuple[Any, tuple[Any, ...]]] = {}
+_TENSORS_AT: dict[Any, tuple[int, ...]] = {}  # plan key -> positions of its tensor arguments
 MAX_PLANS = 4096
 # On unless OPTWIN_FAST_LAUNCH=0. Its first H200 run with the direct path on (bench/results/
 # softmax_long_check_h200_s26.md) failed all 9 checks at 2x262144: the key then took every int by its
@@ -152,21 +155,28 @@ def launch_keyed(plan_key: Any, kernel: JITFunction, grid: tuple[int, ...], args
     device = _driver[0]()  # Triton compiles and loads per current device
     if plan_key is None:
         key = _key(kernel, device, grid, args, kwargs)
-    else:
-        key = (plan_key, device, *[a.data_ptr() & 15 == 0 for a in args if isinstance(a, torch.Tensor)])
+    else:  # a plan's arguments keep their kinds: where its tensors sit is found once
+        at = _TENSORS_AT.get(plan_key)
+        if at is None:
+            at = _TENSORS_AT[plan_key] = tuple(j for j, a in enumerate(args) if isinstance(a, torch.Tensor))
+        key = (plan_key, device, *[args[j].data_ptr() & 15 == 0 for j in at])
     plan = _PLANS.get(key)
     if plan is None:
         compiled = kernel[grid](*args, **kwargs)
         if len(_PLANS) >= MAX_PLANS:  # an argument keyed by value that changes every call: stay bounded
             _PLANS.clear()
-        _PLANS[key] = (compiled, _rest(kernel, len(args)))
+            _TENSORS_AT.clear()
+        rest = _rest(kernel, len(args))
+        # under a plan key the keywords are the plan's options, the same every call: their values bound once
+        _PLANS[key] = (compiled, rest if plan_key is None else tuple(kwargs.get(n, d) for n, d in rest))
         return compiled
     compiled, rest = plan
     g1 = grid[1] if len(grid) > 1 else 1
     g2 = grid[2] if len(grid) > 2 else 1
+    tail = rest if plan_key is not None else [kwargs.get(name, default) for name, default in rest]
     try:
         compiled.run(grid[0], g1, g2, _driver[1](device), compiled.function, compiled.packed_metadata, None, None,
-                     None, *args, *[kwargs.get(name, default) for name, default in rest])
+                     None, *args, *tail)
     except TypeError:  # a launcher of another signature: Triton's own call from now on
         _state["direct"] = False
         return kernel[grid](*args, **kwargs)

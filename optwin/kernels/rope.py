@@ -242,8 +242,12 @@ def _inv_freq(d: int, base: float, device: torch.device) -> torch.Tensor:
 
 
 def _check_4d(x: torch.Tensor) -> None:
+    """x is (batch, seq, heads, d) with even, contiguous d (every call; the tile limit: _check_tile, once a plan)."""
     if x.ndim != 4 or x.shape[-1] % 2 or x.stride(-1) != 1:
         raise InputError(f"rope: x must be (batch, seq, heads, d) with even, contiguous d; got {tuple(x.shape)}")
+
+
+def _check_tile(x: torch.Tensor) -> None:
     if next_pow2(x.shape[2]) * next_pow2(x.shape[3]) > MAX_BLOCK:
         raise InputError(f"rope: heads*d = {x.shape[2] * x.shape[3]} exceeds the single-program limit {MAX_BLOCK}")
 
@@ -308,25 +312,22 @@ def _rope_launch(
         return
     tables = cos is not None
     sketch = buf is not None
-    key = ("rope", x4.shape, x4.stride(), y4.stride(), x4.dtype, y4.dtype, x4.device, sketch,
-           (cos.stride(), cos.dtype, sin.stride(), sin.dtype) if tables else (positions.stride(0), positions.dtype,
-                                                                              inv.dtype),
+    xs, ys = x4.stride(), y4.stride()
+    # angle mode: positions' row stride; table mode: the tables' (batch, seq) strides
+    ts = cos.stride() if tables else positions.stride(0)
+    key = ("rope", x4.shape, xs, ys, x4.dtype, y4.dtype, x4.device, sketch,
+           (ts, cos.dtype, sin.stride(), sin.dtype) if tables else (ts, positions.dtype, inv.dtype),
            base, block_h, num_warps, stages, per_sm, lane_acc, maxnreg, keep)
     p = kept(key) or _rope_plan(x4, sketch, tables, base, block_h, num_warps, stages, per_sm, lane_acc, maxnreg, keep)
     n_hb, trig_slots, base_bits = p.extra
     dummy = y4
     f, i = workspace("rope", x4.device) if sketch else (dummy, dummy)
-    run(key, p, (
-        x4, x4.stride(0), x4.stride(1), x4.stride(2),
-        y4, y4.stride(0), y4.stride(1), y4.stride(2),
-        dummy if tables else positions, 0 if tables else positions.stride(0),
-        dummy if tables else inv,
-        dummy if tables else scratch("rope-trig", x4.device, trig_slots),
-        cos if tables else dummy, sin if tables else dummy,
-        cos.stride(0) if tables else 0, cos.stride(1) if tables else 0,
-        buf if sketch else dummy, f, i,
-        batch * seq, seq, heads, n_hb, d // 2, base_bits,
-    ))
+    if tables:
+        angles = (dummy, 0, dummy, dummy, cos, sin, ts[0], ts[1])
+    else:
+        angles = (positions, ts, inv, scratch("rope-trig", x4.device, trig_slots), dummy, dummy, 0, 0)
+    run(key, p, (x4, xs[0], xs[1], xs[2], y4, ys[0], ys[1], ys[2], *angles, buf if sketch else dummy, f, i,
+                 batch * seq, seq, heads, n_hb, d // 2, base_bits))
 
 
 def _rope_plan(x4: torch.Tensor, sketch: bool, tables: bool, base: float, block_h: int | None,
@@ -334,6 +335,7 @@ def _rope_plan(x4: torch.Tensor, sketch: bool, tables: bool, base: float, block_
                maxnreg: int | None, keep: int | None) -> Plan:
     """_rope_launch's grid and options for this call's shape, dtype, mode and overrides; extra: (head
     blocks, the trig scratch's floats, base's float64 bits)."""
+    _check_tile(x4)
     batch, seq, heads, d = x4.shape
     block_h, block_d, warps, st = rope_config(heads, d, sketch, block_h, num_warps, stages)
     n_hb = cdiv(heads, block_h)
