@@ -18,6 +18,8 @@ and whether it fits 32 bits, every other argument's value. A finer key only mean
 never a wrong kernel. H200 hosts, per launch, direct / Triton's call: 54-78 / 69-105 µs without the
 sketch, 59-79 / 77-109 µs with it on one (bench/results/launch_cost_h200_s26c.md); 28-34 / 37-52 and
 30-35 / 41-55 on a faster one (launch_cost_h200_s27_fastlaunch.md).
+launch_keyed does the same under a key the caller vouches for (optwin.kernels.launch_plan's: it fixes
+everything but the tensors' alignment), so a launch skips the full key (~6 µs on the CI machine).
 On by default; OPTWIN_FAST_LAUNCH=0 turns it off (see _state). Falls
 back to Triton's own call under TRITON_INTERPRET=1, without a GPU driver, with a launch hook installed
 (profilers), and for good once the direct call fails (another Triton whose launcher takes other
