@@ -108,6 +108,28 @@ def test_plan_keys_fix_what_triton_specializes(monkeypatch):
     assert not fast_launch._state["direct"]  # the interpreter: every call went through Triton
 
 
+def test_deferred_softmax_keeps_its_plan(monkeypatch):
+    """A patched model's softmax defers every call (a program per row, no finisher in the launch): the plan
+    that holds the deferred form is kept like any other, not built again on every call."""
+    from optwin.kernels import deferred
+    from optwin.kernels import softmax as softmax_mod
+
+    monkeypatch.setattr(softmax_mod, "ROWS_BLOCKS", {16})  # rows of 16 take the row launch
+    monkeypatch.setattr(launch_plan, "_KEPT", {})  # plans read ROWS_BLOCKS when built
+    built = []
+    real_plan = softmax_mod._softmax_plan
+    monkeypatch.setattr(softmax_mod, "_softmax_plan", lambda *a: built.append(1) or real_plan(*a))
+    calls = _recorded(monkeypatch)
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    want = softmax(x, defer=False)[1]
+    bufs = [softmax(x, defer=True)[1] for _ in range(4)]
+    deferred.settle_all()
+    assert len(built) <= 3  # the in-launch call's, then the deferred one's until its occupancy is known
+    assert [c[2] for c in calls[1:]] == [(4,)] * 4  # a program per row, no finisher program
+    shape = tuple(x.shape)
+    assert all(read_sketch("softmax", b, shape) == read_sketch("softmax", want, shape) for b in bufs)
+
+
 def test_clear_forgets_the_plans():
     x = torch.randn(3, 64)
     rmsnorm(x, torch.ones(64))

@@ -201,10 +201,11 @@ def test_deferred_softmax_sketches_reach_the_monitor_at_its_flush(db, monkeypatc
     scores, 16-bit pairs): the patched softmax defers its finisher (optwin.kernels.deferred), the monitor queues each
     call until its page settles (here: the monitor's flush at stop), and the features it assesses are
     ingest's of the very scores."""
-    from optwin.kernels import deferred, patching
+    from optwin.kernels import deferred, launch_plan, patching
     from optwin.kernels import softmax as softmax_mod
 
     monkeypatch.setattr(softmax_mod, "ROWS_BLOCKS", {16})
+    monkeypatch.setattr(launch_plan, "_KEPT", {})  # plans read ROWS_BLOCKS when built: none from before, none kept after
     monkeypatch.setattr(deferred, "MAX_AGE_S", 1e9)  # no page goes stale in the interpreter's slow calls
     scores: list[torch.Tensor] = []
     pending: list[bool] = []

@@ -57,16 +57,19 @@ def kept(key: Hashable) -> Plan | None:
     return _KEPT.get(key)
 
 
-def run(key: Hashable, p: Plan, args: tuple[Any, ...]) -> Any:
-    """Launch `p` with the call's positional `args`; a plan not kept yet records the kernel's occupancy
-    and is kept if final. Returns the CompiledKernel (None from the interpreter)."""
+def run(key: Hashable, p: Plan, args: tuple[Any, ...], kept_as: tuple[Hashable, Plan] | None = None) -> Any:
+    """Launch `p` with the call's positional `args` (fast_launch keyed by `key`); a plan not kept yet
+    records the kernel's occupancy and is kept if final. kept_as: the (key, plan) the launcher looks up,
+    where that plan holds `p` (softmax's deferred form) rather than being it. Returns the CompiledKernel
+    (None from the interpreter)."""
     k = launch_keyed(key, p.kernel, p.grid, args, p.options)
-    if _KEPT.get(key) is not p:
+    kkey, kp = kept_as or (key, p)
+    if _KEPT.get(kkey) is not kp:
         _common.note_occupancy(p.occupancy, k, p.warps)
-        if p.final:
+        if kp.final:
             if len(_KEPT) >= MAX_KEPT:
                 _KEPT.clear()
-            _KEPT[key] = p
+            _KEPT[kkey] = kp
     return k
 
 

@@ -916,13 +916,16 @@ def _softmax_launch(
     with deferred.lock if defer else _NO_LOCK:
         if defer:  # a program per row, its records to a page; the page's finisher runs later
             buf, m, f, i = deferred.reserve("softmax", x2.device, n_rows, n, words=2)
-            p, key = p_deferred, (*key, "deferred")
         else:
             buf = new_buffer("softmax", x2.device) if sketch and buf is None else buf
             f, i = workspace("softmax", x2.device) if sketch else (y2, y2)
             m = row_records("softmax", x2.device, n_rows, words=2, extra=0)[0] if by_row else y2
-        run(key, p, (x2, x2.stride(0), y2, y2.stride(0), buf if sketch else y2, f, i, m,
-                     m if timestamps is None else timestamps, n_rows, n, PEAK_NATS))
+        args = (x2, x2.stride(0), y2, y2.stride(0), buf if sketch else y2, f, i, m,
+                m if timestamps is None else timestamps, n_rows, n, PEAK_NATS)
+        if defer:  # launched as its own fast_launch key; kept as the plan that holds it
+            run((*key, "deferred"), p_deferred, args, kept_as=(key, p))
+        else:
+            run(key, p, args)
     return buf
 
 
@@ -969,15 +972,15 @@ def _softmax_plan(x2: torch.Tensor, y2: torch.Tensor, sketch: bool, num_warps: i
                "NEG_SAFE": NEG_SAFE.get(x2.dtype, 0.0), "ALIGN": align, "WINDOW": win, "PROBE": probe, "ROWS": by_row,
                "POLL": poll or RECORD_POLL, "num_warps": warps, "enable_fp_fusion": fuse, **register_cap(cap)}
 
-    def launch_plan(grid: int, first: bool) -> Plan:
+    def on_grid(grid: int, first: bool) -> Plan:
         pf = prefetch_args("softmax", block, x2, sketch, grid, key, prefetch, win)
         return plan(_softmax_kernel, (grid,), {**options, **pf, "FINISHER_FIRST": first}, key, warps)
 
     first = not INTERPRETED if finisher_first is None else finisher_first
     if by_row:  # a program per row and the finisher; deferred: no finisher (program n_rows would be it)
-        return launch_plan(n_rows + 1, first)._replace(extra=(True, launch_plan(n_rows, False)))
+        return on_grid(n_rows + 1, first)._replace(extra=(True, on_grid(n_rows, False)))
     grid = persistent_grid(key, n_rows, x2.device, grid_per_sm("softmax", block, sketch, per_sm))
-    return launch_plan(grid, first)._replace(extra=(False, None))
+    return on_grid(grid, first)._replace(extra=(False, None))
 
 
 def softmax(
