@@ -85,9 +85,15 @@ def feature_names(op: str) -> tuple[str, ...]:
     return SKETCH_FEATURES[op]
 
 
+_N_FEATURES: dict[str, int] = {}  # op -> len(feature_names(op)), once checked (new_buffer runs every sketched call)
+
+
 def new_buffer(op: str, device: torch.device | str) -> torch.Tensor:
     """Uninitialised float64 (features,): the kernel writes every entry."""
-    return torch.empty(len(feature_names(op)), dtype=torch.float64, device=device)
+    n = _N_FEATURES.get(op)
+    if n is None:
+        n = _N_FEATURES[op] = len(feature_names(op))
+    return torch.empty(n, dtype=torch.float64, device=device)
 
 
 def _stream_key(op: str, device: torch.device) -> tuple[str, str, int]:
