@@ -62,7 +62,9 @@ def run(key: Hashable, p: Plan, args: tuple[Any, ...], kept_as: tuple[Hashable, 
     records the kernel's occupancy and is kept if final. kept_as: the (key, plan) the launcher looks up,
     where that plan holds `p` (softmax's deferred form) rather than being it. Returns the CompiledKernel
     (None from the interpreter)."""
-    k = launch_keyed(key, p.kernel, p.grid, args, p.options)
+    # a plan built before its occupancy was known may carry other runtime values (a prefetch distance) than
+    # the final one of the same key: fast_launch binds a key's values once, so the two keep apart
+    k = launch_keyed(key if p.final else (key, "unsettled"), p.kernel, p.grid, args, p.options)
     kkey, kp = kept_as or (key, p)
     if _KEPT.get(kkey) is not kp:
         _common.note_occupancy(p.occupancy, k, p.warps)
