@@ -135,9 +135,9 @@ def test_a_plan_from_before_the_occupancy_leaves_no_values_behind(monkeypatch):
     """The first launch of a kernel runs a plan built at the default occupancy; once the launch recorded the
     real one, the kept plan's values (here the prefetch distance, pf_ahead = resident programs) are what
     fast_launch's direct path launches with, not the first plan's (fast_launch binds a key's options once)."""
-    import sys
     import types
-    from pathlib import Path
+
+    from _kernel_checks import bench_script
 
     from optwin.kernels import _common
     from optwin.kernels.fast_launch import _rest
@@ -146,11 +146,7 @@ def test_a_plan_from_before_the_occupancy_leaves_no_values_behind(monkeypatch):
         _welford_launch,
     )
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    try:
-        import launch_cost
-    finally:
-        sys.path.pop(0)
+    launch_cost = bench_script("launch_cost")
     monkeypatch.setattr(_common, "_OCCUPANCY", {})
     monkeypatch.setattr(launch_plan, "_KEPT", {})
     monkeypatch.setattr(launch_cost._NoKernel, "n_regs", 32)  # 16 programs of 4 warps an SM, not the default 2

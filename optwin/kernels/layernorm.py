@@ -82,8 +82,7 @@ from optwin.kernels.layernorm_sketch import (
     _param_partials,
     _publish,
     _ratio,
-    _slot_merge,
-    _slot_push,
+    _slot_partials,
 )
 from optwin.kernels.layernorm_welford import _welford_launch
 from optwin.kernels.sketch_buffer import (
@@ -168,11 +167,23 @@ def _layernorm_kernel(
         tl.store(Y_ptr + row * Y_row_stride + cols, y.to(Y_ptr.dtype.element_ty), mask=mask,
                  eviction_policy="evict_first")  # write n
         if SKETCH:  # the per-row scalar work (sqrt, divide, float64 add) off each row's path
-            sl_m, sl_var, k, p_ratio, p_minstd, p_sq, p_later = _slot_push(
-                sl_m, sl_var, k, lane_id, m, var, p_ratio, p_minstd, p_sq, p_later, n_cols, CAP, LANES)
+            sel = lane_id == k
+            sl_m = tl.where(sel, m, sl_m)
+            sl_var = tl.where(sel, var, sl_var)
+            k += 1
+            if k == LANES:
+                r_ratio, r_std, r_sq, r_later = _slot_partials(sl_m, sl_var, lane_id < LANES, n_cols, CAP)
+                p_ratio = tl.maximum(p_ratio, r_ratio)
+                p_minstd = tl.minimum(p_minstd, r_std)
+                p_sq += r_sq
+                p_later += r_later
+                k = 0
     if SKETCH:
-        p_ratio, p_minstd, p_sq, p_later = _slot_merge(sl_m, sl_var, lane_id < k, p_ratio, p_minstd, p_sq, p_later,
-                                                       n_cols, CAP)
+        r_ratio, r_std, r_sq, r_later = _slot_partials(sl_m, sl_var, lane_id < k, n_cols, CAP)
+        p_ratio = tl.maximum(p_ratio, r_ratio)
+        p_minstd = tl.minimum(p_minstd, r_std)
+        p_sq += r_sq
+        p_later += r_later
         p_amax = tl.max(a_amax).to(tl.float32)
         if p_later > 0:  # rare: re-read this program's rows; no load or branch of it sits in the row loop
             p_amax = tl.zeros((), dtype=tl.float32)  # the lanes may have seen NaN/±inf rows: from scratch
@@ -327,11 +338,12 @@ def _layernorm_launch(
         return
     if timestamps is not None:
         raise InputError("layernorm: timestamps (PROBE 131072) are the Welford launch's only")
-    key = ("layernorm", x2.shape, x2.stride(0), y2.stride(0), x2.data_ptr() & 15, x2.dtype, weight.dtype, bias.dtype,
+    xs, ys = x2.stride(0), y2.stride(0)
+    key = ("layernorm", x2.shape, xs, ys, x2.data_ptr() & 15, x2.dtype, weight.dtype, bias.dtype,
            y2.dtype, x2.device, sketch, num_warps, stages, per_sm, keep, chunk, maxnreg, const_n)
     p = kept(key) or _layernorm_plan(x2, y2, sketch, num_warps, stages, per_sm, keep, chunk, maxnreg, const_n)
     f, i = workspace("layernorm", x2.device) if sketch else (y2, y2)
-    run(key, p, (x2, x2.stride(0), weight, bias, y2, y2.stride(0), buf if sketch else y2, f, i, n_rows, n, eps))
+    run(key, p, (x2, xs, weight, bias, y2, ys, buf if sketch else y2, f, i, n_rows, n, eps))
 
 
 def _layernorm_plan(x2: torch.Tensor, y2: torch.Tensor, sketch: bool, num_warps: int | None, stages: int | None,

@@ -88,30 +88,6 @@ def _slot_partials(sl_m, sl_var, valid, n_cols, cap):
 
 
 @triton.jit
-def _slot_merge(sl_m, sl_var, valid, p_ratio, p_minstd, p_sq, p_later, n_cols, cap):
-    """The program's partials (max ratio, min std, float64 sum of squares, rows left for later) with
-    the `valid` slots' (_slot_partials) merged in."""
-    r_ratio, r_std, r_sq, r_later = _slot_partials(sl_m, sl_var, valid, n_cols, cap)
-    return tl.maximum(p_ratio, r_ratio), tl.minimum(p_minstd, r_std), p_sq + r_sq, p_later + r_later
-
-
-@triton.jit
-def _slot_push(sl_m, sl_var, k, lane_id, m, var, p_ratio, p_minstd, p_sq, p_later, n_cols, cap,
-               LANES: tl.constexpr):
-    """A row's (mean, var) into slot k; when all LANES are full, their partials merged into the
-    program's (_slot_merge) and k back to 0. Returns the slots, k and the partials."""
-    sel = lane_id == k
-    sl_m = tl.where(sel, m, sl_m)
-    sl_var = tl.where(sel, var, sl_var)
-    k += 1
-    if k == LANES:
-        p_ratio, p_minstd, p_sq, p_later = _slot_merge(sl_m, sl_var, lane_id < LANES, p_ratio, p_minstd, p_sq,
-                                                       p_later, n_cols, cap)
-        k = 0
-    return sl_m, sl_var, k, p_ratio, p_minstd, p_sq, p_later
-
-
-@triton.jit
 def _param_features(W_ptr, B_ptr, S_ptr, cols, n_cols, BLOCK: tl.constexpr):
     """Store the weight and bias features (largest finite |w|, |b|), BLOCK at a time; returns their
     NaN/±inf count (int64). Also the whole-row kernel's form (one piece there): taking w and b whole

@@ -348,13 +348,14 @@ def _welford_launch(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, 
     the compiler's) instead of WELFORD_REG_CAP's. The launch is worked out once per key (launch_plan)."""
     n_rows = x2.shape[0]
     sketch = buf is not None
-    key = ("layernorm-welford", x2.shape, x2.stride(0), y2.stride(0), x2.data_ptr() & 15, x2.dtype, weight.dtype,
+    xs, ys = x2.stride(0), y2.stride(0)
+    key = ("layernorm-welford", x2.shape, xs, ys, x2.data_ptr() & 15, x2.dtype, weight.dtype,
            bias.dtype, y2.dtype, x2.device, sketch, num_warps, poll, maxnreg, probe, welford_chunk, prefetch, packed,
            timestamps is None)
     p = kept(key) or _welford_plan(x2, sketch, num_warps, poll, maxnreg, probe, welford_chunk, prefetch, packed)
     m = row_records("layernorm", x2.device, n_rows, words=2, extra=0)[0] if sketch else y2
     f, i = workspace("layernorm", x2.device) if sketch else (y2, y2)
-    run(key, p, (x2, x2.stride(0), weight, bias, y2, y2.stride(0), buf if sketch else y2, m,
+    run(key, p, (x2, xs, weight, bias, y2, ys, buf if sketch else y2, m,
                  m if timestamps is None else timestamps, f, i, n_rows, eps))
 
 

@@ -396,8 +396,9 @@ def _rmsnorm_launch(
     sketch = buf is not None
     if n_rows == 0 and not sketch:
         return
-    key = ("rmsnorm", x2.shape, x2.stride(0), y2.stride(0), x2.data_ptr() & 15, x2.dtype, weight.dtype, y2.dtype,
-           x2.device, sketch, num_warps, stages, per_sm, chunk, maxnreg, const_n, row_grid, poll, prefetch)
+    xs, ys = x2.stride(0), y2.stride(0)
+    key = ("rmsnorm", x2.shape, xs, ys, x2.data_ptr() & 15, x2.dtype, weight.dtype, y2.dtype, x2.device, sketch,
+           num_warps, stages, per_sm, chunk, maxnreg, const_n, row_grid, poll, prefetch)
     p = kept(key) or _rmsnorm_plan(x2, y2, sketch, num_warps, stages, per_sm, chunk, maxnreg, const_n, row_grid,
                                    poll, prefetch)
     if not sketch:
@@ -406,7 +407,7 @@ def _rmsnorm_launch(
         a, b = row_records("rmsnorm", x2.device, n_rows)
     else:
         a, b = workspace("rmsnorm", x2.device)
-    run(key, p, (x2, x2.stride(0), weight, y2, y2.stride(0), buf if sketch else y2, a, b, n_rows, n, eps))
+    run(key, p, (x2, xs, weight, y2, ys, buf if sketch else y2, a, b, n_rows, n, eps))
 
 
 def _rmsnorm_plan(x2: torch.Tensor, y2: torch.Tensor, sketch: bool, num_warps: int | None, stages: int | None,

@@ -902,7 +902,8 @@ def _softmax_launch(
     sketch = buf is not None or defer
     if n_rows == 0 and not sketch:
         return buf
-    key = ("softmax", x2.shape, x2.stride(0), y2.stride(0), x2.data_ptr() & 15, y2.data_ptr() & 15, x2.dtype, y2.dtype,
+    xs, ys = x2.stride(0), y2.stride(0)
+    key = ("softmax", x2.shape, xs, ys, x2.data_ptr() & 15, y2.data_ptr() & 15, x2.dtype, y2.dtype,
            x2.device, sketch, num_warps, stages, per_sm, variant, fusion, maxnreg, keep, packed, prefetch, probe, window,
            rows, poll, finisher_first, timestamps is None)
     p = kept(key) or _softmax_plan(x2, y2, sketch, num_warps, stages, per_sm, variant, fusion, maxnreg, keep, packed,
@@ -920,7 +921,7 @@ def _softmax_launch(
             buf = new_buffer("softmax", x2.device) if sketch and buf is None else buf
             f, i = workspace("softmax", x2.device) if sketch else (y2, y2)
             m = row_records("softmax", x2.device, n_rows, words=2, extra=0)[0] if by_row else y2
-        args = (x2, x2.stride(0), y2, y2.stride(0), buf if sketch else y2, f, i, m,
+        args = (x2, xs, y2, ys, buf if sketch else y2, f, i, m,
                 m if timestamps is None else timestamps, n_rows, n, PEAK_NATS)
         if defer:  # launched as its own fast_launch key; kept as the plan that holds it
             run((*key, "deferred"), p_deferred, args, kept_as=(key, p))
