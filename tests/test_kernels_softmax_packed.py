@@ -89,7 +89,8 @@ def test_huge_rows_count_the_lowest_value_but_not_minus_inf(huge):
     """In the HUGE branch the squares come from wd, whose -inf halves read as -2^32: their scaled squares
     must vanish in the row's sum, even beside the smallest HUGE value (2^56) alone. A HUGE value far below
     the lowest's square (1e20) beside many -inf and a few real lowest values must keep its share of the sum
-    of squares; lanes holding both must count each right (the rms within 1e-6 of ingest's)."""
+    of squares; lanes holding both must count each right (the rms within 1e-6 of ingest's). A negative one
+    beside HF's mask (whose halves the loop counts rather than squares) keeps its share too."""
     g = seed("packed-huge", huge)
     lo = torch.finfo(torch.bfloat16).min
     x = torch.randn(12, 256, generator=g)
@@ -97,6 +98,8 @@ def test_huge_rows_count_the_lowest_value_but_not_minus_inf(huge):
     x[1, 3], x[1, 8:200], x[1, 201:203] = huge, -math.inf, lo  # two real lowest values among -inf
     x[2, ::2], x[2, 1::4] = -math.inf, lo  # -inf and lowest interleaved: every lane holds both
     x[3, 3], x[3, 4:] = huge, lo  # an HF-masked row with a HUGE value, no -inf
+    x[4, 3], x[4, 10:] = -huge, lo  # a HUGE negative value beside HF's mask: its plain square (the exact pass
+    # where that overflows), the mask's counted
     x[5, 0], x[5, 1:] = huge, -math.inf  # one HUGE value, the rest -inf
     xb = x.to(torch.bfloat16)
     for rows in (xb, xb[:6]):  # all rows in one program's lane sums, and a launch of HUGE rows only

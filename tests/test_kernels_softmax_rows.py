@@ -70,8 +70,8 @@ def test_row_launch_matches_ingest_and_the_persistent_launch(dtype, shape):
 
 
 def test_row_launch_hf_masks_huge_values_and_nonfinite_rows():
-    """HF masks (finfo.min: the HUGE rows, whose squares the records hold scaled by 2^-144), a range past
-    float32, and rows with NaN / +inf / -inf beside values (flagged: their partials go through the workspace)
+    """HF masks (finfo.min: the HUGE rows, whose squares the records hold scaled by 2^-144, the mask's counted)
+    beside large values, a range past float32, and rows with NaN / +inf / -inf beside values (flagged: their partials go through the workspace)
     in the first and later polls of the finisher."""
     g = seed("softmax-rows-special")
     lo = torch.finfo(torch.bfloat16).min
@@ -81,6 +81,8 @@ def test_row_launch_hf_masks_huge_values_and_nonfinite_rows():
     x[3] = lo
     x[5, 0], x[5, 3] = 3e38, -3e38
     x[7, 2], x[7, 5:20] = 1e30, -math.inf
+    x[9, 3], x[9, 20:] = 2.0**55, lo  # HF's mask counted, beside a plain square near HUGE's (not to be unscaled)
+    x[13, 3], x[13, 20:] = -3e38, lo  # beside a value whose plain square overflows: the exact pass
     for r, v in ((11, math.nan), (RECORD_POLL + 3, math.inf), (n_rows - 1, math.nan), (n_rows - 2, -math.inf)):
         x[r, 9] = v
     x[RECORD_POLL - 1, :] = math.nan  # a flagged row at a poll's last slot

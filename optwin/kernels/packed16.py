@@ -28,6 +28,8 @@ assert all(v == int.from_bytes(b, "little", signed=True) for v, b in zip(
 SIGN_PAIR: tl.constexpr = tl.constexpr(-2147450880)  # 0x80008000: the two sign bits
 LOW_BITS_PAIR: tl.constexpr = tl.constexpr(0x00010001)  # bit 0 of each half: counts of a 0xFFFF-per-half mask
 HIGH_HALF: tl.constexpr = tl.constexpr(-65536)  # 0xFFFF0000
+# bf16's lowest finite value, torch.finfo(torch.bfloat16).min: HF's attention masks add it to masked scores.
+LOWEST_BF16: tl.constexpr = tl.constexpr(-3.3895313892515355e38)  # 0xFF7F
 
 
 def packable(x2: torch.Tensor) -> bool:
@@ -82,6 +84,19 @@ def neg_inf_mask(w, BF16: tl.constexpr):
             return tl.inline_asm_elementwise(
                 "{ .reg .b32 c; mov.b32 c, 0xFC00FC00; set.eq.u32.f16x2 $0, $1, c; }", "=r,r", [w],
                 dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def lowest_mask(w):
+    """0xFFFF in each bf16 half of w that is the lowest finite value (0xFF7F), 0 elsewhere (one
+    set.eq.u32 on the pair)."""
+    if INTERPRET:
+        lo, hi = unpack(w, True)
+        return tl.where(lo == LOWEST_BF16, 0xFFFF, 0) | tl.where(hi == LOWEST_BF16, HIGH_HALF, 0)
+    else:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b32 c; mov.b32 c, 0xFF7FFF7F; set.eq.u32.bf16x2 $0, $1, c; }", "=r,r", [w],
+            dtype=tl.int32, is_pure=True, pack=1)
 
 
 @triton.jit

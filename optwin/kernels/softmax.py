@@ -48,7 +48,10 @@ whose finite |h| reaches HUGE (HF's eager attention masks with finfo.min = -3.4e
 overflows fp32) stays in the loop: one scalar test after the max tree takes back its plain squares
 and adds them scaled by 2^-72 to a second lane accumulator; the widest range is kept halved, so 3e38 -
 (-3e38) fits float32. H200, 4096x16384 bf16 HF-masked scores with the sketch: 1527 -> 124 µs (the
-exact pass before); other inputs +1.5 µs (bench/results/norm_chunks_h200_s16d.md).
+exact pass before); other inputs +1.5 µs (bench/results/norm_chunks_h200_s16d.md). Layout 10 leaves bf16's
+lowest value itself (HF's mask) out of the plain squares and counts it in the rows that hold it
+(LOWEST_SQ_SCALED): 4096x16384 HF-masked with the sketch 77.8 -> 76.2 µs, other inputs within the noise
+(bench/results/sm_lowest_*_h200_s42.md); deferred, the official bench's +8.2 % -> +5.7 %.
 Launch: BLOCK = next_pow2(n); warps and stages from _common.TUNED_BY_ELEMENT (16-bit rows of 2048..32768: 64
 elements a thread, at least 2 warps; stop 32, measured: 8 warps at BLOCK 16384, 16 before; BLOCK 65536: 16
 warps, 128 elements a thread, stop 34); the sketch
@@ -116,9 +119,11 @@ from optwin.kernels._common import (
 from optwin.kernels.launch_plan import Plan, kept, plan, run
 from optwin.kernels.packed16 import (
     LOW_BITS_PAIR,
+    LOWEST_BF16,
     NEG_INF_PAIR,
     SIGN_PAIR,
     join_pairs,
+    lowest_mask,
     neg_inf_mask,
     packable,
     row_max_min,
@@ -447,6 +452,23 @@ def _unpacked(w, BF16: tl.constexpr, BLOCK: tl.constexpr):
     return join_pairs(lo, hi, BLOCK // 2)
 
 
+# bf16 rows of HF's masked attention hold its mask value, the lowest finite bf16 (LOWEST_BF16), whose square
+# overflows float32. The loop leaves those halves out of its plain squares and, in a row whose only huge
+# values they are (min == LOWEST_BF16, max < HUGE), adds count * LOWEST_SQ_SCALED to the scaled lanes: three
+# integer instructions a word where the HUGE branch re-took every square scaled (two unpacks, a multiply and
+# the squares' FMAs a word). LOWEST_SQ_SCALED is (LOWEST_BF16 * HUGE_SCALE)^2, exact in float32 (16
+# significant bits). A row that holds another finite value <= -HUGE beside them overflows its plain squares
+# to inf: its program takes the exact pass, as for NaN.
+LOWEST_SQ_SCALED: tl.constexpr = tl.constexpr((2.0 - 2.0**-7) ** 2 * 2.0**110)
+
+
+@triton.jit
+def _lowest_squares(wd, BLOCK: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr, KEEP: tl.constexpr):
+    """Each lane's lowest-bf16 halves of words wd, as their squares scaled by HUGE_SCALE^2 ([LANES, KEEP])."""
+    cnt = lane_sum(lowest_mask(wd) & LOW_BITS_PAIR, BLOCK // 2, LANES, VEC // 2, KEEP)
+    return _lane_count_i32(cnt).to(tl.float32) * LOWEST_SQ_SCALED
+
+
 @triton.jit
 def _lane_count_i32(a_neg):
     """VARIANT 10's int32 lanes of two 16-bit -inf counts -> each lane's count."""
@@ -642,9 +664,13 @@ def _softmax_kernel(
                     ninf = neg_inf_mask(w, BF16)  # 0xFFFF per -inf half
                     ones = ninf & LOW_BITS_PAIR  # 1 per -inf half
                     a_prev = a_sq
+                    if BF16:  # HF's mask value (finfo.min) leaves the plain squares: counted in its rows below
+                        wz = w & ~(ninf | lowest_mask(w))
+                    else:
+                        wz = w & ~ninf
                     if PROBE // 4 % 2 == 0:
                         a_neg += lane_sum(ones, BLOCK // 2, LANES, VEC // 2, KEEP)  # padding included
-                        a_sq += lane_sum_squares(_unpacked(w & ~ninf, BF16, BLOCK), BLOCK, LANES, VEC, KEEP)  # HUGE rows below
+                        a_sq += lane_sum_squares(_unpacked(wz, BF16, BLOCK), BLOCK, LANES, VEC, KEEP)  # HUGE rows below
                     # only wd lives across the max tree, its -inf halves read as a finite value whose e is still 0
                     # where m > NEG_SAFE: bf16 -2^32 (NEG_MAP_PAIR, one LOP3 a word), whose scaled square in a HUGE
                     # row's sum is below half an ulp of any square there (below); fp16 its lowest value
@@ -663,6 +689,11 @@ def _softmax_kernel(
                         e_sq, e_num = _count_edges(e_sq, e_num, he, edge)
                     if PROBE // 4 % 2 == 1:
                         pass
+                    elif BF16 and (rmin == LOWEST_BF16) & (m < HUGE):  # an HF-masked row (see LOWEST_SQ_SCALED)
+                        a_huge += _lowest_squares(wd, BLOCK, LANES, VEC, KEEP)
+                        if MERGE:  # the row's lanes ride its sum tree as one scaled value (unscaled after it)
+                            a_huge += (a_sq * HUGE_SCALE) * HUGE_SCALE
+                            a_sq = a_prev
                     elif tl.maximum(m, -rmin) >= HUGE:  # a finite |h| >= HUGE (every HF-masked row) or +inf
                         # as layout 4: the squares scaled, in their own lanes, straight from wd. Its -inf halves
                         # (padding too) add 2^-80 each, at most 2^-64 a row (65536 halves): below half an ulp
@@ -670,7 +701,7 @@ def _softmax_kernel(
                         # same bits as without them. Before, a tree of the row's -inf count chose between wd, a select and an
                         # L2 re-read (stop 29: that test was 4.2 of HF-masked rows' sketch µs)
                         a_sq = a_prev
-                        hs = _mul_opaque(_unpacked(wd, BF16, BLOCK), HUGE_SCALE)
+                        hs = _mul_opaque(_unpacked(wd, BF16, BLOCK), HUGE_SCALE)  # the lowest values included
                         a_huge += lane_sum_squares(hs, BLOCK, LANES, VEC, KEEP)
                     # d finite at every lane: t without the clamp. Not where the row's range or the lowest
                     # value's distance to m overflows float32 (3e38 beside -3e38: d = -inf, e * d = NaN)
