@@ -157,6 +157,13 @@ def _ln_launch(inp, params, y, buf):
     _layernorm_launch(x2, inp["weight"], inp["bias"], y.view(-1, y.shape[-1]), buf, EPS)
 
 
+def _ln_deferred(inp, params, y):
+    from optwin.kernels.layernorm import EPS, _layernorm_launch
+
+    x2 = inp["x"].reshape(-1, inp["x"].shape[-1])
+    return _layernorm_launch(x2, inp["weight"], inp["bias"], y.view(-1, y.shape[-1]), None, EPS, defer=True)
+
+
 def _ln_ref(inp, params):
     x = inp["x"].double()
     m = x.mean(-1, keepdim=True)
@@ -206,7 +213,8 @@ OPS: dict[str, OpBench] = {
                        lambda i, p: torch.softmax(i["x"].double(), -1), lambda i, p: P.softmax_torch(i["x"]), _rows2,
                        launch_deferred=_softmax_deferred),
     "layernorm": OpBench("layernorm", "torch", _ln_make, _ln_launch, _ln_ref,
-                         lambda i, p: P.layernorm_torch(i["x"], i["weight"], i["bias"], 1e-5), _rows2),
+                         lambda i, p: P.layernorm_torch(i["x"], i["weight"], i["bias"], 1e-5), _rows2,
+                         launch_deferred=_ln_deferred),
     "rope": OpBench("rope", "fp32-angles", _rope_make, _rope_launch, _rope_ref,
                     lambda i, p: P.rope_fp32_angles(i["x"], i["positions"], p["base"]), lambda s: _rope_shape(s)[0]),
 }

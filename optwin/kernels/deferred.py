@@ -157,6 +157,12 @@ class Page:
 # finisher between a call's reservation and its launch, where the finisher would wait on the GPU for records that
 # the rows, queued behind it on the same stream, never write first. Reentrant: a settle's waiters may launch.
 lock = threading.RLock()
+_NO_LOCK = contextlib.nullcontext()
+
+
+def launch_lock(defer: bool) -> contextlib.AbstractContextManager:
+    """`lock` for a launcher whose call defers (from its reservation until its launch is queued), else nothing."""
+    return lock if defer else _NO_LOCK
 
 _PAGES: dict[tuple[str, str, int], Page] = {}
 # id of a filling batch's features -> (the features, its page): a call's buffer is a view of them (one entry a

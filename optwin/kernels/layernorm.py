@@ -313,12 +313,13 @@ def _layernorm_launch(
     per_sm: int | None = None, keep: int | None = None, chunk: int | None = None, maxnreg: int | None = None,
     const_n: bool = False, welford: bool | None = None, poll: int | None = None, probe: int = 0,
     welford_chunk: int | None = None, prefetch: float | None = None, packed: bool | None = None,
-    timestamps: torch.Tensor | None = None,
-) -> None:
+    timestamps: torch.Tensor | None = None, defer: bool = False,
+) -> torch.Tensor | None:
     """Rows twin.numerics.welford_chunk takes: the Welford kernel, a program per row (_welford_launch;
     `welford` forces it on or off, `welford_chunk` its chunk, `poll` its finisher's poll, `probe` the
     bench's timing knob, `prefetch` its rows of L2 prefetch ahead, `packed` its max |x| on element
-    pairs or not, `timestamps` PROBE 131072's stamps). Otherwise one
+    pairs or not, `timestamps` PROBE 131072's stamps, `defer` (with buf None) its records finished later,
+    batched with other calls': optwin.kernels.deferred; the other launches then sketch in the launch). Otherwise one
     persistent program per resident slot (persistent_grid), each over its share of rows; without the
     sketch one program per row where _common.ROW_GRID lists the launch.
     Rows longer than MAX_BLOCK (or than `chunk`, the bench's comparison) go to the three-pass chunked
@@ -326,16 +327,19 @@ def _layernorm_launch(
     num_warps / stages / per_sm / keep / chunk / maxnreg (registers per thread) / const_n (the chunked
     kernel compiled for this row length) override the tuned launch (the bench's sweep; num_warps
     changes the tl.sum trees; any but num_warps takes the row-in-registers kernels). The launch is worked
-    out once per key (launch_plan)."""
+    out once per key (launch_plan). Returns the buffer the sketch goes to (buf, or with defer a pending page
+    buffer or a new one) or None."""
     n_rows, n = x2.shape
-    sketch = buf is not None
+    if defer and buf is not None:
+        raise InputError("layernorm: defer makes its own sketch buffer; pass buf=None")
+    sketch = buf is not None or defer
     if n_rows == 0 and not sketch:
-        return
+        return buf
     overrides = (stages, per_sm, keep, chunk)
     if (_welford_rule(n) and all(o is None for o in overrides) if welford is None else welford):
-        _welford_launch(x2, weight, bias, y2, buf, eps, num_warps, poll, maxnreg, probe, welford_chunk, prefetch,
-                       packed, timestamps)
-        return
+        return _welford_launch(x2, weight, bias, y2, buf, eps, num_warps, poll, maxnreg, probe, welford_chunk,
+                               prefetch, packed, timestamps, defer)
+    buf = new_buffer("layernorm", x2.device) if defer else buf
     if timestamps is not None:
         raise InputError("layernorm: timestamps (PROBE 131072) are the Welford launch's only")
     xs, ys = x2.stride(0), y2.stride(0)
@@ -344,6 +348,7 @@ def _layernorm_launch(
     p = kept(key) or _layernorm_plan(x2, y2, sketch, num_warps, stages, per_sm, keep, chunk, maxnreg, const_n)
     f, i = workspace("layernorm", x2.device) if sketch else (y2, y2)
     run(key, p, (x2, xs, weight, bias, y2, ys, buf if sketch else y2, f, i, n_rows, n, eps))
+    return buf
 
 
 def _layernorm_plan(x2: torch.Tensor, y2: torch.Tensor, sketch: bool, num_warps: int | None, stages: int | None,
@@ -386,12 +391,15 @@ def _zero_bias(weight: torch.Tensor) -> torch.Tensor:
 
 
 def layernorm(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float = EPS, sketch: bool = True
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float = EPS, sketch: bool = True,
+    defer: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(layer norm of x over the last dim with weight and bias, sketch features or None), x's dtype.
     bias None is a zero bias (nn.LayerNorm(bias=False)): the same y as x*w + 0 in the kernel's fma.
 
-    Read the features with optwin.kernels.read_sketch("layernorm", buf).
+    Read the features with optwin.kernels.read_sketch("layernorm", buf). defer: where the launch runs a
+    program per row (the Welford launch), its finisher runs later, batched with other calls'
+    (optwin.kernels.deferred); buf is then pending until read_sketch or deferred.settle_all().
     """
     if bias is None:
         bias = _zero_bias(weight)
@@ -399,6 +407,6 @@ def layernorm(
     check_rows("layernorm", x, weight=weight, bias=bias)
     x2 = rows_view(x)  # (rows, hidden)
     y2 = torch.empty(x2.shape, dtype=x.dtype, device=x.device)  # (rows, hidden)
-    buf = new_buffer("layernorm", x.device) if sketch else None
-    _layernorm_launch(x2, weight.contiguous(), bias.contiguous(), y2, buf, float(eps))
+    buf = new_buffer("layernorm", x.device) if sketch and not defer else None
+    buf = _layernorm_launch(x2, weight.contiguous(), bias.contiguous(), y2, buf, float(eps), defer=sketch and defer)
     return y2.reshape(x.shape), buf

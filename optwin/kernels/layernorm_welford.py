@@ -56,7 +56,7 @@ import triton
 import triton.language as tl
 
 from optwin.errors import InputError
-from optwin.kernels import _common
+from optwin.kernels import _common, deferred
 from optwin.kernels._common import (
     FMAX,
     INTERPRET,
@@ -64,6 +64,7 @@ from optwin.kernels._common import (
     MAX_BLOCK,
     RECORD_FLAG_HI,
     RECORD_POLL,
+    WS_SLOTS,
     acquire_flagged,
     globaltimer,
     max_sum_max_min,
@@ -77,17 +78,19 @@ from optwin.kernels._common import (
     reset_workspace,
     store_common_features,
 )
+from optwin.kernels.fast_launch import launch
 from optwin.kernels.launch_plan import Plan, kept, plan, run
 from optwin.kernels.layernorm_sketch import (
     _chunked_exact_row,
     _could_be_constant,
     _merge_partials,
     _param_features,
+    _param_partials,
     _ratio,
     _store_own_features,
 )
 from optwin.kernels.packed16 import abs_max_pairs
-from optwin.kernels.sketch_buffer import RATIO_CAP, row_records, workspace
+from optwin.kernels.sketch_buffer import RATIO_CAP, new_buffer, row_records, workspace
 from optwin.twin.numerics import welford_chunk as _welford_rule
 
 # The Welford launch: twin.numerics.welford_chunk's chunk (numerics), 8 elements (one 16-byte bf16
@@ -247,6 +250,8 @@ def _layernorm_welford_kernel(
     pf_ahead=0,  # the row prefetched is pf_ahead rows past this program's
     PROBE: tl.constexpr = 0,  # bench only (the sketch is then wrong), bits: 1 no max |h|, 2 no records (no polls), 4 no flagged path,
     # 131072 globaltimer stamps into T_ptr (the sketch stays right; bench/finisher_timeline.py)
+    DEFER: tl.constexpr = False,  # the records finished later (optwin.kernels.deferred): the extra program takes
+    # only the parameters' partials (their features into S, their NaN/±inf count into the workspace)
 ):
     # A program per row, as torch.compile's layernorm: lane l runs Welford's update over elements l,
     # l + CHUNK, ... (the first piece sets mean = h, M2 = 0; every lane has the same count, so 1/count is
@@ -278,47 +283,90 @@ def _layernorm_welford_kernel(
                 _publish_flagged_row(X_row, M_ptr + row * 2 + 1, F_ptr, I_ptr, N, EXACT_CHUNK, CAP)
         if PROBE // 131072 % 2 == 1:
             tl.store(T_ptr + n_rows + row, globaltimer(row))
+    elif DEFER:  # the parameters' partials; the deferred finisher reads their count from the workspace
+        _param_partials(W_ptr, B_ptr, S_ptr, I_ptr, tl.arange(0, EXACT_CHUNK), N, EXACT_CHUNK)
     else:  # the finisher: the parameters' partials while rows run, then the records in row order
         param_nf = _param_features(W_ptr, B_ptr, S_ptr, tl.arange(0, EXACT_CHUNK), N, EXACT_CHUNK)
-        v_amax = tl.zeros([POLL], dtype=tl.float32)  # per row slot across the polls, reduced at the end
-        v_sq = tl.zeros([POLL], dtype=tl.float64)
-        v_ratio = tl.zeros([POLL], dtype=tl.float32)
-        v_minstd = tl.full([POLL], float("inf"), tl.float32)
-        first_flagged = n_rows
-        for r0 in range(0, n_rows if PROBE // 2 % 2 == 0 else 0, POLL):
-            lo, hi = poll_records(M_ptr, r0, n_rows, POLL, 2)
-            if PROBE // 131072 % 2 == 1:  # when this poll's records were all in
-                tl.store(T_ptr + 2 * n_rows + r0 // POLL, globaltimer(r0))
-            mean_bits, amax_bits = tl.split(lo)  # word 0 = (mean, var), word 1 = (max |h|, sum h*h or the flag)
-            var_bits, tag = tl.split(hi)
-            sf = tl.sqrt(var_bits.to(tl.float32, bitcast=True))
-            ratio = _ratio(mean_bits.to(tl.float32, bitcast=True), sf, -1.0, CAP)
-            rows = r0 + tl.arange(0, POLL)
-            flagged = tag == RECORD_FLAG_HI
-            plain = (rows < n_rows) & ~flagged
-            v_amax = tl.maximum(v_amax, tl.where(plain, amax_bits.to(tl.float32, bitcast=True), 0.0))
-            v_sq += tl.where(plain, tag.to(tl.float32, bitcast=True), 0.0).to(tl.float64)
-            v_ratio = tl.maximum(v_ratio, tl.where(plain, ratio, 0.0))
-            v_minstd = tl.minimum(v_minstd, tl.where(plain, sf, float("inf")))
-            first_flagged = tl.minimum(first_flagged, acquire_flagged(M_ptr, flagged, rows, n_rows, 2))
-        m_amax, s_sq, m_ratio, m_minstd = max_sum_max_min(v_amax, v_sq, v_ratio, v_minstd)
-        g_amax, g_sq, g_ratio, g_minstd = m_amax.to(tl.float64), s_sq, m_ratio.to(tl.float64), m_minstd.to(tl.float64)
-        g_const = tl.zeros((), dtype=tl.float64)
-        g_nf = tl.zeros((), dtype=tl.int64)
-        if first_flagged < n_rows:  # the flagged rows' partials; untouched, the workspace is still at its identities
-            g_amax = tl.maximum(g_amax, read_slot(F_ptr + 0))
-            g_sq += read_slot(F_ptr + 1)
-            g_ratio = tl.maximum(g_ratio, read_slot(F_ptr + 2))
-            g_minstd = tl.minimum(g_minstd, read_slot(F_ptr + 3))
-            g_const = read_slot(F_ptr + 4)
-            g_nf = read_slot(I_ptr + 1)
-            reset_workspace(F_ptr, I_ptr)
-        numel = tl.cast(n_rows, tl.int64) * N
-        store_common_features(S_ptr, numel, tl.cast(n_rows, tl.int64), g_amax, g_sq, numel - g_nf, g_nf + param_nf)
-        tl.store(S_ptr + 5, tl.cast(N, tl.float64))
-        _store_own_features(S_ptr, g_ratio, g_minstd, g_const, n_rows, CAP)
-        if PROBE // 131072 % 2 == 1:
-            tl.store(T_ptr + 2 * n_rows + tl.cdiv(n_rows, POLL), globaltimer(n_rows))
+        _finish_records(S_ptr, F_ptr, I_ptr, M_ptr, n_rows, N, param_nf, n_rows if PROBE // 2 % 2 == 0 else 0, POLL,
+                        CAP, T_ptr, PROBE // 131072 % 2 == 1, False)
+
+
+@triton.jit
+def _finish_records(S_ptr, F_ptr, I_ptr, M_ptr, n_rows, n_cols, param_nf, n_polled, POLL: tl.constexpr,
+                    CAP: tl.constexpr, T_ptr, STAMPS: tl.constexpr, RESET: tl.constexpr):
+    """The finisher's reduction: the first n_polled rows' record words polled in row order (POLL at once), each
+    row's std and |mean|/std derived from (mean, var), the flagged rows' workspace added, the features stored
+    (param_nf: the parameters' NaN/±inf count). RESET: the workspace goes back to its identities even without
+    a flagged row (the deferred finisher: the parameters' count is in it). STAMPS (bench only): each poll's
+    arrival and the end as globaltimer stamps into T_ptr (bench/finisher_timeline.py)."""
+    v_amax = tl.zeros([POLL], dtype=tl.float32)  # per row slot across the polls, reduced at the end
+    v_sq = tl.zeros([POLL], dtype=tl.float64)
+    v_ratio = tl.zeros([POLL], dtype=tl.float32)
+    v_minstd = tl.full([POLL], float("inf"), tl.float32)
+    first_flagged = n_rows
+    for r0 in range(0, n_polled, POLL):
+        lo, hi = poll_records(M_ptr, r0, n_rows, POLL, 2)
+        if STAMPS:  # when this poll's records were all in
+            tl.store(T_ptr + 2 * n_rows + r0 // POLL, globaltimer(r0))
+        mean_bits, amax_bits = tl.split(lo)  # word 0 = (mean, var), word 1 = (max |h|, sum h*h or the flag)
+        var_bits, tag = tl.split(hi)
+        sf = tl.sqrt(var_bits.to(tl.float32, bitcast=True))
+        ratio = _ratio(mean_bits.to(tl.float32, bitcast=True), sf, -1.0, CAP)
+        rows = r0 + tl.arange(0, POLL)
+        flagged = tag == RECORD_FLAG_HI
+        plain = (rows < n_rows) & ~flagged
+        v_amax = tl.maximum(v_amax, tl.where(plain, amax_bits.to(tl.float32, bitcast=True), 0.0))
+        v_sq += tl.where(plain, tag.to(tl.float32, bitcast=True), 0.0).to(tl.float64)
+        v_ratio = tl.maximum(v_ratio, tl.where(plain, ratio, 0.0))
+        v_minstd = tl.minimum(v_minstd, tl.where(plain, sf, float("inf")))
+        first_flagged = tl.minimum(first_flagged, acquire_flagged(M_ptr, flagged, rows, n_rows, 2))
+    m_amax, s_sq, m_ratio, m_minstd = max_sum_max_min(v_amax, v_sq, v_ratio, v_minstd)
+    g_amax, g_sq, g_ratio, g_minstd = m_amax.to(tl.float64), s_sq, m_ratio.to(tl.float64), m_minstd.to(tl.float64)
+    g_const = tl.zeros((), dtype=tl.float64)
+    g_nf = tl.zeros((), dtype=tl.int64)
+    if first_flagged < n_rows:  # the flagged rows' partials; untouched, the workspace is still at its identities
+        g_amax = tl.maximum(g_amax, read_slot(F_ptr + 0))
+        g_sq += read_slot(F_ptr + 1)
+        g_ratio = tl.maximum(g_ratio, read_slot(F_ptr + 2))
+        g_minstd = tl.minimum(g_minstd, read_slot(F_ptr + 3))
+        g_const = read_slot(F_ptr + 4)
+        g_nf = read_slot(I_ptr + 1)
+        reset_workspace(F_ptr, I_ptr)
+    elif RESET:
+        reset_workspace(F_ptr, I_ptr)
+    numel = tl.cast(n_rows, tl.int64) * n_cols
+    store_common_features(S_ptr, numel, tl.cast(n_rows, tl.int64), g_amax, g_sq, numel - g_nf, g_nf + param_nf)
+    tl.store(S_ptr + 5, tl.cast(n_cols, tl.float64))
+    _store_own_features(S_ptr, g_ratio, g_minstd, g_const, n_rows, CAP)
+    if STAMPS:
+        tl.store(T_ptr + 2 * n_rows + tl.cdiv(n_rows, POLL), globaltimer(n_rows))
+
+
+@triton.jit
+def _finish_deferred_kernel(S_ptr, F_ptr, I_ptr, M_ptr, D_ptr, FEATURES: tl.constexpr, POLL: tl.constexpr,
+                            CAP: tl.constexpr):
+    """Deferred finishing (optwin.kernels.deferred): program k finishes a page's call k, the records its rows
+    stored at word D[k, 0], its D[k, 1] rows of D[k, 2] columns, its workspace row (the flagged rows' partials
+    and the parameters' NaN/±inf count) and its row of the batch's features (the launch's extra program wrote
+    the parameters' own)."""
+    k = tl.program_id(0)
+    off = tl.load(D_ptr + 3 * k)
+    n_rows = tl.load(D_ptr + 3 * k + 1).to(tl.int32)
+    n_cols = tl.load(D_ptr + 3 * k + 2)
+    F_k = F_ptr + k * 2 * WS_SLOTS
+    I_k = I_ptr + k * WS_SLOTS
+    param_nf = read_slot(I_k + 2)
+    _finish_records(S_ptr + k * FEATURES, F_k, I_k, M_ptr + off, n_rows, n_cols, param_nf, n_rows, POLL, CAP, M_ptr,
+                    False, True)
+
+
+def finish_deferred(page: deferred.Page, features: torch.Tensor, desc: torch.Tensor, calls: int) -> None:
+    """optwin.kernels.deferred's finisher for layernorm: a program per settling call."""
+    launch(_finish_deferred_kernel, (calls,), features, page.ws_f, page.ws_i, page.records, desc,
+           FEATURES=features.shape[1], POLL=RECORD_POLL, CAP=RATIO_CAP, num_warps=8)
+
+
+deferred.register_finisher("layernorm", finish_deferred)
 
 
 @triton.jit
@@ -338,25 +386,41 @@ def _welford_launch(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, 
                     buf: torch.Tensor | None, eps: float, num_warps: int | None = None, poll: int | None = None,
                     maxnreg: int | None = None, probe: int = 0, welford_chunk: int | None = None,
                     prefetch: float | None = None, packed: bool | None = None,
-                    timestamps: torch.Tensor | None = None) -> None:
+                    timestamps: torch.Tensor | None = None, defer: bool = False) -> torch.Tensor | None:
     """_layernorm_welford_kernel: a program per row (and the finisher with the sketch), the row length
     compiled in (one kernel per hidden size, as torch.compile specializes). poll: rows whose records
     the finisher reads at once (a power of two; tests put flagged rows across its boundaries); prefetch:
     waves of programs ahead whose rows go to the L2 first (_common.PREFETCH); packed: max |x| on 16-bit
     element pairs (default for 16-bit x) or on the float32 values; timestamps: int64 (2 * n_rows + polls + 1,)
     for PROBE 131072's globaltimer stamps (bench/finisher_timeline.py); maxnreg: registers a thread (0:
-    the compiler's) instead of WELFORD_REG_CAP's. The launch is worked out once per key (launch_plan)."""
+    the compiler's) instead of WELFORD_REG_CAP's; defer (with buf None): the sketch wanted, its records
+    finished later, batched with other calls' (optwin.kernels.deferred; not inside CUDA graph capture, nor
+    past deferred.MAX_ROWS rows). The launch is worked out once per key (launch_plan).
+    Returns the buffer the sketch goes to: buf, with defer a pending page buffer or a new one, or None."""
+    if defer and buf is not None:
+        raise InputError("layernorm: defer makes its own sketch buffer; pass buf=None")
     n_rows = x2.shape[0]
-    sketch = buf is not None
+    sketch = buf is not None or defer
     xs, ys = x2.stride(0), y2.stride(0)
     key = ("layernorm-welford", x2.shape, xs, ys, x2.data_ptr() & 15, x2.dtype, weight.dtype,
            bias.dtype, y2.dtype, x2.device, sketch, num_warps, poll, maxnreg, probe, welford_chunk, prefetch, packed,
            timestamps is None)
     p = kept(key) or _welford_plan(x2, sketch, num_warps, poll, maxnreg, probe, welford_chunk, prefetch, packed)
-    m = row_records("layernorm", x2.device, n_rows, words=2, extra=0)[0] if sketch else y2
-    f, i = workspace("layernorm", x2.device) if sketch else (y2, y2)
-    run(key, p, (x2, xs, weight, bias, y2, ys, buf if sketch else y2, m,
-                 m if timestamps is None else timestamps, f, i, n_rows, eps))
+    defer = defer and timestamps is None and deferred.takes(n_rows, x2.device)
+    with deferred.launch_lock(defer):  # held from the reservation until the launch is queued
+        if defer:
+            buf, m, f, i = deferred.reserve("layernorm", x2.device, n_rows, x2.shape[1], words=2)
+        else:
+            buf = new_buffer("layernorm", x2.device) if sketch and buf is None else buf
+            m = row_records("layernorm", x2.device, n_rows, words=2, extra=0)[0] if sketch else y2
+            f, i = workspace("layernorm", x2.device) if sketch else (y2, y2)
+        args = (x2, xs, weight, bias, y2, ys, buf if sketch else y2, m, m if timestamps is None else timestamps, f, i,
+                n_rows, eps)
+        if defer:  # launched as its own fast_launch key; kept as the plan that holds it
+            run((*key, "deferred"), p.extra[0], args, kept_as=(key, p))
+        else:
+            run(key, p, args)
+    return buf
 
 
 def _welford_plan(x2: torch.Tensor, sketch: bool, num_warps: int | None, poll: int | None, maxnreg: int | None,
@@ -374,9 +438,12 @@ def _welford_plan(x2: torch.Tensor, sketch: bool, num_warps: int | None, poll: i
         cap = maxnreg or None
     key = ("layernorm-welford", x2.dtype, n, chunk, warps, cap, sketch, packed)
     pf = prefetch_args("layernorm", n, x2, sketch, n_rows + sketch, key, prefetch)
-    return plan(_layernorm_welford_kernel, (n_rows + sketch,),
-                {"N": n, "CHUNK": chunk, "CAP": RATIO_CAP, "SKETCH": sketch, "POLL": poll or RECORD_POLL,
-                 "EXACT_CHUNK": _common.EXACT_CHUNK, "FINISHER_FIRST": not INTERPRETED,
-                 "PACKED": x2.element_size() == 2 if packed is None else packed, "PROBE": probe, **pf,
-                 "num_warps": warps, "enable_fp_fusion": False, **register_cap(cap),
-                 **({} if INTERPRETED else {"num_stages": 1})}, key, warps)
+    options = {"N": n, "CHUNK": chunk, "CAP": RATIO_CAP, "SKETCH": sketch, "POLL": poll or RECORD_POLL,
+               "EXACT_CHUNK": _common.EXACT_CHUNK, "FINISHER_FIRST": not INTERPRETED,
+               "PACKED": x2.element_size() == 2 if packed is None else packed, "PROBE": probe, **pf,
+               "num_warps": warps, "enable_fp_fusion": False, **register_cap(cap),
+               **({} if INTERPRETED else {"num_stages": 1})}
+    # the deferred form (extra): the same grid, its extra program taking only the parameters' partials
+    later = plan(_layernorm_welford_kernel, (n_rows + sketch,), {**options, "DEFER": True}, (*key, "deferred"),
+                 warps) if sketch else None
+    return plan(_layernorm_welford_kernel, (n_rows + sketch,), options, key, warps, extra=(later,))

@@ -80,8 +80,6 @@ atomics per program and the feature vector.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import triton
 import triton.language as tl
@@ -897,9 +895,6 @@ def unaligned_warps(n: int, esize: int, align: int) -> int | None:
     return UNALIGNED_WARPS.get((next_pow2(n), esize)) if align == 1 else None
 
 
-_NO_LOCK = contextlib.nullcontext()  # _softmax_launch's lock where the call does not defer
-
-
 def _softmax_launch(
     x2: torch.Tensor, y2: torch.Tensor, buf: torch.Tensor | None, num_warps: int | None = None,
     stages: int | None = None, per_sm: int | None = None,
@@ -945,7 +940,7 @@ def _softmax_launch(
     defer = defer and p_deferred is not None and timestamps is None and deferred.takes(n_rows, x2.device)
     # a deferred call holds deferred.lock from its reservation until its launch is queued: a settle of its page
     # from another thread (a monitor's flush) then cannot queue the finisher ahead of the rows it polls for
-    with deferred.lock if defer else _NO_LOCK:
+    with deferred.launch_lock(defer):
         if defer:  # a program per row, its records to a page; the page's finisher runs later
             buf, m, f, i = deferred.reserve("softmax", x2.device, n_rows, n, words=2)
         else:
