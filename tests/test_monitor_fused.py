@@ -236,3 +236,27 @@ def test_deferred_softmax_sketches_reach_the_monitor_at_its_flush(db, monkeypatc
         model(ids)
         assert mon2.stats.checked == 1
     assert mon2.stats.checked == 2
+
+
+def test_deferred_layernorm_sketches_reach_the_monitor_at_its_flush(db, monkeypatch):
+    """A bf16 nn.LayerNorm of 4096 (the Welford row launch): the patched layernorm defers its finisher
+    (optwin.kernels.deferred), the monitor queues the call until its page settles at its flush, and the
+    features it assesses are ingest's of the very input, the parameters' included."""
+    from optwin.kernels import deferred
+
+    monkeypatch.setattr(deferred, "MAX_AGE_S", 1e9)  # no page goes stale in the interpreter's slow calls
+    torch.manual_seed(5)
+    net = nn.Sequential(nn.Linear(8, 4096), nn.LayerNorm(4096)).to(torch.bfloat16)
+    with torch.no_grad():
+        net[1].weight.uniform_(0.5, 2.0)
+        net[1].bias.uniform_(-1, 1)
+        x = torch.randn(3, 8, dtype=torch.bfloat16)
+        h = net[0](x)
+        with optwin.kernels.patch(net) as handle, \
+                om.monitor(net, db=db, sampling="always", ops=("layernorm",)) as mon:
+            net(x)
+            assert mon.stats.checked == 0  # the call waits for its page
+        assert handle.sketched == {"layernorm": 1} and mon.stats.checked == 1
+    got = mon.last_sketches[("1:layernorm", "layernorm", "triton", "bfloat16")]
+    close(got, sketch("layernorm", {"x": h, "weight": net[1].weight, "bias": net[1].bias}))
+    assert deferred.leftover() == (0, 0)

@@ -116,8 +116,10 @@ def _layernorm_forward(handle: Patch, m: nn.LayerNorm) -> Callable[[torch.Tensor
         if x.dtype not in DTYPES:
             return type(m).forward(m, x)
         bias = m.bias.to(x.dtype) if m.bias is not None else None  # nn.LayerNorm(bias=False)
+        # defer: where the launch runs a program per row (hidden sizes of the Welford launch), its finisher runs
+        # batched with other calls' when the monitor settles them (optwin.kernels.deferred)
         return _launch(handle, "layernorm", x.dtype,
-                       lambda sk: layernorm(x, m.weight.to(x.dtype), bias, float(m.eps), sketch=sk))
+                       lambda sk: layernorm(x, m.weight.to(x.dtype), bias, float(m.eps), sketch=sk, defer=True))
 
     return forward
 
