@@ -490,7 +490,10 @@ def _sweep_launcher(op: str, inp: dict[str, Tensor], params: dict[str, Any], y: 
     mod = importlib.import_module(f"{cfg.pop('pkg', 'optwin')}.kernels.{op}")
     if op == "rmsnorm":
         return lambda bb: mod._rmsnorm_launch(inp["x"], inp["weight"], y, bb, mod.EPS, **cfg)
-    if op == "layernorm":
+    if op == "layernorm":  # cfg "defer": the deferred launch, its buffer the page's (bb only says sketch or not)
+        if cfg.pop("defer", False):
+            return lambda bb: mod._layernorm_launch(inp["x"], inp["weight"], inp["bias"], y, None, mod.EPS,
+                                                    defer=bb is not None, **cfg)
         return lambda bb: mod._layernorm_launch(inp["x"], inp["weight"], inp["bias"], y, bb, mod.EPS, **cfg)
     if op == "softmax":
         return lambda bb: mod._softmax_launch(inp["x"], y, bb, **cfg)

@@ -142,6 +142,18 @@ def test_deferred_finish_checks_agree_on_cpu():
     assert len(rows) == 5 and all(r.rstrip(" |").endswith("ok") for r in rows), out.stdout
 
 
+def test_ln_deferred_checks_agree_on_cpu():
+    """bench/ln_deferred.py's smoke run: the deferred layernorm launch, shipped and with a register cap, bit for
+    bit the in-launch finisher's; every page at rest after; it times nothing there."""
+    env = dict(os.environ, TRITON_INTERPRET="1", OUT="", BENCH_CONFIGS='[{"maxnreg": 32}]')
+    out = subprocess.run([sys.executable, str(BENCH / "ln_deferred.py"), "--smoke"], capture_output=True, text=True,
+                         env=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    checks = [line.rstrip(" |").rsplit("| ", 1)[1] for line in out.stdout.splitlines() if line.startswith("| 8x4096 | deferred")]
+    assert checks == ["ok", "ok"], out.stdout
+    assert "off rest after settle_all: none" in out.stdout
+
+
 def test_attention_probe_variants_match_float64_on_cpu():
     """bench/attention_probe.py's smoke run: every probe variant (pointer and TMA-descriptor loads, the
     warp-specialized loop, FMA scaling, software pipelining) against float64, ragged and causal."""
