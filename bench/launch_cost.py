@@ -299,24 +299,36 @@ def _interleaved_us(entries: dict[Any, Callable[[], Any]]) -> dict[Any, list[flo
 
 
 def _deferred_rows() -> list[str]:
-    """The live package's softmax row launch (bf16 rows of 16384: a program per row) without the sketch, with its
-    finisher in the launch and deferred (optwin.kernels.deferred: the page's reservations, the lock, and the
-    settle's host part, once every PAGE_CALLS calls), host µs per call in interleaved rounds."""
+    """The live package's row launches that defer (softmax's at bf16 rows of 16384: a program per row; layernorm's
+    Welford launch at rows of 4096) without the sketch, with their finisher in the launch and deferred
+    (optwin.kernels.deferred: the page's reservations, the lock, and the settle's host part, once every PAGE_CALLS
+    calls), host µs per call in interleaved rounds."""
     from optwin.kernels import deferred
+    from optwin.kernels.layernorm import EPS, _layernorm_launch
     from optwin.kernels.sketch_buffer import new_buffer
     from optwin.kernels.softmax import _softmax_launch
 
-    x = torch.randn(SHAPE[0], 16384).to(torch.bfloat16)
-    y = torch.empty_like(x)
-    buf = new_buffer("softmax", "cpu")
-    entries = {"no sketch": lambda: _softmax_launch(x, y, None, rows=True),
-               "finisher in the launch": lambda: _softmax_launch(x, y, buf, rows=True),
-               "deferred": lambda: _softmax_launch(x, y, None, rows=True, defer=True)}
-    res = _interleaved_us(entries)
+    xs = torch.randn(SHAPE[0], 16384).to(torch.bfloat16)
+    ys = torch.empty_like(xs)
+    xl = torch.randn(SHAPE[0], 4096).to(torch.bfloat16)
+    yl, w, b = torch.empty_like(xl), torch.ones(4096, dtype=torch.bfloat16), torch.zeros(4096, dtype=torch.bfloat16)
+    bs, bl = new_buffer("softmax", "cpu"), new_buffer("layernorm", "cpu")
+    launches = {
+        ("softmax", 16384): (lambda: _softmax_launch(xs, ys, None, rows=True),
+                             lambda: _softmax_launch(xs, ys, bs, rows=True),
+                             lambda: _softmax_launch(xs, ys, None, rows=True, defer=True)),
+        ("layernorm", 4096): (lambda: _layernorm_launch(xl, w, b, yl, None, EPS),
+                              lambda: _layernorm_launch(xl, w, b, yl, bl, EPS),
+                              lambda: _layernorm_launch(xl, w, b, yl, None, EPS, defer=True)),
+    }
+    kinds = ("no sketch", "finisher in the launch", "deferred")
+    res = _interleaved_us({(op, k): fn for op, fns in launches.items() for k, fn in zip(kinds, fns)})
     deferred.settle_all()
-    return [f"Softmax's row launch, bf16 {SHAPE[0]}x16384, host µs per call:", "",
-            "| launch | " + " | ".join(entries) + " |", "|---|" + "---:|" * len(entries),
-            "| softmax rows | " + " | ".join(f"{statistics.median(v):.1f}" for v in res.values()) + " |"]
+    lines = [f"Row launches that defer, bf16 {SHAPE[0]} rows, host µs per call:", "",
+             "| launch | " + " | ".join(kinds) + " |", "|---|" + "---:|" * len(kinds)]
+    for op, n in launches:
+        lines.append(f"| {op} x{n} | " + " | ".join(f"{statistics.median(res[((op, n), k)]):.1f}" for k in kinds) + " |")
+    return lines
 
 
 if __name__ == "__main__":

@@ -443,7 +443,9 @@ def _welford_plan(x2: torch.Tensor, sketch: bool, num_warps: int | None, poll: i
                "PACKED": x2.element_size() == 2 if packed is None else packed, "PROBE": probe, **pf,
                "num_warps": warps, "enable_fp_fusion": False, **register_cap(cap),
                **({} if INTERPRETED else {"num_stages": 1})}
-    # the deferred form (extra): the same grid, its extra program taking only the parameters' partials
-    later = plan(_layernorm_welford_kernel, (n_rows + sketch,), {**options, "DEFER": True}, (*key, "deferred"),
-                 warps) if sketch else None
+    # the deferred form (extra): the same grid, its extra program taking only the parameters' partials; its
+    # occupancy noted under the same key (the rows' code and registers are the same), so a caller that only
+    # defers still gets this plan kept
+    later = plan(_layernorm_welford_kernel, (n_rows + sketch,), {**options, "DEFER": True}, key, warps) if sketch \
+        else None
     return plan(_layernorm_welford_kernel, (n_rows + sketch,), options, key, warps, extra=(later,))
