@@ -147,3 +147,52 @@ def entry_ms(fn: Callable[[], Any], method: str = "do_bench", smoke: bool = Fals
     import triton.testing
 
     return float(triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median"))
+
+
+TRACE_HEADER = ("| shape | launch | window µs a call | GPU busy µs a call | GPU gaps > 5 µs: count, µs a call | "
+                "host µs a call: median | host calls > 100 µs: count, µs in all |\n|---|---|---:|---:|---:|---:|---:|")
+
+
+def traced_windows(fn: Callable[[], Any], shape: str, name: str, calls: int) -> str:
+    """A TRACE_HEADER row: three windows of `calls` calls of fn back to back (no sleep, no flush) under
+    torch.profiler with CUDA activity only (no per-op host records, which slowed the host several fold): per
+    window the GPU's busy time and its idle gaps between kernels, and each call's host time (perf_counter), its
+    median and the calls past 100 µs; the chrome trace goes to $OUT gzipped. Where deferred launches lose back
+    to back but not with the GPU ahead, this says whether the GPU waited on the host (stop 39)."""
+    import gzip
+    import json
+
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    for _ in range(2 * calls):
+        fn()
+    from optwin.kernels import deferred
+
+    deferred.settle_all()
+    torch.cuda.synchronize()
+    host: list[float] = []
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            for _ in range(calls):
+                t = time.perf_counter()
+                fn()
+                host.append((time.perf_counter() - t) * 1e6)
+            torch.cuda.synchronize()
+    tag = name.replace(" ", "_").replace(",", "").replace("=", "")
+    path = f"/tmp/trace_{shape}_{tag}.json"
+    prof.export_chrome_trace(path)
+    events = json.load(open(path))["traceEvents"]
+    out = os.environ.get("OUT")
+    if out:
+        with gzip.open(Path(out, Path(path).name + ".gz"), "wt") as f:
+            json.dump(events, f)
+    gpu = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in ("kernel", "gpu_memcpy"))
+    windows = [gpu[k * len(gpu) // 3:(k + 1) * len(gpu) // 3] for k in range(3)]  # ~a third each
+    span = sum(w[-1][1] - w[0][0] for w in windows)
+    busy = sum(b - a for a, b in gpu)
+    gaps = [b2[0] - a2[1] for w in windows for a2, b2 in zip(w, w[1:]) if b2[0] - a2[1] > 5]
+    n = 3 * calls
+    slow = [h for h in host if h > 100]
+    return (f"| {shape} | {name} | {span / n:.1f} | {busy / n:.1f} | {len(gaps)}, {sum(gaps) / n:.1f} | "
+            f"{statistics.median(host):.1f} | {len(slow)}, {sum(slow):.0f} |")

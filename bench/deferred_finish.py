@@ -38,8 +38,10 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))
 import torch
 from _bench_common import (
     AHEAD_CYCLES,
+    TRACE_HEADER,
     differing_features,
     events_ms,
+    traced_windows,
     watchdog,
     write_report,
 )
@@ -293,55 +295,15 @@ def settle_times() -> None:
 
 
 def trace() -> None:
-    """--trace: three windows of BACK_TO_BACK calls back to back (no sleep, no flush) of each entry at each shape
-    (random scores), under torch.profiler with CUDA activity only (no per-op host records, which slowed the host
-    several fold): per window the GPU's busy time and its idle gaps between kernels, and each call's host time
-    (perf_counter), its median and the calls past 100 µs; the chrome traces go to $OUT gzipped."""
-    import gzip
-    import json
-
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
-
-    lines = ["| shape | launch | window µs a call | GPU busy µs a call | GPU gaps > 5 µs: count, µs a call | "
-             "host µs a call: median | host calls > 100 µs: count, µs in all |", "|---|---|---:|---:|---:|---:|---:|"]
-    out = os.environ.get("OUT")
+    """--trace: _bench_common.traced_windows over each sketched entry at each shape (random scores)."""
+    lines = [TRACE_HEADER]
     g = torch.Generator().manual_seed(5)
     for shape in SHAPES:
         inp, _ = OPS["softmax"].make(shape, DTYPE, DEV, g)
         x = inp["x"].reshape(-1, shape[-1])
         for name, fn in _entries(x, torch.empty_like(x)).items():
-            if name == "no sketch":
-                continue
-            for _ in range(2 * BACK_TO_BACK):
-                fn()
-            deferred.settle_all()
-            torch.cuda.synchronize()
-            host: list[float] = []
-            with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(3):
-                    for _ in range(BACK_TO_BACK):
-                        t = time.perf_counter()
-                        fn()
-                        host.append((time.perf_counter() - t) * 1e6)
-                    torch.cuda.synchronize()
-            tag = name.replace(" ", "_").replace(",", "")
-            path = f"/tmp/trace_{shape[0]}x{shape[1]}_{tag}.json"
-            prof.export_chrome_trace(path)
-            events = json.load(open(path))["traceEvents"]
-            if out:
-                with gzip.open(Path(out, Path(path).name + ".gz"), "wt") as f:
-                    json.dump(events, f)
-            gpu = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in ("kernel", "gpu_memcpy"))
-            windows = [gpu[k * len(gpu) // 3:(k + 1) * len(gpu) // 3] for k in range(3)]  # ~a third each
-            span = sum(w[-1][1] - w[0][0] for w in windows)
-            busy = sum(b - a for a, b in gpu)
-            gaps = [b2[0] - a2[1] for w in windows for a2, b2 in zip(w, w[1:]) if b2[0] - a2[1] > 5]
-            calls = 3 * BACK_TO_BACK
-            slow = [h for h in host if h > 100]
-            lines.append(f"| {shape[0]}x{shape[1]} | {name} | {span / calls:.1f} | {busy / calls:.1f} | "
-                         f"{len(gaps)}, {sum(gaps) / calls:.1f} | {statistics.median(host):.1f} | "
-                         f"{len(slow)}, {sum(slow):.0f} |")
+            if name != "no sketch":
+                lines.append(traced_windows(fn, f"{shape[0]}x{shape[1]}", name, BACK_TO_BACK))
     write_report("\n".join([f"# softmax: deferred finishing back to back, traced; {torch.cuda.get_device_name()}", "",
                              f"Command: `BENCH_SHAPES={','.join(f'{r}x{c}' for r, c in SHAPES)} python "
                              "bench/deferred_finish.py --trace`", ""] + lines) + "\n", "deferred_trace.md")

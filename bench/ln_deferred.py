@@ -5,6 +5,7 @@ interleaved rounds.
     python bench/ln_deferred.py                                     # on a CUDA machine; writes $OUT/ln_deferred.md
     BENCH_SHAPES=4096x16384 BENCH_DTYPE=float16 BENCH_CONFIGS='[{"maxnreg": 32}]' python bench/ln_deferred.py
     TRITON_INTERPRET=1 python bench/ln_deferred.py --smoke          # CPU dry run, one small shape, no timing
+    python bench/ln_deferred.py --trace                             # the entries back to back under torch.profiler
 
 µs per call, median over rounds, of deferred.PAGE_CALLS calls between two events: back to back (how a model's
 layers run them, the settles included) and queued behind a GPU sleep (GPU ahead: the host's launch time cannot
@@ -25,9 +26,11 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))
 import torch
 from _bench_common import (
     AHEAD_CYCLES,
+    TRACE_HEADER,
     config_name,
     differing_features,
     events_ms,
+    traced_windows,
     watchdog,
     write_report,
 )
@@ -112,7 +115,20 @@ def main() -> None:
     write_report("\n".join(lines) + "\n", "ln_deferred.md")
 
 
+def trace() -> None:
+    """--trace: _bench_common.traced_windows over every entry at each shape."""
+    g = torch.Generator().manual_seed(6)
+    lines = [TRACE_HEADER]
+    for shape in SHAPES:
+        inp, _ = OPS["layernorm"].make(shape, DTYPE, DEV, g)
+        for name, fn in _entries(inp, torch.empty_like(inp["x"])).items():
+            lines.append(traced_windows(fn, f"{shape[0]}x{shape[1]}", name, deferred.PAGE_CALLS))
+    write_report("\n".join([f"# layernorm: deferred finishing back to back, traced; {torch.cuda.get_device_name()}",
+                             "", f"Command: `BENCH_SHAPES={','.join(f'{r}x{c}' for r, c in SHAPES)} python "
+                             "bench/ln_deferred.py --trace`", ""] + lines) + "\n", "ln_deferred_trace.md")
+
+
 if __name__ == "__main__":
     if not SMOKE:
         watchdog()
-    main()
+    trace() if "--trace" in sys.argv else main()
