@@ -5,6 +5,8 @@ reduces the records of up to PAGE_CALLS calls later, off each call's own kernel.
     read_sketch("softmax", buf, x.shape)         # settles buf's page first (one finisher launch)
     settle_all()                                 # or: every pending page now (a monitor's flush does this)
 
+Deferring launches: softmax's row launch (softmax_rows) and layernorm's Welford launch (layernorm_welford, whose
+launch keeps one extra program for the parameters' partials).
 Why: a launch with a program per row (softmax's ROWS) runs one more program, the finisher, which polls the
 rows' records while they run and reduces them. On the H200 that program costs the launch about 4 µs of 74
 at 4096x16384 bf16 (stop 37's timeline: ~2 µs its presence beside the rows, ~2 µs its tail after the last

@@ -47,6 +47,16 @@ Stop 40's persistent form of the sketch (each program over many rows, the runnin
 records and no finisher; 64-93 registers) lost everywhere on the H200 (stop 41, bf16 flushed, sketch cost
 against this launch's): 4096x16384 +64 % (+2.8 %), 8192x8192 +45 % (+4.8 %), 16384x4096 +25 % (+8.4 %),
 2048x32768 +119 % (+34.5 %) (bench/results/ln_persist_*_h200_s41.md), and was removed.
+Deferred (defer=True; patch(model) defers): the launch's extra program takes only the parameters' partials (their
+features into the call's buffer, their NaN/±inf count into its workspace) and a page of calls' records is reduced
+later by one batched launch (optwin.kernels.deferred, _finish_deferred_kernel: the in-launch finisher's code,
+_finish_records). Stop 38's form (row 0's program took the parameters: the rows' kernel grew 2312 -> 2592 SASS)
+lost and was reverted; this one's rows kernel is the in-launch one's without the polls (1888 SASS, 40 registers).
+H200 bf16, 64 calls queued behind a GPU sleep, µs a call, no sketch / finisher in the launch / deferred
+(bench/results/ln_deferred_*_h200_s42b.md): 4096x16384 69.3 / 72.0 / 71.7, 8192x8192 68.1 / 71.7 / 69.5,
+16384x4096 67.5 / 73.5 / 71.6, 2048x32768 75.2 / 94.3 / 92.7; fp16 4096x16384 68.7 / 71.8 / 70.7. Back to back
+with the host in the loop deferral costs its host time (24.8 against 17.6 µs a call without the sketch, traced:
+ln_deferred_trace_h200_s42.md), as softmax's does.
 """
 
 from __future__ import annotations
