@@ -219,7 +219,8 @@ BIG: tl.constexpr = tl.constexpr(2.0**55)
 #   7: as 4 with the per-row scalars in row slots, LANES rows at a time: never timed on the GPU
 #      (~905 SASS but 48 bytes of spills at 64 registers)
 #  10: layout 4 on words of two 16-bit elements (stop 21): per word one HSET2 gives the -inf mask
-#      (0xFFFF per half), LOP3s the -inf count (two 16-bit counters per int32 lane), the zeroed word
+#      (0xFFFF per half), summed as it is into the -inf count (_lane_count_i32; an AND to 1 a half before,
+#      through stop 41), the zeroed word
 #      for the squares and the min's word (-inf halves made +inf), and the max and min trees run on
 #      pairs (HMNMX2: exact). Across the trees only wd = w - (1 per -inf half) lives: its -inf halves
 #      read as the format's lowest finite value, whose e is still 0, so d is finite and t needs no
@@ -377,7 +378,7 @@ def _own_slots(lanes, BLOCK: tl.constexpr, LANES: tl.constexpr):
 @triton.jit
 def _row_sums_lanes(fe, fed, a_sq, a_neg, BLOCK: tl.constexpr, LANES: tl.constexpr):
     """(s, t, sum of the lanes' squares, their -inf count) in one tree over fold8 partials fe, fed: a ROWS
-    program's lane accumulators (a_sq [LANES, 1] float32, a_neg [LANES, 1] int32 of two 16-bit counts) ride in
+    program's lane accumulators (a_sq [LANES, 1] float32, a_neg [LANES, 1] int32 of -inf masks: _lane_count_i32) ride in
     the row's sum tree instead of a tree of their own after the row (that one held the program's slot ~1 µs
     longer: 4096x16384 bf16 with the sketch 75.6 -> 74.3 µs without it, stop 37). s is still tl.sum's value of
     fe (the same lanes and tree, adds only), so y is the same bits as without the sketch."""
@@ -463,14 +464,20 @@ LOWEST_SQ_SCALED: tl.constexpr = tl.constexpr((2.0 - 2.0**-7) ** 2 * 2.0**110)
 @triton.jit
 def _lowest_squares(wd, BLOCK: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr, KEEP: tl.constexpr):
     """Each lane's lowest-bf16 halves of words wd, as their squares scaled by HUGE_SCALE^2 ([LANES, KEEP])."""
-    cnt = lane_sum(lowest_mask(wd) & LOW_BITS_PAIR, BLOCK // 2, LANES, VEC // 2, KEEP)
+    cnt = lane_sum(lowest_mask(wd), BLOCK // 2, LANES, VEC // 2, KEEP)
     return _lane_count_i32(cnt).to(tl.float32) * LOWEST_SQ_SCALED
 
 
 @triton.jit
 def _lane_count_i32(a_neg):
-    """VARIANT 10's int32 lanes of two 16-bit -inf counts -> each lane's count."""
-    return (a_neg & 0xFFFF) + (a_neg >> 16)
+    """VARIANT 10's int32 lanes, each a sum of words' 0xFFFF-per-half masks (neg_inf_mask, lowest_mask), ->
+    each lane's count of such halves. Summed as they are, not first ANDed down to one bit a half: one
+    instruction a word fewer. A lane of L low and H high halves (each < 2^16, as the flushes keep them) holds
+    S = L * 0xFFFF + H * 0xFFFF0000 = 2^16 (L - H) - L (mod 2^32), so L = -S mod 2^16,
+    L - H = (S + L) / 2^16 mod 2^16, and H = L - (L - H) mod 2^16."""
+    low = (-a_neg) & 0xFFFF
+    diff = ((a_neg + low) >> 16) & 0xFFFF
+    return low + ((low - diff) & 0xFFFF)
 
 
 @triton.jit
@@ -481,8 +488,8 @@ def _sum3(a0, a1, a2, b0, b1, b2):
 @triton.jit
 def _lane_totals(a_sq, a_huge, a_neg, VARIANT: tl.constexpr):
     """The lane accumulators' totals: (sum of squares as float64, the HUGE lanes unscaled; -inf count
-    as int64, padding included). a_neg holds float32 lanes, or (VARIANT 10) int32 lanes of one 16-bit
-    count per half of the words (< 2^16: FLUSH rows of BLOCK // (2 * LANES)).
+    as int64, padding included). a_neg holds float32 lanes, or (VARIANT 10) int32 lanes of summed -inf masks
+    (_lane_count_i32: fewer than 2^16 halves of each kind a lane, FLUSH rows of BLOCK // (2 * LANES)).
     One tree for the three, so one shared-memory exchange between the warps, not three. Its float sums
     need not be tl.sum's bits (_common.sum_and_max); the sketch's sums need not be. Every persistent
     program runs this at its end, all at about the same time, so its barriers are the launch's tail."""
@@ -563,7 +570,7 @@ def _softmax_kernel(
             p_bad = tl.zeros((), dtype=tl.int32)  # rows left to the exact pass after the loop
             if VARIANT >= 4:
                 a_sq = tl.zeros([LANES, KEEP], dtype=tl.float32)  # per lane: sum of h*h over non-(-inf) entries
-                if VARIANT == 10:  # two 16-bit counters per lane, one per half of the words
+                if VARIANT == 10:  # per lane the sum of the words' -inf masks (_lane_count_i32)
                     a_neg = tl.zeros([LANES, KEEP], dtype=tl.int32)
                 else:
                     a_neg = tl.zeros([LANES, KEEP], dtype=tl.float32)  # per lane: -inf count (padding included; exact, flushed)
@@ -659,15 +666,14 @@ def _softmax_kernel(
                     s = tl.sum(fold8_sum(e, BLOCK), axis=0)
                     t = tl.zeros((), dtype=tl.float32)
                 else:
-                    ninf = neg_inf_mask(w, BF16)  # 0xFFFF per -inf half
-                    ones = ninf & LOW_BITS_PAIR  # 1 per -inf half
+                    ninf = neg_inf_mask(w, BF16)  # 0xFFFF per -inf half, summed as it is (_lane_count_i32)
                     a_prev = a_sq
                     if BF16:  # HF's mask value (finfo.min) leaves the plain squares: counted in its rows below
                         wz = w & ~(ninf | lowest_mask(w))
                     else:
                         wz = w & ~ninf
                     if PROBE // 4 % 2 == 0:
-                        a_neg += lane_sum(ones, BLOCK // 2, LANES, VEC // 2, KEEP)  # padding included
+                        a_neg += lane_sum(ninf, BLOCK // 2, LANES, VEC // 2, KEEP)  # padding included
                         a_sq += lane_sum_squares(_unpacked(wz, BF16, BLOCK), BLOCK, LANES, VEC, KEEP)  # HUGE rows below
                     # only wd lives across the max tree, its -inf halves read as a finite value whose e is still 0
                     # where m > NEG_SAFE: bf16 -2^32 (NEG_MAP_PAIR, one LOP3 a word), whose scaled square in a HUGE
@@ -676,7 +682,7 @@ def _softmax_kernel(
                     if BF16:
                         wd = (w & ~ninf) | (ninf & NEG_MAP_PAIR)
                     else:
-                        wd = w - ones
+                        wd = w - (ninf & LOW_BITS_PAIR)
                     if PROBE // 2 % 2 == 0:
                         m, rmin = row_max_min(w, w ^ (ninf & SIGN_PAIR), BF16)  # the min's -inf halves made +inf
                     else:
