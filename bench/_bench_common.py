@@ -196,3 +196,8 @@ def traced_windows(fn: Callable[[], Any], shape: str, name: str, calls: int) -> 
     slow = [h for h in host if h > 100]
     return (f"| {shape} | {name} | {span / n:.1f} | {busy / n:.1f} | {len(gaps)}, {sum(gaps) / n:.1f} | "
             f"{statistics.median(host):.1f} | {len(slow)}, {sum(slow):.0f} |")
+
+
+def env_shapes(default: str) -> list[tuple[int, ...]]:
+    """BENCH_SHAPES (comma-separated RxC, e.g. 4096x16384,8192x8192), else `default` in that form."""
+    return [tuple(int(v) for v in s.split("x")) for s in os.environ.get("BENCH_SHAPES", default).split(",")]

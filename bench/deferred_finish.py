@@ -40,6 +40,7 @@ from _bench_common import (
     AHEAD_CYCLES,
     TRACE_HEADER,
     differing_features,
+    env_shapes,
     events_ms,
     traced_windows,
     watchdog,
@@ -53,8 +54,7 @@ from optwin.kernels.softmax import _softmax_launch
 
 SMOKE = "--smoke" in sys.argv
 DEV = "cpu" if SMOKE else "cuda"
-SHAPES = [tuple(int(v) for v in s.split("x")) for s in
-          os.environ.get("BENCH_SHAPES", "48x64" if SMOKE else "4096x16384,8192x8192").split(",")]
+SHAPES = env_shapes("48x64" if SMOKE else "4096x16384,8192x8192")
 DTYPE = getattr(torch, os.environ.get("BENCH_DTYPE", "bfloat16"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "7"))
 INPUTS = ("softmax", "softmax (hf mask)")

@@ -29,6 +29,7 @@ from _bench_common import (
     TRACE_HEADER,
     config_name,
     differing_features,
+    env_shapes,
     events_ms,
     traced_windows,
     watchdog,
@@ -42,8 +43,7 @@ from optwin.kernels.sketch_buffer import new_buffer
 
 SMOKE = "--smoke" in sys.argv
 DEV = "cpu" if SMOKE else "cuda"
-SHAPES = [tuple(int(v) for v in s.split("x")) for s in
-          os.environ.get("BENCH_SHAPES", "8x4096" if SMOKE else "4096x16384,8192x8192,16384x4096,2048x32768").split(",")]
+SHAPES = env_shapes("8x4096" if SMOKE else "4096x16384,8192x8192,16384x4096,2048x32768")
 DTYPE = getattr(torch, os.environ.get("BENCH_DTYPE", "bfloat16"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "7"))
 # launch overrides of the deferred form (_layernorm_launch's keywords), each its own entry
