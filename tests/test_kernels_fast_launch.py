@@ -11,6 +11,7 @@ import sys
 os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (the kernels read it at decoration)
 
 import torch  # noqa: E402
+from _kernel_checks import bench_script  # noqa: E402
 
 from optwin.kernels import fast_launch  # noqa: E402
 from optwin.kernels.fast_launch import _arg_key, _hooked  # noqa: E402
@@ -75,7 +76,7 @@ def test_host_pow2_and_cdiv_match_triton():
 
 def test_launch_cost_host_table_runs_on_cpu():
     """bench/launch_cost.py --host: our launchers' own Python, timed with the kernel call left out."""
-    launch_cost = _launch_cost()
+    launch_cost = bench_script("launch_cost")
     launch_cost.ROUNDS, launch_cost.CALLS = 1, 3
     table = launch_cost.host_only()
     rows = [line for line in table.splitlines() if line.startswith("| ") and line.split("|")[1].strip() in
@@ -110,19 +111,6 @@ def test_constexprs_and_options_key_by_value():
     assert [n for n, _ in _rest(k, 14)] == ["SKETCH", "CHUNK", "PIECES", "ALIGN"]  # from the keywords, in order
 
 
-def _launch_cost():
-    """bench/launch_cost.py as a module (bench/ is not a package)."""
-    from pathlib import Path
-
-    bench = str(Path(__file__).resolve().parents[1] / "bench")
-    sys.path.insert(0, bench)
-    try:
-        import launch_cost
-    finally:
-        sys.path.remove(bench)
-    return launch_cost
-
-
 def _captured_launches():
     """Every kernel call our launchers make over shapes, dtypes and sketch on/off that share many
     specialization classes (rows 2/3/5, widths with 32/38/64 pieces, ...): (kernel, grid, args, kwargs),
@@ -130,7 +118,7 @@ def _captured_launches():
     from optwin.kernels.attention import attention
     from optwin.kernels.sketch_buffer import new_buffer
 
-    launch_cost = _launch_cost()
+    launch_cost = bench_script("launch_cost")
     OPS, _sweep_launcher = launch_cost.OPS, sys.modules["gpu_kernels"]._sweep_launcher  # imported by launch_cost
     calls = []
     with launch_cost.kernel_calls_replaced(lambda kernel, grid, *a, **k: calls.append((kernel, grid, a, k))):
