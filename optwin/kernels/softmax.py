@@ -454,9 +454,9 @@ def _unpacked(w, BF16: tl.constexpr, BLOCK: tl.constexpr):
 
 # bf16 rows of HF's masked attention hold its mask value, the lowest finite bf16 (LOWEST_BF16), whose square
 # overflows float32. The loop leaves those halves out of its plain squares and, in a row whose only huge
-# values they are (min == LOWEST_BF16, max < HUGE), adds count * LOWEST_SQ_SCALED to the scaled lanes: three
-# integer instructions a word where the HUGE branch re-took every square scaled (two unpacks, a multiply and
-# the squares' FMAs a word). LOWEST_SQ_SCALED is (LOWEST_BF16 * HUGE_SCALE)^2, exact in float32 (16
+# values they are (min == LOWEST_BF16, max < HUGE), adds count * LOWEST_SQ_SCALED to the scaled lanes: an HSET2
+# and an add a word where the HUGE branch re-took every square scaled (two unpacks, a multiply and the squares'
+# FMAs a word). LOWEST_SQ_SCALED is (LOWEST_BF16 * HUGE_SCALE)^2, exact in float32 (16
 # significant bits). A row that holds another finite value <= -HUGE beside them overflows its plain squares
 # to inf: its program takes the exact pass, as for NaN.
 LOWEST_SQ_SCALED: tl.constexpr = tl.constexpr((2.0 - 2.0**-7) ** 2 * 2.0**110)
