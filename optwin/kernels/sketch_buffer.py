@@ -13,8 +13,9 @@ rmsnorm's and layernorm's launches with a program per row write row records inst
 64-bit words per row, `row_records`; layernorm's flagged rows also merge into its workspace), which
 their finisher program polls and resets
 (optwin.kernels._common.poll_records); attention's programs (one per SM) write a record each the same way
-(RECORD_OPS: no workspace). Softmax's row launch may instead defer its finisher (optwin.kernels.deferred):
-its buffer is then final once its page settles, which reduce_sketch and read_sketch see to.
+(RECORD_OPS: no workspace). Softmax's row launch and layernorm's Welford launch may instead defer their
+finisher (optwin.kernels.deferred): the buffer is then final once its page settles, which reduce_sketch and
+read_sketch see to.
 
 Definitions follow optwin.ingest.sketch exactly (magnitudes over finite elements, counts of
 non-finite values; softmax's -inf is a mask, not a non-finite). Per-row values are float32 (the
