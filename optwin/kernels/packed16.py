@@ -26,7 +26,7 @@ NEG_INF_PAIR = {torch.bfloat16: -8323200, torch.float16: -67044352}  # 0xFF80FF8
 assert all(v == int.from_bytes(b, "little", signed=True) for v, b in zip(
     NEG_INF_PAIR.values(), (bytes.fromhex("80ff80ff"), bytes.fromhex("00fc00fc"))))
 SIGN_PAIR: tl.constexpr = tl.constexpr(-2147450880)  # 0x80008000: the two sign bits
-LOW_BITS_PAIR: tl.constexpr = tl.constexpr(0x00010001)  # bit 0 of each half: counts of a 0xFFFF-per-half mask
+LOW_BITS_PAIR: tl.constexpr = tl.constexpr(0x00010001)  # bit 0 of each half: 1 per half of a 0xFFFF-per-half mask
 HIGH_HALF: tl.constexpr = tl.constexpr(-65536)  # 0xFFFF0000
 # bf16's lowest finite value, torch.finfo(torch.bfloat16).min: HF's attention masks add it to masked scores.
 LOWEST_BF16: tl.constexpr = tl.constexpr(-3.3895313892515355e38)  # 0xFF7F
