@@ -7,7 +7,7 @@ interleaved rounds.
     TRITON_INTERPRET=1 python bench/ln_deferred.py --smoke          # CPU dry run, one small shape, no timing
     python bench/ln_deferred.py --trace                             # the entries back to back under torch.profiler
 
-µs per call, median over rounds, of deferred.PAGE_CALLS calls between two events: back to back (how a model's
+µs per call, median over rounds, of BENCH_CALLS calls (default deferred.PAGE_CALLS) between two events: back to back (how a model's
 layers run them, the settles included) and queued behind a GPU sleep (GPU ahead: the host's launch time cannot
 show). Each deferred entry is checked against the in-launch finisher: y and every feature bit for bit.
 """
@@ -46,6 +46,8 @@ DEV = "cpu" if SMOKE else "cuda"
 SHAPES = env_shapes("8x4096" if SMOKE else "4096x16384,8192x8192,16384x4096,2048x32768")
 DTYPE = getattr(torch, os.environ.get("BENCH_DTYPE", "bfloat16"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "7"))
+# calls a window (default a page's: one settle a window; more windows' settles land mid-window, with the GPU busy)
+CALLS = int(os.environ.get("BENCH_CALLS", deferred.PAGE_CALLS))
 # launch overrides of the deferred form (_layernorm_launch's keywords), each its own entry
 CONFIGS: list[dict] = json.loads(os.environ.get("BENCH_CONFIGS") or "[]")
 
@@ -84,8 +86,8 @@ def main() -> None:
     name = torch.cuda.get_device_name() if not SMOKE else "CPU (TRITON_INTERPRET smoke run)"
     lines = [f"# layernorm: deferred finishing against the finisher in the launch; {name}, {DTYPE}", "",
              f"Command: `BENCH_SHAPES={','.join(f'{r}x{c}' for r, c in SHAPES)} BENCH_DTYPE={str(DTYPE)[6:]} "
-             f"BENCH_ROUNDS={ROUNDS} BENCH_CONFIGS='{json.dumps(CONFIGS)}' python bench/ln_deferred.py`", "",
-             f"µs per call of {deferred.PAGE_CALLS} calls, median over {ROUNDS} interleaved rounds; cost: against the "
+             f"BENCH_ROUNDS={ROUNDS} BENCH_CALLS={CALLS} BENCH_CONFIGS='{json.dumps(CONFIGS)}' python bench/ln_deferred.py`", "",
+             f"µs per call of {CALLS} calls (a page: {deferred.PAGE_CALLS}), median over {ROUNDS} interleaved rounds; cost: against the "
              "launch without the sketch", "",
              "| shape | launch | back to back µs | cost | GPU ahead µs | cost | deferred = in the launch |",
              "|---|---|---:|---:|---:|---:|---|"]
@@ -98,8 +100,8 @@ def main() -> None:
         ahead: dict[str, list[float]] = {k: [] for k in entries}
         for _ in range(0 if SMOKE else ROUNDS):
             for k, fn in entries.items():
-                b2b[k].append(events_ms(fn, flush=False, sleep=False, calls=deferred.PAGE_CALLS, reps=1) * 1e3)
-                ahead[k].append(events_ms(fn, flush=False, sleep=AHEAD_CYCLES, calls=deferred.PAGE_CALLS, reps=1) * 1e3)
+                b2b[k].append(events_ms(fn, flush=False, sleep=False, calls=CALLS, reps=1) * 1e3)
+                ahead[k].append(events_ms(fn, flush=False, sleep=AHEAD_CYCLES, calls=CALLS, reps=1) * 1e3)
         deferred.settle_all()
         if SMOKE:
             lines += [f"| {shape[0]}x{shape[1]} | {k} | - | - | - | - | {checks.get(k, '-')} |" for k in entries]
