@@ -54,9 +54,11 @@ _finish_records). Stop 38's form (row 0's program took the parameters: the rows'
 lost and was reverted; this one's rows kernel is the in-launch one's without the polls (1888 SASS, 40 registers).
 H200 bf16, 64 calls queued behind a GPU sleep, µs a call, no sketch / finisher in the launch / deferred
 (bench/results/ln_deferred_*_h200_s42b.md): 4096x16384 69.3 / 72.0 / 71.7, 8192x8192 68.1 / 71.7 / 69.5,
-16384x4096 67.5 / 73.5 / 71.6, 2048x32768 75.2 / 94.3 / 92.7; fp16 4096x16384 68.7 / 71.8 / 70.7. Back to back
-with the host in the loop deferral costs its host time (24.8 against 17.6 µs a call without the sketch, traced:
-ln_deferred_trace_h200_s42.md), as softmax's does.
+16384x4096 67.5 / 73.5 / 71.6, 2048x32768 75.2 / 94.3 / 92.7; fp16 4096x16384 68.7 / 71.8 / 70.7. Back to back,
+host in the loop, in windows of 100 calls (a settle mid-window): 4096x16384 69.8 / 72.9 / 72.7, 8192x8192 68.8 /
+72.8 / 70.6; in windows of exactly a page the settle opens each window with the GPU idle and deferral reads 76.2
+at 4096x16384 (ln_deferred_calls*_h200_s42.md). Host 24.8 µs a call deferred against 17.6 without the sketch
+(traced: ln_deferred_trace_h200_s42.md).
 """
 
 from __future__ import annotations
