@@ -39,6 +39,7 @@ import torch
 from _bench_common import (
     AHEAD_CYCLES,
     TRACE_HEADER,
+    deferred_verdict,
     differing_features,
     env_shapes,
     events_ms,
@@ -99,13 +100,7 @@ def _check(x: torch.Tensor) -> str:
     b0 = new_buffer("softmax", x.device)
     _softmax_launch(x, y0, b0, rows=rows)
     b1 = _softmax_launch(x, y1, None, rows=rows, defer=True)
-    if not deferred.pending(b1):
-        return "not deferred (no row launch at this width)"
-    want, got = read_sketch("softmax", b0, x.shape), read_sketch("softmax", b1, x.shape)
-    if not torch.equal(y0.view(torch.int16), y1.view(torch.int16)):
-        return "y differs"
-    bad = differing_features(got, want)
-    return "ok" if not bad else f"features differ: {', '.join(bad)}"
+    return deferred_verdict("softmax", x.shape, y0, b0, y1, b1, "not deferred (no row launch at this width)")
 
 
 def _inputs(g: torch.Generator, count: int, n: int) -> list[torch.Tensor]:

@@ -28,7 +28,7 @@ from _bench_common import (
     AHEAD_CYCLES,
     TRACE_HEADER,
     config_name,
-    differing_features,
+    deferred_verdict,
     env_shapes,
     events_ms,
     traced_windows,
@@ -37,7 +37,7 @@ from _bench_common import (
 )
 from gpu_kernels import OPS
 
-from optwin.kernels import deferred, read_sketch
+from optwin.kernels import deferred
 from optwin.kernels.layernorm import EPS, _layernorm_launch
 from optwin.kernels.sketch_buffer import new_buffer
 
@@ -73,12 +73,7 @@ def _check(inp: dict[str, torch.Tensor], cfg: dict) -> str:
     b0 = new_buffer("layernorm", x.device)
     _layernorm_launch(x, w, b, y0, b0, EPS)
     b1 = _layernorm_launch(x, w, b, y1, None, EPS, defer=True, **cfg)
-    if not deferred.pending(b1):
-        return "not deferred"
-    if not torch.equal(y0.view(torch.int16), y1.view(torch.int16)):
-        return "y differs"
-    bad = differing_features(read_sketch("layernorm", b1, x.shape), read_sketch("layernorm", b0, x.shape))
-    return "ok" if not bad else f"features differ: {', '.join(bad)}"
+    return deferred_verdict("layernorm", x.shape, y0, b0, y1, b1)
 
 
 def main() -> None:
