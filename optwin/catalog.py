@@ -268,4 +268,10 @@ def resolve_params(op: str, params: dict[str, Any] | None) -> dict[str, Any]:
     out.update(params)
     if op == "rope" and not (isinstance(out["base"], (int, float)) and math.isfinite(out["base"]) and out["base"] > 1):
         raise CatalogError(f"rope: param base must be a finite number > 1, got {out['base']!r}")
+    if "causal" in out:
+        # a flag, not a truthy value: the string "false" would otherwise mask the scores
+        c = out["causal"]
+        if not (isinstance(c, bool) or type(c).__name__ == "bool_" or (isinstance(c, int) and c in (0, 1))):
+            raise CatalogError(f"{op}: param causal must be true or false, got {c!r:.40}")
+        out["causal"] = bool(c)
     return out

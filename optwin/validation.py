@@ -76,6 +76,21 @@ def check_dtypes(spec: Operator, dtype: str, inputs: Mapping[str, torch.Tensor])
             raise InputError(f"{spec.name}: input {i.name!r} must be {want}, got {str(got).removeprefix('torch.')}")
 
 
+def check_kinds(spec: Operator, inputs: Mapping[str, torch.Tensor]) -> None:
+    """Real floating tensors where the op takes floats, integer ones where it takes int64 (rope's positions),
+    whatever their width: a sketch is taken of any float dtype (a model in float32), never of ints, bools or
+    complex numbers, whose magnitudes mean nothing to the op's faults."""
+    for i in spec.inputs:
+        t = inputs[i.name]
+        if i.dtype == "int64":
+            ok = not t.is_floating_point() and not t.is_complex() and t.dtype != torch.bool
+        else:
+            ok = t.is_floating_point()
+        if not ok:
+            want = "an integer" if i.dtype == "int64" else "a floating"
+            raise InputError(f"{spec.name}: input {i.name!r} must be {want} tensor, got {str(t.dtype).removeprefix('torch.')}")
+
+
 def check_values(spec: Operator, inputs: Mapping[str, torch.Tensor]) -> None:
     """Non-finite inputs are refused except -inf masks where the op allows them."""
     for i in spec.inputs:

@@ -158,3 +158,110 @@ def test_the_grid_separates_tiny_magnitudes_and_masked_rows():
     assert bins == sorted(set(bins)) and bins[1] - bins[0] >= 6
     # one fully masked softmax row (a NaN) is far from none: neighbours never blur the two
     assert feature_bin("masked_rows", 1.0) - feature_bin("masked_rows", 0.0) >= 16
+
+
+def test_nonfinite_inputs_are_certain_nonfinite_faults(m):
+    # No build replays NaN or inf inputs, yet any such input runs through to the output: the matcher says so
+    # itself rather than answering from the cell of the finite values around it.
+    g = torch.Generator().manual_seed(3)
+    inputs = _rmsnorm_case(g, 4.0, 64)
+    calm = m.assess(*TRIPLE, inputs=inputs)
+    assert calm.probability["nonfinite"] == 0.0 and not calm.warn
+    inputs["x"][1, 5] = math.nan
+    r = m.assess(*TRIPLE, inputs=inputs)
+    assert r.sketch["nonfinite"] == 1.0
+    assert r.probability["nonfinite"] == 1.0 and r.warn and r.known and r.rule == "nonfinite_input"
+    assert r.probability["precision_loss"] == calm.probability["precision_loss"]  # the rest from the cell
+    s = m.stream("l0.norm", *TRIPLE)
+    assert s.observe(sketch={**sk(4.0, 1.0), "nonfinite": 2.0}, t=0.0).warn
+
+
+def test_huge_sketch_values_are_clamped_and_bad_fractions_refused(m):
+    from optwin.ingest.sketch import FEATURE_CAP
+
+    capped = m.assess(*TRIPLE, sketch=sk(FEATURE_CAP, 1.0))
+    for v in (1e300, 10**300):  # their bins used to overflow (OverflowError) in the matcher and the forecast
+        r = m.assess(*TRIPLE, sketch=sk(v, 1.0))
+        assert r.region == capped.region and r.probability == capped.probability and r.warn
+        assert m.stream("huge", *TRIPLE).observe(sketch=sk(v, 1.0), t=0.0).warn
+    with pytest.raises(SketchError, match="numel must be finite"):
+        m.assess(*TRIPLE, sketch={**sk(1.0, 1.0), "numel": 10**400})
+    soft = {"numel": 64.0, "rows": 2.0, "absmax": 3.0, "rms": 1.0, "nonfinite": 0.0, "n": 32.0, "max": 3.0,
+            "min": -3.0, "max_row_range": 6.0, "masked_rows": 0.0, "masked_frac": 0.0, "peaked_frac": 0.5,
+            "min_row_max": 1.0}
+    m.assess("softmax", "naive", "float16", sketch=soft)
+    with pytest.raises(SketchError, match="peaked_frac must be within"):
+        m.assess("softmax", "naive", "float16", sketch={**soft, "peaked_frac": 5.0})
+    with pytest.raises(SketchError, match="inputs .tensors. or a sketch, not both"):
+        m.assess(*TRIPLE, inputs=_rmsnorm_case(torch.Generator().manual_seed(0), 1.0, 64), sketch=sk(1.0, 1.0))
+
+
+def test_tensors_must_be_in_the_dtype_of_the_call(m):
+    from optwin.errors import InputError
+    from optwin.ingest import sketch as ingest_sketch
+
+    inputs = _rmsnorm_case(torch.Generator().manual_seed(0), 1.0, 64)
+    with pytest.raises(InputError, match="'x' must be float16, got float32"):
+        m.assess(*TRIPLE, inputs={**inputs, "x": inputs["x"].float() * 1e6})  # 1e6: impossible in float16
+    with pytest.raises(InputError, match="'x' must be float16, got int64"):
+        m.stream("s", *TRIPLE).observe(inputs={**inputs, "x": inputs["x"].long()}, t=0.0)
+    # the sketch alone takes any float width (a float32 model), never integers, bools or complex numbers
+    ingest_sketch("rmsnorm", {**inputs, "x": inputs["x"].float()})
+    for bad in (inputs["x"].long(), inputs["x"] > 0, inputs["x"].to(torch.complex64)):
+        with pytest.raises(InputError, match="'x' must be a floating tensor"):
+            ingest_sketch("rmsnorm", {**inputs, "x": bad})
+    with pytest.raises(InputError, match="'positions' must be an integer tensor, got float32"):
+        ingest_sketch("rope", {"x": torch.randn(4, 2, 8).half(), "positions": torch.arange(4.0)})
+
+
+@pytest.mark.parametrize("t", [math.nan, math.inf, "abc", True, None])
+def test_stream_times_must_be_finite_seconds(m, t):
+    from optwin.errors import InputError
+
+    s = m.stream("s", *TRIPLE)
+    s.observe(sketch=sk(1.0, 1.0), t=0.0)
+    if t is None:  # now, by the monotonic clock
+        assert s.observe(sketch=sk(1.0, 1.0)).t > 0.0
+        return
+    with pytest.raises(InputError, match="t must be a finite number of seconds"):
+        s.observe(sketch=sk(1.0, 1.0), t=t)
+    assert s.n_observed == 1
+
+
+def test_a_build_of_some_ops_keeps_the_others_current(db, tmp_path):
+    import shutil
+
+    from optwin.fingerprints.store import open_store
+
+    path = str(tmp_path / "two.duckdb")
+    shutil.copyfile(db, path)
+    first = Matcher.open(path)
+    store = open_store(path, read_only=False)
+    try:  # a second, newer build of rmsnorm native-dtype alone: every cell's probability changed
+        c = store.conn
+        c.execute("INSERT INTO builds SELECT 'rms-only', created_at + INTERVAL 1 HOUR, code_version, twin_version, "
+                  "seed, flags, profile, replays, noise, engine, n_cases, n_replays, duration_s FROM builds")
+        c.execute("INSERT INTO fingerprints SELECT 'rms-only', op, variant, dtype, region, fault_type, n_cases, n_replays,"
+                  " n_replays - n_faults, 1.0 - probability, ci_low, ci_high, severity, feature_lo, feature_hi, "
+                  "n_cases - det_faults FROM fingerprints WHERE op = 'rmsnorm' AND variant = 'native-dtype'")
+        for table in ("cases", "outcomes"):  # and its cases: the held-out ones calibrate it
+            cols = [r[0] for r in c.execute(f"DESCRIBE {table}").fetchall()][1:]
+            c.execute(f"INSERT INTO {table} SELECT 'rms-only', {', '.join(cols)} FROM {table} WHERE case_id IN "
+                      "(SELECT case_id FROM cases WHERE op = 'rmsnorm' AND variant = 'native-dtype')")
+        store.checkpoint()
+    finally:
+        store.close()
+    m2 = Matcher.open(path)
+    assert m2.build_id == "rms-only" and set(m2.index) == set(first.index)
+    assert m2.builds[TRIPLE] == "rms-only"
+    others = [t for t in first.index if t != TRIPLE]
+    assert others and all(m2.builds[t] == first.build_id for t in others)
+    for t in others:  # served as before, not as unbuilt
+        assert m2.index[t].probs == first.index[t].probs
+    region = next(iter(first.index[TRIPLE].probs))
+    assert m2.index[TRIPLE].probs[region] == pytest.approx(tuple(1.0 - p for p in first.index[TRIPLE].probs[region]))
+    assert Matcher.open(path, build_id=first.build_id).index[TRIPLE].probs == first.index[TRIPLE].probs
+    with pytest.raises(DatabaseError, match="no build 'nope'"):
+        Matcher.open(path, build_id="nope")
+    assert m2.calibration()["n_cases"] == first.calibration()["n_cases"]  # each triple's own held-out cases
+

@@ -75,7 +75,7 @@ def test_fingerprints_binned_on_older_region_features_are_refused():
         r["region"] = "|".join(r["region"].split("|")[:3])  # softmax before peaked_frac had 3 features
     from optwin.errors import DatabaseError
 
-    with pytest.raises(DatabaseError, match="softmax on other region features.*optwin build"):
+    with pytest.raises(DatabaseError, match=r"softmax \(build old\) binned on other region features.*optwin build"):
         Matcher.from_rows(rows, build_id="old")
 
 

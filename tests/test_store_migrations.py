@@ -172,3 +172,28 @@ def test_migrate_refuses_a_file_that_is_not_duckdb_and_leaves_it(tmp_path):
     assert ".tmp-" not in str(err.value)
     assert path.read_bytes() == b"not a database, just text\n" * 4
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.duckdb"]  # no copy left behind
+
+
+def test_another_applications_database_is_refused_and_left_as_it_was(tmp_path):
+    import sqlite3
+    import time
+
+    other = str(tmp_path / "orders.duckdb")
+    with duckdb.connect(other) as c:
+        c.execute("CREATE TABLE orders(id INTEGER, total DOUBLE)")
+        c.execute("INSERT INTO orders VALUES (1, 9.5)")
+    for read_only in (True, False):  # read (matcher, sidecar) and write (a build's --out)
+        with pytest.raises(DatabaseError, match="of something else .tables orders., not a fingerprint database") as e:
+            open_store(other, read_only=read_only)
+        assert not isinstance(e.value, SchemaVersionError)  # no "run optwin migrate" advice: it would add our tables
+    with pytest.raises(DatabaseError, match="not a fingerprint database"):
+        migrate_database(other)
+    with duckdb.connect(other, read_only=True) as c:
+        assert [r[0] for r in c.execute("SHOW TABLES").fetchall()] == ["orders"]
+    lite = str(tmp_path / "app.sqlite")
+    with sqlite3.connect(lite) as c:
+        c.execute("CREATE TABLE t(x)")
+    t0 = time.monotonic()
+    with pytest.raises(DatabaseError, match="not a DuckDB file"):  # refused before DuckDB's SQLite scanner (a download)
+        open_store(lite)
+    assert time.monotonic() - t0 < 1.0

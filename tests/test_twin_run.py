@@ -163,9 +163,35 @@ def test_non_finite_where_forbidden() -> None:
     assert one_line(e).startswith("attention") and "'q'" in one_line(e)
 
 
-def test_bad_noise_and_replays() -> None:
+@pytest.mark.parametrize("kwargs,msg", [
+    ({"noise": "gaussian"}, "unknown noise mode 'gaussian'"),
+    ({"noise": None}, "unknown noise mode None"),
+    ({"replays": -1}, "replays must be an int in"),
+    ({"replays": True}, "replays must be an int in"),  # a bool is an int to Python, not a count
+    ({"replays": 2.0}, "replays must be an int in"),
+    ({"seed": None}, "seed must be an int in"),
+    ({"seed": 2**70}, "seed must be an int in"),  # past torch.Generator's range
+])
+def test_bad_noise_replays_and_seed_are_catalog_errors(kwargs, msg) -> None:
+    with pytest.raises(CatalogError, match=f"^matmul: {msg}") as e:
+        twin.run("matmul", "torch", "float16", sample("matmul", "float16"), **kwargs)
+    assert "\n" not in str(e.value)
+
+
+def test_numpy_counts_are_counts() -> None:
+    import numpy as np
+
     inputs = sample("matmul", "float16")
-    with pytest.raises(ValueError, match="^matmul: unknown noise mode"):
-        twin.run("matmul", "torch", "float16", inputs, noise="gaussian")
-    with pytest.raises(ValueError, match="^matmul: replays"):
-        twin.run("matmul", "torch", "float16", inputs, replays=-1)
+    a = twin.run("matmul", "torch", "float16", inputs, noise="stochastic", replays=np.int64(3), seed=np.int32(5))
+    b = twin.run("matmul", "torch", "float16", inputs, noise="stochastic", replays=3, seed=5)
+    assert torch.equal(a.replay_rel_error, b.replay_rel_error)
+
+
+@pytest.mark.parametrize("causal", ["false", 2, 0.5, None])
+def test_causal_must_be_a_flag(causal) -> None:
+    q = torch.randn(1, 1, 4, 8).half()
+    with pytest.raises(CatalogError, match="causal must be true or false"):
+        twin.run("attention", "math", "float16", {"q": q, "k": q, "v": q}, params={"causal": causal})
+    r0 = twin.run("attention", "math", "float16", {"q": q, "k": q, "v": q}, params={"causal": 0})
+    rf = twin.run("attention", "math", "float16", {"q": q, "k": q, "v": q}, params={"causal": False})
+    assert torch.equal(r0.emulated, rf.emulated)

@@ -20,7 +20,7 @@ from typing import Any, Iterable, Sequence
 
 import duckdb
 
-from optwin.errors import DatabaseError, SchemaVersionError
+from optwin.errors import DatabaseError
 from optwin.fingerprints import aggregate, migrations
 from optwin.fingerprints.migrations.v0001_initial import TABLES
 from optwin.fingerprints.store import FingerprintStore, Rows
@@ -51,10 +51,13 @@ class DuckDBStore(FingerprintStore):
         exists = os.path.exists(path)
         if not exists and (read_only or not create):
             raise DatabaseError(f"no fingerprint database at {path}: run `optwin build`")
+        if exists and os.path.isfile(path) and os.path.getsize(path) > 0 and not is_duckdb_file(path):
+            # Checked before DuckDB sees it: ATTACH of a SQLite file would fetch a scanner extension off the network
+            raise DatabaseError(f"{path}: not a DuckDB file, so not a fingerprint database")
         try:
             if read_only:
                 self._conn = duckdb.connect(":memory:")
-                self._conn.execute(f"ATTACH {_lit(path)} AS fp (READ_ONLY)")
+                self._conn.execute(f"ATTACH {_lit(path)} AS fp (TYPE duckdb, READ_ONLY)")
                 self._conn.execute("USE fp")
             else:
                 self._conn = duckdb.connect(path)
@@ -62,12 +65,12 @@ class DuckDBStore(FingerprintStore):
             self.close()
             raise driver_error(e, path, "opening it") from None
         try:
-            if not read_only and migrations.detect_version(self._conn) is None:
+            if not read_only and migrations.detect_version(self._conn, path) is None:
                 self._conn.execute("BEGIN")
                 migrations.upgrade(self._conn, path)
                 self._conn.execute("COMMIT")
             self._version = migrations.check_version(self._conn, path)
-        except SchemaVersionError:
+        except DatabaseError:  # another schema version, or another application's database
             self.close()
             raise
         except duckdb.Error as e:
@@ -130,6 +133,13 @@ class DuckDBStore(FingerprintStore):
     def fingerprints(self, build_id=None, op=None, variant=None, dtype=None, as_arrow=False):
         return self._select("fingerprints", build_id, {"op": op, "variant": variant, "dtype": dtype},
                             "op, variant, dtype, region, fault_type", None, as_arrow)
+
+    def current_fingerprints(self):
+        newest = ("SELECT build_id, op, variant, dtype FROM (SELECT t.*, row_number() OVER (PARTITION BY op, variant, "
+                  "dtype ORDER BY b.created_at DESC, b.build_id DESC) AS k FROM (SELECT DISTINCT build_id, op, variant, "
+                  "dtype FROM fingerprints) t JOIN builds b USING (build_id)) WHERE k = 1")
+        return self._query(f"SELECT f.* FROM fingerprints f JOIN ({newest}) USING (build_id, op, variant, dtype) "
+                           "ORDER BY op, variant, dtype, region, fault_type")
 
     def cases(self, build_id=None, op=None, variant=None, dtype=None, region=None, case_ids=None,
               held_out=None, limit=None, as_arrow=False):
@@ -271,7 +281,7 @@ def migrate_file(path: str) -> tuple[int, int]:
             raise driver_error(e, path, "opening it") from None
         try:
             conn.execute("BEGIN")
-            found = migrations.detect_version(conn)
+            found = migrations.detect_version(conn, path)
             result = migrations.upgrade(conn, path) if found != migrations.SCHEMA_VERSION else (found, found)
             conn.execute("COMMIT")
             conn.execute("CHECKPOINT")

@@ -24,14 +24,15 @@ A stream is one call site (a layer's norm, an attention block) observed over tim
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from optwin.errors import CatalogError, SketchError
-from optwin.fingerprints.matcher import Matcher, Risk, fast_validate_sketch
+from optwin.errors import CatalogError, InputError
+from optwin.fingerprints.matcher import KNOWN_RULES, Matcher, Risk, call_sketch
 from optwin.fingerprints.sampling import Sampler, SamplingConfig
 
 
@@ -122,15 +123,8 @@ class Stream:
     def observe(self, inputs: Mapping[str, Any] | None = None, params: Mapping[str, Any] | None = None,
                 sketch: Mapping[str, Any] | None = None, t: float | None = None) -> StreamRisk:
         """Observe one call (tensors or a sketch) at time t (seconds, monotonic; now by default)."""
-        if sketch is None:
-            if inputs is None:
-                raise SketchError(f"{self.op}: observe needs inputs (tensors) or a sketch")
-            from optwin.ingest.sketch import sketch as compute_sketch
-
-            sk = compute_sketch(self.op, inputs, dict(params or {}))
-        else:
-            sk = fast_validate_sketch(self.op, sketch)
-        return self.observe_valid(sk, time.monotonic() if t is None else float(t))
+        sk = call_sketch(self.op, self.dtype, inputs, params, sketch, "observe")
+        return self.observe_valid(sk, time.monotonic() if t is None else _seconds(t))
 
     def observe_valid(self, sk: dict[str, float], t: float) -> StreamRisk:
         """observe for a validated sketch: the hot path."""
@@ -138,7 +132,7 @@ class Stream:
         thr = m.config.threshold
         coords = ti.coordinates(sk)
         region = tuple([int(c) for c in coords])  # int() truncates toward 0: the signed floor of |c|
-        probs, rule = ti.lookup(region, m.config)
+        probs, rule = ti.answer(region, sk, m.config)
         p = max(probs, default=0.0)
         if self._ts and t < self._ts[-1]:  # clock went backwards (restarted producer): start over
             self._ts.clear()
@@ -176,7 +170,7 @@ class Stream:
         else:
             self._calm = 0
         self.sampler.record(self.warning)
-        r = StreamRisk(self.name, self.warning, dict(zip(ti.fault_types, probs)), rule == "exact", eta, fwarn,
+        r = StreamRisk(self.name, self.warning, dict(zip(ti.fault_types, probs)), rule in KNOWN_RULES, eta, fwarn,
                        raised, t, region, lo, hi, vel)
         self.last = r
         return r
@@ -246,4 +240,16 @@ class Stream:
         return eta, min(lo, eta), (max(hi, eta) if hi is not None else None), vel
 
 
+def _seconds(t: Any) -> float:
+    """A call's time as float seconds; a NaN would never compare as later and stop the history for good."""
+    try:
+        v = float(t)
+    except (TypeError, ValueError, OverflowError):
+        raise InputError(f"observe: t must be a finite number of seconds, got {type(t).__name__} {t!r:.40}") from None
+    if isinstance(t, bool) or not math.isfinite(v):
+        raise InputError(f"observe: t must be a finite number of seconds, got {t!r:.40}")
+    return v
+
+
 __all__ = ["ForecastConfig", "Stream", "StreamRisk", "Risk"]
+

@@ -54,7 +54,7 @@ from optwin.catalog import check_variant_dtype, operator
 from optwin.errors import CatalogError, SketchError
 from optwin.fingerprints.regions import Region, parse_region_key, region_features
 from optwin.fingerprints.regions import _BINNING  # noqa: PLC2701 (same package: the bin grid itself)
-from optwin.ingest.sketch import SIGNED_FEATURES, SKETCH_FEATURES, validate_sketch
+from optwin.ingest.sketch import FEATURE_CAP, SIGNED_FEATURES, SKETCH_FEATURES, validate_sketch
 
 Triple = tuple[str, str, str]
 _log2 = math.log2
@@ -71,6 +71,8 @@ FAULT_DIRECTION: dict[str, int] = {
 # Shapes are not magnitudes: beyond the replayed sizes the sketch is clamped to the largest replayed
 # size (rule 2 applies to magnitudes only; a model wider than the sweep is not a fault by itself).
 SHAPE_FEATURES: frozenset[str] = frozenset({"hidden", "n", "d", "seq_k", "k"})
+# Rules whose answer is known (Risk.known): a replayed cell, or a certainty that needs none
+KNOWN_RULES = ("exact", "nonfinite_input")
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,7 @@ class Risk:
     known: bool  # False when the sketch's region was never replayed (see the module docstring)
     sketch: dict[str, float]
     region: Region
-    rule: str = "exact"  # which rule answered: exact | unbuilt | beyond | near
+    rule: str = "exact"  # which rule answered: exact | nonfinite_input | unbuilt | beyond | near
 
     @property
     def max_probability(self) -> float:
@@ -157,6 +159,16 @@ class TripleIndex:
         if regs:
             self.lo_bin = tuple(min(r[i] for r in regs) for i in range(len(self.features)))
             self.hi_bin = tuple(max(r[i] for r in regs) for i in range(len(self.features)))
+
+    def answer(self, region: Region, sk: Mapping[str, float], cfg: MatcherConfig) -> tuple[tuple[float, ...], str]:
+        """lookup for a sketch, with the one fault no region needs: a non-finite input (NaN or ±inf; softmax's
+        -inf masks are not counted) runs through to the output, so `nonfinite` is certain, rule
+        "nonfinite_input". The builds replay finite inputs only, so no cell says so."""
+        probs, rule = self.lookup(region, cfg)
+        if sk["nonfinite"] > 0.0:
+            j = self.fault_types.index("nonfinite")
+            return probs[:j] + (1.0,) + probs[j + 1:], "nonfinite_input"
+        return probs, rule
 
     def lookup(self, region: Region, cfg: MatcherConfig) -> tuple[tuple[float, ...], str]:
         """(probabilities in fault_types order, rule) for a region, replayed or not. The rule is the
@@ -260,9 +272,10 @@ class Matcher:
     """Fault risk per call and per stream from one build's fingerprints. Thread-safe for reads."""
 
     def __init__(self, index: dict[Triple, TripleIndex], build_id: str = "", config: MatcherConfig | None = None,
-                 path: str | None = None) -> None:
+                 path: str | None = None, builds: dict[Triple, str] | None = None) -> None:
         self.index = index
-        self.build_id = build_id
+        self.build_id = build_id  # the newest build served
+        self.builds = builds or {t: build_id for t in index}  # the build each triple's fingerprints come from
         self.config = config or MatcherConfig()
         self.path = path
 
@@ -270,13 +283,21 @@ class Matcher:
 
     @classmethod
     def open(cls, db: Any, config: MatcherConfig | None = None, build_id: str | None = None) -> "Matcher":
-        """Load the current (or the given) build of a fingerprint database, read-only."""
+        """Load a fingerprint database read-only: each (op, variant, dtype) from the newest build that replayed it
+        (so a build of some ops keeps the others' fingerprints), or every triple of the given build_id."""
         from optwin.fingerprints.store import open_store  # duckdb loads here, never on the hot path
 
         store = open_store(str(db), read_only=True)
         try:
-            bid = build_id or _current_build_id(store)
-            rows = store.fingerprints(bid)
+            bid = _current_build_id(store)
+            if build_id is None:
+                rows = store.current_fingerprints()
+            elif any(str(b["build_id"]) == build_id for b in store.builds()):
+                bid, rows = build_id, store.fingerprints(build_id)
+            else:
+                from optwin.errors import DatabaseError
+
+                raise DatabaseError(f"{db}: no build {build_id!r} (the newest is {bid})")
         finally:
             store.close()
         m = cls.from_rows(rows, build_id=bid, config=config)
@@ -288,17 +309,19 @@ class Matcher:
                   config: MatcherConfig | None = None) -> "Matcher":
         """Build the index from fingerprint rows (the `fingerprints` table's columns, as dicts)."""
         index: dict[Triple, TripleIndex] = {}
+        builds: dict[Triple, str] = {}
         pooled: dict[tuple[Triple, int, Region], list[float]] = {}  # marginal cells: [faults, trials, cases]
-        stale: set[str] = set()  # ops whose rows were binned on other region features
+        stale: set[str] = set()  # ops (and their builds) whose rows were binned on other region features
         det_weight = (config or MatcherConfig()).det_weight
         for row in rows:
             triple = (str(row["op"]), str(row["variant"]), str(row["dtype"]))
             ti = index.get(triple)
             if ti is None:
                 ti = index[triple] = _new_index(triple)
+                builds[triple] = str(row.get("build_id") or build_id)
             region = parse_region_key(str(row["region"]))
             if len(region) != len(ti.features):
-                stale.add(triple[0])  # a region of another binning: not ours to interpret
+                stale.add(f"{triple[0]} (build {builds[triple] or '?'})")  # another binning: not ours to interpret
                 continue
             ft = str(row["fault_type"])
             if ft not in ti.fault_types:
@@ -320,15 +343,15 @@ class Matcher:
             from optwin.errors import DatabaseError
 
             ops = ", ".join(sorted(stale))
-            raise DatabaseError(f"build {build_id or '?'} binned {ops} on other region features than this optwin's "
-                                f"(an older catalog): rebuild with `optwin build`")
+            raise DatabaseError(f"{ops} binned on other region features than this optwin's (an older catalog): "
+                                "rebuild with `optwin build`")
         for (triple, j, sub_region), (faults, trials, n_cases) in pooled.items():
             sub = index[triple].marginals[j][1]
             sub.probs[sub_region] = (faults / trials if trials else 0.0,)
             sub.n_cases[sub_region] = int(n_cases)
         for ti in index.values():
             ti.finish()
-        return cls(index, build_id=build_id, config=config)
+        return cls(index, build_id=build_id, config=config, builds=builds)
 
     # ------------------------------------------------------------------ per call
 
@@ -343,22 +366,15 @@ class Matcher:
                params: Mapping[str, Any] | None = None, sketch: Mapping[str, Any] | None = None) -> Risk:
         """Risk of one call, from its tensors (sketched here) or a precomputed sketch."""
         ti = self.triple_index(op, variant, dtype)
-        if sketch is None:
-            if inputs is None:
-                raise SketchError(f"{op}: assess needs inputs (tensors) or a sketch")
-            from optwin.ingest.sketch import sketch as compute_sketch
-
-            sk = compute_sketch(op, inputs, dict(params or {}))
-        else:
-            sk = fast_validate_sketch(op, sketch)
-        return self.assess_valid(ti, sk)
+        return self.assess_valid(ti, call_sketch(op, dtype, inputs, params, sketch, "assess"))
 
     def assess_valid(self, ti: TripleIndex, sk: dict[str, float]) -> Risk:
         """assess for a sketch already validated: the hot path (dict lookups only)."""
         region = tuple(_bin(f, sk[f]) for f in ti.features)
-        probs, rule = ti.lookup(region, self.config)
+        probs, rule = ti.answer(region, sk, self.config)
         thr = self.config.threshold
-        return Risk(dict(zip(ti.fault_types, probs)), max(probs, default=0.0) >= thr, rule == "exact", sk, region, rule)
+        return Risk(dict(zip(ti.fault_types, probs)), max(probs, default=0.0) >= thr, rule in KNOWN_RULES, sk, region,
+                    rule)
 
     def max_probability_at(self, ti: TripleIndex, region: Region) -> float:
         probs, _ = ti.lookup(region, self.config)
@@ -390,8 +406,9 @@ class Matcher:
         from optwin.fingerprints.store import open_store
 
         store = open_store(self.path, read_only=True)
-        try:
-            rows = store.held_out_cases(self.build_id or None)
+        try:  # each triple's held-out cases from the build its fingerprints come from
+            rows = [r for b in sorted(set(self.builds.values()) or {self.build_id}) for r in store.held_out_cases(b or None)
+                    if self.builds.get((r["op"], r["variant"], r["dtype"]), self.build_id) == b]
         finally:
             store.close()
         return calibration_table(self, (held_out_row(r) for r in rows), bins)
@@ -435,9 +452,6 @@ def calibration_table(m: Matcher, held: Iterable[Mapping[str, Any]], bins: int =
             "per_fault_type": per_type, "reliability": table}
 
 
-_INF = math.inf
-
-
 def fast_validate_sketch(op: str, sketch: Any) -> dict[str, float]:
     """`optwin.ingest.validate_sketch` with a fast path for the common case (a dict of plain floats).
 
@@ -457,14 +471,34 @@ def fast_validate_sketch(op: str, sketch: Any) -> dict[str, float]:
                 v = float(v)
             elif tv is not float:
                 return validate_sketch(op, sketch)
-            if not (0.0 <= v < _INF or (n in SIGNED_FEATURES and -_INF < v < _INF)):
-                return validate_sketch(op, sketch)
+            if not (0.0 <= v <= FEATURE_CAP or (n in SIGNED_FEATURES and -FEATURE_CAP <= v <= FEATURE_CAP)):
+                return validate_sketch(op, sketch)  # NaN, inf, negative or past the cap: refused or clamped there
             out[n] = v
     except (KeyError, OverflowError):
         return validate_sketch(op, sketch)
-    if ("causal" in out and out["causal"] not in (0.0, 1.0)) or ("masked_frac" in out and out["masked_frac"] > 1.0):
+    if (("causal" in out and out["causal"] not in (0.0, 1.0)) or out.get("masked_frac", 0.0) > 1.0
+            or out.get("peaked_frac", 0.0) > 1.0 or out.get("base", 2.0) <= 1.0):
         return validate_sketch(op, sketch)
     return out
+
+
+def call_sketch(op: str, dtype: str, inputs: Mapping[str, Any] | None, params: Mapping[str, Any] | None,
+                sketch: Mapping[str, Any] | None, caller: str) -> dict[str, float]:
+    """The validated sketch of one call, given either its tensors (sketched here, each in the call's dtype as
+    the catalog has it: rope's positions int64) or a precomputed sketch, never both."""
+    if sketch is not None:
+        if inputs is not None:
+            raise SketchError(f"{op}: {caller} takes inputs (tensors) or a sketch, not both")
+        return fast_validate_sketch(op, sketch)
+    if inputs is None:
+        raise SketchError(f"{op}: {caller} needs inputs (tensors) or a sketch")
+    from optwin.ingest.sketch import sketch as compute_sketch
+    from optwin.validation import check_dtypes, check_names
+
+    spec = operator(op)
+    check_names(spec, inputs)
+    check_dtypes(spec, dtype, inputs)
+    return compute_sketch(op, inputs, dict(params or {}))
 
 
 def _bin(feature: str, value: float) -> int:

@@ -51,6 +51,12 @@ class FingerprintStore(abc.ABC):
         Computed over non-held-out cases only; `feature_lo/hi` are JSON texts."""
 
     @abc.abstractmethod
+    def current_fingerprints(self) -> Rows:
+        """What the live matcher serves: every (op, variant, dtype)'s fingerprint rows from the newest build that
+        replayed it (a build of some ops leaves the others' fingerprints current), with their build_id; ordered
+        as `fingerprints`."""
+
+    @abc.abstractmethod
     def cases(self, build_id: str | None = None, op: str | None = None, variant: str | None = None,
               dtype: str | None = None, region: str | None = None, case_ids: Sequence[int] | None = None,
               held_out: bool | None = None, limit: int | None = None, as_arrow: bool = False) -> Rows | Any:

@@ -118,7 +118,7 @@ import torch
 
 from optwin.catalog import DEFAULT_TOLERANCES, operator, resolve_params
 from optwin.errors import SketchError
-from optwin.validation import check_names, check_shapes
+from optwin.validation import check_kinds, check_names, check_shapes
 
 COMMON_FEATURES: tuple[str, ...] = ("numel", "rows", "absmax", "rms", "nonfinite")
 
@@ -140,6 +140,12 @@ SIGNED_FEATURES: frozenset[str] = frozenset({"max", "min", "max_score", "min_row
 
 # Stand-in for +inf in max_mean_over_std (var == 0, mean != 0): the sketch is never inf or NaN.
 RATIO_CAP = 1e30
+# Largest |value| a received sketch keeps; larger finite values are clamped to it. Far beyond every replayed
+# region (float32 tops out at 3.4e38), and small enough that the log binning over the tiny magnitude scale
+# (regions._TINY = 1e-45) stays finite: 1e300 / 1e-45 would overflow to inf and its bin to an OverflowError.
+FEATURE_CAP = 1e200
+# Features that are fractions of rows or elements: within [0, 1].
+FRACTION_FEATURES: frozenset[str] = frozenset({"masked_frac", "peaked_frac"})
 
 _F64 = torch.float64
 
@@ -541,16 +547,19 @@ def sketch_tensor(op: str, inputs: Mapping[str, torch.Tensor], params: dict[str,
     """(feature names, float64 tensor of their values) on the inputs' device, without a host sync.
 
     Raises CatalogError for an unknown op or param, InputError for missing/extra inputs, non-tensors,
-    wrong ndim, empty inputs or disagreeing shapes.
+    wrong ndim, empty inputs, disagreeing shapes, or integer, bool or complex tensors where the op takes
+    floats (and floats where it takes integers).
 
     cache: a WeightCache reused across calls (capture passes one) to memoize weight statistics.
     exact: skip the CPU fast path (tests compare the two).
     """
     spec = operator(op)
-    # Shared checks (optwin.validation): names, tensor types, ndims, cross-input shapes. Dtypes
-    # and values are not errors for a sketch: non-finite values are what `nonfinite` counts.
+    # Shared checks (optwin.validation): names, tensor types, ndims, cross-input shapes, floats where the op takes
+    # floats. The float width and the values are not errors for a sketch: non-finite values are what
+    # `nonfinite` counts.
     check_names(spec, inputs)
     check_shapes(spec, inputs)
+    check_kinds(spec, inputs)
     t = {name: inputs[name].detach() for name in spec.input_names()}  # never build autograd graphs
     p = resolve_params(op, params)
     main = t[_MAIN[op]]
@@ -605,8 +614,9 @@ def validate_sketch(op: str, sketch: Any) -> dict[str, float]:
 
     Required: every feature of SKETCH_FEATURES[op]; each value a finite real number (bool, str,
     None, NaN and ±inf are rejected); every feature except softmax max/min non-negative; causal
-    0 or 1; masked_frac within [0, 1]. Extra keys are ignored (and dropped), so newer producers
-    can send more. Raises SketchError with one line naming the op and the first problem.
+    0 or 1; masked_frac and peaked_frac within [0, 1]; rope's base above 1. Magnitudes beyond
+    FEATURE_CAP are clamped to it. Extra keys are ignored (and dropped), so newer producers can send
+    more. Raises SketchError with one line naming the op and the first problem.
     """
     names = SKETCH_FEATURES[operator(op).name]
     if not isinstance(sketch, Mapping):
@@ -619,14 +629,20 @@ def validate_sketch(op: str, sketch: Any) -> dict[str, float]:
         v = sketch[n]
         if isinstance(v, bool) or not isinstance(v, Real) or type(v).__name__ == "bool_":
             raise SketchError(f"{op}: sketch feature {n} must be a number, got {type(v).__name__} {v!r:.40}")
-        f = float(v)
+        try:
+            f = float(v)
+        except OverflowError:  # an int past float64's range
+            f = math.inf
         if not math.isfinite(f):
-            raise SketchError(f"{op}: sketch feature {n} must be finite, got {f}")
+            raise SketchError(f"{op}: sketch feature {n} must be finite, got {v!r:.40}")
         if f < 0 and n not in SIGNED_FEATURES:
             raise SketchError(f"{op}: sketch feature {n} must be >= 0, got {f}")
-        out[n] = f
+        out[n] = max(-FEATURE_CAP, min(f, FEATURE_CAP))
     if "causal" in out and out["causal"] not in (0.0, 1.0):
         raise SketchError(f"{op}: sketch feature causal must be 0 or 1, got {out['causal']}")
-    if "masked_frac" in out and out["masked_frac"] > 1.0:
-        raise SketchError(f"{op}: sketch feature masked_frac must be within [0, 1], got {out['masked_frac']}")
+    for n in FRACTION_FEATURES.intersection(out):
+        if out[n] > 1.0:
+            raise SketchError(f"{op}: sketch feature {n} must be within [0, 1], got {out[n]}")
+    if op == "rope" and out["base"] <= 1.0:
+        raise SketchError(f"{op}: sketch feature base must be > 1, got {out['base']}")
     return out

@@ -16,12 +16,14 @@ and exposes:
 from __future__ import annotations
 
 import importlib
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import torch
 
 from optwin.catalog import Tolerances, resolve_params
+from optwin.errors import CatalogError
 from optwin.twin.faults import fault_flags, relative_error
 from optwin.twin.numerics import NOISE_MODES, Numerics
 from optwin.validation import validate
@@ -73,14 +75,25 @@ def references(op: str, inputs64: Mapping[str, torch.Tensor], params: Mapping[st
     return mod.reference(inputs64, params), prob
 
 
+# Noisy replays of one input held at once (replays x the input's float64 size): past this, replay in batches
+MAX_REPLAYS = 1_000_000
+
+
+def _count(name: str, op: str, v: Any, lo: int, hi: int) -> int:
+    """An int argument within [lo, hi] (numpy integers too; bools and floats are refused), or CatalogError."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not lo <= int(v) <= hi:
+        raise CatalogError(f"{op}: {name} must be an int in [{lo}, {hi}], got {v!r:.40}")
+    return int(v)
+
+
 def run(op: str, variant: str, dtype: str, inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any] | None = None,
         noise: str = "none", replays: int = 0, seed: int = 0, tolerances: Tolerances | None = None,
         keep_replays: bool = False) -> TwinResult:
     """Run one input through the twin of (op, variant, dtype): reference, emulation, noisy replays."""
-    if noise not in NOISE_MODES:
-        raise ValueError(f"{op}: unknown noise mode {noise!r}; expected one of {', '.join(NOISE_MODES)}")
-    if not isinstance(replays, int) or replays < 0:
-        raise ValueError(f"{op}: replays must be a non-negative int, got {replays!r}")
+    if not isinstance(noise, str) or noise not in NOISE_MODES:
+        raise CatalogError(f"{op}: unknown noise mode {noise!r:.40}; expected one of {', '.join(NOISE_MODES)}")
+    replays = _count("replays", op, replays, 0, MAX_REPLAYS)
+    seed = _count("seed", op, seed, 0, 2**63 - 1)  # torch.Generator's seed range
     validate(op, variant, dtype, inputs)
     p = resolve_params(op, dict(params or {}))
     x = to_float64(inputs)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from optwin.errors import SchemaVersionError
+from optwin.errors import DatabaseError, SchemaVersionError
 from optwin.fingerprints.migrations import v0001_initial, v0002_det_faults
 
 MIGRATIONS: list[tuple[int, Callable[[Any], None]]] = [
@@ -30,8 +30,9 @@ def _tables(conn: Any) -> set[str]:
     return {r[0] for r in rows}
 
 
-def detect_version(conn: Any) -> int | None:
-    """The schema version of the open database: None when empty, 0 for the pre-versioned layout."""
+def detect_version(conn: Any, path: str = "database") -> int | None:
+    """The schema version of the open database: None when empty, 0 for the pre-versioned layout;
+    DatabaseError when it holds tables but none of ours."""
     tables = _tables(conn)
     if "schema_meta" in tables:
         # fetchall, not fetchone: an unfinished result blocks the connection's next query (duckdb 2)
@@ -44,7 +45,12 @@ def detect_version(conn: Any) -> int | None:
         except (TypeError, ValueError):
             raise SchemaVersionError(f"fingerprint database has an unreadable schema version {row[0]!r}: "
                                      "rebuild it with `optwin build`") from None
-    return 0 if tables & set(_FINGERPRINT_TABLES) else None
+    if tables & set(_FINGERPRINT_TABLES):
+        return 0
+    if tables:  # another application's database: never "migrate" (that would add our tables among its own)
+        names = ", ".join(sorted(tables)[:3]) + (", ..." if len(tables) > 3 else "")
+        raise DatabaseError(f"{path}: a DuckDB database of something else (tables {names}), not a fingerprint database")
+    return None
 
 
 def version_message(path: str, found: int) -> str:
@@ -57,7 +63,7 @@ def version_message(path: str, found: int) -> str:
 
 def check_version(conn: Any, path: str) -> int:
     """The version, or SchemaVersionError unless it is exactly SCHEMA_VERSION."""
-    found = detect_version(conn)
+    found = detect_version(conn, path)
     if found is None:
         found = 0
     if found != SCHEMA_VERSION:
@@ -71,7 +77,7 @@ def upgrade(conn: Any, path: str = "database") -> tuple[int, int]:
     The caller runs this inside a transaction (or on a copy it swaps in), so a failure leaves the
     database at its old version.
     """
-    start = detect_version(conn)
+    start = detect_version(conn, path)
     current = 0 if start is None else start
     if current > SCHEMA_VERSION:
         raise SchemaVersionError(version_message(path, current))
