@@ -3,7 +3,8 @@
     python -c "from optwin.fingerprints import Matcher; m = Matcher.open('fingerprints.duckdb'); \
 print(m.assess('rmsnorm', 'native-dtype', 'float16', sketch={...}))"
 
-`Matcher.open(db)` reads the current build's fingerprints once, through the store interface
+`Matcher.open(db)` reads the current fingerprints once (each (op, variant, dtype) from the newest build that
+replayed it: `optwin build --ops rope` renews rope's and keeps the rest), through the store interface
 (optwin.fingerprints.store; duckdb is imported there and only at open time), into plain dicts:
 (op, variant, dtype) -> region tuple -> probabilities per fault type. `assess` is then pure Python:
 validate the sketch, bin it (optwin.fingerprints.regions, the same code the builder binned with),
@@ -14,6 +15,10 @@ Threshold. `warn` fires when some fault type's probability reaches `MatcherConfi
 under ordinary run-to-run variation (reduction order, kernel choice), and a missed NaN costs far
 more than a spurious warning. `Matcher.calibration()` shows how far the probabilities can be
 trusted at that level (Brier score and a reliability table on the build's held-out cases).
+
+A sketch that counts non-finite inputs (NaN, ±inf; softmax's -inf masks are not counted) has `nonfinite` at
+probability 1 whatever its cell says (rule "nonfinite_input", `known=True`): such an input runs through to the
+output, and the builds replay finite inputs only.
 
 Sketches outside what was replayed (`known=False`): the conservative rule
   0. the build never replayed the (op, variant, dtype) at all: `MatcherConfig.unbuilt_prior` (0.0:
