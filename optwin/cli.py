@@ -3,8 +3,8 @@
     optwin --help
 
 Each command's implementation lives next to its subsystem (`optwin/<subpackage>/cli.py`); this module
-only registers them. Every `OptwinError` becomes one line `error: ...` and exit code 2, never a
-traceback.
+only registers them. Every `OptwinError`, usage error or OS refusal (a busy port, an unwritable path)
+becomes one line `error: ...` and exit code 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -13,6 +13,11 @@ import importlib
 import sys
 
 import typer
+
+try:  # typer 0.2x carries its own copy of click; its exceptions are those
+    from typer._click.exceptions import NoArgsIsHelpError, UsageError
+except ImportError:  # older typer runs on click itself
+    from click.exceptions import NoArgsIsHelpError, UsageError
 
 from optwin.errors import OptwinError
 
@@ -40,11 +45,35 @@ for _name, (_module, _func) in COMMANDS.items():
 
 
 def main(argv: list[str] | None = None) -> None:
+    run_app(app, argv)
+
+
+def run_app(typer_app: typer.Typer, argv: list[str] | None = None) -> None:
+    """Run one command of `typer_app` and exit. Bad input of any kind (our own checks, click's usage errors, a
+    path or address the OS refuses) is one line `error: ...` and exit code 2; Ctrl-C is exit code 130."""
     try:
-        app(args=argv, standalone_mode=True)
-    except OptwinError as e:
-        typer.echo(f"error: {e}", err=True)
-        sys.exit(2)
+        rc = typer_app(args=argv, standalone_mode=False)
+    except NoArgsIsHelpError as e:  # `optwin` alone, or a group without its command: the help
+        typer.echo(e.ctx.get_help() if e.ctx else str(e))
+        sys.exit(0)
+    except UsageError as e:
+        where = f" (see `{e.ctx.command_path} --help`)" if e.ctx is not None else ""
+        _fail(f"{_one_line(e.format_message())}{where}")
+    except (OptwinError, OSError) as e:
+        _fail(_one_line(str(e)) or type(e).__name__)
+    except (typer.Abort, KeyboardInterrupt):
+        typer.echo("interrupted", err=True)
+        sys.exit(130)
+    sys.exit(rc if isinstance(rc, int) else 0)
+
+
+def _one_line(msg: str) -> str:
+    return " ".join(msg.split())
+
+
+def _fail(msg: str) -> None:
+    typer.echo(f"error: {msg}", err=True)
+    sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -88,3 +88,104 @@ def test_full_disk_is_one_line_and_leaves_no_database(tmp_path):
     err = r.stderr.strip().splitlines()
     assert err[-1].startswith("error:") and "disk full" in err[-1] and "--resume" in err[-1], r.stderr
     assert not out.exists() and not [p for p in os.listdir(tmp_path) if ".tmp-" in p]
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["build", "--replays", "abc"], "error: Invalid value for '--replays'"),
+    (["build", "--workers", "0", "--ops", "geodesic"], "error: --replays must be >= 0, --cases and --workers >= 1"),
+    (["build", "--ops", "geodesic", "--cases", "2", "--out", "/proc/optwin.duckdb"], "error: "),  # the OS refuses
+    (["migrate"], "error: Missing argument 'db'"),
+    (["bogus"], "error: No such command 'bogus'"),
+])
+def test_usage_errors_and_refused_paths_are_one_error_line(tmp_path, args, msg):
+    r = _cli(args)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    err = r.stderr.strip()
+    assert err.splitlines() == [err] and err.startswith(msg), r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_a_second_build_of_the_same_database_is_refused_and_touches_nothing(tmp_path):
+    from optwin.fingerprints.build_lock import build_lock
+
+    out = str(tmp_path / "fp.duckdb")
+    work = tmp_path / "fp.duckdb.work"
+    work.mkdir()
+    (work / "theirs").write_text("a running build's shard")
+    with build_lock(out):  # the first build, still running
+        r = _cli(["build", "--ops", "geodesic", "--cases", "2", "--out", out])
+        assert r.returncode == 2 and f"another build (pid {os.getpid()}) is writing it" in r.stderr, r.stderr
+        assert (work / "theirs").exists()  # the second build cleared nothing
+    assert not os.path.exists(out + ".lock")
+    with build_lock(out):  # released: the next one takes it
+        pass
+
+
+def _children(pid: int) -> set[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return {int(p) for p in out.split()}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _wait(cond, timeout_s: float) -> bool:
+    import time
+
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.1)
+    return cond()
+
+
+def test_pool_workers_exit_when_their_builder_is_killed(tmp_path):
+    # kill -9 reaches no shutdown code: the workers must notice on their own that their parent is gone
+    code = ("import os, time, multiprocessing as mp\n"
+            "from concurrent.futures import ProcessPoolExecutor\n"
+            "from optwin.fingerprints.engines import _init_worker\n"
+            "if __name__ == '__main__':\n"
+            "    ex = ProcessPoolExecutor(2, mp_context=mp.get_context('spawn'), initializer=_init_worker,\n"
+            "                             initargs=(os.getpid(),))\n"
+            "    [f.result() for f in [ex.submit(time.sleep, 0.01) for _ in range(4)]]\n"
+            "    print('ready', flush=True)\n"
+            "    time.sleep(600)\n")
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        workers = _children(p.pid)
+        assert len(workers) >= 2, workers  # the pool's workers (and spawn's resource tracker)
+        p.kill()
+        p.wait(10)
+        assert _wait(lambda: not any(_alive(w) for w in workers), 10.0), [w for w in workers if _alive(w)]
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
+def test_sigterm_stops_a_build_like_ctrl_c(tmp_path):
+    out = str(tmp_path / "fp.duckdb")
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.Popen([sys.executable, "-m", "optwin.fingerprints.cli", "build", "--ops", "layernorm", "--cases",
+                          "64", "--workers", "2", "--out", out], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        assert _wait(lambda: len(_children(p.pid)) >= 2 or p.poll() is not None, 120.0)
+        assert p.poll() is None, p.communicate()
+        workers = _children(p.pid)
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130, err
+    assert "interrupted:" in err and "--resume" in err
+    assert _wait(lambda: not any(_alive(w) for w in workers), 10.0)
+    assert not os.path.exists(out) and not os.path.exists(out + ".lock")

@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 from optwin.catalog import DEFAULT_TOLERANCES, Tolerances, all_triples, operator
 from optwin.errors import DatabaseError, OptwinError, ProfileError
+from optwin.fingerprints.build_lock import build_lock
 from optwin.fingerprints.shards import ShardSpec, shard_path, stable_hash, summary_path
 
 MANIFEST_VERSION = 1
@@ -89,7 +90,7 @@ class BuildConfig:
 
     @property
     def n_workers(self) -> int:
-        return self.workers or os.cpu_count() or 1
+        return (os.cpu_count() or 1) if self.workers is None else self.workers
 
     @property
     def work_dir(self) -> str:
@@ -256,13 +257,21 @@ def build(cfg: BuildConfig, on_start: Callable[[int, int], None] | None = None,
           on_shard: Callable[[dict[str, Any]], None] | None = None) -> BuildResult:
     """Run a whole build (see the module docstring). Callbacks feed the progress display:
     on_start(total_shards, already_done), on_shard(summary)."""
+    t0 = time.perf_counter()
+    check_inputs(cfg)  # fail fast: bad options, profile, or a database of another schema version
+    os.makedirs(os.path.dirname(os.path.abspath(cfg.out)), exist_ok=True)
+    with build_lock(cfg.out):
+        return _build_locked(cfg, t0, on_start, on_shard)
+
+
+def _build_locked(cfg: BuildConfig, t0: float, on_start: Callable[[int, int], None] | None,
+                  on_shard: Callable[[dict[str, Any]], None] | None) -> BuildResult:
+    """build's steps, with the database's build lock held."""
     from optwin.fingerprints.duckdb_store import copy_for_write, is_disk_full
     from optwin.fingerprints.engines import run_shards
     from optwin.fingerprints.store import open_store
     from optwin.twin import TWIN_VERSION
 
-    t0 = time.perf_counter()
-    check_inputs(cfg)  # fail fast: bad options, profile, or a database of another schema version
     specs = plan_shards(cfg)
     tmp = f"{cfg.out}.tmp-{os.getpid()}"
     try:

@@ -7,7 +7,7 @@ Imports only typer at import time; the builder, rich, duckdb and torch load insi
 
 from __future__ import annotations
 
-import sys
+import signal
 from typing import List, Optional
 
 import typer
@@ -38,10 +38,22 @@ def build_command(
                       address=address, quick=quick, resume=resume, seed=seed, workers=workers)
     check_inputs(cfg)  # one `error:` line before any progress output
     console = Console(stderr=True)
-    with BuildProgress(console) as progress:
-        result = build(cfg, on_start=progress.start, on_shard=progress.advance)
+    saved = signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's SIGTERM takes Ctrl-C's path: workers stop too
+    try:
+        with BuildProgress(console) as progress:
+            result = build(cfg, on_start=progress.start, on_shard=progress.advance)
+    except KeyboardInterrupt:
+        console.print(f"interrupted: {cfg.out} is as it was; finished shards stay in {cfg.work_dir}, and the same "
+                      "command with --resume continues from them")
+        raise typer.Exit(130) from None
+    finally:
+        signal.signal(signal.SIGTERM, saved)
     stdout = Console()
     print_summary(stdout if stdout.is_terminal else Console(width=160), result)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def migrate_command(db: str = typer.Argument(..., help="Fingerprint database to upgrade in place.")) -> None:
@@ -57,16 +69,12 @@ def migrate_command(db: str = typer.Argument(..., help="Fingerprint database to 
 
 def _standalone() -> None:
     """`python -m optwin.fingerprints.cli build ...`: the same commands outside the main CLI."""
-    from optwin.errors import OptwinError
+    from optwin.cli import run_app
 
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     app.command("build")(build_command)
     app.command("migrate")(migrate_command)
-    try:
-        app(standalone_mode=True)
-    except OptwinError as e:
-        typer.echo(f"error: {e}", err=True)
-        sys.exit(2)
+    run_app(app)
 
 
 if __name__ == "__main__":

@@ -21,10 +21,23 @@ OnDone = Callable[[dict[str, Any]], None]
 ENGINES = ("local", "ray")
 
 
-def _init_worker() -> None:
+def _init_worker(parent: int) -> None:
+    import threading
+
     import torch
 
     torch.set_num_threads(1)
+    threading.Thread(target=_exit_with_parent, args=(parent,), name="optwin-parent-watch", daemon=True).start()
+
+
+def _exit_with_parent(parent: int, every_s: float = 1.0) -> None:
+    """A pool worker outlives a builder killed with SIGKILL (no shutdown reaches it) and would go on writing
+    shards for nobody: once its parent is gone (it is re-parented), it exits."""
+    import time
+
+    while os.getppid() == parent:
+        time.sleep(every_s)
+    os._exit(1)
 
 
 def run_local(specs: Sequence[ShardSpec], work_dir: str, workers: int, on_done: OnDone) -> None:
@@ -33,7 +46,7 @@ def run_local(specs: Sequence[ShardSpec], work_dir: str, workers: int, on_done: 
         return
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=max(1, min(workers, len(specs))), mp_context=ctx,
-                             initializer=_init_worker) as ex:
+                             initializer=_init_worker, initargs=(os.getpid(),)) as ex:
         pending = {ex.submit(run_shard, s.to_dict(), work_dir) for s in specs}
         try:
             while pending:
