@@ -60,8 +60,8 @@ def served(tmp_path_factory: pytest.TempPathFactory):
     log = open(tmp_path_factory.mktemp("log") / "dashboard.log", "w+")
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     # own session: the command starts streamlit as its child, and we stop the whole group we started
-    proc = subprocess.Popen([sys.executable, "-m", "optwin.dashboard.cli", "--db", str(db), "--port", str(port),
-                             "--address", "127.0.0.1"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen([sys.executable, "-m", "optwin.dashboard.cli", "--db", str(db), "--port", str(port)],
+                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -121,3 +121,24 @@ def test_operator_explorer_renders_in_chromium(served) -> None:
     url, _ = served
     text = _render(url + "/Operator_explorer", "Fault probability over two features")
     assert "P(fault), pooled" in text and "Boundary" in text and "Variants of rmsnorm compared" in text
+
+
+def _listening(port: int) -> set[str]:
+    """The local addresses (hex, as /proc/net/tcp* has them) that listen on `port`."""
+    out = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                addr, _, p = local.partition(":")
+                if state == "0A" and int(p, 16) == port:
+                    out.add(addr)
+    return out
+
+
+def test_the_dashboard_listens_on_loopback_only_by_default(served):
+    # it has no login: like the sidecar, it stays off the network unless told otherwise (--address)
+    url, _ = served
+    port = int(url.rsplit(":", 1)[1])
+    assert _listening(port) == {"0100007F"}  # 127.0.0.1
+

@@ -256,3 +256,81 @@ def test_drifting_stream_over_http_warns_with_lead_time(server):
     code, data = http.request("GET", "/v1/warnings?since=0")
     ws = [w for w in json.loads(data) if w["stream"] == "drift-http"]
     assert len(ws) == 1 and ws[0]["reason"] == "forecast" and ws[0]["eta_s"] > 0
+
+
+def test_a_unix_address_replaces_only_a_stale_socket(db, tmp_path):
+    precious = tmp_path / "precious.txt"
+    precious.write_text("not ours")
+    with pytest.raises(ListenError, match="exists and is not a socket"):
+        SidecarThread(db, listen=f"unix://{precious}").start()
+    assert precious.read_text() == "not ours"
+    path = str(tmp_path / "sc.sock")
+    with SidecarThread(db, listen=f"unix://{path}") as first:
+        inode = os.stat(path).st_ino
+        with pytest.raises(ListenError, match="another server is listening there"):
+            SidecarThread(db, listen=f"unix://{path}").start()
+        assert os.stat(path).st_ino == inode and HTTP(first.url).request("GET", "/healthz")[0] == 200
+    if not os.path.exists(path):  # a killed sidecar's socket: bound, nobody listens
+        stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        stale.bind(path)
+        stale.close()
+    assert os.path.exists(path)
+    with SidecarThread(db, listen=f"unix://{path}") as again:
+        assert HTTP(again.url).request("GET", "/healthz")[0] == 200
+
+
+def test_a_batch_larger_than_the_rate_is_served_when_the_bucket_is_full(db):
+    with SidecarThread(db, config=SidecarConfig(max_records_per_s=100, max_lag_s=60.0)) as sc:
+        http = HTTP(sc.url)
+        big = json.dumps([rec("b")] * 256).encode()  # the client's batch, over a second's worth
+        assert http.request("POST", "/v1/observe", big)[0] == 200
+        assert http.request("POST", "/v1/observe", big)[0] == 503  # in debt: the rate still holds
+        time.sleep(1.2)
+        assert http.request("POST", "/v1/observe", json.dumps([rec("b")] * 10).encode())[0] == 503
+        time.sleep(1.5)  # 2.56 s after the first: paid off, and the bucket full again
+        assert http.request("POST", "/v1/observe", big)[0] == 200
+
+
+def test_auth_scheme_is_case_insensitive_and_405_says_allow(db):
+    with SidecarThread(db, listen="tcp://127.0.0.1:0", token="s3cret") as sc:
+        http = HTTP(sc.url)
+        http.headers["Authorization"] = "bearer s3cret"
+        assert http.request("GET", "/healthz")[0] == 200
+        http.headers["Authorization"] = "Basic s3cret"
+        assert http.request("GET", "/healthz")[0] == 401
+        http.headers["Authorization"] = "Bearer s3cret"
+        code, body = http.request("DELETE", "/healthz")
+        assert code == 405 and "use GET" in json.loads(body)["error"]
+        with socket.create_connection((sc.sidecar.address.host, sc.sidecar.address.port)) as s:
+            s.sendall(b"GET /v1/observe HTTP/1.1\r\nAuthorization: Bearer s3cret\r\nConnection: close\r\n\r\n")
+            reply = b""
+            while chunk := s.recv(4096):
+                reply += chunk
+        assert reply.startswith(b"HTTP/1.1 405") and b"\r\nAllow: POST\r\n" in reply
+        with socket.create_connection((sc.sidecar.address.host, sc.sidecar.address.port)) as s:
+            s.sendall(b"POST /v1/observe HTTP/1.1\r\nContent-Length: 99999999999\r\n\r\n")
+            assert s.recv(4096).startswith(b"HTTP/1.1 413")
+        text = http.request("GET", "/metrics")[1].decode()
+        assert 'code="413"' in text  # answers written before a route was known are counted too
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--max-records-per-s", "-5"], "error: --max-records-per-s must be > 0"),
+    (["--log-level", "bogus"], "error: --log-level must be one of"),
+    (["--listen", "tcp://127.0.0.1:{busy}"], "error: "),  # the OS refuses a taken port: one line, not a traceback
+])
+def test_serve_refuses_bad_options_in_one_line(db, args, msg):
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        argv = [a.format(busy=busy.getsockname()[1]) for a in args]
+        r = subprocess.run([sys.executable, "-m", "optwin.fingerprints.serve_cli", "--db", db, *argv], env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(msg) and "Traceback" not in r.stderr, r.stderr

@@ -37,7 +37,9 @@ def dashboard_command(
     db: str = typer.Option(..., "--db", help="Fingerprint database (from `optwin build`)."),
     sidecar: Optional[str] = typer.Option(None, "--sidecar", help="URL of a running `optwin serve` for the Live page."),
     port: Optional[int] = typer.Option(None, "--port", help="Port to serve on (default: Streamlit's, 8501)."),
-    address: Optional[str] = typer.Option(None, "--address", help="Address to listen on (default: Streamlit's)."),
+    address: str = typer.Option("127.0.0.1", "--address",
+                                help="Address to listen on (default loopback, as the sidecar's; the dashboard has no "
+                                     "login, so 0.0.0.0 shows the database to the whole network)."),
 ) -> None:
     """Serve the Streamlit exploration dashboard of a fingerprint database (headless; open the URL it prints)."""
     from optwin.dashboard.data import open_data
@@ -57,13 +59,11 @@ def dashboard_command(
 
 def _standalone() -> None:
     """`python -m optwin.dashboard.cli --db DB ...`: the same command outside the main CLI."""
-    from optwin.errors import OptwinError
+    from optwin.cli import run_app
 
-    try:
-        typer.run(dashboard_command)
-    except OptwinError as e:
-        typer.echo(f"error: {e}", err=True)
-        sys.exit(2)
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.command()(dashboard_command)
+    run_app(app)
 
 
 if __name__ == "__main__":

@@ -29,8 +29,14 @@ def serve_command(
 
     from optwin.fingerprints.sidecar import SidecarConfig, parse_listen, serve
 
-    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    from optwin.errors import InputError
+
+    level = logging.getLevelName(log_level.upper())
+    if not isinstance(level, int):
+        raise InputError(f"--log-level must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL; got {log_level!r}")
+    if max_records_per_s is not None and not max_records_per_s > 0:
+        raise InputError(f"--max-records-per-s must be > 0, got {max_records_per_s}")
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     parse_listen(listen)  # a bad address fails before the database loads
     cfg = SidecarConfig(max_records_per_s=max_records_per_s)
     typer.echo(f"optwin serve: loading {db}", err=True)
@@ -38,24 +44,12 @@ def serve_command(
 
 
 def _standalone() -> None:
-    from optwin.errors import OptwinError
+    """`python -m optwin.fingerprints.serve_cli --db DB ...`: the same command outside the main CLI."""
+    from optwin.cli import run_app
 
-    app = typer.Typer(add_completion=False)
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     app.command()(serve_command)
-    try:
-        app(standalone_mode=False)
-    except OptwinError as e:
-        typer.echo(f"error: {e}", err=True)
-        sys.exit(2)
-    except (typer.Abort, KeyboardInterrupt):
-        sys.exit(130)
-    except Exception as e:  # click usage errors
-        import click
-
-        if isinstance(e, click.ClickException):
-            e.show()
-            sys.exit(e.exit_code)
-        raise
+    run_app(app)
 
 
 if __name__ == "__main__":

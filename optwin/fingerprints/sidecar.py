@@ -36,6 +36,8 @@ import json
 import logging
 import math
 import os
+import socket
+import stat
 import threading
 import time
 from collections import deque
@@ -253,14 +255,17 @@ class SidecarState:
         return [w for w in self.warnings if w["seq"] > since]
 
     def take_tokens(self, n: int) -> bool:
-        """Token bucket for max_records_per_s (always True without a cap)."""
+        """Token bucket for max_records_per_s, a second's worth deep (always True without a cap). A batch larger
+        than the bucket is taken when the bucket is full and leaves it in debt, so the rate still holds on average
+        (a batch of 256, the client's, under a cap of 100 a second: one batch every 2.56 s), where refusing every
+        batch larger than the bucket would refuse it for ever."""
         cap = self.cfg.max_records_per_s
         if not cap:
             return True
         tokens, last = self._bucket
         now = time.monotonic()
         tokens = min(cap, tokens + (now - last) * cap)
-        if tokens < n:
+        if tokens < min(n, cap):
             self._bucket = (tokens, now)
             return False
         self._bucket = (tokens - n, now)
@@ -356,6 +361,30 @@ def _file_sig(path: str) -> tuple[int, int, int] | None:
     return (st.st_ino, st.st_mtime_ns, st.st_size)
 
 
+def _clear_stale_socket(path: str) -> None:
+    """Remove what a killed sidecar left at a unix address, and nothing else: another file there is refused (it
+    would be lost), and so is a socket that something still answers on (a running sidecar would lose its address
+    without knowing it)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise ListenError(f"{path} exists and is not a socket: refusing to replace it")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(path)
+    except (ConnectionRefusedError, FileNotFoundError):
+        os.remove(path)  # nobody listens: a stale socket
+        return
+    except OSError as e:
+        raise ListenError(f"{path}: cannot tell whether a server listens there ({e})") from None
+    finally:
+        probe.close()
+    raise ListenError(f"{path}: another server is listening there (another sidecar?)")
+
+
 class Sidecar:
     """The asyncio HTTP server around a SidecarState."""
 
@@ -364,7 +393,7 @@ class Sidecar:
             raise ListenError(f"refusing to listen on non-loopback address {address} without --token")
         self.state = state
         self.address = address
-        self._token = f"Bearer {token}".encode() if token else None
+        self._token = token.encode() if token else None
         self.lag_s = 0.0
         self._server: asyncio.base_events.Server | None = None
         self._tasks: list[asyncio.Task] = []
@@ -376,8 +405,7 @@ class Sidecar:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         if self.address.kind == "unix":
-            if os.path.exists(self.address.path):
-                os.remove(self.address.path)  # a stale socket from a killed sidecar
+            _clear_stale_socket(self.address.path)
             self._server = await asyncio.start_unix_server(self._client, path=self.address.path, limit=1 << 16)
         else:
             self._server = await asyncio.start_server(self._client, self.address.host, self.address.port,
@@ -441,6 +469,7 @@ class Sidecar:
                     return
                 except asyncio.LimitOverrunError:
                     await self._send(writer, 431, b'{"error": "request head too large"}', close=True)
+                    self.state.metrics.request("other", 431, 0.0)
                     return
                 t0 = time.perf_counter()
                 try:
@@ -474,31 +503,29 @@ class Sidecar:
                 k, _, v = ln.partition(":")
                 headers[k.strip().lower()] = v.strip()
         except ValueError:
-            await self._send(writer, 400, b'{"error": "malformed request line"}', close=True)
-            return False
+            return await self._reply(writer, "other", 400, b'{"error": "malformed request line"}', False, t0)
         keep = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
+        path, _, query = target.partition("?")
         if "transfer-encoding" in headers:
-            await self._send(writer, 411, b'{"error": "send a Content-Length body"}', close=True)
-            return False
+            return await self._reply(writer, path, 411, b'{"error": "send a Content-Length body"}', False, t0)
         try:
             length = int(headers.get("content-length", "0"))
             if length < 0:
                 raise ValueError
         except ValueError:
-            await self._send(writer, 400, b'{"error": "bad Content-Length"}', close=True)
-            return False
+            return await self._reply(writer, path, 400, b'{"error": "bad Content-Length"}', False, t0)
         if length > st.cfg.max_body:
-            await self._send(writer, 413, b'{"error": "body too large"}', close=True)
-            return False
+            return await self._reply(writer, path, 413, b'{"error": "body too large"}', False, t0)
         body = await reader.readexactly(length) if length else b""
-        path, _, query = target.partition("?")
         if self._token is not None:
-            got = headers.get("authorization", "").encode("latin-1")
-            if not hmac.compare_digest(got, self._token):
+            scheme, _, cred = headers.get("authorization", "").partition(" ")
+            # the scheme name is case-insensitive (RFC 7235); the token is compared in constant time
+            if scheme.lower() != "bearer" or not hmac.compare_digest(cred.strip().encode("latin-1"), self._token):
                 return await self._reply(writer, path, 401, b'{"error": "missing or wrong bearer token"}', keep, t0)
         if path == "/v1/observe":
             if method != "POST":
-                return await self._reply(writer, path, 405, b'{"error": "use POST"}', keep, t0)
+                return await self._reply(writer, path, 405, b'{"error": "method not allowed: use POST"}', keep, t0,
+                                         extra=b"Allow: POST\r\n")
             if self.lag_s > st.cfg.max_lag_s:
                 st.metrics.overloaded += 1
                 return await self._reply(writer, path, 503, b'{"error": "overloaded, retry later"}', keep, t0)
@@ -516,8 +543,10 @@ class Sidecar:
             out = _dumps(st.observe_payload(payload))
             return await self._reply(writer, path, 200, out, keep, t0)
         if method != "GET":
-            return await self._reply(writer, path, 405 if path in ("/v1/warnings", "/metrics", "/healthz") else 404,
-                                     b'{"error": "not found"}', keep, t0)
+            if path in ("/v1/warnings", "/metrics", "/healthz"):
+                return await self._reply(writer, path, 405, b'{"error": "method not allowed: use GET"}', keep, t0,
+                                         extra=b"Allow: GET\r\n")
+            return await self._reply(writer, path, 404, b'{"error": "not found"}', keep, t0)
         if path == "/v1/warnings":
             try:
                 since = int(parse_qs(query).get("since", ["0"])[0])
@@ -533,17 +562,17 @@ class Sidecar:
         return await self._reply(writer, "other", 404, b'{"error": "not found"}', keep, t0)
 
     async def _reply(self, writer: asyncio.StreamWriter, path: str, code: int, body: bytes, keep: bool, t0: float,
-                     ctype: bytes = b"application/json") -> bool:
-        await self._send(writer, code, body, close=not keep, ctype=ctype)
+                     ctype: bytes = b"application/json", extra: bytes = b"") -> bool:
+        await self._send(writer, code, body, close=not keep, ctype=ctype, extra=extra)
         self.state.metrics.request(path if path in ("/v1/observe", "/v1/warnings", "/metrics", "/healthz") else "other",
                                    code, time.perf_counter() - t0)
         return keep
 
     @staticmethod
     async def _send(writer: asyncio.StreamWriter, code: int, body: bytes, close: bool = False,
-                    ctype: bytes = b"application/json") -> None:
-        head = (b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s\r\n"
-                % (code, _REASONS.get(code, "Error").encode(), ctype, len(body),
+                    ctype: bytes = b"application/json", extra: bytes = b"") -> None:
+        head = (b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s%s\r\n"
+                % (code, _REASONS.get(code, "Error").encode(), ctype, len(body), extra,
                    b"Connection: close\r\n" if close else b""))
         writer.write(head + body)
         if writer.transport.get_write_buffer_size() > 1 << 20:

@@ -80,10 +80,13 @@ def validate_command(
         raise CatalogError("--db is required to score (only --collect-only runs without it)")
     if forecast not in ("default", "eager", "steady"):
         raise CatalogError(f"unknown forecast preset {forecast!r}; expected one of default, eager, steady")
-    if db is not None and collect_only is None and not Path(db).exists():
-        from optwin.errors import DatabaseError
+    if db is not None and collect_only is None:
+        from optwin.fingerprints.store import open_store
 
-        raise DatabaseError(f"no fingerprint database at {db}: run `optwin build`")
+        open_store(str(db), read_only=True).close()  # missing, foreign or stale: refused before the device run
+    for out in (json_out, collect_only):  # an unwritable output would lose the whole run at its end
+        if out is not None and not os.access(Path(out).resolve().parent, os.W_OK):
+            raise CatalogError(f"cannot write {out}: its directory is missing or not writable")
 
     if labels is not None:
         from optwin.validate.score import read_collected
