@@ -212,6 +212,8 @@ def test_tensors_must_be_in_the_dtype_of_the_call(m):
             ingest_sketch("rmsnorm", {**inputs, "x": bad})
     with pytest.raises(InputError, match="'positions' must be an integer tensor, got float32"):
         ingest_sketch("rope", {"x": torch.randn(4, 2, 8).half(), "positions": torch.arange(4.0)})
+    with pytest.raises(InputError, match="'x' is on the meta device"):
+        ingest_sketch("rmsnorm", {**inputs, "x": inputs["x"].to("meta")})
 
 
 @pytest.mark.parametrize("t", [math.nan, math.inf, "abc", True, None])
