@@ -62,6 +62,31 @@ def test_overview_numbers_match_sql(db: Path) -> None:
     assert metrics(at)["Cases"] == str(cases1) != str(cases)
 
 
+def test_overview_shows_what_the_matcher_serves_after_a_build_of_some_ops(tmp_path: Path) -> None:
+    import duckdb
+
+    path = make_db(tmp_path / "fp.duckdb")
+    op, variant, dtype = direct(path, "SELECT op, variant, dtype FROM fingerprints WHERE build_id = 'build-2' "
+                                      "ORDER BY 1, 2, 3 LIMIT 1")[0]
+    with duckdb.connect(str(path)) as c:  # build-2 as a build of the other triples only
+        for table in ("fingerprints", "representatives"):
+            c.execute(f"DELETE FROM {table} WHERE build_id = 'build-2' AND op = ? AND variant = ? AND dtype = ?",
+                      [op, variant, dtype])
+    plain = app(make_db(tmp_path / "one.duckdb"))  # every triple from the newest build: nothing to say
+    assert "What the matcher serves" not in [h.value for h in plain.subheader]
+    at = app(path)
+    assert "What the matcher serves" in [h.value for h in at.subheader]
+    served = next(d.value for d in at.dataframe if "n_regions" in d.value.columns)
+    row = served[(served["op"] == op) & (served["variant"] == variant) & (served["dtype"] == dtype)]
+    assert list(row["build_id"]) == ["build-1"]
+    assert set(served["build_id"]) == {"build-1", "build-2"}
+    from optwin.fingerprints.matcher import Matcher
+
+    m = Matcher.open(path)  # the page says what the matcher does
+    assert {t: b for t, b in m.builds.items()} == {
+        (r.op, r.variant, r.dtype): r.build_id for r in served.itertuples()}
+
+
 def test_operator_explorer_pooled_probability_and_boundary(db: Path) -> None:
     at = app(db, "pages/2_Operator_explorer.py")
     for key in ("ex_op", "ex_variant", "ex_dtype", "ex_fault", "ex_fx", "ex_fy", "ex_curve"):

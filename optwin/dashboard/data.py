@@ -124,6 +124,18 @@ class DashboardData:
         with self._lock:
             return self._store.latest_build_id()
 
+    def served(self) -> pd.DataFrame:
+        """What the live matcher serves: per (op, variant, dtype), the newest build that replayed it and its
+        regions (a build of some ops keeps the other ops' older fingerprints current)."""
+        with self._lock:
+            rows = self._store.current_fingerprints()
+        cols = ["op", "variant", "dtype", "build_id", "n_regions"]
+        if not rows:
+            return pd.DataFrame(columns=cols)
+        df = pd.DataFrame.from_records(rows)
+        g = df.groupby(["op", "variant", "dtype", "build_id"], as_index=False, sort=True).agg(n_regions=("region", "nunique"))
+        return g[cols]
+
     # --- overview -----------------------------------------------------------------------------
 
     def _cases_outcomes(self, build: str) -> pd.DataFrame:

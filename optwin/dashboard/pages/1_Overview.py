@@ -34,6 +34,13 @@ with st.expander(f"Flags of build {ctx.build}"):
     except (TypeError, json.JSONDecodeError):
         st.code(str(row["flags"]))
 
+served = ctx.q("served")
+if served["build_id"].nunique() > 1:  # a build of some ops left others' older fingerprints current
+    st.subheader("What the matcher serves")
+    st.caption("Each (op, variant, dtype) from the newest build that replayed it: the live matcher and the sidecar "
+               "answer from these fingerprints, whichever build is picked here.")
+    st.dataframe(served, hide_index=True, key="ov_served")
+
 st.subheader("Operators covered")
 ops = ctx.q("ops_covered", ctx.build)
 st.dataframe(ops, hide_index=True, key="ov_ops")
