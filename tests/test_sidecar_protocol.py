@@ -151,6 +151,10 @@ def test_fuzzed_malformed_records_are_answered_in_place(server, records):
 def test_token_required_off_loopback_and_enforced(db):
     with pytest.raises(ListenError, match="without --token"):
         SidecarThread(db, listen="tcp://0.0.0.0:0")
+    with pytest.raises(ListenError, match=r"address tcp://\[::\]:0 without --token"):  # IPv6 as it was written
+        SidecarThread(db, listen="tcp://[::]:0")
+    for a in ("tcp://[::1]:8765", "tcp://127.0.0.1:0", "unix:///tmp/s.sock"):
+        assert str(parse_listen(a)) == a
     with SidecarThread(db, listen="tcp://127.0.0.1:0", token="s3cret") as sc:
         assert HTTP(sc.url).request("GET", "/healthz")[0] == 401
         assert HTTP(sc.url, token="wrong").request("GET", "/healthz")[0] == 401

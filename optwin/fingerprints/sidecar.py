@@ -107,7 +107,10 @@ class Address:
     path: str = ""
 
     def __str__(self) -> str:
-        return f"unix://{self.path}" if self.kind == "unix" else f"tcp://{self.host}:{self.port}"
+        if self.kind == "unix":
+            return f"unix://{self.path}"
+        host = f"[{self.host}]" if ":" in self.host else self.host  # IPv6: what parse_listen reads back
+        return f"tcp://{host}:{self.port}"
 
     @property
     def loopback(self) -> bool:
