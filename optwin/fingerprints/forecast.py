@@ -124,7 +124,11 @@ class Stream:
                 sketch: Mapping[str, Any] | None = None, t: float | None = None) -> StreamRisk:
         """Observe one call (tensors or a sketch) at time t (seconds, monotonic; now by default)."""
         sk = call_sketch(self.op, self.dtype, inputs, params, sketch, "observe")
-        return self.observe_valid(sk, time.monotonic() if t is None else _seconds(t))
+        if t is None:
+            t = time.monotonic()
+        elif type(t) is not float or not -math.inf < t < math.inf:  # the common case costs two compares
+            t = _seconds(t)
+        return self.observe_valid(sk, t)
 
     def observe_valid(self, sk: dict[str, float], t: float) -> StreamRisk:
         """observe for a validated sketch: the hot path."""

@@ -481,10 +481,15 @@ def fast_validate_sketch(op: str, sketch: Any) -> dict[str, float]:
             out[n] = v
     except (KeyError, OverflowError):
         return validate_sketch(op, sketch)
-    if (("causal" in out and out["causal"] not in (0.0, 1.0)) or out.get("masked_frac", 0.0) > 1.0
-            or out.get("peaked_frac", 0.0) > 1.0 or out.get("base", 2.0) <= 1.0):
+    if op in _RANGED and (("causal" in out and out["causal"] not in (0.0, 1.0)) or out.get("masked_frac", 0.0) > 1.0
+                          or out.get("peaked_frac", 0.0) > 1.0 or out.get("base", 2.0) <= 1.0):
         return validate_sketch(op, sketch)
     return out
+
+
+# ops whose sketch has a feature with a range of its own (validate_sketch's flag, fractions and rope's base)
+_RANGED = frozenset(op for op, names in SKETCH_FEATURES.items()
+                    if {"causal", "masked_frac", "peaked_frac", "base"} & set(names))
 
 
 def call_sketch(op: str, dtype: str, inputs: Mapping[str, Any] | None, params: Mapping[str, Any] | None,
@@ -498,11 +503,10 @@ def call_sketch(op: str, dtype: str, inputs: Mapping[str, Any] | None, params: M
     if inputs is None:
         raise SketchError(f"{op}: {caller} needs inputs (tensors) or a sketch")
     from optwin.ingest.sketch import sketch as compute_sketch
-    from optwin.validation import check_dtypes, check_names
+    from optwin.validation import check_dtypes
 
-    spec = operator(op)
-    check_names(spec, inputs)
-    check_dtypes(spec, dtype, inputs)
+    if isinstance(inputs, Mapping):  # anything else: the sketch's own check_names says what it wants
+        check_dtypes(operator(op), dtype, inputs, present_only=True)
     return compute_sketch(op, inputs, dict(params or {}))
 
 
