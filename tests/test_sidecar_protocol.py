@@ -338,3 +338,17 @@ def test_serve_refuses_bad_options_in_one_line(db, args, msg):
     assert r.returncode == 2, r.stderr
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith(msg) and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_stalled_request_is_closed_after_the_request_timeout(db):
+    with SidecarThread(db, config=SidecarConfig(max_lag_s=60.0, request_timeout_s=0.5)) as sc:
+        addr = (sc.sidecar.address.host, sc.sidecar.address.port)
+        for partial in (b"GET /healthz HTTP/1.1\r\nHost: x\r\n",  # half a head
+                        b"POST /v1/observe HTTP/1.1\r\nContent-Length: 100\r\n\r\n{\"stream\""):  # half a body
+            with socket.create_connection(addr) as s:
+                s.sendall(partial)
+                s.settimeout(5.0)
+                t0 = time.monotonic()
+                assert s.recv(4096) == b""  # closed by the server, without an answer
+                assert 0.4 < time.monotonic() - t0 < 4.0
+        assert HTTP(sc.url).request("GET", "/healthz")[0] == 200  # the server itself goes on

@@ -97,6 +97,10 @@ class SidecarConfig:
     max_records_per_s: float | None = None  # optional hard cap (token bucket)
     reload_poll_s: float = 0.5
     warnings_kept: int = 10000  # for /v1/warnings
+    # A connection must deliver each request (head and body) within this many seconds of the previous answer, or
+    # it is closed: a client that sends half a head and stalls would otherwise hold its connection for ever. Idle
+    # keep-alive connections close after it too (nginx keeps 75 s); SidecarClient reconnects on its next batch.
+    request_timeout_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -467,8 +471,8 @@ class Sidecar:
         try:
             while True:
                 try:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                except asyncio.IncompleteReadError:
+                    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.state.cfg.request_timeout_s)
+                except (asyncio.IncompleteReadError, asyncio.TimeoutError):
                     return
                 except asyncio.LimitOverrunError:
                     await self._send(writer, 431, b'{"error": "request head too large"}', close=True)
@@ -519,7 +523,10 @@ class Sidecar:
             return await self._reply(writer, path, 400, b'{"error": "bad Content-Length"}', False, t0)
         if length > st.cfg.max_body:
             return await self._reply(writer, path, 413, b'{"error": "body too large"}', False, t0)
-        body = await reader.readexactly(length) if length else b""
+        try:
+            body = await asyncio.wait_for(reader.readexactly(length), st.cfg.request_timeout_s) if length else b""
+        except asyncio.TimeoutError:
+            return False
         if self._token is not None:
             scheme, _, cred = headers.get("authorization", "").partition(" ")
             # the scheme name is case-insensitive (RFC 7235); the token is compared in constant time
