@@ -9,6 +9,16 @@ Like Liger-Kernel's model patches: RMSNorm modules (any class named *RMSNorm wit
 undone by the returned handle (`handle.undo()`, or use it as a context manager). `handle.calls`
 counts kernel launches per op, so a caller can see that the swap took effect.
 
+Only what computes Llama's maths is swapped, checked when patching: an *RMSNorm module or a LayerNorm subclass
+must give what the kernel computes on a float32 probe (GemmaRMSNorm's x * (1 + w) does not, and keeps its own
+forward); a modeling module's apply_rotary_pos_emb must rotate a probe as rotate_half does (interleaved or
+sectioned rotaries keep theirs); its eager_attention_forward must have Llama's signature (Gemma2's softcap, or
+sinks, keep theirs). The kernels have no backward: a call that needs gradients (grad enabled and an input or
+weight that requires grad) runs the model's own code, so run inference under torch.no_grad() or
+torch.inference_mode() to use them. Module globals are shared by every model of that modeling module: while a
+patch holds, other models of the same family run the kernels too. A module or global already patched by a live
+handle is left to it (a second patch of one model is empty), so undoing in any order restores the original.
+
 The kernels launch without their sketch unless a monitor is running (optwin.kernels.sketch_sink):
 then each call asks it whether to sketch (its per-stream sampling) and hands it the fused buffer,
 and the monitor computes no sketch of its own for the call. `handle.sketched` counts those launches.
@@ -56,6 +66,105 @@ class Patch:
         self.undo()
 
 
+# (id of the patched object, attribute) of every swap a live handle holds: a second patch leaves them alone
+_HELD: set[tuple[int, str]] = set()
+
+
+def _hold(handle: Patch, obj: object, name: str) -> bool:
+    """Claim obj.name for `handle` until its undo; False when another live handle holds it."""
+    key = (id(obj), name)
+    if key in _HELD:
+        return False
+    _HELD.add(key)
+    handle._undo.append(lambda: _HELD.discard(key))
+    return True
+
+
+def _needs_grad(*tensors: Any) -> bool:
+    """The kernels have no backward: a call that autograd would record runs the model's own code."""
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
+def _rms_reference(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """What the rmsnorm kernel computes (float32 inside), in torch: the probe's yardstick."""
+    h = x.float()
+    return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
+
+
+def _computes(original: Callable[[], Any], reference: Callable[[], Any], rtol: float = 1e-3) -> bool:
+    """Whether a module or function gives the kernel's maths on a probe (any error: it does not)."""
+    try:
+        with torch.no_grad():
+            got, want = original(), reference()
+            pairs = list(zip(got, want)) if isinstance(want, tuple) else [(got, want)]
+            return all(torch.allclose(g.float(), r.float(), rtol=rtol, atol=rtol) for g, r in pairs)
+    except Exception:  # noqa: BLE001  another signature, shape rule or dtype rule: not ours to replace
+        return False
+
+
+def _rms_eps(m: nn.Module) -> float | None:
+    """The module's epsilon; None where it takes the input dtype's (torch.nn.RMSNorm(eps=None))."""
+    eps = getattr(m, "variance_epsilon", getattr(m, "eps", 1e-6))
+    return None if eps is None else float(eps)
+
+
+def _rmsnorm_like(m: nn.Module) -> bool:
+    w = getattr(m, "weight", None)
+    if not (type(m).__name__.endswith("RMSNorm") and isinstance(w, torch.Tensor) and w.ndim == 1 and w.numel() > 0):
+        return False
+    x = torch.randn(3, w.numel(), generator=torch.Generator().manual_seed(0)).to(w.device)  # (3, hidden) float32
+    eps = _rms_eps(m)
+    return _computes(lambda: type(m).forward(m, x),
+                     lambda: _rms_reference(x, w, torch.finfo(torch.float32).eps if eps is None else eps))
+
+
+def _layernorm_like(m: nn.Module) -> bool:
+    if not (isinstance(m, nn.LayerNorm) and m.weight is not None and len(m.normalized_shape) == 1):
+        return False
+    if type(m).forward is nn.LayerNorm.forward:
+        return True
+    x = torch.randn(3, m.normalized_shape[0], generator=torch.Generator().manual_seed(0)).to(m.weight.device)
+    return _computes(lambda: type(m).forward(m, x),
+                     lambda: nn.functional.layer_norm(x, m.normalized_shape, m.weight.float(),
+                                                      None if m.bias is None else m.bias.float(), m.eps))
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _rotary_like(fn: Callable[..., Any]) -> bool:
+    """fn(q, k, cos, sin) rotates as HF Llama's apply_rotary_pos_emb on (B, H, S, D) with (B, S, D) tables. A
+    monitor's or capture's wrapper is probed through (__wrapped__): the probe must not be recorded as a call."""
+    import inspect
+
+    fn = inspect.unwrap(fn)
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 2, 3, 8, generator=g), torch.randn(1, 2, 3, 8, generator=g)  # (B, H, S, D)
+    ang = torch.rand(1, 3, 4, generator=g) * 6.0
+    cos, sin = torch.cat((ang, ang), -1).cos(), torch.cat((ang, ang), -1).sin()  # (B, S, D)
+    c, s_ = cos[:, None], sin[:, None]
+    return _computes(lambda: tuple(fn(q, k, cos, sin)),
+                     lambda: (q * c + _rotate_half(q) * s_, k * c + _rotate_half(k) * s_))
+
+
+# Llama's eager_attention_forward (transformers 5.x): a function with more parameters (Gemma2's softcap) computes
+# more than the replacement does
+_EAGER_PARAMS = ("module", "query", "key", "value", "attention_mask", "scaling", "dropout", "kwargs")
+# keyword arguments that change the maths when set (attention sinks, logit soft-capping)
+_EAGER_UNSUPPORTED = ("softcap", "sinks", "s_aux", "attn_logit_softcapping")
+
+
+def _eager_like(fn: Callable[..., Any]) -> bool:
+    import inspect
+
+    try:
+        return tuple(inspect.signature(fn).parameters) == _EAGER_PARAMS
+    except (TypeError, ValueError):
+        return False
+
+
 def _set_forward(handle: Patch, module: nn.Module, fwd: Callable[..., Any]) -> None:
     had = "forward" in module.__dict__
     old = module.__dict__.get("forward")
@@ -98,12 +207,14 @@ def _launch(handle: Patch, op: str, dtype: torch.dtype, run: Callable[[bool], tu
 
 
 def _rmsnorm_forward(handle: Patch, m: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
-    eps = float(getattr(m, "variance_epsilon", getattr(m, "eps", 1e-6)))
+    eps_set = _rms_eps(m)
 
     def forward(hidden_states: torch.Tensor) -> torch.Tensor:
-        if hidden_states.dtype not in DTYPES:  # float64 models keep their own code (the kernels are fp32 inside)
-            return type(m).forward(m, hidden_states)
         w = m.weight
+        # float64 models keep their own code (the kernels are fp32 inside), and so do calls that need gradients
+        if hidden_states.dtype not in DTYPES or _needs_grad(hidden_states, w):
+            return type(m).forward(m, hidden_states)
+        eps = torch.finfo(hidden_states.dtype).eps if eps_set is None else eps_set  # torch.nn.RMSNorm's default
         y = _launch(handle, "rmsnorm", hidden_states.dtype,
                     lambda sk: rmsnorm(hidden_states, w.to(hidden_states.dtype), eps, sketch=sk))
         return y.to(torch.promote_types(hidden_states.dtype, w.dtype))  # HF: weight * h.to(input dtype)
@@ -113,7 +224,7 @@ def _rmsnorm_forward(handle: Patch, m: nn.Module) -> Callable[[torch.Tensor], to
 
 def _layernorm_forward(handle: Patch, m: nn.LayerNorm) -> Callable[[torch.Tensor], torch.Tensor]:
     def forward(x: torch.Tensor) -> torch.Tensor:
-        if x.dtype not in DTYPES:
+        if x.dtype not in DTYPES or _needs_grad(x, m.weight, m.bias):
             return type(m).forward(m, x)
         bias = m.bias.to(x.dtype) if m.bias is not None else None  # nn.LayerNorm(bias=False)
         # defer: where the launch runs a program per row (hidden sizes of the Welford launch), its finisher runs
@@ -128,7 +239,8 @@ def _rotary(handle: Patch, original: Callable[..., Any]) -> Callable[..., Any]:
     def apply_rotary_pos_emb(q, k, cos, sin, *args: Any, **kwargs: Any):  # HF signature
         unsqueeze_dim = kwargs.get("unsqueeze_dim", args[-1] if args else 1)
         if (unsqueeze_dim != 1 or cos.ndim != 3 or q.ndim != 4 or q.dtype not in DTYPES
-                or cos.shape[-1] != q.shape[-1]):  # not the kernel's (partial rotary: the model's own code)
+                or cos.shape[-1] != q.shape[-1]  # not the kernel's (partial rotary: the model's own code)
+                or _needs_grad(q, k, cos, sin)):
             return original(q, k, cos, sin, *args, **kwargs)
         # variant: HF's tables are fp32 angles cast to dtype, rope's fault driver; only the final
         # combine differs (fp32, one rounding, where HF rounds each product): fp32-angles, as capture names it
@@ -146,7 +258,8 @@ def _eager_attention(handle: Patch, mod: ModuleType) -> Callable[..., Any]:
     original = mod.eager_attention_forward
 
     def eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-        if query.dtype not in DTYPES:
+        if (query.dtype not in DTYPES or _needs_grad(query, key, value)
+                or any(kwargs.get(k) is not None for k in _EAGER_UNSUPPORTED)):
             return original(module, query, key, value, attention_mask, scaling, dropout=dropout, **kwargs)
         key_states = repeat_kv(key, module.num_key_value_groups)  # (B, H, S, D)
         value_states = repeat_kv(value, module.num_key_value_groups)  # (B, H, S, D)
@@ -175,13 +288,16 @@ def patch(model: nn.Module, rmsnorm: bool = True, layernorm: bool = True, softma
         mod = sys.modules.get(type(m).__module__)
         if mod is not None and mod.__name__.startswith("transformers.models."):
             modeling[mod.__name__] = mod
-        if rmsnorm and type(m).__name__.endswith("RMSNorm") and isinstance(getattr(m, "weight", None), torch.Tensor):
+        if rmsnorm and _rmsnorm_like(m) and _hold(handle, m, "forward"):
             _set_fused(handle, m, "rmsnorm", _rmsnorm_forward(handle, m))
-        elif layernorm and isinstance(m, nn.LayerNorm) and m.weight is not None and len(m.normalized_shape) == 1:
+        elif layernorm and _layernorm_like(m) and _hold(handle, m, "forward"):
             _set_fused(handle, m, "layernorm", _layernorm_forward(handle, m))
     for mod in modeling.values():
-        if rope and callable(getattr(mod, "apply_rotary_pos_emb", None)):
-            _set_global(handle, mod, "apply_rotary_pos_emb", _rotary(handle, mod.apply_rotary_pos_emb))
-        if softmax and callable(getattr(mod, "eager_attention_forward", None)) and hasattr(mod, "repeat_kv"):
+        fn = getattr(mod, "apply_rotary_pos_emb", None)
+        if rope and callable(fn) and _rotary_like(fn) and _hold(handle, mod, "apply_rotary_pos_emb"):
+            _set_global(handle, mod, "apply_rotary_pos_emb", _rotary(handle, fn))
+        fn = getattr(mod, "eager_attention_forward", None)
+        if (softmax and callable(fn) and hasattr(mod, "repeat_kv") and _eager_like(fn)
+                and _hold(handle, mod, "eager_attention_forward")):
             _set_global(handle, mod, "eager_attention_forward", _eager_attention(handle, mod))
     return handle
