@@ -91,3 +91,17 @@ def test_layernorm_defer_falls_back_where_the_launch_has_no_records():
     assert _same(read_sketch("layernorm", buf, x.shape), read_sketch("layernorm", layernorm(x, w, b)[1], x.shape))
     with pytest.raises(InputError, match="defer makes its own sketch buffer"):
         _layernorm_launch(x, w, b, torch.empty_like(x), new_buffer("layernorm", "cpu"), 1e-5, defer=True)
+
+
+def test_a_held_buffer_is_not_reused_and_later_pages_go_on(monkeypatch):
+    """A caller that keeps one call's buffer keeps its block out of reuse; the blocks after it are reused
+    around it (found by identity: a block holds tensors, which have no truth value to compare by)."""
+    monkeypatch.setattr(deferred, "PAGE_CALLS", 4)  # pages of 4 calls: several settles in a few calls
+    w, b = _params("held", nan=False)
+    x0 = _rows(1, "held-0", flagged=False)
+    _, kept = layernorm(x0, w, b, defer=True)
+    want = _in_launch(x0, w, b)[1]
+    for i in range(1, 6 * 4 + 1):  # six pages: blocks retire and come back while `kept` holds its own
+        _, buf = layernorm(_rows(1, f"held-{i}", flagged=False), w, b, defer=True)
+    assert _same(read_sketch("layernorm", kept, x0.shape), want)
+    assert read_sketch("layernorm", buf, (1, N))["numel"] == N

@@ -103,7 +103,7 @@ def _most_refs(views: list[torch.Tensor]) -> int:
     return max(sys.getrefcount(v) for v in views)
 
 
-@dataclass
+@dataclass(eq=False)  # identity: a block holds tensors, and retired blocks are found and removed by identity
 class Block:
     """A batch's features (float64 (calls_cap, features)) and its per-call buffers (the rows, made once), with
     the storage's use count and the buffers' reference count while only the page holds them."""
