@@ -143,9 +143,12 @@ _cap.own_frames(_MonitorInterceptor.run, _MonitorRecorder.record, _MonitorRecord
 
 
 def _in_float32(func: Callable, args: tuple, kwargs: dict) -> Any:
-    """Run func with its float16/bfloat16 tensors upcast; cast the output back to their dtype."""
+    """Run func with its float16/bfloat16 tensors upcast; cast the output back to their dtype, or to the dtype
+    the call asked for (softmax(x, dtype=torch.float32) keeps its float32 output)."""
     low = next((a.dtype for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor) and a.dtype in _LOW),
                None)
+    if isinstance(kwargs.get("dtype"), torch.dtype):
+        low = kwargs["dtype"]
     up = lambda a: a.float() if isinstance(a, torch.Tensor) and a.dtype in _LOW else a  # noqa: E731
     out = func(*[up(a) for a in args], **{k: up(v) for k, v in kwargs.items()})
     if low is None:
@@ -177,6 +180,11 @@ class Monitor:
             if op not in CATALOG:
                 raise CatalogError(f"variants: unknown operator {op!r}")
             CATALOG[op].variant(v)
+        for op in ops or ():
+            if op not in CATALOG:  # a misspelt op would watch nothing, silently
+                raise CatalogError(f"ops: unknown operator {op!r}; expected some of {', '.join(CATALOG)}")
+        if not isinstance(sampling, (str, SamplingConfig)):
+            raise CatalogError(f"sampling must be a preset name or a SamplingConfig, got {type(sampling).__name__}")
         self.model = model
         self.policy = policy
         self.variants = dict(variants or {})
@@ -214,6 +222,8 @@ class Monitor:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> "Monitor":
+        if self._interceptor is not None:  # a second start would drop the first one's hooks, never to be removed
+            raise CatalogError("this monitor is already running: stop() it first, or start another Monitor")
         rec = self._rec = _MonitorRecorder(self)
         if self.model is not None:
             self._handles = _cap._install_module_hooks(rec, self.model, {})

@@ -217,6 +217,35 @@ def test_bad_arguments_are_one_line_errors(db):
         om.monitor(Block(), sidecar="tcp://127.0.0.1:9", policy="raise")
     with pytest.raises(CatalogError, match="db=PATH"):
         om.monitor(Block())
+    with pytest.raises(CatalogError, match="ops: unknown operator 'softmx'"):  # would watch nothing
+        om.monitor(Block(), db=db, ops=("softmx",))
+    with pytest.raises(CatalogError, match="sampling must be a preset name or a SamplingConfig"):
+        om.monitor(Block(), db=db, sampling=5)
+    from optwin.ingest import capture
+
+    with pytest.raises(CatalogError, match="ops: unknown operator 'softmx'"):
+        with capture(Block(), ops=["softmx"]):
+            pass
+
+
+def test_a_running_monitor_is_not_started_twice(db):
+    softmax = torch.nn.functional.softmax
+    mon = om.monitor(Block(), db=db)
+    with mon:
+        with pytest.raises(CatalogError, match="already running"):
+            mon.start()
+        assert torch.nn.functional.softmax is not softmax  # the first start's wrapper, still in place
+    assert torch.nn.functional.softmax is softmax  # and removed with it
+    with mon:  # stopped: it may start again
+        pass
+    assert torch.nn.functional.softmax is softmax
+
+
+def test_fallback_keeps_the_dtype_the_call_asked_for():
+    x = torch.randn(3, 8).half()
+    f = torch.nn.functional.softmax
+    assert om._in_float32(lambda *a, **k: f(*a, **k), (x, -1), {"dtype": torch.float32}).dtype == torch.float32
+    assert om._in_float32(lambda *a, **k: f(*a, **k), (x, -1), {}).dtype == torch.float16
 
 
 def test_optwin_monitor_is_callable_and_ingest_capture_still_the_function():

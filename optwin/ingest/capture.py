@@ -63,6 +63,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from optwin.catalog import CATALOG
+from optwin.errors import CatalogError
 from optwin.ingest import intercept
 from optwin.ingest.intercept import Target
 from optwin.ingest.sketch import SKETCH_FEATURES, WeightCache, sketch_tensor
@@ -616,6 +618,9 @@ def capture(model: nn.Module | None = None, *, sample_rate: float = 0.0, capacit
         raise ValueError(f"sample_rate must be within [0, 1], got {sample_rate}")
     if capacity < 0:
         raise ValueError(f"capacity must be >= 0, got {capacity}")
+    for op in ops or ():
+        if op not in CATALOG:  # a misspelt op would record nothing, silently
+            raise CatalogError(f"ops: unknown operator {op!r}; expected some of {', '.join(CATALOG)}")
     rec = Recorder(CaptureSettings(sample_rate, capacity, seed, tuple(ops) if ops is not None else None))
     handles = _install_module_hooks(rec, model, dict(module_variants or {})) if model is not None else []
     undo = _patch_transformers(rec)
