@@ -86,3 +86,15 @@ def test_patch_takes_bias_free_layernorm_and_leaves_float64_alone():
             got64 = net64(x64)
         assert h64.calls == {}  # float64 runs the modules' own code: the kernels compute in float32
         assert torch.equal(got64, ref64)
+
+
+@pytest.mark.parametrize("positions,base,x_shape,msg", [
+    (torch.arange(4.0) + 0.5, 1e4, (4, 2, 8), "positions must be an integer tensor"),  # truncated before
+    (torch.arange(4) > 1, 1e4, (4, 2, 8), "positions must be an integer tensor"),
+    (torch.arange(4), 0.5, (4, 2, 8), "base must be a finite number > 1"),  # NaN angles before
+    (torch.arange(4), float("nan"), (4, 2, 8), "base must be a finite number > 1"),
+    (torch.arange(4), 1e4, (4, 0, 8), "needs heads"),  # ZeroDivisionError before
+])
+def test_rope_refuses_what_it_would_compute_wrong(positions, base, x_shape, msg):
+    with pytest.raises(InputError, match=msg):
+        rope(torch.randn(*x_shape), positions, base)

@@ -36,6 +36,7 @@ sketch a few scalar atomics per program and the feature vector.
 
 from __future__ import annotations
 
+import math
 import struct
 
 import torch
@@ -248,6 +249,8 @@ def _check_4d(x: torch.Tensor) -> None:
 
 
 def _check_tile(x: torch.Tensor) -> None:
+    if x.shape[2] == 0 or x.shape[3] % 2:  # no heads; or no half to rotate against the other
+        raise InputError(f"rope: x needs heads and an even head dim, got (batch, seq, heads, d) {tuple(x.shape)}")
     if next_pow2(x.shape[2]) * next_pow2(x.shape[3]) > MAX_BLOCK:
         raise InputError(f"rope: heads*d = {x.shape[2] * x.shape[3]} exceeds the single-program limit {MAX_BLOCK}")
 
@@ -364,6 +367,10 @@ def rope(
     check_rows("rope", x)
     if x.ndim != 3 or positions.shape != x.shape[:1]:
         raise InputError(f"rope: x must be (seq, heads, d) and positions (seq,); got {tuple(x.shape)}, {tuple(positions.shape)}")
+    if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
+        raise InputError(f"rope: positions must be an integer tensor, got {positions.dtype}")  # not truncated
+    if not (isinstance(base, (int, float)) and math.isfinite(base) and base > 1):
+        raise InputError(f"rope: base must be a finite number > 1, got {base!r}")
     x4 = x.unsqueeze(0)  # (1, seq, heads, d)
     if x4.stride(-1) != 1:
         x4 = x4.contiguous()
