@@ -103,3 +103,16 @@ def test_sampling_is_deterministic_and_casts(profiles: dict[str, Path]) -> None:
     assert all(c.inputs["positions"].dtype == torch.int64 and c.inputs["x"].dtype == torch.bfloat16 for c in r)
     with pytest.raises(Exception, match="no layernorm calls"):
         sample_inputs("layernorm", "float32", fitted, 2, seed=0)
+
+
+@pytest.mark.parametrize("n_cases", [-1, 2.5, True])
+def test_sample_inputs_needs_a_count(n_cases) -> None:
+    from optwin.errors import ProfileError
+
+    cases = default_sweep("softmax", "float32", 20, 1)
+    rows = [{"op": "softmax", "variant": "torch", "dtype": "float32", "stream": "s", "call_index": i, "t": float(i),
+             "sketch": sketch("softmax", c.inputs, c.params)} for i, c in enumerate(cases)]
+    fitted = fit_sketches(sketch_frame(rows))
+    assert sample_inputs("softmax", "float32", fitted, 0, seed=0) == []
+    with pytest.raises(ProfileError, match="n_cases must be an int >= 0"):
+        sample_inputs("softmax", "float32", fitted, n_cases, seed=0)

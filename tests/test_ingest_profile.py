@@ -75,6 +75,12 @@ def _truncate(f: Path) -> None:
     (lambda d: (d / "tensors_index.json").write_text('{"samples": [{"op": "softmax", "tensors": {"x": "nope"}}]}'),
      "missing tensors nope"),
     (lambda d: (d / "tensors_index.json").write_text("[1, 2"), "tensors_index.json: not valid JSON"),
+    (lambda d: (d / "tensors_index.json").write_text('{"samples": [{"op": "softmax", "tensors": ["x"]}]}'),
+     "malformed sample entry"),  # a list of tensors (an AttributeError before)
+    (lambda d: (d / "tensors_index.json").write_text('{"samples": [{"op": "softmax", "tensors": {"x": 3}}]}'),
+     "malformed sample entry"),  # a key that is no name (a TypeError before)
+    (lambda d: (d / "tensors_index.json").write_text(
+        '{"samples": [{"op": "softmax", "tensors": {"x": "nope"}, "params": [1]}]}'), "malformed sample entry"),
     (lambda d: pl.read_parquet(d / "sketches.parquet").head(5).write_parquet(d / "sketches.parquet"), "truncated"),
     (lambda d: pl.read_parquet(d / "sketches.parquet").drop("max_pos").write_parquet(d / "sketches.parquet"),
      "missing columns max_pos .*capture the profile again"),

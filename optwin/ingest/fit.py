@@ -358,6 +358,8 @@ def sample_inputs(op: str, dtype: str | torch.dtype, fitted: Fitted | OpFit, n_c
     dtypes), each case picks one in proportion to its number of captured calls."""
     name, t = _check(op, dtype)
     operator(op)
+    if isinstance(n_cases, bool) or not isinstance(n_cases, int) or n_cases < 0:
+        raise ProfileError(f"{op}: n_cases must be an int >= 0, got {n_cases!r}")
     fits = [fitted] if isinstance(fitted, OpFit) else fitted.for_op(op, name)
     if not fits:
         raise ProfileError(f"{op}: the profile holds no {op} calls to sample from")

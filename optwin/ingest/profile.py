@@ -239,13 +239,17 @@ def _read_index(root: Path) -> list[dict[str, Any]]:
             shapes = {k: f.get_slice(k).get_shape() for k in keys}
     except (SafetensorError, OSError, ValueError) as e:
         raise _fail(t_path, f"corrupt or truncated safetensors ({str(e).splitlines()[0][:160]})") from None
-    need = {k for s in idx["samples"] if isinstance(s, dict) for k in (s.get("tensors") or {}).values()}
+    for s in idx["samples"]:  # each entry's form first: the tensor lookups below index into it
+        t = s.get("tensors") if isinstance(s, dict) else None
+        if (not isinstance(s, dict) or s.get("op") not in CATALOG or not isinstance(t, dict)
+                or not all(isinstance(k, str) and isinstance(v, str) for k, v in t.items())
+                or not isinstance(s.get("params") or {}, dict)):
+            raise _fail(i_path, f"malformed sample entry {str(s)[:80]}")
+    need = {k for s in idx["samples"] for k in s["tensors"].values()}
     absent = sorted(need - keys)
     if absent:
         raise _fail(t_path, f"missing tensors {', '.join(absent[:5])}{' ...' if len(absent) > 5 else ''}")
     for s in idx["samples"]:
-        if not isinstance(s, dict) or s.get("op") not in CATALOG or not isinstance(s.get("tensors"), dict):
-            raise _fail(i_path, f"malformed sample entry {str(s)[:80]}")
         if any(math.prod(shapes[k]) < 0 for k in s["tensors"].values()):
             raise _fail(t_path, "negative shape")
     return idx["samples"]
