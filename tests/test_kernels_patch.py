@@ -163,3 +163,19 @@ def test_patching_twice_and_undoing_in_either_order_restores_the_model():
     h3 = optwin.kernels.patch(model)  # free again once undone
     assert h3._undo
     h3.undo()
+
+
+def test_a_patch_under_capture_leaves_its_rotary_and_attention_watch_in_place():
+    from optwin.ingest.capture import capture
+
+    model = _tiny_llama(torch.float32)
+    ids = torch.randint(0, 97, (1, 5), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        with capture(model) as plain:
+            model(ids)
+        with capture(model) as rec, optwin.kernels.patch(model) as h:
+            model(ids)
+    assert h.calls["rope"] == 0 and h.calls["softmax"] == 0 and h.calls["rmsnorm"] == 5
+    seen = lambda r, op: sum(1 for row in r.records() if row["op"] == op)  # noqa: E731
+    for op in ("rope", "attention"):  # every call the capture saw without the patch, it sees with it
+        assert seen(rec, op) == seen(plain, op) > 0, op

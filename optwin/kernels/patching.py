@@ -25,6 +25,9 @@ and the monitor computes no sketch of its own for the call. `handle.sketched` co
 Either order works when the two unwind in reverse (nested `with`): a patch applied under a running
 monitor replaces the monitor's rotary and attention wrappers (the attention "math" record goes with
 them; the softmax inside is monitored as softmax/triton), and a patch applied first is wrapped by it.
+Under a monitor whose policy acts before the call (fallback, raise) or under capture, the patch leaves
+their rotary and attention wrappers in place (those calls run the model's code, watched), so nothing they
+watch goes unseen.
 """
 
 from __future__ import annotations
@@ -165,6 +168,12 @@ def _eager_like(fn: Callable[..., Any]) -> bool:
         return False
 
 
+def _watched_before_the_call(fn: Callable[..., Any]) -> bool:
+    """fn is a capture's or a monitor's wrapper that must see each call's inputs before it runs (capture, and the
+    monitor's fallback and raise policies, which take no fused sketch): replacing it would hide those calls."""
+    return bool(getattr(fn, "__optwin_capture__", False)) and sketch_sink.active() is None
+
+
 def _set_forward(handle: Patch, module: nn.Module, fwd: Callable[..., Any]) -> None:
     had = "forward" in module.__dict__
     old = module.__dict__.get("forward")
@@ -294,10 +303,11 @@ def patch(model: nn.Module, rmsnorm: bool = True, layernorm: bool = True, softma
             _set_fused(handle, m, "layernorm", _layernorm_forward(handle, m))
     for mod in modeling.values():
         fn = getattr(mod, "apply_rotary_pos_emb", None)
-        if rope and callable(fn) and _rotary_like(fn) and _hold(handle, mod, "apply_rotary_pos_emb"):
+        if (rope and callable(fn) and _rotary_like(fn) and not _watched_before_the_call(fn)
+                and _hold(handle, mod, "apply_rotary_pos_emb")):
             _set_global(handle, mod, "apply_rotary_pos_emb", _rotary(handle, fn))
         fn = getattr(mod, "eager_attention_forward", None)
-        if (softmax and callable(fn) and hasattr(mod, "repeat_kv") and _eager_like(fn)
+        if (softmax and callable(fn) and hasattr(mod, "repeat_kv") and _eager_like(fn) and not _watched_before_the_call(fn)
                 and _hold(handle, mod, "eager_attention_forward")):
             _set_global(handle, mod, "eager_attention_forward", _eager_attention(handle, mod))
     return handle
