@@ -174,3 +174,45 @@ def test_read_collected_refuses_other_files(tmp_path):
     other.write_text(json.dumps({"hello": 1}))
     with pytest.raises(ProfileError, match="not a validation collection"):
         read_collected(other)
+
+
+def _collection(**change) -> dict:
+    calls = [{"i": i, "t": i / 20, "params": {}, "sketch": _case(20.0, False)["sketch"],
+              "outcomes": {"naive": {"labels": {"nonfinite": False, "precision_loss": False, "low_entropy": False}}}}
+             for i in range(3)]
+    data = {"format": "optwin-validate-collect", "version": 1, "cases": [_case(20.0, True), _case(20.5, False)],
+            "traces": [{"name": "t", "op": "softmax", "dtype": "float16", "kind": "drift", "variants": ["naive"],
+                        "calls": calls}]}
+    return {**data, **change}
+
+
+def _with_case(**fields) -> dict:
+    return _collection(cases=[{**_case(20.0, True), **fields}])
+
+
+@pytest.mark.parametrize("data,match", [
+    (_collection(version=99), "format version 99, this optwin reads 1"),
+    (_collection(cases="x"), "cases: must be a list"),
+    (_with_case(sketch=None), "case 0: needs a sketch object"),
+    (_with_case(op="gelu"), "unknown operator 'gelu'"),
+    # a label of another catalog would count as a fault in every warn score
+    (_with_case(outcomes={"naive": {"labels": {"nonfinite": False, "weird_fault": True}}}),
+     "label 'weird_fault' is no fault type of softmax"),
+    (_with_case(outcomes={"naive": {"labels": {"nonfinite": "yes"}}}), "label nonfinite must be true or false"),
+    (_with_case(outcomes={"naive": {"labels": {}}}), "labels must be an object of fault type"),
+    (_with_case(sketch={"foo": "bar"}), "a corrupt record, not an older collection"),
+    (_collection(traces=[{"name": "t", "op": "softmax", "calls": "x", "variants": []}]), "trace 0: needs calls"),
+])
+def test_read_collected_refuses_malformed_records(tmp_path, data, match):
+    f = tmp_path / "c.json"
+    f.write_text(json.dumps(data))
+    with pytest.raises(ProfileError, match=match) as e:
+        read_collected(f)
+    assert "\n" not in str(e.value)
+
+
+def test_read_collected_takes_what_the_collector_writes(tmp_path):
+    f = tmp_path / "c.json"
+    f.write_text(json.dumps(_collection()))
+    data = read_collected(f)  # an errored outcome (no labels) is kept for the scorer to skip
+    assert data["cases"][0]["outcomes"]["torch"] == {"error": "RuntimeError: x"}

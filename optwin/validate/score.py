@@ -260,8 +260,60 @@ def read_collected(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ProfileError(f"{os.fspath(path)} is not a validation collection (invalid JSON: {e})") from None
     if not isinstance(data, dict) or data.get("format") != "optwin-validate-collect":
         raise ProfileError(f"{os.fspath(path)} is not a validation collection (written by `optwin validate --collect-only`)")
+    from optwin.validate.collect import FORMAT_VERSION
+
+    if data.get("version") != FORMAT_VERSION:
+        raise ProfileError(f"{os.fspath(path)}: collection format version {data.get('version')!r}, this optwin reads "
+                           f"{FORMAT_VERSION}: collect again with this optwin")
+    _check_records(data, os.fspath(path))
     _check_sketch_contract(data, os.fspath(path))
     return data
+
+
+def _check_records(data: dict[str, Any], path: str) -> None:
+    """Each case and trace call has the collector's form, and each label is one of its op's fault types with a
+    bool value: a label of another catalog would be scored as a fault of some kind (any(labels) counts it)."""
+    from optwin.catalog import CATALOG
+    from optwin.errors import ProfileError
+
+    def bad(where: str, why: str) -> ProfileError:
+        return ProfileError(f"{path}: {where}: {why} (not what `optwin validate --collect-only` writes)")
+
+    labelled = [0]
+
+    def outcomes(where: str, op: Any, rec: Any) -> None:
+        if not isinstance(rec, dict) or not isinstance(rec.get("sketch"), dict) or not isinstance(rec.get("outcomes"), dict):
+            raise bad(where, "needs a sketch object and an outcomes object")
+        if op not in CATALOG:
+            raise bad(where, f"unknown operator {op!r}")
+        fts = CATALOG[op].fault_types
+        for variant, o in rec["outcomes"].items():
+            if not isinstance(o, dict):
+                raise bad(f"{where}, {variant}", "an outcome must be an object")
+            labels = o.get("labels", {})  # none: the run errored (counted apart)
+            if not isinstance(labels, dict) or ("labels" in o and not labels):
+                raise bad(f"{where}, {variant}", "labels must be an object of fault type -> true/false")
+            for ft, v in labels.items():
+                if ft not in fts:
+                    raise bad(f"{where}, {variant}", f"label {ft!r} is no fault type of {op} ({', '.join(fts)})")
+                if not isinstance(v, bool):
+                    raise bad(f"{where}, {variant}", f"label {ft} must be true or false, got {v!r:.20}")
+            labelled[0] += bool(labels)
+
+    for key in ("cases", "traces"):
+        if not isinstance(data.get(key, []), list):
+            raise bad(key, "must be a list")
+    for i, c in enumerate(data.get("cases", [])):
+        outcomes(f"case {i}", c.get("op") if isinstance(c, dict) else None, c)
+    for i, t in enumerate(data.get("traces", [])):
+        if not isinstance(t, dict) or not isinstance(t.get("calls"), list) or not isinstance(t.get("variants"), list):
+            raise bad(f"trace {i}", "needs calls and variants lists")
+        for j, c in enumerate(t["calls"]):
+            outcomes(f"trace {i} call {j}", t.get("op"), c)
+            if isinstance(c.get("t"), bool) or not isinstance(c.get("t"), (int, float)):
+                raise bad(f"trace {i} call {j}", "t must be a number of seconds")
+    if (data.get("cases") or data.get("traces")) and not labelled[0]:
+        raise ProfileError(f"{path}: no outcome holds a label (every run failed?): nothing to score; see its failures")
 
 
 def _check_sketch_contract(data: dict[str, Any], path: str) -> None:
@@ -271,6 +323,10 @@ def _check_sketch_contract(data: dict[str, Any], path: str) -> None:
 
     sketches = [(c.get("op"), c.get("sketch")) for c in data.get("cases", [])]
     sketches += [(t.get("op"), c.get("sketch")) for t in data.get("traces", []) for c in t.get("calls", [])]
+    for op, sk in sketches:  # one that lacks even the first features is a broken record, not an old one
+        if op in SKETCH_FEATURES and isinstance(sk, dict) and not any(f in sk for f in SKETCH_FEATURES[op][:3]):
+            raise ProfileError(f"{path}: a {op} sketch holds none of {', '.join(SKETCH_FEATURES[op][:3])}: "
+                               f"a corrupt record, not an older collection")
     missing = sorted({f for op, sk in sketches if op in SKETCH_FEATURES and isinstance(sk, dict)
                       for f in SKETCH_FEATURES[op] if f not in sk})
     if missing:
