@@ -216,7 +216,7 @@ def summarize(case_rows: list[dict[str, Any]], trace_rows: list[dict[str, Any]])
         "auroc_median": {ft: _median(v) for ft, v in aurocs.items()},
         "faulting_streams": len(faulting), "early_warnings": sum(1 for r in faulting if r["early"]),
         "missed_streams": sum(1 for r in faulting if r["missed"]),
-        "lead_s_median": _median(leads), "lead_s_min": leads[0] if leads else None,
+        "lead_s_median": _median(leads), "lead_s_min": leads[0] if leads else None, "lead_streams": len(leads),
         "flat_streams": len(flat), "flat_false_alarm_calls": sum(r["false_alarm_calls"] for r in flat),
         "flat_false_alarm_episodes": sum(r["false_alarm_episodes"] for r in flat),
         "flat_streams_with_faults": len(flat_faulting),
@@ -381,8 +381,9 @@ def render(report: dict[str, Any], console: Any = None) -> None:
         f"[bold]{s['cases']}[/bold] case outcomes over {s['triples']} triples: warn recall {_f(s['warn_recall'])}, "
         f"precision {_f(s['warn_precision'])}; AUROC medians "
         + ", ".join(f"{k} {_f(v)}" for k, v in s["auroc_median"].items())
-        + f"\ndrift: {s['drift_early_warnings']}/{s['drift_faulting_streams']} drifting streams warned early "
-        f"(median lead {_f(s['lead_s_median'], '.2f')} s); flat controls: "
+        + f"\ndrift: {s['drift_early_warnings']}/{s['drift_faulting_streams']} drifting streams warned early; "
+        f"median lead {_f(s['lead_s_median'], '.2f')} s over the {s.get('lead_streams', '?')} faulting streams "
+        "warned by their first fault (on it: lead 0); flat controls: "
         f"{s['flat_false_alarm_calls']} false-alarm calls, {s['flat_false_alarm_episodes']} episodes "
         f"over {s['flat_streams']} streams"
         + (f"; {s['flat_streams_with_faults']} flat control(s) faulted, {s['flat_faults_unwarned']} without a "
