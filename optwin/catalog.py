@@ -255,6 +255,11 @@ def all_triples(include_triton: bool = True) -> list[tuple[str, str, str]]:
     ]
 
 
+def is_rope_base(base: Any) -> bool:
+    """A base rope's tables can use: a finite real number above 1 (1 gives no rotation, below it NaN angles)."""
+    return isinstance(base, (int, float)) and math.isfinite(base) and base > 1
+
+
 def resolve_params(op: str, params: dict[str, Any] | None) -> dict[str, Any]:
     """The op's params with defaults filled in; unknown names are an error."""
     spec = operator(op)
@@ -266,7 +271,7 @@ def resolve_params(op: str, params: dict[str, Any] | None) -> dict[str, Any]:
         )
     out = dict(spec.params)
     out.update(params)
-    if op == "rope" and not (isinstance(out["base"], (int, float)) and math.isfinite(out["base"]) and out["base"] > 1):
+    if op == "rope" and not is_rope_base(out["base"]):
         raise CatalogError(f"rope: param base must be a finite number > 1, got {out['base']!r}")
     if "causal" in out:
         # a flag, not a truthy value: the string "false" would otherwise mask the scores

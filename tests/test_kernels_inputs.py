@@ -89,8 +89,8 @@ def test_patch_takes_bias_free_layernorm_and_leaves_float64_alone():
 
 
 @pytest.mark.parametrize("positions,base,x_shape,msg", [
-    (torch.arange(4.0) + 0.5, 1e4, (4, 2, 8), "positions must be an integer tensor"),  # truncated before
-    (torch.arange(4) > 1, 1e4, (4, 2, 8), "positions must be an integer tensor"),
+    (torch.arange(4.0) + 0.5, 1e4, (4, 2, 8), "'positions' must be an integer tensor"),  # truncated before
+    (torch.arange(4) > 1, 1e4, (4, 2, 8), "'positions' must be an integer tensor"),
     (torch.arange(4), 0.5, (4, 2, 8), "base must be a finite number > 1"),  # NaN angles before
     (torch.arange(4), float("nan"), (4, 2, 8), "base must be a finite number > 1"),
     (torch.arange(4), 1e4, (4, 0, 8), "needs heads"),  # ZeroDivisionError before

@@ -256,4 +256,3 @@ def _seconds(t: Any) -> float:
 
 
 __all__ = ["ForecastConfig", "Stream", "StreamRisk", "Risk"]
-

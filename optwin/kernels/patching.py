@@ -45,6 +45,7 @@ from torch import nn
 from optwin.kernels import sketch_sink
 from optwin.kernels._common import DTYPES
 from optwin.kernels.layernorm import layernorm
+from optwin.kernels.production import rmsnorm_fp32_acc, rotate_half
 from optwin.kernels.rmsnorm import rmsnorm
 from optwin.kernels.rope import rope_from_tables
 from optwin.kernels.softmax import softmax
@@ -88,12 +89,6 @@ def _needs_grad(*tensors: Any) -> bool:
     return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
 
 
-def _rms_reference(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """What the rmsnorm kernel computes (float32 inside), in torch: the probe's yardstick."""
-    h = x.float()
-    return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
-
-
 def _computes(original: Callable[[], Any], reference: Callable[[], Any], rtol: float = 1e-3) -> bool:
     """Whether a module or function gives the kernel's maths on a probe (any error: it does not)."""
     try:
@@ -117,8 +112,9 @@ def _rmsnorm_like(m: nn.Module) -> bool:
         return False
     x = torch.randn(3, w.numel(), generator=torch.Generator().manual_seed(0)).to(w.device)  # (3, hidden) float32
     eps = _rms_eps(m)
+    # on a float32 probe the kernel's maths (float32 inside) is the fp32-acc variant's
     return _computes(lambda: type(m).forward(m, x),
-                     lambda: _rms_reference(x, w, torch.finfo(torch.float32).eps if eps is None else eps))
+                     lambda: rmsnorm_fp32_acc(x, w, torch.finfo(torch.float32).eps if eps is None else eps))
 
 
 def _layernorm_like(m: nn.Module) -> bool:
@@ -130,11 +126,6 @@ def _layernorm_like(m: nn.Module) -> bool:
     return _computes(lambda: type(m).forward(m, x),
                      lambda: nn.functional.layer_norm(x, m.normalized_shape, m.weight.float(),
                                                       None if m.bias is None else m.bias.float(), m.eps))
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 def _rotary_like(fn: Callable[..., Any]) -> bool:
@@ -149,7 +140,7 @@ def _rotary_like(fn: Callable[..., Any]) -> bool:
     cos, sin = torch.cat((ang, ang), -1).cos(), torch.cat((ang, ang), -1).sin()  # (B, S, D)
     c, s_ = cos[:, None], sin[:, None]
     return _computes(lambda: tuple(fn(q, k, cos, sin)),
-                     lambda: (q * c + _rotate_half(q) * s_, k * c + _rotate_half(k) * s_))
+                     lambda: (q * c + rotate_half(q) * s_, k * c + rotate_half(k) * s_))
 
 
 # Llama's eager_attention_forward (transformers 5.x): a function with more parameters (Gemma2's softcap) computes

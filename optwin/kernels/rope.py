@@ -36,14 +36,13 @@ sketch a few scalar atomics per program and the feature vector.
 
 from __future__ import annotations
 
-import math
 import struct
 
 import torch
 import triton
 import triton.language as tl
 
-from optwin.catalog import CATALOG
+from optwin.catalog import CATALOG, is_rope_base
 from optwin.errors import InputError
 from optwin.kernels._common import (
     MAX_BLOCK,
@@ -72,6 +71,7 @@ from optwin.kernels.sketch_buffer import (
     scratch,
     workspace,
 )
+from optwin.validation import check_kinds
 
 BASE = float(CATALOG["rope"].params["base"])
 assert feature_names("rope") == ("numel", "rows", "absmax", "rms", "nonfinite", "seq", "heads", "d", "max_pos", "base")
@@ -367,9 +367,8 @@ def rope(
     check_rows("rope", x)
     if x.ndim != 3 or positions.shape != x.shape[:1]:
         raise InputError(f"rope: x must be (seq, heads, d) and positions (seq,); got {tuple(x.shape)}, {tuple(positions.shape)}")
-    if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
-        raise InputError(f"rope: positions must be an integer tensor, got {positions.dtype}")  # not truncated
-    if not (isinstance(base, (int, float)) and math.isfinite(base) and base > 1):
+    check_kinds(CATALOG["rope"], {"x": x, "positions": positions})  # float positions would be truncated
+    if not is_rope_base(base):
         raise InputError(f"rope: base must be a finite number > 1, got {base!r}")
     x4 = x.unsqueeze(0)  # (1, seq, heads, d)
     if x4.stride(-1) != 1:
