@@ -145,10 +145,9 @@ _cap.own_frames(_MonitorInterceptor.run, _MonitorRecorder.record, _MonitorRecord
 def _in_float32(func: Callable, args: tuple, kwargs: dict) -> Any:
     """Run func with its float16/bfloat16 tensors upcast; cast the output back to their dtype, or to the dtype
     the call asked for (softmax(x, dtype=torch.float32) keeps its float32 output)."""
-    low = next((a.dtype for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor) and a.dtype in _LOW),
-               None)
-    if isinstance(kwargs.get("dtype"), torch.dtype):
-        low = kwargs["dtype"]
+    asked = kwargs.get("dtype")
+    low = asked if isinstance(asked, torch.dtype) else next(
+        (a.dtype for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor) and a.dtype in _LOW), None)
     up = lambda a: a.float() if isinstance(a, torch.Tensor) and a.dtype in _LOW else a  # noqa: E731
     out = func(*[up(a) for a in args], **{k: up(v) for k, v in kwargs.items()})
     if low is None:

@@ -40,9 +40,9 @@ def check_names(spec: Operator, inputs: Mapping[str, Any]) -> None:
 def check_shapes(spec: Operator, inputs: Mapping[str, torch.Tensor]) -> None:
     """Tensors that hold data, ndim per input, then the cross-input shape relations of each op."""
     for i in spec.inputs:
-        if inputs[i.name].is_meta:  # a shape without values (a model built on the meta device)
-            raise InputError(f"{spec.name}: input {i.name!r} is on the meta device: it holds no values to check")
         t = inputs[i.name]
+        if t.is_meta:  # a shape without values (a model built on the meta device)
+            raise InputError(f"{spec.name}: input {i.name!r} is on the meta device: it holds no values to check")
         if t.ndim < i.min_ndim or (i.max_ndim is not None and t.ndim > i.max_ndim):
             raise InputError(f"{spec.name}: input {i.name!r} must be {i.shape}, got shape {tuple(t.shape)}")
         if t.numel() == 0:

@@ -32,6 +32,7 @@ watch goes unseen.
 
 from __future__ import annotations
 
+import inspect
 import sys
 from collections import Counter
 from collections.abc import Callable
@@ -131,8 +132,6 @@ def _layernorm_like(m: nn.Module) -> bool:
 def _rotary_like(fn: Callable[..., Any]) -> bool:
     """fn(q, k, cos, sin) rotates as HF Llama's apply_rotary_pos_emb on (B, H, S, D) with (B, S, D) tables. A
     monitor's or capture's wrapper is probed through (__wrapped__): the probe must not be recorded as a call."""
-    import inspect
-
     fn = inspect.unwrap(fn)
     g = torch.Generator().manual_seed(0)
     q, k = torch.randn(1, 2, 3, 8, generator=g), torch.randn(1, 2, 3, 8, generator=g)  # (B, H, S, D)
@@ -151,8 +150,6 @@ _EAGER_UNSUPPORTED = ("softcap", "sinks", "s_aux", "attn_logit_softcapping")
 
 
 def _eager_like(fn: Callable[..., Any]) -> bool:
-    import inspect
-
     try:
         return tuple(inspect.signature(fn).parameters) == _EAGER_PARAMS
     except (TypeError, ValueError):

@@ -279,14 +279,14 @@ def _check_records(data: dict[str, Any], path: str) -> None:
     def bad(where: str, why: str) -> ProfileError:
         return ProfileError(f"{path}: {where}: {why} (not what `optwin validate --collect-only` writes)")
 
-    labelled = [0]
-
-    def outcomes(where: str, op: Any, rec: Any) -> None:
+    def outcomes(where: str, op: Any, rec: Any) -> int:
+        """Checks one record; returns how many of its outcomes hold labels."""
         if not isinstance(rec, dict) or not isinstance(rec.get("sketch"), dict) or not isinstance(rec.get("outcomes"), dict):
             raise bad(where, "needs a sketch object and an outcomes object")
         if op not in CATALOG:
             raise bad(where, f"unknown operator {op!r}")
         fts = CATALOG[op].fault_types
+        n = 0
         for variant, o in rec["outcomes"].items():
             if not isinstance(o, dict):
                 raise bad(f"{where}, {variant}", "an outcome must be an object")
@@ -298,21 +298,23 @@ def _check_records(data: dict[str, Any], path: str) -> None:
                     raise bad(f"{where}, {variant}", f"label {ft!r} is no fault type of {op} ({', '.join(fts)})")
                 if not isinstance(v, bool):
                     raise bad(f"{where}, {variant}", f"label {ft} must be true or false, got {v!r:.20}")
-            labelled[0] += bool(labels)
+            n += bool(labels)
+        return n
 
     for key in ("cases", "traces"):
         if not isinstance(data.get(key, []), list):
             raise bad(key, "must be a list")
+    labelled = 0
     for i, c in enumerate(data.get("cases", [])):
-        outcomes(f"case {i}", c.get("op") if isinstance(c, dict) else None, c)
+        labelled += outcomes(f"case {i}", c.get("op") if isinstance(c, dict) else None, c)
     for i, t in enumerate(data.get("traces", [])):
         if not isinstance(t, dict) or not isinstance(t.get("calls"), list) or not isinstance(t.get("variants"), list):
             raise bad(f"trace {i}", "needs calls and variants lists")
         for j, c in enumerate(t["calls"]):
-            outcomes(f"trace {i} call {j}", t.get("op"), c)
+            labelled += outcomes(f"trace {i} call {j}", t.get("op"), c)
             if isinstance(c.get("t"), bool) or not isinstance(c.get("t"), (int, float)):
                 raise bad(f"trace {i} call {j}", "t must be a number of seconds")
-    if (data.get("cases") or data.get("traces")) and not labelled[0]:
+    if (data.get("cases") or data.get("traces")) and not labelled:
         raise ProfileError(f"{path}: no outcome holds a label (every run failed?): nothing to score; see its failures")
 
 
