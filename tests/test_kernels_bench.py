@@ -250,3 +250,14 @@ def test_leftover_state_counts_what_launches_left_set_and_resets_it():
     assert leftover_state()[::2] == (1, 2)
     reset_state()
     assert leftover_state()[::2] == (0, 0) and int(words[3]) == SENTINEL
+
+
+def test_gpu_patch_check_smoke_run_passes_every_model():
+    """bench/gpu_patch_check.py --smoke (CPU, interpreter): every model and dtype ok (outputs, kernel calls per op,
+    undo, gradients through the model's own code), and the report says so."""
+    out = subprocess.run([sys.executable, str(BENCH / "gpu_patch_check.py"), "--smoke"], capture_output=True, text=True,
+                         timeout=600, env={**os.environ, "TRITON_INTERPRET": "1", "OUT": ""})
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| ") and "| dtype |" not in line]
+    assert len(rows) >= 6 and all("FAIL" not in r for r in rows), out.stdout[-2000:]
+    assert "Gemma2" in out.stdout and "all ok" in out.stdout

@@ -123,9 +123,12 @@ def test_rope_lane_accumulators_match_per_element_and_ingest(poison, dtype):
     y1, s1 = _rope(x, pos, True)
     y0, s0 = _rope(x, pos, False)
     yn, _ = _rope(x, pos, True, block_h=4)  # partial head blocks
+    ya, sa = _rope(x, pos, True, block_h=4, ahead=True)  # each tile's x loaded during the previous tile's work
     torch.testing.assert_close(y1, y0, rtol=0, atol=0, equal_nan=True)
     torch.testing.assert_close(yn, y0, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(ya, y0, rtol=0, atol=0, equal_nan=True)
     close(s1, s0, rtol=1e-5)
+    close(sa, s0, rtol=1e-5)
     close(s1, ingest_sketch("rope", {"x": x, "positions": pos}, {"base": 1e4}))
 
 

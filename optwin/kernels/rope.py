@@ -82,6 +82,14 @@ _INV_CACHE: dict[tuple[int, float, str], torch.Tensor] = {}
 
 
 @triton.jit
+def _tile_x(X_ptr, tile, n_hb, n_seq, X_batch_stride, X_seq_stride, X_head_stride, hl, js, BLOCK_H: tl.constexpr):
+    """Pointers to the first half of tile's x: (BLOCK_H, BLOCK_D), heads hl of its head block, columns js."""
+    row = tl.cast(tile // n_hb, tl.int64)
+    hs = (tile % n_hb) * BLOCK_H + hl
+    return X_ptr + (row // n_seq) * X_batch_stride + (row % n_seq) * X_seq_stride + hs * X_head_stride + js
+
+
+@triton.jit
 def _rope_kernel(
     X_ptr,  # x (batch, seq, heads, d) through strides, in dtype; d contiguous
     X_batch_stride,
@@ -118,6 +126,7 @@ def _rope_kernel(
     KEEP: tl.constexpr,  # independent accumulator chains per lane (divides VEC; _common's lane partials)
     LANE_ACC: tl.constexpr,  # sketch accumulators per lane ([LANES]) instead of per tile element
     FLUSH: tl.constexpr,  # tiles between float64 flushes of the lane sums of squares (LANE_ACC)
+    AHEAD: tl.constexpr,  # the next tile's x loaded (into registers) before this tile's work
 ):
     pid = tl.program_id(0)
     hl = tl.arange(0, BLOCK_H)[:, None]  # (BLOCK_H, 1) head within the block
@@ -135,15 +144,32 @@ def _rope_kernel(
             v_sq = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)  # running sum x^2 per tile element
         p_pos = tl.zeros((), dtype=tl.int64)  # largest |position|
     n_done = tl.zeros((), dtype=tl.int32)  # tiles done: their parity picks the cos/sin slot
+    if AHEAD:  # the first tile's x, loaded before the loop: each iteration loads the next one's
+        mask_n = (pid + 0 * hl < n_tiles) & ((pid % n_hb) * BLOCK_H + hl < n_heads) & (js < half)
+        xp_n = _tile_x(X_ptr, pid, n_hb, n_seq, X_batch_stride, X_seq_stride, X_head_stride, hl, js, BLOCK_H)
+        x1_n = tl.load(xp_n, mask=mask_n, other=0.0, eviction_policy="evict_first")
+        x2_n = tl.load(xp_n + half, mask=mask_n, other=0.0, eviction_policy="evict_first")
     for tile in tl.range(pid, n_tiles, tl.num_programs(0), num_stages=STAGES):
         row = tl.cast(tile // n_hb, tl.int64)
         hs = (tile % n_hb) * BLOCK_H + hl  # (BLOCK_H, 1) heads of this tile
         mask = (hs < n_heads) & (js < half)  # (BLOCK_H, BLOCK_D)
         b = row // n_seq
         s = row % n_seq
-        xp = X_ptr + b * X_batch_stride + s * X_seq_stride + hs * X_head_stride + js
-        x1 = tl.load(xp, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)  # heads*d/2
-        x2 = tl.load(xp + half, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        if AHEAD:
+            # this tile's x arrived during the previous tile's work; the next tile's loads go out now,
+            # so a program keeps one tile's reads in flight while it rotates and sketches (flushed L2,
+            # 2 programs an SM: the loop waited on its own loads half the time, stop 26's counters)
+            x1 = x1_n.to(tl.float32)
+            x2 = x2_n.to(tl.float32)
+            nxt = tile + tl.num_programs(0)
+            mask_n = (nxt + 0 * hl < n_tiles) & ((nxt % n_hb) * BLOCK_H + hl < n_heads) & (js < half)
+            xp_n = _tile_x(X_ptr, nxt, n_hb, n_seq, X_batch_stride, X_seq_stride, X_head_stride, hl, js, BLOCK_H)
+            x1_n = tl.load(xp_n, mask=mask_n, other=0.0, eviction_policy="evict_first")
+            x2_n = tl.load(xp_n + half, mask=mask_n, other=0.0, eviction_policy="evict_first")
+        else:
+            xp = _tile_x(X_ptr, tile, n_hb, n_seq, X_batch_stride, X_seq_stride, X_head_stride, hl, js, BLOCK_H)
+            x1 = tl.load(xp, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)  # heads*d/2
+            x2 = tl.load(xp + half, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
         if SKETCH and LANE_ACC:  # before the rotation: x1, x2 live no longer than without the sketch
             a = tl.reshape(tl.maximum(tl.abs(x1), tl.abs(x2)), [TILE])
             q = tl.reshape(x1 * x1 + x2 * x2, [TILE])  # NaN/±inf make it non-finite: the exact path after the loop
@@ -202,10 +228,8 @@ def _rope_kernel(
             p_sq = tl.zeros((), dtype=tl.float64)
             p_amax = tl.zeros((), dtype=tl.float32)
             for t2 in tl.range(pid, n_tiles, tl.num_programs(0)):
-                row2 = tl.cast(t2 // n_hb, tl.int64)
-                hs2 = (t2 % n_hb) * BLOCK_H + hl
-                mask2 = (hs2 < n_heads) & (js < half)
-                xq = X_ptr + (row2 // n_seq) * X_batch_stride + (row2 % n_seq) * X_seq_stride + hs2 * X_head_stride + js
+                mask2 = ((t2 % n_hb) * BLOCK_H + hl < n_heads) & (js < half)
+                xq = _tile_x(X_ptr, t2, n_hb, n_seq, X_batch_stride, X_seq_stride, X_head_stride, hl, js, BLOCK_H)
                 for hf in tl.static_range(2):  # one half at a time: this path must not set the kernel's registers
                     z = tl.load(xq + hf * half, mask=mask2, other=0.0).to(tl.float32)
                     a1, _, n1 = finite_lanes(z, mask2)
@@ -276,6 +300,8 @@ KEEP = 2
 # ~170 registers at 8 warps uncapped (1 program per SM, 114.0 µs); at 128 it keeps 2 programs per SM
 # (offline sm_90 compile with triton 3.6: the same 32-byte sin/cos frame as without the sketch at KEEP 1).
 ROPE_MAXNREG: dict[tuple[int, int, int], int] = {(128, 64, 8): 128}
+# Load the next tile's x before this tile's work (the kernel's AHEAD; ahead= overrides it)
+AHEAD = False
 
 
 def rope_config(heads: int, d: int, sketch: bool, block_h: int | None = None, num_warps: int | None = None,
@@ -305,6 +331,7 @@ def _rope_launch(
     lane_acc: bool | None = None,
     maxnreg: int | None = None,
     keep: int | None = None,
+    ahead: bool | None = None,
 ) -> None:
     """Grid: one persistent program per resident slot (persistent_grid), each over its tiles.
     block_h / num_warps / stages / per_sm / lane_acc / maxnreg (0: none) / keep override the tuned launch
@@ -320,8 +347,9 @@ def _rope_launch(
     ts = cos.stride() if tables else positions.stride(0)
     key = ("rope", x4.shape, xs, ys, x4.dtype, y4.dtype, x4.device, sketch,
            (ts, cos.dtype, sin.stride(), sin.dtype) if tables else (ts, positions.dtype, inv.dtype),
-           base, block_h, num_warps, stages, per_sm, lane_acc, maxnreg, keep)
-    p = kept(key) or _rope_plan(x4, sketch, tables, base, block_h, num_warps, stages, per_sm, lane_acc, maxnreg, keep)
+           base, block_h, num_warps, stages, per_sm, lane_acc, maxnreg, keep, ahead)
+    p = kept(key) or _rope_plan(x4, sketch, tables, base, block_h, num_warps, stages, per_sm, lane_acc, maxnreg, keep,
+                                ahead)
     n_hb, trig_slots, base_bits = p.extra
     dummy = y4
     f, i = workspace("rope", x4.device) if sketch else (dummy, dummy)
@@ -335,7 +363,7 @@ def _rope_launch(
 
 def _rope_plan(x4: torch.Tensor, sketch: bool, tables: bool, base: float, block_h: int | None,
                num_warps: int | None, stages: int | None, per_sm: int | None, lane_acc: bool | None,
-               maxnreg: int | None, keep: int | None) -> Plan:
+               maxnreg: int | None, keep: int | None, ahead: bool | None = None) -> Plan:
     """_rope_launch's grid and options for this call's shape, dtype, mode and overrides; extra: (head
     blocks, the trig scratch's floats, base's float64 bits)."""
     _check_tile(x4)
@@ -347,12 +375,13 @@ def _rope_plan(x4: torch.Tensor, sketch: bool, tables: bool, base: float, block_
     vec, lanes = lane_shape(block_h * block_d, x4.element_size(), warps)
     kp = min(KEEP if keep is None else keep, vec) if lacc else 1
     cap = (ROPE_MAXNREG.get((block_h, block_d, warps)) if maxnreg is None else maxnreg) if lacc else None
-    key = ("rope", x4.dtype, block_h, block_d, warps, st, tables, sketch, lacc, cap, kp)
+    ah = AHEAD if ahead is None else bool(ahead)
+    key = ("rope", x4.dtype, block_h, block_d, warps, st, tables, sketch, lacc, cap, kp, ah)
     base_bits = struct.unpack("<q", struct.pack("<d", float(base)))[0]
     grid = persistent_grid(key, batch * seq * n_hb, x4.device, per_sm)
     return plan(_rope_kernel, (grid,),
                 {"BLOCK_H": block_h, "BLOCK_D": block_d, "FROM_TABLES": tables, "SKETCH": sketch, "STAGES": st,
-                 "VEC": vec, "LANES": lanes, "KEEP": kp, "LANE_ACC": lacc, "FLUSH": FLUSH, "num_warps": warps,
+                 "VEC": vec, "LANES": lanes, "KEEP": kp, "LANE_ACC": lacc, "FLUSH": FLUSH, "AHEAD": ah, "num_warps": warps,
                  **register_cap(cap)}, key, warps, (n_hb, grid * 4 * block_d, base_bits))
 
 
