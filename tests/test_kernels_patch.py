@@ -128,6 +128,20 @@ def test_torch_rms_norm_with_the_dtype_eps_and_a_2d_shape():
     assert torch.allclose(got, ref, atol=1e-5)
 
 
+def test_patching_a_half_precision_torch_rms_norm_warns_of_nothing():
+    """patch's probe runs a float32 input through the bfloat16 module: torch's dtype-mismatch warning is the
+    probe's, not the caller's, and the module is still swapped."""
+    import warnings
+
+    net = nn.Sequential(nn.Linear(8, 16), nn.RMSNorm(16)).to(torch.bfloat16)
+    with warnings.catch_warnings(record=True) as seen, torch.no_grad():
+        warnings.simplefilter("always")
+        with optwin.kernels.patch(net) as h:
+            net(torch.randn(3, 8, dtype=torch.bfloat16))
+    assert h.calls == {"rmsnorm": 1}
+    assert [str(w.message) for w in seen if "dtype" in str(w.message).lower()] == []
+
+
 def test_calls_that_need_gradients_run_the_models_own_code():
     torch.manual_seed(2)
     net = nn.Sequential(nn.Linear(16, 48), nn.LayerNorm(48), nn.GELU(), nn.Linear(48, 1))
