@@ -90,6 +90,13 @@ def _tile_x(X_ptr, tile, n_hb, n_seq, X_batch_stride, X_seq_stride, X_head_strid
 
 
 @triton.jit
+def _tile_position(P_ptr, tile, n_hb, n_seq, P_batch_stride):
+    """tile's position (int64), from the (batch, seq) positions."""
+    row = tl.cast(tile // n_hb, tl.int64)
+    return tl.load(P_ptr + (row // n_seq) * P_batch_stride + row % n_seq)
+
+
+@triton.jit
 def _rope_kernel(
     X_ptr,  # x (batch, seq, heads, d) through strides, in dtype; d contiguous
     X_batch_stride,
@@ -149,6 +156,8 @@ def _rope_kernel(
         xp_n = _tile_x(X_ptr, pid, n_hb, n_seq, X_batch_stride, X_seq_stride, X_head_stride, hl, js, BLOCK_H)
         x1_n = tl.load(xp_n, mask=mask_n, other=0.0, eviction_policy="evict_first")
         x2_n = tl.load(xp_n + half, mask=mask_n, other=0.0, eviction_policy="evict_first")
+        if not FROM_TABLES:  # and its position: the trig of a tile waits on nothing loaded in that tile
+            pos_n = _tile_position(P_ptr, tl.minimum(pid, n_tiles - 1), n_hb, n_seq, P_batch_stride)
     for tile in tl.range(pid, n_tiles, tl.num_programs(0), num_stages=STAGES):
         row = tl.cast(tile // n_hb, tl.int64)
         hs = (tile % n_hb) * BLOCK_H + hl  # (BLOCK_H, 1) heads of this tile
@@ -166,6 +175,9 @@ def _rope_kernel(
             xp_n = _tile_x(X_ptr, nxt, n_hb, n_seq, X_batch_stride, X_seq_stride, X_head_stride, hl, js, BLOCK_H)
             x1_n = tl.load(xp_n, mask=mask_n, other=0.0, eviction_policy="evict_first")
             x2_n = tl.load(xp_n + half, mask=mask_n, other=0.0, eviction_policy="evict_first")
+            if not FROM_TABLES:
+                pos_ahead = pos_n
+                pos_n = _tile_position(P_ptr, tl.minimum(nxt, n_tiles - 1), n_hb, n_seq, P_batch_stride)
         else:
             xp = _tile_x(X_ptr, tile, n_hb, n_seq, X_batch_stride, X_seq_stride, X_head_stride, hl, js, BLOCK_H)
             x1 = tl.load(xp, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)  # heads*d/2
@@ -188,7 +200,10 @@ def _rope_kernel(
             s1 = tl.load(SN_ptr + cp, mask=jm, other=0.0).to(tl.float32)
             s2 = tl.load(SN_ptr + cp + half, mask=jm, other=0.0).to(tl.float32)
         else:
-            pos_i = tl.load(P_ptr + b * P_batch_stride + s)  # read 1 int64
+            if AHEAD:
+                pos_i = pos_ahead
+            else:
+                pos_i = tl.load(P_ptr + b * P_batch_stride + s)  # read 1 int64
             pos = pos_i.to(tl.float32)
             # cos/sin of the position's BLOCK_D angles, computed once a tile into this program's slot
             # and read back in the tile's layout: computed in it, each thread took the 8 columns of
