@@ -144,7 +144,7 @@ def write_db(path: str, seed: int = 0, build_id: str | None = None, cases: list[
                 a["lo"][f] = min(a["lo"].get(f, v), v)
                 a["hi"][f] = max(a["hi"].get(f, v), v)
     for (op, variant, dtype, region, ft), a in sorted(agg.items()):
-        lo, hi = wilson(a["n_faults"], a["n_replays"])
+        lo, hi = wilson(a["n_faults"], a["n_replays"], n_eff=a["n_cases"])
         c.execute("INSERT INTO fingerprints VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?)",
                   [bid, op, variant, dtype, region, ft, a["n_cases"], a["n_replays"], a["n_faults"],
                    a["n_faults"] / a["n_replays"], lo, hi, json.dumps(a["lo"]), json.dumps(a["hi"]), a["det_faults"]])

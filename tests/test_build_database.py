@@ -68,12 +68,13 @@ def test_fingerprints_agree_with_the_outcomes_they_summarise(built):
 
 def test_probabilities_and_wilson_intervals(built):
     out, _ = built
-    rows = _q(out, "SELECT n_faults, n_replays, probability, ci_low, ci_high FROM fingerprints")
-    for k, n, p, lo, hi in rows:
+    rows = _q(out, "SELECT n_faults, n_replays, probability, ci_low, ci_high, n_cases FROM fingerprints")
+    for k, n, p, lo, hi, cases in rows:
         assert p == k / n
         assert 0.0 <= lo <= p <= hi <= 1.0
-        elo, ehi = wilson(k, n)
+        elo, ehi = wilson(k, n, n_eff=cases)  # the cases are the sample, not their replays
         assert lo == pytest.approx(elo, abs=1e-12) and hi == pytest.approx(ehi, abs=1e-12)
+    assert any(hi > wilson(k, n)[1] + 0.01 for k, n, _, _, hi, _ in rows)  # wider than replays as trials gave
     assert any(0 < k < n for k, n, *_ in rows) or any(k == n for k, n, *_ in rows)
 
 

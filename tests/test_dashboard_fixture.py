@@ -159,12 +159,12 @@ def test_builds_newest_first_and_totals_match_sql(db: Path) -> None:
 def test_pool_matches_counts_and_wilson(db: Path) -> None:
     d = open_data(db)
     fp = d.fingerprints("build-2", "rmsnorm", "native-dtype", "float16", "precision_loss")
-    k, n = direct(db, "SELECT sum(n_faults), sum(n_replays) FROM fingerprints WHERE build_id = 'build-2' AND "
+    k, n, cases = direct(db, "SELECT sum(n_faults), sum(n_replays), sum(n_cases) FROM fingerprints WHERE build_id = 'build-2' AND "
                       "op = 'rmsnorm' AND variant = 'native-dtype' AND fault_type = 'precision_loss'")[0]
     p = pool(fp.assign(all=1), ["all"]).iloc[0]
     assert (p.n_faults, p.n_replays) == (k, n)
     assert p.probability == pytest.approx(k / n)
-    assert (p.ci_low, p.ci_high) == pytest.approx(wilson(k, n))
+    assert (p.ci_low, p.ci_high) == pytest.approx(wilson(k, n, n_eff=cases))
     curve = pool(fp, ["bin:absmax", "absmax"])
     edge = boundary(curve, "absmax", 0.5)
     # the synthetic boundary sits near log2(1 + absmax) = 11 for build-2 (shift -1)

@@ -51,23 +51,23 @@ def _make_v0(path: str) -> None:
 def test_empty_file_is_created_at_current_version_with_contract_tables(tmp_path):
     path = str(tmp_path / "new.duckdb")
     with open_store(path, read_only=False, create=True) as s:
-        assert s.schema_version() == SCHEMA_VERSION == 2
+        assert s.schema_version() == SCHEMA_VERSION == 3
         assert s.builds() == [] and s.latest_build_id() is None and s.fingerprints() == []
     with duckdb.connect(path, read_only=True) as c:
-        assert c.execute("SELECT value FROM schema_meta WHERE key = 'schema_version'").fetchall() == [("2",)]
+        assert c.execute("SELECT value FROM schema_meta WHERE key = 'schema_version'").fetchall() == [("3",)]
     for table, cols in EXPECTED.items():
         assert _columns(path, table) == cols, table
     with open_store(path) as s:  # and a read-only open now works
-        assert s.schema_version() == 2
+        assert s.schema_version() == 3
 
 
-@pytest.mark.parametrize("version", ["0", "1", "3"])
+@pytest.mark.parametrize("version", ["0", "1", "2", "4"])
 def test_other_schema_versions_are_refused_with_migrate_hint(tmp_path, version):
     path = str(tmp_path / "fp.duckdb")
     open_store(path, read_only=False, create=True).close()
     _set_version(path, version)
     for read_only in (True, False):
-        with pytest.raises(SchemaVersionError, match=r"schema version %s, this optwin reads 2.*optwin migrate" % version):
+        with pytest.raises(SchemaVersionError, match=r"schema version %s, this optwin reads 3.*optwin migrate" % version):
             open_store(path, read_only=read_only)
     assert "\n" not in str(pytest.raises(SchemaVersionError, open_store, path).value)
 
@@ -75,11 +75,11 @@ def test_other_schema_versions_are_refused_with_migrate_hint(tmp_path, version):
 def test_newer_version_is_not_downgraded_by_migrate(tmp_path):
     path = str(tmp_path / "fp.duckdb")
     open_store(path, read_only=False, create=True).close()
-    _set_version(path, "3")
+    _set_version(path, "4")
     with pytest.raises(SchemaVersionError, match="optwin migrate"):
         migrate_database(path)
     with duckdb.connect(path, read_only=True) as c:  # untouched
-        assert detect_version(c) == 3
+        assert detect_version(c) == 4
 
 
 def test_migrate_upgrades_a_v0_database_and_keeps_its_rows(tmp_path):
@@ -89,20 +89,20 @@ def test_migrate_upgrades_a_v0_database_and_keeps_its_rows(tmp_path):
         open_store(path)
     result = CliRunner().invoke(_app(), ["migrate", path])
     assert result.exit_code == 0, result.output
-    assert "0 -> 2" in result.output
+    assert "0 -> 3" in result.output
     with open_store(path) as s:
-        assert s.schema_version() == 2
+        assert s.schema_version() == 3
         assert [b["build_id"] for b in s.builds()] == ["old"]
         assert s.builds()[0]["n_replays"] == 8  # filled from outcomes
         (fp,) = s.fingerprints("old")
-        lo, hi = wilson(3, 8)
+        lo, hi = wilson(3, 8, n_eff=2)  # v0003: 2 cases are the sample, not their 8 replays
         assert fp["ci_low"] == pytest.approx(lo, abs=1e-12) and fp["ci_high"] == pytest.approx(hi, abs=1e-12)
         assert fp["det_faults"] == 1  # v0002: case 1's deterministic emulation lost precision, case 2's did not
         assert {c["held_out"] for c in s.cases("old")} == {False}
         assert s.representatives("old") == []
     for table, cols in EXPECTED.items():
         assert set(_columns(path, table)) == set(cols), table
-    assert migrate_database(path) == (2, 2)  # idempotent
+    assert migrate_database(path) == (3, 3)  # idempotent
     assert not [p for p in os.listdir(tmp_path) if ".tmp-" in p]
 
 
@@ -197,3 +197,22 @@ def test_another_applications_database_is_refused_and_left_as_it_was(tmp_path):
     with pytest.raises(DatabaseError, match="not a DuckDB file"):  # refused before DuckDB's SQLite scanner (a download)
         open_store(lite)
     assert time.monotonic() - t0 < 1.0
+
+
+def test_migrate_to_v3_recomputes_intervals_over_cases(tmp_path):
+    """v0003: a v2 file's intervals took each replay as a trial; migrated, they take the cell's cases, as a fresh build
+    writes them (1 case of 8 clean replays: ci_high 0.32 -> 0.79)."""
+    path = str(tmp_path / "v2.duckdb")
+    open_store(path, read_only=False, create=True).close()
+    old = [("b", "rmsnorm", "native-dtype", "float16", "1|1|5", "precision_loss", 1, 8, 0, 0.0, *wilson(0, 8)),
+           ("b", "rmsnorm", "native-dtype", "float16", "1|1|6", "precision_loss", 4, 32, 12, 0.375, *wilson(12, 32))]
+    with duckdb.connect(path) as c:
+        c.executemany("INSERT INTO fingerprints (build_id, op, variant, dtype, region, fault_type, n_cases, n_replays, "
+                      "n_faults, probability, ci_low, ci_high) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", old)
+    _set_version(path, "2")
+    assert migrate_database(path) == (2, 3)
+    with duckdb.connect(path, read_only=True) as c:
+        got = c.execute("SELECT n_faults, n_replays, n_cases, ci_low, ci_high FROM fingerprints ORDER BY region").fetchall()
+    for k, n, cases, lo, hi in got:
+        assert (lo, hi) == pytest.approx(wilson(k, n, n_eff=cases), abs=1e-12)
+    assert got[0][4] == pytest.approx(0.7935, abs=1e-4) and got[0][4] > wilson(0, 8)[1] + 0.4

@@ -40,7 +40,7 @@ def pool(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     """Pool fingerprint rows over everything not in `by`: probability = sum(faults) / sum(replays).
 
     Pooling counts (not averaging probabilities) weights each region by the evidence it holds, and
-    the Wilson interval of the pooled counts shows how much evidence that is.
+    the Wilson interval of the pooled counts, over the pooled cases (stats.py), shows how much evidence that is.
     """
     cols = [*by, "probability", "ci_low", "ci_high", "ci_width", "n_faults", "n_replays", "n_cases"]
     if df.empty:
@@ -49,7 +49,7 @@ def pool(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
         n_faults=("n_faults", "sum"), n_replays=("n_replays", "sum"), n_cases=("n_cases", "sum")
     )
     g["probability"] = [k / n if n > 0 else float("nan") for k, n in zip(g.n_faults, g.n_replays)]
-    ci = [wilson(int(k), int(n)) for k, n in zip(g.n_faults, g.n_replays)]
+    ci = [wilson(int(k), int(n), n_eff=int(c)) for k, n, c in zip(g.n_faults, g.n_replays, g.n_cases)]
     g["ci_low"] = [c[0] for c in ci]
     g["ci_high"] = [c[1] for c in ci]
     g["ci_width"] = g.ci_high - g.ci_low

@@ -4,7 +4,8 @@
 
 Text only (no driver import): duckdb_store runs it over a staging table of shard rows, which carry
 the case and outcome columns plus `f0..f3`, the values of the op's region features in catalog order.
-One fault "trial" is a replay; a case with 0 replays counts its deterministic flag once (contract).
+One fault "trial" is a replay; a case with 0 replays counts its deterministic flag once (contract). The
+interval's sample size is the cell's cases (schema v3; stats.py says why).
 `det_faults` (schema v2) counts the cases whose deterministic emulation faults.
 Only non-held-out cases count; regions holding held-out cases only get no fingerprint.
 """
@@ -50,7 +51,7 @@ def _features_json(agg: str) -> str:
 
 def fingerprints_sql(staging: str, build_id_param: str = "?") -> str:
     """SELECT producing the `fingerprints` columns (build_id from a bound parameter)."""
-    lo, hi = wilson_sql("sum(k)", "sum(n)")
+    lo, hi = wilson_sql("sum(k)", "sum(n)", n_eff="count(*)")  # the cases are the sample (stats.py)
     return f"""
 WITH t AS ({trials_sql(staging)})
 SELECT {build_id_param}::VARCHAR AS build_id, op, variant, dtype, region, fault_type,

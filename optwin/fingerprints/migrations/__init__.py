@@ -13,11 +13,12 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from optwin.errors import DatabaseError, SchemaVersionError
-from optwin.fingerprints.migrations import v0001_initial, v0002_det_faults
+from optwin.fingerprints.migrations import v0001_initial, v0002_det_faults, v0003_case_intervals
 
 MIGRATIONS: list[tuple[int, Callable[[Any], None]]] = [
     (1, v0001_initial.migrate),
     (2, v0002_det_faults.migrate),
+    (3, v0003_case_intervals.migrate),
 ]
 SCHEMA_VERSION: int = MIGRATIONS[-1][0]
 
