@@ -216,3 +216,33 @@ def test_migrate_to_v3_recomputes_intervals_over_cases(tmp_path):
     for k, n, cases, lo, hi in got:
         assert (lo, hi) == pytest.approx(wilson(k, n, n_eff=cases), abs=1e-12)
     assert got[0][4] == pytest.approx(0.7935, abs=1e-4) and got[0][4] > wilson(0, 8)[1] + 0.4
+
+
+def _rows_by_name(path: str, table: str, build_id: str) -> list[dict]:
+    with duckdb.connect(path, read_only=True) as c:
+        cur = c.execute(f"SELECT * EXCLUDE (build_id) FROM {table} WHERE build_id = ? ORDER BY ALL", [build_id])
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, r)) for r in cur.fetchall()]
+
+
+def test_a_migrated_v0_database_takes_a_new_build_with_rows_in_their_columns(tmp_path):
+    """v0 -> v1 appended cases.family/shard/held_out after `params`, so the migrated file's column
+    order differs from a fresh one's: a build into it must write by column name, and land exactly the
+    rows a build into a fresh file writes (compared column by column, not by position)."""
+    from optwin.fingerprints.build import BuildConfig, build
+
+    cfg = dict(ops=("geodesic",), cases=4, replays=1, seed=3, workers=1)
+    old, fresh = str(tmp_path / "v0.duckdb"), str(tmp_path / "fresh.duckdb")
+    _make_v0(old)
+    assert migrate_database(old) == (0, SCHEMA_VERSION)
+    assert _columns(old, "cases") != EXPECTED["cases"]  # the appended columns really are out of order
+    new_id = build(BuildConfig(out=old, **cfg)).build_id
+    fresh_id = build(BuildConfig(out=fresh, **cfg)).build_id
+    for table in ("cases", "outcomes", "fingerprints", "representatives"):
+        got, want = _rows_by_name(old, table, new_id), _rows_by_name(fresh, table, fresh_id)
+        assert got == want and (got or table == "representatives"), table
+    cases = _rows_by_name(old, "cases", new_id)
+    assert all(c["shard"].startswith("geodesic.") and isinstance(c["held_out"], bool) for c in cases)
+    with open_store(old) as s:
+        assert {b["build_id"] for b in s.builds()} == {"old", new_id}
+        assert len(s.cases("old")) == 2  # the v0 build's rows are kept

@@ -194,11 +194,14 @@ class DuckDBStore(FingerprintStore):
             else:
                 c.execute("CREATE OR REPLACE TEMP TABLE staging AS SELECT * FROM ("
                           + _empty_staging_sql() + ") WHERE false")
-            c.execute(f"INSERT INTO cases SELECT ?, {', '.join(case_cols)} FROM staging", [bid])
-            c.execute(f"INSERT INTO outcomes SELECT ?, {', '.join(out_cols)} FROM staging", [bid])
+            # BY NAME, never by position: a migrated database has its later columns at the end (v0 -> v1
+            # appended cases.family/shard/held_out after params), so positions differ from a fresh file's.
+            c.execute(f"INSERT INTO cases BY NAME SELECT ?::VARCHAR AS build_id, {', '.join(case_cols)} FROM staging", [bid])
+            c.execute(f"INSERT INTO outcomes BY NAME SELECT ?::VARCHAR AS build_id, {', '.join(out_cols)} FROM staging",
+                      [bid])
             t1 = time.perf_counter()
-            c.execute("INSERT INTO fingerprints " + aggregate.fingerprints_sql("staging"), [bid])
-            c.execute("INSERT INTO representatives " + aggregate.representatives_sql("staging"), [bid])
+            c.execute("INSERT INTO fingerprints BY NAME " + aggregate.fingerprints_sql("staging"), [bid])
+            c.execute("INSERT INTO representatives BY NAME " + aggregate.representatives_sql("staging"), [bid])
             n_cases, n_replays = c.execute("SELECT count(*), coalesce(sum(replays), 0) FROM staging").fetchall()[0]
             row = dict(build, n_cases=int(n_cases), n_replays=int(n_replays))
             cols = [col for col, _, _ in TABLES["builds"]]
