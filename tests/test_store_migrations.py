@@ -246,3 +246,28 @@ def test_a_migrated_v0_database_takes_a_new_build_with_rows_in_their_columns(tmp
     with open_store(old) as s:
         assert {b["build_id"] for b in s.builds()} == {"old", new_id}
         assert len(s.cases("old")) == 2  # the v0 build's rows are kept
+
+
+def test_copy_for_write_never_replays_a_stale_wal_left_beside_its_target(tmp_path):
+    """A writer killed mid-gather leaves `<copy>` and `<copy>.wal`; DuckDB replays a WAL it finds beside a file
+    it opens, so a copy written over that name would come up holding the dead writer's rows. The copy removes
+    both first, and temporary names are unique per call (not the pid, which a later process can reuse)."""
+    import subprocess
+    import sys
+
+    from optwin.fingerprints.duckdb_store import copy_for_write, temp_path
+
+    src, dst = str(tmp_path / "fp.duckdb"), str(tmp_path / "fp.duckdb.tmp-stale")
+    _add(src, "first")
+    shutil.copyfile(src, dst)
+    killed = ("import duckdb, os, sys\n"
+              "c = duckdb.connect(sys.argv[1])\n"
+              "c.execute(\"INSERT INTO builds (build_id, created_at) VALUES ('stale', TIMESTAMP '2030-01-01')\")\n"
+              "os._exit(9)  # no close, no checkpoint: the insert lives only in the WAL\n")
+    subprocess.run([sys.executable, "-c", killed, dst], check=False, timeout=60)
+    assert os.path.getsize(dst + ".wal") > 0
+    copy_for_write(src, dst)
+    assert not os.path.exists(dst + ".wal")
+    with open_store(dst) as s:
+        assert [b["build_id"] for b in s.builds()] == ["first"]
+    assert temp_path(src) != temp_path(src) and temp_path(src).startswith(src + ".tmp-")

@@ -7,7 +7,7 @@ Steps, each safe to kill:
    shard; the plan and the build id go to `<out>.work/manifest.json`;
 2. run: shards write `<out>.work/shards/<shard>.parquet` (tmp name + os.replace); `--resume` reuses
    the manifest and skips every shard whose file exists, so nothing is redone or duplicated;
-3. gather: the existing database (if any) is copied to `<out>.tmp-<pid>`, the shard files are read
+3. gather: the existing database (if any) is copied to `<out>.tmp-<uuid>`, the shard files are read
    into it (deduplicated by shard and case id), fingerprints and representatives are aggregated in
    SQL, and the file is os.replace()d onto `<out>`: readers never see a half-written database;
 4. the work directory is removed.
@@ -181,10 +181,14 @@ def plan_shards(cfg: BuildConfig) -> list[ShardSpec]:
 
 
 def _write_json(path: str, obj: Any) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def load_or_write_manifest(cfg: BuildConfig, specs: list[ShardSpec]) -> dict[str, Any]:
@@ -267,13 +271,13 @@ def build(cfg: BuildConfig, on_start: Callable[[int, int], None] | None = None,
 def _build_locked(cfg: BuildConfig, t0: float, on_start: Callable[[int, int], None] | None,
                   on_shard: Callable[[dict[str, Any]], None] | None) -> BuildResult:
     """build's steps, with the database's build lock held."""
-    from optwin.fingerprints.duckdb_store import copy_for_write, is_disk_full
+    from optwin.fingerprints.duckdb_store import copy_for_write, is_disk_full, remove_db_files, temp_path
     from optwin.fingerprints.engines import run_shards
     from optwin.fingerprints.store import open_store
     from optwin.twin import TWIN_VERSION
 
     specs = plan_shards(cfg)
-    tmp = f"{cfg.out}.tmp-{os.getpid()}"
+    tmp = temp_path(cfg.out)
     try:
         manifest = load_or_write_manifest(cfg, specs)
         todo = [s for s in specs if not os.path.exists(shard_path(cfg.work_dir, s.shard_id))]
@@ -314,9 +318,7 @@ def _build_locked(cfg: BuildConfig, t0: float, on_start: Callable[[int, int], No
                                 "(finished shards are kept)") from None
         raise
     finally:
-        for p in (tmp, tmp + ".wal"):
-            if os.path.exists(p):
-                os.remove(p)
+        remove_db_files(tmp)
     return BuildResult(manifest["build_id"], cfg.out, int(counts["cases"]), int(counts["replays"]), int(counts["fingerprints"]),
                        len(todo), len(specs) - len(todo), time.perf_counter() - t0, _summarise(summaries), run_s,
                        counts["gather_s"] + counts["aggregate_s"] + counts["commit_s"])

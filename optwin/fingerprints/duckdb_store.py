@@ -16,6 +16,7 @@ import errno
 import os
 import shutil
 import time
+import uuid
 from typing import Any, Iterable, Sequence
 
 import duckdb
@@ -251,11 +252,32 @@ def _rollback(c: duckdb.DuckDBPyConnection) -> None:
         pass
 
 
+def temp_path(path: str) -> str:
+    """A private name beside `path` for a copy to write and swap in: unique per call (uuid4, not the pid, which
+    a later process can reuse while a killed one's copy is still lying there)."""
+    return f"{path}.tmp-{uuid.uuid4().hex}"
+
+
+def remove_db_files(path: str) -> None:
+    """Remove a database file and its WAL (either may be absent)."""
+    for p in (path, path + ".wal"):
+        if os.path.lexists(p):
+            os.remove(p)
+
+
 def copy_for_write(src: str, dst: str) -> None:
-    """Copy an existing database (and nothing half-written: src is only ever replaced atomically)."""
+    """Copy an existing database (and nothing half-written: src is only ever replaced atomically).
+
+    A `dst` or `dst.wal` already there is removed first: DuckDB would replay a stale WAL onto the fresh copy.
+    On failure nothing of `dst` is left behind."""
     try:
+        remove_db_files(dst)
         shutil.copyfile(src, dst)
     except OSError as e:
+        try:
+            remove_db_files(dst)
+        except OSError:
+            pass
         raise driver_error(e, dst, "copying the database") from None
 
 
@@ -275,7 +297,7 @@ def migrate_file(path: str) -> tuple[int, int]:
         raise DatabaseError(f"no fingerprint database at {path}: run `optwin build`")
     if not is_duckdb_file(path):  # checked here: the driver's own error would name the private copy
         raise DatabaseError(f"{path}: not a DuckDB file, so not a fingerprint database (left unchanged)")
-    tmp = f"{path}.tmp-{os.getpid()}"
+    tmp = temp_path(path)
     try:
         copy_for_write(path, tmp)
         try:
@@ -295,6 +317,4 @@ def migrate_file(path: str) -> tuple[int, int]:
         os.replace(tmp, path)
         return result
     finally:
-        for p in (tmp, tmp + ".wal"):
-            if os.path.exists(p):
-                os.remove(p)
+        remove_db_files(tmp)
