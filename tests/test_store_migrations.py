@@ -271,3 +271,41 @@ def test_copy_for_write_never_replays_a_stale_wal_left_beside_its_target(tmp_pat
     with open_store(dst) as s:
         assert [b["build_id"] for b in s.builds()] == ["first"]
     assert temp_path(src) != temp_path(src) and temp_path(src).startswith(src + ".tmp-")
+
+
+def _cli(args: list[str]):
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "optwin.fingerprints.cli", *args], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_migrate_takes_the_build_lock_and_leaves_a_current_file_alone(tmp_path):
+    """`optwin migrate` swaps a copy onto the file, as a build does: while a build holds the database's lock it is
+    refused (one `error:` line, file untouched), else a build finishing meanwhile would be undone by its swap. A file
+    already at the current version is not copied or swapped at all (same inode, same bytes, no temporary)."""
+    from optwin.fingerprints.build_lock import build_lock
+
+    old = str(tmp_path / "v0.duckdb")
+    _make_v0(old)
+    before = (os.stat(old).st_ino, open(old, "rb").read())
+    with build_lock(old):  # a build of this database, still running
+        r = _cli(["migrate", old])
+        assert r.returncode == 2 and r.stderr.strip().splitlines() == [r.stderr.strip()], r.stderr
+        assert r.stderr.startswith("error: ") and f"another build (pid {os.getpid()}) is writing it" in r.stderr
+    assert (os.stat(old).st_ino, open(old, "rb").read()) == before
+    assert _cli(["migrate", old]).returncode == 0  # the build ended: migrate goes ahead
+
+    cur = str(tmp_path / "fp.duckdb")
+    _add(cur, "only")
+    st = os.stat(cur)
+    r = _cli(["migrate", cur])
+    assert r.returncode == 0 and f"already at schema version {SCHEMA_VERSION}" in r.stdout, r.stderr
+    assert (os.stat(cur).st_ino, os.stat(cur).st_mtime_ns) == (st.st_ino, st.st_mtime_ns)
+    assert sorted(os.listdir(tmp_path)) == ["fp.duckdb", "v0.duckdb"]  # no copy, no lock file left
+    with build_lock(cur, "migrate"):  # and a build meeting a migrate says so
+        r = _cli(["build", "--ops", "geodesic", "--cases", "2", "--out", cur])
+        assert r.returncode == 2 and f"optwin migrate (pid {os.getpid()}) is writing it" in r.stderr, r.stderr

@@ -21,7 +21,7 @@ from typing import Any, Iterable, Sequence
 
 import duckdb
 
-from optwin.errors import DatabaseError
+from optwin.errors import DatabaseError, SchemaVersionError
 from optwin.fingerprints import aggregate, migrations
 from optwin.fingerprints.migrations.v0001_initial import TABLES
 from optwin.fingerprints.store import FingerprintStore, Rows
@@ -292,11 +292,42 @@ def is_duckdb_file(path: str) -> bool:
 
 
 def migrate_file(path: str) -> tuple[int, int]:
-    """Upgrade `path` to the current schema on a private copy, then swap it in with os.replace."""
+    """Upgrade `path` to the current schema on a private copy, then swap it in with os.replace.
+
+    Holds the database's build lock (a build finishing meanwhile would otherwise be undone by the swap), and
+    leaves a file already at the current version alone: no copy, no swap."""
+    from optwin.fingerprints.build_lock import build_lock
+
     if not os.path.exists(path):
         raise DatabaseError(f"no fingerprint database at {path}: run `optwin build`")
     if not is_duckdb_file(path):  # checked here: the driver's own error would name the private copy
         raise DatabaseError(f"{path}: not a DuckDB file, so not a fingerprint database (left unchanged)")
+    with build_lock(path, "migrate"):
+        found = _file_version(path)
+        if found == migrations.SCHEMA_VERSION:
+            return found, found
+        if found is not None and found > migrations.SCHEMA_VERSION:
+            raise SchemaVersionError(migrations.version_message(path, found))
+        return _migrate_copy(path)
+
+
+def _file_version(path: str) -> int | None:
+    """The schema version of the file at `path`, read through a read-only ATTACH (the file is not written)."""
+    try:
+        conn = duckdb.connect(":memory:")
+    except duckdb.Error as e:
+        raise driver_error(e, path, "opening it") from None
+    try:
+        conn.execute(f"ATTACH {_lit(path)} AS fp (TYPE duckdb, READ_ONLY)")
+        conn.execute("USE fp")
+        return migrations.detect_version(conn, path)
+    except duckdb.Error as e:
+        raise driver_error(e, path, "reading its schema version") from None
+    finally:
+        conn.close()
+
+
+def _migrate_copy(path: str) -> tuple[int, int]:
     tmp = temp_path(path)
     try:
         copy_for_write(path, tmp)
