@@ -44,7 +44,7 @@ def twin(num: Numerics, variant: str, dtype: str, inputs: dict[str, torch.Tensor
 
     p1, l1, p2, l2 = (r(inputs[k] * DEG2RAD32) for k in ("lat1", "lon1", "lat2", "lon2"))  # (..., n) rad
     if variant == "acos":
-        c = r(r(torch.sin(p1)) * r(torch.sin(p2))
+        c = r(r(r(torch.sin(p1)) * r(torch.sin(p2)))  # eager torch: each product its own kernel, rounded
               + r(r(r(torch.cos(p1)) * r(torch.cos(p2))) * r(torch.cos(r(l2 - l1)))))
         # Rounding can push c past 1 (acos -> NaN); near-identical points leave c = 1 - tiny and
         # lose the separation to the fp32 spacing at 1.
