@@ -112,3 +112,13 @@ def test_welford_statistics_keep_constant_rows_exact() -> None:
            "bias": torch.full((96,), 0.5, dtype=torch.float16)}
     res = twin.run("layernorm", "torch", "float16", inp)
     assert torch.equal(res.emulated, torch.full((2, 96), 0.5, dtype=torch.float64)) and not any(res.faults.values())
+
+
+def test_mca_keeps_a_constant_row_exact() -> None:
+    """A constant float16 row of 0.5: every step of F.layer_norm is exact (mean 0.5, deltas 0, y = bias),
+    so Verificarlo's random rounding has nothing to perturb and no replay may fault. Perturbing exact
+    results first gave precision_loss in every replay under mca where stochastic rounding gave none."""
+    inp = {"x": torch.full((4, 256), 0.5).half(), "weight": torch.ones(256).half(), "bias": torch.zeros(256).half()}
+    for noise in ("mca", "stochastic"):
+        res = twin.run("layernorm", "torch", "float16", inp, noise=noise, replays=32, seed=0)
+        assert res.probability == {"nonfinite": 0.0, "precision_loss": 0.0}, noise

@@ -230,3 +230,20 @@ def test_max_propagates_nan_and_ulps_between() -> None:
     u = ulps_between(torch.tensor([1 + 2**-10, math.inf, math.nan, 5.0], dtype=F64),
                      torch.tensor([1.0, math.inf, math.nan, math.nan], dtype=F64), "float16")
     assert u.tolist() == [1.0, 0.0, 0.0, math.inf]
+
+
+def test_mca_leaves_representable_values_alone() -> None:
+    """Verificarlo's random-rounding mode perturbs only results that are inexact at the virtual
+    precision: an exact float16 1024.0 (or a subnormal on float16's grid) must come back as itself in
+    every replay, where perturbing first moved 1024.0 to 1023.5 in a quarter of them. An inexact value
+    still takes both neighbours, and a lower virtual precision perturbs what it cannot hold."""
+    f16 = FORMATS["float16"]
+    exact = torch.tensor([1024.0, -1024.0, 0.5, 1.0 + 2**-10, 65504.0, 2.0**-24, -3 * 2.0**-24, 2.0**-14], dtype=F64)
+    num = Numerics("mca", replays=4000, seed=3)
+    out = num.round(num.expand(exact), f16)  # (4000, 8)
+    assert torch.equal(out, exact.expand_as(out))
+    assert torch.equal(perturb_mca(exact, f16, torch.Generator().manual_seed(1)), exact)
+    tie = torch.full((4000,), 1.0 + 2**-11, dtype=F64)  # halfway between two float16 neighbours
+    assert set(Numerics("mca", seed=2).round(tie, f16).unique().tolist()) == {1.0, 1.0 + 2**-10}
+    low = Numerics("mca", seed=2, mca_precision=8).round(torch.full((4000,), 1.0 + 2**-10, dtype=F64), f16)
+    assert low.unique().numel() > 1  # 1 + 2^-10 needs 11 bits: inexact at a virtual precision of 8

@@ -13,7 +13,7 @@ Noise modes (one input -> a distribution of outcomes, R replays batched in a lea
 - `mca`: Monte-Carlo arithmetic in Verificarlo's random-rounding mode: the exact result is perturbed
   by `2^(e - t) * xi`, xi ~ U(-1/2, 1/2), e the exponent of the result, t the virtual precision
   (the format's precision by default), and then rounded to nearest in the format, which keeps
-  overflow and underflow physical.
+  overflow and underflow physical. A result already representable at precision t is not perturbed.
 - `order`: every reduction takes a random order (a random permutation of its elements) and a random
   block width; rounding itself stays round-to-nearest-even.
 Seeds are reproducible: the same seed gives the same replays.
@@ -222,14 +222,23 @@ def _round_stochastic_scaled(x: torch.Tensor, f: Format, gen: torch.Generator, f
 
 
 def perturb_mca(x: torch.Tensor, f: Format | str, gen: torch.Generator, t: int | None = None) -> torch.Tensor:
-    """Verificarlo random-rounding MCA: x + 2^(e_x - t) * xi, xi ~ U(-1/2, 1/2), at virtual precision t."""
+    """Verificarlo random-rounding MCA: x + 2^(e_x - t) * xi, xi ~ U(-1/2, 1/2), at virtual precision t.
+
+    A value already representable at the virtual precision (t significand bits on the format's grid,
+    whose spacing stops shrinking below its smallest normal) is left as it is, as Verificarlo's RR
+    mode does (interflop_mca.c: `mode == rr && _IS_REPRESENTABLE(x, t)`): an exact result has no
+    rounding error to randomize (perturbing it would move an exact 1024.0 to 1023.5 in float16 a
+    quarter of the time). NaN, inf and 0 pass through; the draw is made for every element either way."""
     f = fmt(f)
     t = f.p if t is None else t
     x = x.to(torch.float64)
-    _, e = torch.frexp(x.abs())  # |x| = m 2^e, m in [0.5, 1): Verificarlo's e_x
+    a = x.abs()
+    _, e = torch.frexp(a)  # |x| = m 2^e, m in [0.5, 1): Verificarlo's e_x
     xi = torch.rand(x.shape, generator=gen, dtype=torch.float64, device=x.device) - 0.5
     noise = torch.ldexp(xi, (e - t).to(torch.int64))
-    return torch.where(torch.isfinite(x) & (x != 0), x + noise, x)
+    scaled = torch.ldexp(a, -(torch.clamp(e - 1, min=f.emin) - (t - 1)))  # |x| in units of the grid's spacing
+    inexact = scaled != torch.floor(scaled)  # False for NaN and inf too (they keep x below)
+    return torch.where(torch.isfinite(x) & (x != 0) & inexact, x + noise, x)
 
 
 def torch_cast(x: torch.Tensor, f: Format | str) -> torch.Tensor:
