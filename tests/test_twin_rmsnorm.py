@@ -51,3 +51,20 @@ def test_noisy_replays_agree_away_from_the_boundary() -> None:
         assert clean.probability == {"nonfinite": 0.0, "precision_loss": 0.0}, noise
         assert over.probability["precision_loss"] + over.probability["nonfinite"] == 1.0, noise
         assert clean.replay_rel_error.unique().numel() > 1 or noise == "order"
+
+
+def test_eps_is_added_as_a_float32_scalar() -> None:
+    """`v + eps` with v a float32 tensor (every variant's mean square is one) adds eps rounded to float32
+    (torch casts the Python scalar to the op's float32 type; the Triton kernel takes it as an fp32
+    argument). Rows of one element make v = fp32(x*x) in [0, 4e-6], where fp32(v + 1e-6) and
+    fp32(v + fp32(1e-6)) part for a few percent of the rows: the twin must follow torch's float32 add."""
+    g = torch.Generator().manual_seed(0)
+    x = (torch.rand(4096, 1, generator=g) * 2e-3).float()  # (rows, 1) float32
+    v = x * x  # (rows, 1) the mean square, float32
+    def y(v_eps: torch.Tensor) -> torch.Tensor:  # x * rsqrt(v + eps), rsqrt rounded once to float32
+        return (x.double() * torch.rsqrt(v_eps.double()).float().double()).float().double()
+    want = y(v + 1e-6)  # torch's float32 tensor + Python scalar
+    assert not torch.equal(y((v.double() + 1e-6).float()), want)  # the float64 eps would differ
+    for variant in ("fp32-acc", "native-dtype", "triton"):
+        res = twin.run("rmsnorm", variant, "float32", {"x": x, "weight": torch.ones(1)})
+        assert torch.equal(res.emulated, want), variant

@@ -15,11 +15,10 @@ import torch
 
 from optwin.catalog import CATALOG
 from optwin.twin.numerics import (
-    FORMATS,
     TRITON_WHOLE_ROW_MAX,
     Numerics,
     fma_odd,
-    round_nearest,
+    scalar32,
     sum_squares,
     triton_row_lanes,
     welford_chunk,
@@ -27,8 +26,7 @@ from optwin.twin.numerics import (
 
 EPS = CATALOG["layernorm"].constants["eps"]
 F32 = "float32"
-# `var + eps` in float32 code adds eps cast to float32 (a python scalar becomes the op's type).
-EPS32 = float(round_nearest(torch.tensor(EPS, dtype=torch.float64), FORMATS[F32]))
+EPS32 = scalar32(EPS)  # `var + eps` in float32 code adds eps cast to float32
 
 
 def reference(inputs: dict[str, torch.Tensor], params: dict) -> torch.Tensor:

@@ -241,6 +241,13 @@ def perturb_mca(x: torch.Tensor, f: Format | str, gen: torch.Generator, t: int |
     return torch.where(torch.isfinite(x) & (x != 0) & inexact, x + noise, x)
 
 
+def scalar32(v: float) -> float:
+    """A Python float as float32 arithmetic sees it: rounded once to float32. torch wraps a Python
+    scalar beside a float32 (or, on CUDA, a half/bfloat16: opmath float32) tensor in the op's float32
+    type, and a Triton kernel takes a float argument as an fp32 scalar, so `v + eps` adds fp32(eps)."""
+    return float(round_nearest(torch.tensor(float(v), dtype=torch.float64), FORMATS["float32"]))
+
+
 def torch_cast(x: torch.Tensor, f: Format | str) -> torch.Tensor:
     """What `x.to(dtype).double()` gives for a float64 `x` in torch: float32 first, then the format.
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 import torch
 
 from optwin.catalog import CATALOG
-from optwin.twin.numerics import Numerics, sum_squares
+from optwin.twin.numerics import Numerics, scalar32, sum_squares
 
 EPS = CATALOG["rmsnorm"].constants["eps"]
+EPS32 = scalar32(EPS)  # `v + eps` adds eps cast to float32: torch's float32 (opmath) add, Triton's fp32 argument
 F32 = "float32"
 
 
@@ -26,19 +27,20 @@ def twin(num: Numerics, variant: str, dtype: str, inputs: dict[str, torch.Tensor
     if variant == "fp32-acc":
         h = x  # x.float() is exact
         v = num.mean(num.round(h * h, F32), keepdim=True)  # CUDA reduce, fp32 accumulator
-        r = num.round(torch.rsqrt(num.round(v + EPS, F32)), F32)
+        r = num.round(torch.rsqrt(num.round(v + EPS32, F32)), F32)
         hn = num.round(num.round(h * r, F32), dtype)  # (h * rsqrt(...)).to(dtype)
         return num.round(w * hn, dtype)  # weight * (...) in dtype
     if variant == "native-dtype":
         sq = num.round(x * x, dtype)  # x*x in dtype: |x| > 256 overflows float16
         v = num.round(num.mean(sq, keepdim=True), dtype)  # mean accumulates fp32, result in dtype
-        r = num.round(torch.rsqrt(num.round(v + EPS, dtype)), dtype)
+        # v + eps: a dtype tensor and a Python scalar add in float32 (opmath), then round to dtype
+        r = num.round(torch.rsqrt(num.round(num.round(v + EPS32, F32), dtype)), dtype)
         return num.round(w * num.round(x * r, dtype), dtype)
     if variant == "triton":
         n = x.shape[-1]
         s = sum_squares(num, x)  # FMA-folded neighbours and a tree, or per-lane sums over chunks
         v = num.round(s / n, F32)
-        r = num.round(torch.rsqrt(num.round(v + EPS, F32)), F32)
+        r = num.round(torch.rsqrt(num.round(v + EPS32, F32)), F32)
         y = num.round(num.round(x * r, F32) * w, F32)
         return num.round(y, dtype)
     raise ValueError(f"rmsnorm: no twin for variant {variant!r}")
