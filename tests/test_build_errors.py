@@ -189,3 +189,45 @@ def test_sigterm_stops_a_build_like_ctrl_c(tmp_path):
     assert "interrupted:" in err and "--resume" in err
     assert _wait(lambda: not any(_alive(w) for w in workers), 10.0)
     assert not os.path.exists(out) and not os.path.exists(out + ".lock")
+
+
+# A gather as long as a big build's: add_build first runs a long query on the store's connection, and the signal
+# comes while DuckDB runs it (DuckDB then fails the query with RuntimeError("Query interrupted"), not a
+# duckdb.Error). One DuckDB thread: with several, DuckDB 2.0 may not look at the signal until the query ends.
+_SLOW_GATHER = """
+import os, signal, sys, threading
+from optwin.fingerprints import duckdb_store
+sig, orig = getattr(signal, sys.argv[1]), duckdb_store.DuckDBStore.add_build
+def slow(self, build, files):
+    self.conn.execute("SET threads = 1")
+    threading.Timer(0.5, os.kill, (os.getpid(), sig)).start()
+    self.conn.execute("SELECT count(*) FROM range(100000000000) r(i) WHERE i % 7 = 3").fetchall()
+    return orig(self, build, files)
+duckdb_store.DuckDBStore.add_build = slow
+from optwin.fingerprints.cli import _standalone
+sys.argv = ["optwin", "build", *sys.argv[2:]]
+_standalone()
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_interrupt_during_the_gather_is_the_interrupt_path_and_leaves_the_database(tmp_path, sig):
+    """Ctrl-C or SIGTERM while DuckDB gathers the shards into the database reaches us as DuckDB's
+    RuntimeError("Query interrupted"): it must take the interrupt path (the --resume hint, exit 130, no traceback),
+    leave the existing database byte for byte and no temporary copy, and keep the finished shards for --resume."""
+    out = str(tmp_path / "fp.duckdb")
+    args = ["--ops", "geodesic", "--cases", "2", "--replays", "1", "--workers", "1", "--out", out]
+    assert _cli(["build", *args, "--seed", "1"]).returncode == 0
+    before = open(out, "rb").read()
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-c", _SLOW_GATHER, sig, *args, "--seed", "2"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 130, r.stderr
+    assert "Traceback" not in r.stderr and "interrupted:" in r.stderr and "--resume" in r.stderr, r.stderr
+    assert open(out, "rb").read() == before
+    assert not [p for p in os.listdir(tmp_path) if ".tmp-" in p or p.endswith(".lock")]
+    assert os.listdir(os.path.join(out + ".work", "shards"))
+    r = _cli(["build", *args, "--seed", "2", "--resume"])
+    assert r.returncode == 0, r.stderr
+    with duckdb.connect(out, read_only=True) as c:
+        assert c.execute("SELECT count(*) FROM builds").fetchall() == [(2,)]

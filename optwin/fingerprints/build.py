@@ -271,7 +271,7 @@ def build(cfg: BuildConfig, on_start: Callable[[int, int], None] | None = None,
 def _build_locked(cfg: BuildConfig, t0: float, on_start: Callable[[int, int], None] | None,
                   on_shard: Callable[[dict[str, Any]], None] | None) -> BuildResult:
     """build's steps, with the database's build lock held."""
-    from optwin.fingerprints.duckdb_store import copy_for_write, is_disk_full, remove_db_files, temp_path
+    from optwin.fingerprints.duckdb_store import copy_for_write, is_disk_full, is_interrupt, remove_db_files, temp_path
     from optwin.fingerprints.engines import run_shards
     from optwin.fingerprints.store import open_store
     from optwin.twin import TWIN_VERSION
@@ -313,6 +313,8 @@ def _build_locked(cfg: BuildConfig, t0: float, on_start: Callable[[int, int], No
     except OptwinError:
         raise
     except Exception as e:
+        if is_interrupt(e):  # Ctrl-C/SIGTERM while DuckDB ran a query: RuntimeError("Query interrupted")
+            raise KeyboardInterrupt from None
         if is_disk_full(e):
             raise DatabaseError(f"{cfg.out}: disk full while building: free space and rerun with --resume "
                                 "(finished shards are kept)") from None

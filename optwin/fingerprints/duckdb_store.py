@@ -36,6 +36,20 @@ def is_disk_full(e: BaseException) -> bool:
     return any(s in str(e).lower() for s in _DISK_FULL)
 
 
+def is_interrupt(e: BaseException) -> bool:
+    """True for Ctrl-C/SIGTERM arriving while DuckDB runs a query: DuckDB swallows the signal handler's
+    KeyboardInterrupt and fails the query instead, with InterruptException or a bare RuntimeError
+    ("Query interrupted", not a duckdb.Error)."""
+    if isinstance(e, (KeyboardInterrupt, duckdb.InterruptException)):
+        return True
+    return isinstance(e, RuntimeError) and str(e).strip().lower().startswith("query interrupted")
+
+
+def _fail(e: BaseException, path: str, what: str) -> BaseException:
+    """What to raise for a driver failure: KeyboardInterrupt for an interrupt, else driver_error's one line."""
+    return KeyboardInterrupt() if is_interrupt(e) else driver_error(e, path, what)
+
+
 def driver_error(e: BaseException, path: str, what: str) -> DatabaseError:
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     if is_disk_full(e):
@@ -64,7 +78,7 @@ class DuckDBStore(FingerprintStore):
                 self._conn = duckdb.connect(path)
         except duckdb.Error as e:
             self.close()
-            raise driver_error(e, path, "opening it") from None
+            raise _fail(e, path, "opening it") from None
         try:
             if not read_only and migrations.detect_version(self._conn, path) is None:
                 self._conn.execute("BEGIN")
@@ -76,7 +90,7 @@ class DuckDBStore(FingerprintStore):
             raise
         except duckdb.Error as e:
             self.close()
-            raise driver_error(e, path, "reading its schema version") from None
+            raise _fail(e, path, "reading its schema version") from None
 
     # ---- helpers ----
     @property
@@ -94,7 +108,7 @@ class DuckDBStore(FingerprintStore):
             cols = [d[0] for d in cur.description]
             return [dict(zip(cols, row)) for row in cur.fetchall()]
         except duckdb.Error as e:
-            raise driver_error(e, self.path, "reading it") from None
+            raise _fail(e, self.path, "reading it") from None
 
     def _resolve(self, build_id: str | None) -> str | None:
         return build_id if build_id is not None else self.latest_build_id()
@@ -216,9 +230,13 @@ class DuckDBStore(FingerprintStore):
         except DatabaseError:
             _rollback(c)
             raise
-        except (duckdb.Error, OSError) as e:
+        except BaseException as e:  # an interrupt mid-query is a RuntimeError: it stops the build like Ctrl-C does
             _rollback(c)
-            raise driver_error(e, self.path, "writing the build") from None
+            if is_interrupt(e):
+                raise KeyboardInterrupt from None
+            if isinstance(e, (duckdb.Error, OSError)):
+                raise driver_error(e, self.path, "writing the build") from None
+            raise
         return {"cases": int(n_cases), "replays": int(n_replays), "fingerprints": int(n_fp),
                 "representatives": int(n_rep), "gather_s": t1 - t0, "aggregate_s": t2 - t1,
                 "commit_s": time.perf_counter() - t2}
@@ -227,8 +245,10 @@ class DuckDBStore(FingerprintStore):
         """Fold the WAL into the file so it can be copied/renamed as one file."""
         try:
             self.conn.execute("CHECKPOINT")
-        except duckdb.Error as e:
-            raise driver_error(e, self.path, "checkpointing") from None
+        except (duckdb.Error, RuntimeError) as e:
+            if not isinstance(e, duckdb.Error) and not is_interrupt(e):
+                raise
+            raise _fail(e, self.path, "checkpointing") from None
 
 
 def _lit(s: str) -> str:
@@ -316,13 +336,13 @@ def _file_version(path: str) -> int | None:
     try:
         conn = duckdb.connect(":memory:")
     except duckdb.Error as e:
-        raise driver_error(e, path, "opening it") from None
+        raise _fail(e, path, "opening it") from None
     try:
         conn.execute(f"ATTACH {_lit(path)} AS fp (TYPE duckdb, READ_ONLY)")
         conn.execute("USE fp")
         return migrations.detect_version(conn, path)
     except duckdb.Error as e:
-        raise driver_error(e, path, "reading its schema version") from None
+        raise _fail(e, path, "reading its schema version") from None
     finally:
         conn.close()
 
@@ -334,15 +354,17 @@ def _migrate_copy(path: str) -> tuple[int, int]:
         try:
             conn = duckdb.connect(tmp)
         except duckdb.Error as e:
-            raise driver_error(e, path, "opening it") from None
+            raise _fail(e, path, "opening it") from None
         try:
             conn.execute("BEGIN")
             found = migrations.detect_version(conn, path)
             result = migrations.upgrade(conn, path) if found != migrations.SCHEMA_VERSION else (found, found)
             conn.execute("COMMIT")
             conn.execute("CHECKPOINT")
-        except duckdb.Error as e:
-            raise driver_error(e, path, "migrating it") from None
+        except (duckdb.Error, RuntimeError) as e:
+            if not isinstance(e, duckdb.Error) and not is_interrupt(e):
+                raise
+            raise _fail(e, path, "migrating it") from None
         finally:
             conn.close()
         os.replace(tmp, path)
