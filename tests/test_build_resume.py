@@ -72,3 +72,53 @@ def test_resume_refuses_a_work_dir_of_another_plan(tmp_path):
     other = BuildConfig(out=out, ops=("geodesic",), cases=4, replays=2, seed=2, resume=True)
     with pytest.raises(OptwinError, match="different build"):
         build(other)
+
+
+def _capture_profile(path, seed: int) -> str:
+    """A real profile: an RMSNorm module's calls captured by optwin.ingest (inputs drawn with `seed`)."""
+    import torch
+
+    from optwin.ingest.capture import capture
+
+    torch.manual_seed(seed)
+    norm = torch.nn.RMSNorm(16).half()
+    with torch.no_grad(), capture(norm, sample_rate=1.0, capacity=2, seed=1, ops=("rmsnorm",)) as rec:
+        for _ in range(3):
+            norm(torch.randn(4, 16, dtype=torch.float16) * (1 + seed))
+    return str(rec.write_profile(path, model="tiny-rmsnorm"))
+
+
+def test_resume_refuses_shards_of_a_profile_captured_again_or_of_other_code(tmp_path):
+    """A profile is recorded in the plan by a hash of its files, not only its path: captured again under the same
+    path it is another input, and --resume must not gather the old profile's shards with the new one's. Likewise
+    shards of another twin/code version. The refusal is one line saying what changed; the order of --ops is no
+    change (the same operators plan the same shards)."""
+    import json
+
+    import pytest
+
+    from optwin.errors import OptwinError
+    from optwin.fingerprints.build import load_or_write_manifest
+
+    out = str(tmp_path / "fp.duckdb")
+    prof = _capture_profile(tmp_path / "prof", seed=0)
+    cfg = BuildConfig(out=out, profile=prof, ops=("rmsnorm",), cases=2, replays=1, seed=1, workers=1)
+    load_or_write_manifest(cfg, plan_shards(cfg))  # the killed build's plan
+    _capture_profile(tmp_path / "prof", seed=1)  # the same path, new contents
+    with pytest.raises(OptwinError, match="different build .the profile's files differ") as e:
+        build(BuildConfig(out=out, profile=prof, ops=("rmsnorm",), cases=2, replays=1, seed=1, workers=1, resume=True))
+    assert "\n" not in str(e.value) and not os.path.exists(out)
+
+    cfg = BuildConfig(out=out, ops=("matmul", "geodesic"), cases=2, replays=1, seed=1)
+    first = load_or_write_manifest(cfg, plan_shards(cfg))
+    again = BuildConfig(out=out, ops=("geodesic", "matmul"), cases=2, replays=1, seed=1, resume=True)
+    assert load_or_write_manifest(again, plan_shards(again))["build_id"] == first["build_id"]
+
+    path = os.path.join(out + ".work", "manifest.json")
+    with open(path) as f:
+        manifest = json.load(f)
+    manifest["plan"]["twin_version"] = "0"  # shards of an older twin
+    with open(path, "w") as f:
+        json.dump(manifest, f)
+    with pytest.raises(OptwinError, match=r"different build .the twin version \(0 -> "):
+        build(again)

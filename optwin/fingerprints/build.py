@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import hashlib
 import json
 import os
 import shutil
@@ -97,10 +98,17 @@ class BuildConfig:
         return f"{self.out}.work"
 
     def plan_key(self) -> dict[str, Any]:
-        """What determines the build's rows (engine, address and workers do not)."""
-        return {"ops": list(self.selected_ops()), "replays": self.n_replays, "cases": self.n_cases,
+        """What determines the build's rows (engine, address and workers do not): the options (ops as a set:
+        their order changes nothing), the profile's path and a hash of its files' bytes (a profile captured again
+        under the same path is another input), and the twin and code versions (shards of older code must not
+        be gathered under this code's version)."""
+        from optwin.twin import TWIN_VERSION
+
+        return {"ops": sorted(set(self.selected_ops())), "replays": self.n_replays, "cases": self.n_cases,
                 "slices": self.preset.slices, "noise": self.noise, "seed": self.seed, "quick": self.quick,
                 "profile": os.path.abspath(self.profile) if self.profile else None,
+                "profile_digest": profile_digest(self.profile) if self.profile else None,
+                "twin_version": TWIN_VERSION, "code_version": code_version(),
                 "tolerances": self.tolerance_values(), "include_triton": self.include_triton}
 
     def tolerance_values(self) -> dict[str, float]:
@@ -125,6 +133,40 @@ class BuildResult:
     summary: list[dict[str, Any]]  # per (op, variant, dtype): cases, replays, rejected, fault rates
     run_s: float = 0.0  # running the shards (this invocation)
     gather_s: float = 0.0  # gather + aggregate + commit into the database
+
+
+def profile_digest(path: str) -> str:
+    """blake2b over a profile's files (a directory: every file below it, by sorted relative name): names, sizes
+    and bytes, read in 1 MiB blocks (a profile's tensors can be large)."""
+    root = os.path.abspath(path)
+    if os.path.isdir(root):
+        files = sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs)
+    else:
+        files, root = [os.path.basename(root)], os.path.dirname(root)
+    h = hashlib.blake2b(digest_size=16)
+    try:
+        for rel in files:
+            full = os.path.join(root, rel)
+            h.update(f"{rel}\0{os.path.getsize(full)}\0".encode())
+            with open(full, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+    except OSError as e:
+        raise ProfileError(f"{path}: cannot read the profile ({e.strerror or e})") from None
+    return h.hexdigest()
+
+
+_PLAN_NAMES = {"profile_digest": "the profile's files", "twin_version": "the twin version", "code_version": "the code version"}
+
+
+def _plan_changes(old: dict[str, Any], new: dict[str, Any]) -> str:
+    """What differs between a work dir's plan and this build's, for the one-line refusal."""
+    parts = []
+    for k in sorted(set(old) | set(new), key=lambda k: (k not in _PLAN_NAMES, k)):
+        if old.get(k) != new.get(k):
+            what = _PLAN_NAMES.get(k, k)
+            parts.append(f"{what} ({old.get(k)} -> {new.get(k)})" if k.endswith("_version") else what)
+    return ", ".join(parts)
 
 
 def validate_config(cfg: BuildConfig) -> None:
@@ -204,8 +246,10 @@ def load_or_write_manifest(cfg: BuildConfig, specs: list[ShardSpec]) -> dict[str
                 manifest = None
             if manifest and manifest.get("version") == MANIFEST_VERSION:
                 if manifest.get("plan") != key:
-                    raise OptwinError(f"{cfg.work_dir} holds a different build (other ops/replays/seed/...): "
-                                      "rerun with the same options, or without --resume to start over")
+                    changed = _plan_changes(manifest.get("plan") or {}, key)
+                    raise OptwinError(f"{cfg.work_dir} holds a different build ({changed} differ from when it started): "
+                                      "its shards cannot be reused; rerun with the same options, or without --resume "
+                                      "to start over")
                 return manifest
     if os.path.exists(cfg.work_dir):  # not resuming, or nothing resumable: start over, no stale shards
         shutil.rmtree(cfg.work_dir)
@@ -297,7 +341,7 @@ def _build_locked(cfg: BuildConfig, t0: float, on_start: Callable[[int, int], No
                  "tolerances": cfg.tolerance_values(), "include_triton": cfg.include_triton}
         row = {"build_id": manifest["build_id"], "created_at": dt.datetime.fromisoformat(manifest["created_at"]),
                "code_version": code_version(), "twin_version": TWIN_VERSION, "seed": cfg.seed,
-               "flags": json.dumps(flags, sort_keys=True), "profile": cfg.plan_key()["profile"],
+               "flags": json.dumps(flags, sort_keys=True), "profile": manifest["plan"]["profile"],
                "replays": cfg.n_replays, "noise": cfg.noise, "engine": cfg.engine,
                "duration_s": time.perf_counter() - t0}
         store = open_store(tmp, read_only=False, create=True)
