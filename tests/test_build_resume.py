@@ -122,3 +122,44 @@ def test_resume_refuses_shards_of_a_profile_captured_again_or_of_other_code(tmp_
         json.dump(manifest, f)
     with pytest.raises(OptwinError, match=r"different build .the twin version \(0 -> "):
         build(again)
+
+
+def test_resume_of_a_build_killed_after_its_swap_finishes_it_and_says_so(tmp_path):
+    """Killed after the new database was swapped onto --out but before the work directory was removed, the build
+    is done: --resume must say so, remove the work directory and exit 0 (not fail forever with "already in the
+    database"), and the interrupt line must not claim the database is as it was. A --resume with nothing left to
+    resume says so on stderr and builds afresh."""
+    import shutil
+
+    from optwin.fingerprints.cli import interrupted_message
+
+    out, saved = str(tmp_path / "fp.duckdb"), str(tmp_path / "saved.work")
+    cfg = BuildConfig(out=out, ops=("geodesic",), cases=2, replays=1, seed=4, workers=1)
+    total: list[int] = []
+    done: list[str] = []
+
+    def keep_work_dir(summary):  # the state at the swap: every shard file and the manifest
+        done.append(summary["shard"])
+        if len(done) == total[0]:
+            shutil.copytree(cfg.work_dir, saved)
+
+    result = build(cfg, on_start=lambda n, _: total.append(n), on_shard=keep_work_dir)
+    shutil.copytree(saved, cfg.work_dir)  # ... and the kill came before the cleanup
+    before = open(out, "rb").read()
+    msg = interrupted_message(cfg)
+    assert result.build_id in msg and "is as it was" not in msg and "\n" not in msg
+
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cmd = [sys.executable, "-m", "optwin.fingerprints.cli", "build", "--ops", "geodesic", "--cases", "2", "--replays",
+           "1", "--seed", "4", "--workers", "1", "--out", out, "--resume"]
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert f"already holds build {result.build_id}" in r.stdout and "nothing to resume" in r.stdout, r.stdout
+    assert not os.path.exists(cfg.work_dir) and open(out, "rb").read() == before
+    assert "is as it was" in interrupted_message(cfg)
+
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "--resume: no interrupted build in" in r.stderr and "starting a fresh build" in r.stderr, r.stderr
+    with duckdb.connect(out, read_only=True) as c:
+        assert c.execute("SELECT count(*) FROM builds").fetchall() == [(2,)]

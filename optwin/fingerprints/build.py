@@ -16,6 +16,7 @@ Case counts and replays come from a preset (`quick`: demos and tests; `full`: th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import hashlib
@@ -133,6 +134,7 @@ class BuildResult:
     summary: list[dict[str, Any]]  # per (op, variant, dtype): cases, replays, rejected, fault rates
     run_s: float = 0.0  # running the shards (this invocation)
     gather_s: float = 0.0  # gather + aggregate + commit into the database
+    already_done: bool = False  # --resume of a build that had reached the database (killed while cleaning up)
 
 
 def profile_digest(path: str) -> str:
@@ -233,17 +235,19 @@ def _write_json(path: str, obj: Any) -> None:
             os.remove(tmp)
 
 
-def load_or_write_manifest(cfg: BuildConfig, specs: list[ShardSpec]) -> dict[str, Any]:
-    """The manifest of this build: reused on --resume when it plans the same build, else fresh."""
+def load_or_write_manifest(cfg: BuildConfig, specs: list[ShardSpec],
+                           on_note: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """The manifest of this build: reused on --resume when it plans the same build, else fresh. A --resume
+    that finds no interrupted build starts a fresh one and says so through on_note."""
     path = os.path.join(cfg.work_dir, "manifest.json")
     key = cfg.plan_key()
+    if cfg.resume and not os.path.exists(path) and on_note:
+        on_note(f"--resume: no interrupted build in {cfg.work_dir}; starting a fresh build")
     if os.path.exists(path):
         if cfg.resume:
-            try:
-                with open(path) as f:
-                    manifest = json.load(f)
-            except (OSError, ValueError):
-                manifest = None
+            manifest = _read_manifest(cfg.work_dir)
+            if (not manifest or manifest.get("version") != MANIFEST_VERSION) and on_note:
+                on_note(f"--resume: {path} is unreadable or of another optwin; starting a fresh build")
             if manifest and manifest.get("version") == MANIFEST_VERSION:
                 if manifest.get("plan") != key:
                     changed = _plan_changes(manifest.get("plan") or {}, key)
@@ -259,6 +263,52 @@ def load_or_write_manifest(cfg: BuildConfig, specs: list[ShardSpec]) -> dict[str
                 "plan": key, "shards": [s.shard_id for s in specs]}
     _write_json(path, manifest)
     return manifest
+
+
+def _read_manifest(work_dir: str) -> dict[str, Any] | None:
+    try:
+        with open(os.path.join(work_dir, "manifest.json")) as f:
+            manifest = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) else None
+
+
+def _saved_build(out: str, build_id: str) -> dict[str, Any] | None:
+    """The `builds` row of build_id in the database at `out`, if it is there."""
+    from optwin.fingerprints.store import open_store
+
+    if not os.path.exists(out):
+        return None
+    with open_store(out, read_only=True) as store:
+        return next((b for b in store.builds() if b["build_id"] == build_id), None)
+
+
+def landed_build(cfg: BuildConfig) -> str | None:
+    """The id of the build in cfg.work_dir if it already reached cfg.out (the swap happened, the cleanup did not
+    finish), else None. Never raises: it is asked after an interrupt, to tell the truth about the database."""
+    try:
+        manifest = _read_manifest(cfg.work_dir)
+        bid = manifest.get("build_id") if manifest else None
+        return bid if bid and _saved_build(cfg.out, bid) is not None else None
+    except Exception:  # noqa: BLE001  an unreadable database: then it did not land
+        return None
+
+
+def _remove_work_dir(work_dir: str) -> None:
+    """Remove the work directory, its manifest last: a kill midway leaves a manifest that --resume recognises as a
+    build already in the database (and finishes removing), never a partial shard set without one."""
+    manifest = os.path.join(work_dir, "manifest.json")
+    for name in sorted(os.listdir(work_dir)) if os.path.isdir(work_dir) else []:
+        p = os.path.join(work_dir, name)
+        if p == manifest:
+            continue
+        if os.path.isdir(p) and not os.path.islink(p):
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.remove(p)
+    shutil.rmtree(work_dir, ignore_errors=True)
 
 
 def code_version() -> str:
@@ -302,18 +352,20 @@ def check_inputs(cfg: BuildConfig) -> None:
 
 
 def build(cfg: BuildConfig, on_start: Callable[[int, int], None] | None = None,
-          on_shard: Callable[[dict[str, Any]], None] | None = None) -> BuildResult:
+          on_shard: Callable[[dict[str, Any]], None] | None = None,
+          on_note: Callable[[str], None] | None = None) -> BuildResult:
     """Run a whole build (see the module docstring). Callbacks feed the progress display:
-    on_start(total_shards, already_done), on_shard(summary)."""
+    on_start(total_shards, already_done), on_shard(summary), on_note(line) (a --resume with nothing to resume)."""
     t0 = time.perf_counter()
     check_inputs(cfg)  # fail fast: bad options, profile, or a database of another schema version
     os.makedirs(os.path.dirname(os.path.abspath(cfg.out)), exist_ok=True)
     with build_lock(cfg.out):
-        return _build_locked(cfg, t0, on_start, on_shard)
+        return _build_locked(cfg, t0, on_start, on_shard, on_note)
 
 
 def _build_locked(cfg: BuildConfig, t0: float, on_start: Callable[[int, int], None] | None,
-                  on_shard: Callable[[dict[str, Any]], None] | None) -> BuildResult:
+                  on_shard: Callable[[dict[str, Any]], None] | None,
+                  on_note: Callable[[str], None] | None = None) -> BuildResult:
     """build's steps, with the database's build lock held."""
     from optwin.fingerprints.duckdb_store import copy_for_write, is_disk_full, is_interrupt, remove_db_files, temp_path
     from optwin.fingerprints.engines import run_shards
@@ -323,7 +375,14 @@ def _build_locked(cfg: BuildConfig, t0: float, on_start: Callable[[int, int], No
     specs = plan_shards(cfg)
     tmp = temp_path(cfg.out)
     try:
-        manifest = load_or_write_manifest(cfg, specs)
+        manifest = load_or_write_manifest(cfg, specs, on_note)
+        saved = _saved_build(cfg.out, manifest["build_id"]) if cfg.resume else None
+        if saved is not None:  # killed after the swap, before the cleanup: the build is done
+            with open_store(cfg.out, read_only=True) as store:
+                n_fp = len(store.fingerprints(manifest["build_id"]))
+            _remove_work_dir(cfg.work_dir)
+            return BuildResult(manifest["build_id"], cfg.out, int(saved["n_cases"] or 0), int(saved["n_replays"] or 0),
+                               n_fp, 0, len(specs), time.perf_counter() - t0, [], already_done=True)
         todo = [s for s in specs if not os.path.exists(shard_path(cfg.work_dir, s.shard_id))]
         if on_start:
             on_start(len(specs), len(specs) - len(todo))
@@ -351,7 +410,7 @@ def _build_locked(cfg: BuildConfig, t0: float, on_start: Callable[[int, int], No
         finally:
             store.close()
         os.replace(tmp, cfg.out)
-        shutil.rmtree(cfg.work_dir, ignore_errors=True)
+        _remove_work_dir(cfg.work_dir)
     except DatabaseError as e:  # name the target, not our private temporary copy
         raise DatabaseError(str(e).replace(tmp, cfg.out)) from None
     except OptwinError:

@@ -8,9 +8,12 @@ Imports only typer at import time; the builder, rich, duckdb and torch load insi
 from __future__ import annotations
 
 import signal
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
+
+if TYPE_CHECKING:
+    from optwin.fingerprints.build import BuildConfig
 
 
 def build_command(
@@ -41,15 +44,31 @@ def build_command(
     saved = signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's SIGTERM takes Ctrl-C's path: workers stop too
     try:
         with BuildProgress(console) as progress:
-            result = build(cfg, on_start=progress.start, on_shard=progress.advance)
+            result = build(cfg, on_start=progress.start, on_shard=progress.advance,
+                           on_note=lambda line: console.print(line, soft_wrap=True, highlight=False))
     except KeyboardInterrupt:
-        console.print(f"interrupted: {cfg.out} is as it was; finished shards stay in {cfg.work_dir}, and the same "
-                      "command with --resume continues from them")
+        console.print(interrupted_message(cfg), soft_wrap=True, highlight=False)
         raise typer.Exit(130) from None
     finally:
         signal.signal(signal.SIGTERM, saved)
     stdout = Console()
+    if result.already_done:
+        typer.echo(f"{cfg.out} already holds build {result.build_id} (it had finished when it was stopped): nothing "
+                   f"to resume; removed {cfg.work_dir}")
+        return
     print_summary(stdout if stdout.is_terminal else Console(width=160), result)
+
+
+def interrupted_message(cfg: BuildConfig) -> str:
+    """The line printed on Ctrl-C/SIGTERM: true whether or not the build had already been swapped into --out."""
+    from optwin.fingerprints.build import landed_build
+
+    bid = landed_build(cfg)
+    if bid is not None:
+        return (f"interrupted after the build was saved: {cfg.out} holds build {bid}; the same command with --resume "
+                f"removes what is left of {cfg.work_dir}")
+    return (f"interrupted: {cfg.out} is as it was; finished shards stay in {cfg.work_dir}, and the same command with "
+            "--resume continues from them")
 
 
 def _interrupt(signum: int, frame: object) -> None:
