@@ -173,3 +173,16 @@ def test_cli_build_prints_a_summary_table(tmp_path):
     assert r.exit_code == 0, r.output
     assert "geodesic" in r.output and "haversine" in r.output and "fingerprint rows" in r.output
     assert out.exists()
+
+
+def test_summary_rates_are_over_the_trials_run_even_with_no_replays(tmp_path):
+    """With --replays 0 each case is one deterministic trial (its flag counts once, as in the fingerprints): the
+    summary's rates are faults over cases, never fault counts shown as rates (> 1)."""
+    result = build(BuildConfig(out=str(tmp_path / "fp.duckdb"), ops=("rmsnorm",), cases=16, replays=0, seed=2,
+                               workers=2))
+    assert result.replays == 0 and result.summary
+    assert any(k > 1 for r in result.summary for k in r["faults"].values()), "the check needs rows with 2+ faults"
+    for r in result.summary:
+        assert r["replays"] == 0 and r["cases"] > 0
+        for f, k in r["faults"].items():
+            assert r["rates"][f] == pytest.approx(k / r["cases"]) and 0.0 <= r["rates"][f] <= 1.0

@@ -336,8 +336,9 @@ def _summarise(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
             row["faults"][f] += s["faults"].get(f, 0)
     out = []
     for row in table.values():
-        trials = max(row["replays"], 1)
-        row["rates"] = {f: k / trials for f, k in row["faults"].items()}
+        # the trials actually run: the replays, or with --replays 0 each case's deterministic run (its flag counts once)
+        trials = row["replays"] if row["replays"] > 0 else row["cases"]
+        row["rates"] = {f: (k / trials if trials else 0.0) for f, k in row["faults"].items()}
         out.append(row)
     return sorted(out, key=lambda r: (r["op"], r["variant"], r["dtype"]))
 
