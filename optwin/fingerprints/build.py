@@ -343,11 +343,32 @@ def _summarise(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(out, key=lambda r: (r["op"], r["variant"], r["dtype"]))
 
 
+def check_out(out: str) -> None:
+    """A --out the build can write: a file name whose directory (or the nearest existing one above it, which the
+    build creates the rest of) is a writable directory, and not a directory or read-only file itself. The build
+    writes `<out>.lock`, `<out>.work/` and a copy beside it, so this is refused up front, not after all the work."""
+    if not out.strip():
+        raise OptwinError("--out is empty: name the database file to write")
+    path = os.path.abspath(out)
+    if os.path.isdir(path):
+        raise OptwinError(f"--out {out} is a directory: name the database file to write")
+    above = os.path.dirname(path)
+    while not os.path.lexists(above):
+        above = os.path.dirname(above)
+    if not os.path.isdir(above):
+        raise OptwinError(f"--out {out}: {above} is not a directory")
+    if not os.access(above, os.W_OK | os.X_OK):
+        raise OptwinError(f"--out {out}: cannot write in {above} (permission denied or read-only)")
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise OptwinError(f"--out {out}: the file is not writable")
+
+
 def check_inputs(cfg: BuildConfig) -> None:
-    """Everything that can be refused before work starts: options, profile, the target's schema version."""
+    """Everything that can be refused before work starts: options, profile, --out, the target's schema version."""
     from optwin.fingerprints.store import open_store
 
     validate_config(cfg)
+    check_out(cfg.out)
     if os.path.exists(cfg.out):
         open_store(cfg.out, read_only=True).close()
 
