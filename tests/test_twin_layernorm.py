@@ -122,3 +122,17 @@ def test_mca_keeps_a_constant_row_exact() -> None:
     for noise in ("mca", "stochastic"):
         res = twin.run("layernorm", "torch", "float16", inp, noise=noise, replays=32, seed=0)
         assert res.probability == {"nonfinite": 0.0, "precision_loss": 0.0}, noise
+
+
+def test_welford_lane_constants_are_rounded_per_replay(monkeypatch) -> None:
+    """The Welford tree's per-lane constants (nb / (na + nb), 128 lanes) are rounded once per replay,
+    with the replay dim: a tensor of 128 lanes without it looked like a batch of 128 replays to the
+    per-replay generators, so 128 replays run at once and the same replays run in batches of 64 drew
+    differently. Any split of the replays must give the unbatched run's replays."""
+    inp = _case(3.0, 2.0, torch.float16, seed=4, hidden=256)
+    whole = twin.run("layernorm", "torch", "float16", inp, noise="stochastic", replays=128, seed=2, keep_replays=True)
+    x = twin.to_float64(inp)
+    monkeypatch.setattr(twin, "REPLAY_BATCH_BYTES", 64 * twin.replay_bytes(x, layernorm.reference(x, {}), None))
+    part = twin.run("layernorm", "torch", "float16", inp, noise="stochastic", replays=128, seed=2, keep_replays=True)
+    assert torch.equal(part.replays, whole.replays)
+    assert whole.replays.unique(dim=0).shape[0] > 1

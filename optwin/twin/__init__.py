@@ -75,8 +75,22 @@ def references(op: str, inputs64: Mapping[str, torch.Tensor], params: Mapping[st
     return mod.reference(inputs64, params), prob
 
 
-# Noisy replays of one input held at once (replays x the input's float64 size): past this, replay in batches
-MAX_REPLAYS = 1_000_000
+MAX_REPLAYS = 1_000_000  # replays one run takes (their batches bound the memory, not the time)
+# Bytes a batch of noisy replays may hold at once: `run` replays in batches of at most this over
+# replay_bytes(...) replays (at least one), so its memory stays bounded whatever `replays` is. Each
+# replay draws from its own generator, so the batches give the replays of one unbatched run.
+REPLAY_BATCH_BYTES = 1 << 29
+# float64 tensors of a replay's largest size a twin holds at once, with a margin: peak memory per
+# replay measured 1-18 of them over every op (64x1024 rows, 2x128x64 attention, 128x512 @ 512x128)
+# under stochastic, mca and order; mca and rope's tables the most.
+_LIVE_COPIES = 24
+
+
+def replay_bytes(inputs64: Mapping[str, torch.Tensor], exact: torch.Tensor, r_prob: torch.Tensor | None) -> int:
+    """Memory one noisy replay of these inputs takes: _LIVE_COPIES float64 tensors of its largest size
+    (the inputs together, the output, or attention's score matrix, whose size r_prob has)."""
+    largest = max(sum(v.numel() for v in inputs64.values()), exact.numel(), 0 if r_prob is None else r_prob.numel())
+    return 8 * _LIVE_COPIES * max(1, largest)
 
 
 def _count(name: str, op: str, v: Any, lo: int, hi: int) -> int:
@@ -89,7 +103,10 @@ def _count(name: str, op: str, v: Any, lo: int, hi: int) -> int:
 def run(op: str, variant: str, dtype: str, inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any] | None = None,
         noise: str = "none", replays: int = 0, seed: int = 0, tolerances: Tolerances | None = None,
         keep_replays: bool = False) -> TwinResult:
-    """Run one input through the twin of (op, variant, dtype): reference, emulation, noisy replays."""
+    """Run one input through the twin of (op, variant, dtype): reference, emulation, noisy replays.
+
+    Noisy replays run in batches of at most REPLAY_BATCH_BYTES (the same replays whatever the split);
+    only their flags and errors are kept, and their outputs with `keep_replays` (replays x output)."""
     if not isinstance(noise, str) or noise not in NOISE_MODES:
         raise CatalogError(f"{op}: unknown noise mode {noise!r:.40}; expected one of {', '.join(NOISE_MODES)}")
     replays = _count("replays", op, replays, 0, MAX_REPLAYS)
@@ -103,14 +120,28 @@ def run(op: str, variant: str, dtype: str, inputs: Mapping[str, torch.Tensor], p
     flags = fault_flags(op, dtype, emulated, exact, r_prob, tolerances)
     result = TwinResult(op, variant, dtype, exact, emulated, {k: bool(v) for k, v in flags.items()}, noise=noise,
                         rel_error=float(relative_error(emulated, exact)))
-    if replays:
-        if noise == "none":  # deterministic replays are all the emulated output
-            outs = emulated.unsqueeze(0).expand(replays, *emulated.shape)
-        else:
-            num = Numerics(noise, replays, seed)
-            outs = mod.twin(num, variant, dtype, {k: num.expand(v) for k, v in x.items()}, p)
-        result.replay_faults = fault_flags(op, dtype, outs, exact, r_prob, tolerances)
-        result.replay_rel_error = relative_error(outs, exact)
+    if replays and noise == "none":  # deterministic replays are all the emulated output
+        result.replay_faults = {k: v.expand(replays).clone() for k, v in flags.items()}
+        result.replay_rel_error = torch.full((replays,), result.rel_error, dtype=torch.float64)
         if keep_replays:
-            result.replays = outs
+            result.replays = emulated.unsqueeze(0).expand(replays, *emulated.shape)
+    elif replays:
+        batch = max(1, REPLAY_BATCH_BYTES // replay_bytes(x, exact, r_prob))
+        # Only the flags, the errors (and kept outputs) outlive a batch, each copied into a tensor made
+        # before the first: small tensors made batch after batch would pin the freed heap (RSS grew
+        # with every batch).
+        result.replay_faults = {k: torch.empty(replays, dtype=torch.bool) for k in flags}
+        result.replay_rel_error = torch.empty(replays, dtype=torch.float64)
+        if keep_replays:
+            result.replays = torch.empty(replays, *exact.shape, dtype=torch.float64)
+        for first in range(0, replays, batch):
+            part = slice(first, min(first + batch, replays))
+            num = Numerics(noise, part.stop - first, seed, first_replay=first)
+            outs = mod.twin(num, variant, dtype, {k: num.expand(v) for k, v in x.items()}, p)
+            for k, v in fault_flags(op, dtype, outs, exact, r_prob, tolerances).items():
+                result.replay_faults[k][part] = v
+            result.replay_rel_error[part] = relative_error(outs, exact)
+            if keep_replays:
+                result.replays[part] = outs
+            del outs, num
     return result

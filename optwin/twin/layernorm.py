@@ -45,6 +45,12 @@ def _normalize(num: Numerics, h: torch.Tensor, m: torch.Tensor, var: torch.Tenso
     return num.round(fma_odd(y, w, b), F32) if fused else num.round(num.round(y * w, F32) + b, F32)
 
 
+def _lane_constant(num: Numerics, v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """fp32(v) for a per-lane constant v (lanes,), rounded once per replay (under replays it gets the
+    replay dim, aligned to broadcast against `like`): a replay's noise never comes from another's."""
+    return num.align(num.round(num.expand(v), F32), like=like)
+
+
 def welford(num: Numerics, h: torch.Tensor, lanes: int = 128, fma_update: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean and population variance as CUDA's layer_norm computes them: each of `lanes` threads runs
     Welford's update over its strided elements, then a tree of Welford merges; every op in fp32.
@@ -53,7 +59,7 @@ def welford(num: Numerics, h: torch.Tensor, lanes: int = 128, fma_update: bool =
     lanes; mean + delta * (1/count) and m2 + delta * (h - mean) each one FMA, one rounding)."""
     n = h.shape[-1]
     if num.noise == "order" and n > 1:  # a random element order and thread count, as num.sum does
-        perm = torch.argsort(torch.rand(h.shape, generator=num.gen, dtype=torch.float64), dim=-1)
+        perm = torch.argsort(num.uniform(h), dim=-1)
         h = torch.gather(h, -1, perm)
         lanes = 2 ** int(torch.randint(5, 11, (1,), generator=num.gen))
     lanes = max(1, min(lanes, n))
@@ -66,7 +72,7 @@ def welford(num: Numerics, h: torch.Tensor, lanes: int = 128, fma_update: bool =
         c = cnt + valid[i]
         delta = num.round(x[..., i, :] - mean, F32)
         if fma_update:  # one rounding each
-            new_mean = num.round(fma_odd(delta, num.round(1.0 / c.clamp_min(1), F32), mean), F32)
+            new_mean = num.round(fma_odd(delta, _lane_constant(num, 1.0 / c.clamp_min(1), delta), mean), F32)
             new_m2 = num.round(fma_odd(delta, num.round(x[..., i, :] - new_mean, F32), m2), F32)
         else:
             new_mean = num.round(mean + num.round(delta / c.clamp_min(1), F32), F32)
@@ -80,7 +86,7 @@ def welford(num: Numerics, h: torch.Tensor, lanes: int = 128, fma_update: bool =
         half = mean.shape[-1] // 2
         ma, mb, qa, qb, na, nb = mean[..., :half], mean[..., half:], m2[..., :half], m2[..., half:], cnt[:half], cnt[half:]
         nn = na + nb  # counts are exact small integers in fp32
-        frac = num.round(nb / nn.clamp_min(1), F32)  # (half,)
+        frac = _lane_constant(num, nb / nn.clamp_min(1), ma)  # (R?, 1.., half)
         delta = num.round(mb - ma, F32)
         mean = num.round(ma + num.round(delta * frac, F32), F32)
         m2 = num.round(num.round(qa + qb, F32) + num.round(num.round(num.round(delta * delta, F32) * na, F32) * frac, F32), F32)

@@ -16,7 +16,9 @@ Noise modes (one input -> a distribution of outcomes, R replays batched in a lea
   overflow and underflow physical. A result already representable at precision t is not perturbed.
 - `order`: every reduction takes a random order (a random permutation of its elements) and a random
   block width; rounding itself stays round-to-nearest-even.
-Seeds are reproducible: the same seed gives the same replays.
+Seeds are reproducible: the same seed gives the same replays. Each replay draws from its own
+generator (`ReplayDraws`), so a replay's numbers do not depend on how many replays run beside it:
+twin.run splits many replays into batches and gets the replays of one unbatched run, bit for bit.
 """
 
 from __future__ import annotations
@@ -184,7 +186,64 @@ def round_nearest(x: torch.Tensor, f: Format | str, ftz: bool = False) -> torch.
     return _finish(x, mag, f, ftz)
 
 
-def round_stochastic(x: torch.Tensor, f: Format | str, gen: torch.Generator, ftz: bool = False) -> torch.Tensor:
+def _mix64(v: int) -> int:
+    """splitmix64's finalizer: a bijection of 64-bit integers that scatters neighbouring ones."""
+    v = (v + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    v = ((v ^ (v >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    v = ((v ^ (v >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return v ^ (v >> 31)
+
+
+def replay_seed(seed: int, replay: int) -> int:
+    """The seed of replay `replay`'s generator in a run seeded `seed`. The replays of one run get
+    distinct seeds even in their low 32 bits, all that torch's CPU generator (mt19937) keeps."""
+    return (_mix64(seed) + replay) & (2**63 - 1)
+
+
+class ReplayDraws:
+    """The element-wise random draws of replays first .. first + count - 1 of a run, one generator each.
+
+    A draw shaped (count, ...) (a tensor carrying the leading replay dim) takes its row i from replay
+    first + i's own generator, so what a replay draws does not depend on the batch it runs in. A draw
+    of any other shape (a tensor without the replay dim, e.g. a 0-d constant) comes from the shared
+    generator, seeded alike in every batch and drawn in the same sequence. Under replays a twin must
+    therefore round only tensors that carry the replay dim or have no dims at all."""
+
+    def __init__(self, seed: int, first: int, count: int, shared: torch.Generator, device: torch.device | str = "cpu"):
+        self.count = count
+        self.shared = shared
+        self.gens = [torch.Generator(device=device).manual_seed(replay_seed(seed, first + i)) for i in range(count)]
+
+    def _per_replay(self, shape: tuple[int, ...]) -> bool:
+        return len(shape) >= 1 and shape[0] == self.count
+
+
+def _uniform(gen: torch.Generator | ReplayDraws, shape: tuple[int, ...], device: torch.device,
+             dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """U[0, 1) of `shape`: from `gen`, or per replay row (ReplayDraws)."""
+    if isinstance(gen, ReplayDraws):
+        if not gen._per_replay(shape):
+            return torch.rand(shape, generator=gen.shared, dtype=dtype, device=device)
+        out = torch.empty(shape, dtype=dtype, device=device)
+        for row, g in zip(out, gen.gens):
+            row.uniform_(generator=g)
+        return out
+    return torch.rand(shape, generator=gen, dtype=dtype, device=device)
+
+
+def _integers(gen: torch.Generator | ReplayDraws, high: int, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """Uniform int64 in [0, high) of `shape`: from `gen`, or per replay row (ReplayDraws)."""
+    if isinstance(gen, ReplayDraws):
+        if not gen._per_replay(shape):
+            return torch.randint(0, high, shape, generator=gen.shared, dtype=torch.int64, device=device)
+        out = torch.empty(shape, dtype=torch.int64, device=device)
+        for row, g in zip(out, gen.gens):
+            row.random_(0, high, generator=g)
+        return out
+    return torch.randint(0, high, shape, generator=gen, dtype=torch.int64, device=device)
+
+
+def round_stochastic(x: torch.Tensor, f: Format | str, gen: torch.Generator | ReplayDraws, ftz: bool = False) -> torch.Tensor:
     """Stochastic rounding: the upper neighbour with probability (|x| - lo) / ulp, else the lower."""
     f = fmt(f)
     x = x.to(torch.float64)
@@ -195,7 +254,7 @@ def round_stochastic(x: torch.Tensor, f: Format | str, gen: torch.Generator, ftz
     # exactly the distance to the lower neighbour in ulps; the carry crosses binades (and into
     # the exponent up to inf) by itself. Below the smallest normal the ulp is fixed: a plain grid.
     d = 53 - f.p
-    r = torch.randint(0, 1 << d, x.shape, generator=gen, dtype=torch.int64, device=x.device)
+    r = _integers(gen, 1 << d, tuple(x.shape), x.device)
     up = ((x.view(torch.int64) + r) & ~((1 << d) - 1)).view(torch.float64)
     a = x.abs()
     if not float(a.amin()) >= f.tiny:  # zeros (and NaN) land here too; both paths keep them
@@ -209,19 +268,19 @@ def round_stochastic(x: torch.Tensor, f: Format | str, gen: torch.Generator, ftz
     return up
 
 
-def _round_stochastic_scaled(x: torch.Tensor, f: Format, gen: torch.Generator, ftz: bool) -> torch.Tensor:
+def _round_stochastic_scaled(x: torch.Tensor, f: Format, gen: torch.Generator | ReplayDraws, ftz: bool) -> torch.Tensor:
     """The general path (any overflow rule, flush-to-zero): scale by the ulp, floor, draw."""
     a = x.abs()
     s = _scale_exponent(a, f)
     scaled = torch.ldexp(a, -s)
     lo = torch.floor(scaled)
     frac = scaled - lo
-    up = torch.rand(a.shape, generator=gen, dtype=torch.float64, device=a.device) < frac
+    up = _uniform(gen, tuple(a.shape), a.device) < frac
     mag = torch.ldexp(lo + up.to(torch.float64), s)
     return _finish(x, mag, f, ftz)
 
 
-def perturb_mca(x: torch.Tensor, f: Format | str, gen: torch.Generator, t: int | None = None) -> torch.Tensor:
+def perturb_mca(x: torch.Tensor, f: Format | str, gen: torch.Generator | ReplayDraws, t: int | None = None) -> torch.Tensor:
     """Verificarlo random-rounding MCA: x + 2^(e_x - t) * xi, xi ~ U(-1/2, 1/2), at virtual precision t.
 
     A value already representable at the virtual precision (t significand bits on the format's grid,
@@ -234,7 +293,7 @@ def perturb_mca(x: torch.Tensor, f: Format | str, gen: torch.Generator, t: int |
     x = x.to(torch.float64)
     a = x.abs()
     _, e = torch.frexp(a)  # |x| = m 2^e, m in [0.5, 1): Verificarlo's e_x
-    xi = torch.rand(x.shape, generator=gen, dtype=torch.float64, device=x.device) - 0.5
+    xi = _uniform(gen, tuple(x.shape), x.device) - 0.5
     noise = torch.ldexp(xi, (e - t).to(torch.int64))
     scaled = torch.ldexp(a, -(torch.clamp(e - 1, min=f.emin) - (t - 1)))  # |x| in units of the grid's spacing
     inexact = scaled != torch.floor(scaled)  # False for NaN and inf too (they keep x below)
@@ -263,10 +322,14 @@ class Numerics:
 
     With `replays == R > 0` the twin's inputs carry a leading replay dim of size R and every random
     choice is drawn independently per element, so the R replays run as one batched computation.
+    They are replays first_replay .. first_replay + R - 1 of the run seeded `seed`: each draws from
+    its own generator (`draws`), so a run split into batches gives the replays of one unbatched run.
+    `gen` is the shared generator: choices made once per call for every replay (a reduction's lane
+    count under "order") and every draw of a context without replays.
     """
 
     def __init__(self, noise: str = "none", replays: int = 0, seed: int = 0, ftz: bool = False,
-                 mca_precision: int | None = None, device: torch.device | str = "cpu"):
+                 mca_precision: int | None = None, device: torch.device | str = "cpu", first_replay: int = 0):
         if noise not in NOISE_MODES:
             raise ValueError(f"unknown noise mode {noise!r}; expected one of {', '.join(NOISE_MODES)}")
         self.noise = noise
@@ -276,6 +339,22 @@ class Numerics:
         self.mca_precision = mca_precision
         self.gen = torch.Generator(device=device)
         self.gen.manual_seed(seed)
+        self.first_replay = first_replay
+        self._device = device
+        self._draws: ReplayDraws | None = None
+
+    @property
+    def draws(self) -> torch.Generator | ReplayDraws:
+        """Where element-wise draws come from: one generator per replay (made on first use), or `gen`."""
+        if not self.replays:
+            return self.gen
+        if self._draws is None:
+            self._draws = ReplayDraws(self.seed, self.first_replay, self.replays, self.gen, self._device)
+        return self._draws
+
+    def uniform(self, x: torch.Tensor) -> torch.Tensor:
+        """U[0, 1) float64 shaped like x, drawn per replay where x carries the replay dim."""
+        return _uniform(self.draws, tuple(x.shape), x.device)
 
     @property
     def deterministic(self) -> bool:
@@ -286,10 +365,10 @@ class Numerics:
         """Round a float64 result of one operation into format f, under this context's noise."""
         f = fmt(f)
         if self.noise == "stochastic":
-            return round_stochastic(x, f, self.gen, self.ftz)
+            return round_stochastic(x, f, self.draws, self.ftz)
         if self.noise == "mca":
             t = f.p if self.mca_precision is None else self.mca_precision
-            return round_nearest(perturb_mca(x, f, self.gen, t), f, self.ftz)
+            return round_nearest(perturb_mca(x, f, self.draws, t), f, self.ftz)
         if f.torch_dtype is not None and f.name in ("float32", "float16", "bfloat16") and not self.ftz:
             # Fast path, bit-identical to round_nearest for values already representable in float32
             # (every twin intermediate): the hardware cast is correctly rounded from float32.
@@ -314,9 +393,9 @@ class Numerics:
         x = x.movedim(dim, -1)
         n = x.shape[-1]
         if self.noise == "order" and n > 1:
-            perm = torch.argsort(torch.rand(x.shape, generator=self.gen, dtype=torch.float64), dim=-1)
+            perm = torch.argsort(self.uniform(x), dim=-1)
             x = torch.gather(x, -1, perm)
-            lanes = 2 ** int(torch.randint(5, 11, (1,), generator=self.gen))
+            lanes = 2 ** int(torch.randint(5, 11, (1,), generator=self.gen))  # one for every replay
             order = "blocked"
         add = self._adder(acc)
         if add is _add32:  # exact float32 arithmetic when every term is a float32 value
@@ -445,7 +524,7 @@ class Numerics:
         n_chunks = partials.shape[-3]
         if self.noise == "order" and n_chunks > 1:
             if self.replays:
-                perm = torch.argsort(torch.rand(self.replays, n_chunks, generator=self.gen), dim=-1)  # (R, C)
+                perm = torch.argsort(_uniform(self.draws, (self.replays, n_chunks), partials.device), dim=-1)  # (R, C)
                 if shared:  # partials carry no replay dim: gather each step's partial per replay
                     steps = [partials.index_select(-3, perm[:, i]).movedim(-3, 0) for i in range(n_chunks)]
                     return self._add_in_sequence(steps, acc)
