@@ -261,3 +261,15 @@ def test_an_unwritable_out_is_refused_before_any_work(tmp_path, kind):
     err = r.stderr.strip()
     assert r.returncode == 2 and err.splitlines() == [err] and err.startswith("error: --out"), r.stderr
     assert sorted(os.listdir(tmp_path)) == ["afile", "ro"] and os.listdir(ro) == ["fp.duckdb"]
+
+
+@pytest.mark.parametrize("ops", ["", ",", " , "])
+def test_ops_naming_no_operator_is_refused_not_read_as_all(tmp_path, ops):
+    """`--ops ""` (an unset shell variable, say) names no operator: one `error:` line, not a build of every
+    operator (leaving --ops out is how to ask for all)."""
+    out = tmp_path / "fp.duckdb"
+    r = _cli(["build", "--ops", ops, "--cases", "1", "--replays", "0", "--out", str(out)])
+    err = r.stderr.strip()
+    assert r.returncode == 2 and err.splitlines() == [err], r.stderr
+    assert err.startswith("error: --ops names no operator") and "leave --ops out" in err
+    assert not os.listdir(tmp_path)

@@ -118,7 +118,7 @@ class BuildConfig:
     def selected_ops(self) -> tuple[str, ...]:
         from optwin.catalog import CATALOG
 
-        return tuple(self.ops) if self.ops else tuple(CATALOG)
+        return tuple(self.ops) if self.ops is not None else tuple(CATALOG)
 
 
 @dataclass
@@ -176,6 +176,10 @@ def validate_config(cfg: BuildConfig) -> None:
     from optwin.fingerprints.engines import ENGINES
     from optwin.twin import NOISE_MODES
 
+    if cfg.ops is not None and not cfg.ops:
+        from optwin.catalog import CATALOG
+
+        raise OptwinError(f"--ops names no operator: give some of {', '.join(CATALOG)}, or leave --ops out for all")
     for op in cfg.selected_ops():
         operator(op)  # CatalogError naming the known operators
     if cfg.noise not in NOISE_MODES:

@@ -36,7 +36,8 @@ def build_command(
     from optwin.fingerprints.build import BuildConfig, build, check_inputs
     from optwin.fingerprints.progress import BuildProgress, print_summary
 
-    op_list = tuple(o.strip() for item in (ops or []) for o in item.split(",") if o.strip()) or None
+    # given but naming nothing (`--ops ""`, `--ops ,`) stays an empty tuple, which the checks refuse: not "all"
+    op_list = tuple(o.strip() for item in ops for o in item.split(",") if o.strip()) if ops else None
     cfg = BuildConfig(out=out, profile=profile, ops=op_list, replays=replays, cases=cases, noise=noise, engine=engine,
                       address=address, quick=quick, resume=resume, seed=seed, workers=workers)
     check_inputs(cfg)  # one `error:` line before any progress output
