@@ -273,3 +273,30 @@ def test_ops_naming_no_operator_is_refused_not_read_as_all(tmp_path, ops):
     assert r.returncode == 2 and err.splitlines() == [err], r.stderr
     assert err.startswith("error: --ops names no operator") and "leave --ops out" in err
     assert not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_profile_with_non_finite_sketches_is_refused_up_front_naming_file_and_column(tmp_path, bad):
+    """Sketch features are finite by construction, so NaN/inf in a profile's sketch table means a damaged file.
+    The up-front checks refuse it with one line naming the profile, the op and the column, before any shard runs
+    (it used to pass them and fail mid-build fitting the sketches, naming neither)."""
+    import polars as pl
+    import torch
+
+    from optwin.ingest.capture import capture
+
+    norm = torch.nn.RMSNorm(16).half()
+    with torch.no_grad(), capture(norm, sample_rate=1.0, capacity=2, seed=1, ops=("rmsnorm",)) as rec:
+        for _ in range(3):
+            norm(torch.randn(4, 16, dtype=torch.float16))
+    prof = rec.write_profile(tmp_path / "prof", model="tiny-rmsnorm")
+    sketches = pl.read_parquet(prof / "sketches.parquet")
+    sketches.with_columns(pl.lit(bad, dtype=pl.Float64).alias("rms")).write_parquet(prof / "sketches.parquet")
+    with pytest.raises(ProfileError) as e:
+        build(BuildConfig(out=str(tmp_path / "fp.duckdb"), profile=str(prof), ops=("rmsnorm",), cases=2, replays=1,
+                          workers=1))
+    msg = str(e.value)
+    assert "\n" not in msg and str(prof) in msg and "'rms'" in msg and "rmsnorm" in msg, msg
+    assert not _leftovers(tmp_path) and not (tmp_path / "fp.duckdb").exists()
+    build(BuildConfig(out=str(tmp_path / "fp.duckdb"), profile=str(prof), ops=("geodesic",), cases=2, replays=1,
+                      workers=1))  # a build that uses none of the profile's ops does not read those sketches

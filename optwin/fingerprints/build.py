@@ -194,10 +194,10 @@ def validate_config(cfg: BuildConfig) -> None:
         except TypeError as e:
             raise OptwinError(f"bad tolerance override: {e}") from None
     if cfg.profile is not None:
-        from optwin.fingerprints.sources import profile_ops
+        from optwin.fingerprints.sources import check_profile_sketches, profile_ops
 
         try:
-            profile_ops(cfg.profile)
+            check_profile_sketches(cfg.profile, profile_ops(cfg.profile) & set(cfg.selected_ops()))
         except OptwinError:
             raise
         except Exception as e:  # a truncated/corrupt file surfaces as whatever its reader raises

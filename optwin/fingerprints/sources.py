@@ -78,6 +78,26 @@ def profile_ops(path: str) -> set[str]:
     return set(ops)
 
 
+def check_profile_sketches(path: str, ops: set[str] | tuple[str, ...]) -> None:
+    """ProfileError naming the profile, op and column when a sketch feature of one of `ops` holds NaN or inf:
+    sketches are finite by construction (optwin.ingest.sketch), so such a file is damaged, and the build would
+    otherwise fail mid-way fitting it, without naming the file. Nulls (features not the op's) are fine."""
+    import polars as pl
+
+    from optwin.ingest import SKETCH_FEATURES
+
+    df = _profile(path).sketches
+    for op in sorted(set(ops)):
+        rows = df.filter(pl.col("op") == op)
+        for col in SKETCH_FEATURES.get(op, ()):
+            if col not in rows.columns or not rows[col].dtype.is_float():
+                continue
+            bad = int((rows[col].is_nan() | rows[col].is_infinite()).sum())
+            if bad:
+                raise ProfileError(f"{path}: sketch column {col!r} of {op} holds NaN or inf in {bad} of {rows.height} "
+                                   "calls (sketches.parquet is damaged): capture the profile again")
+
+
 def _profile_tensors(path: str, op: str, dtype: str, n_cases: int) -> list[GenCase]:
     """Captured inputs of `op`: those captured in `dtype` when there are any, else all (cast)."""
     prof = _profile(path)
