@@ -9,7 +9,10 @@ path stays light.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +42,27 @@ class Tolerances:
 
 
 DEFAULT_TOLERANCES = Tolerances()
+
+
+def resolve_tolerances(tol: Tolerances | Mapping[str, Any] | None, op: str = "") -> Tolerances:
+    """Tolerances from a Tolerances, a mapping of some of its fields (the others keep the spec's
+    defaults, e.g. {"precision_loss_ulps": 8}) or None (the defaults); anything else, an unknown
+    field or a value that is not a finite number >= 0 is a one-line CatalogError (naming `op`)."""
+    where = f"{op}: " if op else ""
+    if tol is None:
+        return DEFAULT_TOLERANCES
+    if isinstance(tol, Tolerances):
+        return tol
+    if not isinstance(tol, Mapping):
+        raise CatalogError(f"{where}tolerances must be a Tolerances or a dict of its fields, got {type(tol).__name__}")
+    fields = [f.name for f in dataclasses.fields(Tolerances)]
+    unknown = [k for k in tol if k not in fields]
+    if unknown:
+        raise CatalogError(f"{where}unknown tolerances {sorted(unknown, key=repr)}; expected some of {fields}")
+    for k, v in tol.items():
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not (math.isfinite(float(v)) and v >= 0):
+            raise CatalogError(f"{where}tolerance {k!r:.40} must be a finite number >= 0, got {v!r:.40}")
+    return Tolerances(**{k: float(v) for k, v in tol.items()})
 
 
 @dataclass(frozen=True)
@@ -256,23 +280,34 @@ def all_triples(include_triton: bool = True) -> list[tuple[str, str, str]]:
 
 
 def is_rope_base(base: Any) -> bool:
-    """A base rope's tables can use: a finite real number above 1 (1 gives no rotation, below it NaN angles)."""
-    return isinstance(base, (int, float)) and math.isfinite(base) and base > 1
+    """A base rope's tables can use: a finite real number above 1 (1 gives no rotation, below it NaN
+    angles), a Python or numpy int or float alike (np.float32 too); bools are not numbers here."""
+    if isinstance(base, bool) or not isinstance(base, numbers.Real):
+        return False
+    try:
+        b = float(base)
+    except (OverflowError, ValueError):  # an int past float's range
+        return False
+    return math.isfinite(b) and b > 1
 
 
 def resolve_params(op: str, params: dict[str, Any] | None) -> dict[str, Any]:
-    """The op's params with defaults filled in; unknown names are an error."""
+    """The op's params with defaults filled in; unknown names, or params that are not a mapping, are an error."""
     spec = operator(op)
+    if params is not None and not isinstance(params, Mapping):
+        raise CatalogError(f"{op}: params must be a dict of name -> value, got {type(params).__name__}")
     params = dict(params or {})
     unknown = set(params) - set(spec.params)
     if unknown:
         raise CatalogError(
-            f"{op}: unknown params {sorted(unknown)}; expected {sorted(spec.params) or 'none'}"
+            f"{op}: unknown params {sorted(unknown, key=repr)}; expected {sorted(spec.params) or 'none'}"
         )
     out = dict(spec.params)
     out.update(params)
-    if op == "rope" and not is_rope_base(out["base"]):
-        raise CatalogError(f"rope: param base must be a finite number > 1, got {out['base']!r}")
+    if op == "rope":
+        if not is_rope_base(out["base"]):
+            raise CatalogError(f"rope: param base must be a finite number > 1, got {out['base']!r:.40}")
+        out["base"] = float(out["base"])  # np.float32(10000) and 10000 are the float 10000.0
     if "causal" in out:
         # a flag, not a truthy value: the string "false" would otherwise mask the scores
         c = out["causal"]

@@ -43,6 +43,9 @@ def check_shapes(spec: Operator, inputs: Mapping[str, torch.Tensor]) -> None:
         t = inputs[i.name]
         if t.is_meta:  # a shape without values (a model built on the meta device)
             raise InputError(f"{spec.name}: input {i.name!r} is on the meta device: it holds no values to check")
+        if t.layout != torch.strided:  # sparse (COO, CSR, ...) or MKL-DNN: most ops here have no kernel for them
+            raise InputError(f"{spec.name}: input {i.name!r} is a {str(t.layout).removeprefix('torch.')} tensor; "
+                             "expected a dense (strided) one")
         if t.ndim < i.min_ndim or (i.max_ndim is not None and t.ndim > i.max_ndim):
             raise InputError(f"{spec.name}: input {i.name!r} must be {i.shape}, got shape {tuple(t.shape)}")
         if t.numel() == 0:

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from optwin import twin
+from optwin.errors import CatalogError
 from optwin.kernels.production import run_variant
 from optwin.twin import rope
 from optwin.twin.faults import fault_flags
@@ -87,3 +88,17 @@ def test_inv_freq_is_float32_as_torch_computes_it() -> None:
         got = rope.inv_freq(Numerics(), d, 10000.0)
         assert (ulps_between(got, want.double(), "float32") <= 1).all()
         assert math.isclose(got[0].item(), 1.0)
+
+
+def test_numpy_float_bases_are_bases() -> None:
+    """A numpy float base (np.float32 as well as np.float64, a float subclass) is a base like the
+    Python float of the same value, where np.float32(10000) was refused as not a number."""
+    np = pytest.importorskip("numpy")
+    inp = _case(0, 5000, torch.float32, seed=2)
+    want = twin.run("rope", "fp32-angles", "float32", inp, params={"base": 10000.0})
+    for base in (np.float32(10000), np.float64(10000), np.int64(10000), 10000):
+        got = twin.run("rope", "fp32-angles", "float32", inp, params={"base": base})
+        assert torch.equal(got.emulated, want.emulated) and torch.equal(got.exact, want.exact), type(base)
+    for bad in (np.float32("inf"), np.float32(1.0), np.bool_(True), 10**400):
+        with pytest.raises(CatalogError, match="^rope: param base must be a finite number > 1"):
+            twin.run("rope", "fp32-angles", "float32", inp, params={"base": bad})

@@ -226,3 +226,42 @@ def test_replays_in_batches_are_the_unbatched_replays(monkeypatch, op: str, nois
         assert torch.equal(part.replay_rel_error, whole.replay_rel_error)
         assert all(torch.equal(part.replay_faults[k], v) for k, v in whole.replay_faults.items())
     assert whole.replay_rel_error.unique().numel() > 1 or noise == "order"
+
+
+@pytest.mark.parametrize("params", [[1], "abc", [], 3.0, {1: 2, "eps": 3}])
+def test_params_not_a_mapping_of_names_is_a_catalog_error(params) -> None:
+    """`params` that is not a dict of names gets one CatalogError line naming the op, where dict(params)
+    raised a raw TypeError (a list) or ValueError (a string)."""
+    with pytest.raises(CatalogError) as e:
+        twin.run("rmsnorm", "fp32-acc", "float16", sample("rmsnorm", "float16"), params=params)
+    assert one_line(e).startswith("rmsnorm: ") and ("must be a dict" in one_line(e) or "unknown params" in one_line(e))
+
+
+def test_tolerances_as_a_mapping_of_their_fields() -> None:
+    """tolerances= takes a dict of Tolerances fields (the rest the spec's defaults) as well as a
+    Tolerances, where a dict raised AttributeError; an unknown field, a bad value or another type is
+    one CatalogError line."""
+    from optwin.catalog import Tolerances
+
+    inputs = sample("matmul", "float16")
+    tight = twin.run("matmul", "torch", "float16", inputs, tolerances={"precision_loss_ulps": 1e-3})
+    same = twin.run("matmul", "torch", "float16", inputs, tolerances=Tolerances(precision_loss_ulps=1e-3))
+    assert tight.faults == same.faults and tight.faults["precision_loss"]  # far tighter than the rounding
+    assert not twin.run("matmul", "torch", "float16", inputs, tolerances={}).faults["precision_loss"]
+    for bad, msg in (({"precision_ulps": 1}, "unknown tolerances"), ({"geodesic_rel": -1.0}, "finite number >= 0"),
+                     ({"geodesic_rel": "x"}, "finite number >= 0"), ({"low_entropy_nats": True}, "finite number >= 0"),
+                     (16.0, "must be a Tolerances or a dict")):
+        with pytest.raises(CatalogError) as e:
+            twin.run("matmul", "torch", "float16", inputs, tolerances=bad)
+        assert one_line(e).startswith("matmul: ") and msg in one_line(e)
+
+
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+def test_sparse_inputs_are_refused() -> None:
+    """A sparse (or other non-strided) input is one InputError line, where validation's value check
+    raised NotImplementedError from the sparse backend."""
+    a, b = torch.randn(2, 3), torch.randn(3, 2)
+    for sparse, layout in ((a.to_sparse(), "sparse_coo"), (a.to_sparse_csr(), "sparse_csr")):
+        with pytest.raises(InputError) as e:
+            twin.run("matmul", "torch", "float32", {"a": sparse, "b": b})
+        assert one_line(e).startswith("matmul: input 'a'") and layout in one_line(e)

@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 import torch
 
-from optwin.catalog import Tolerances, resolve_params
+from optwin.catalog import Tolerances, resolve_params, resolve_tolerances
 from optwin.errors import CatalogError
 from optwin.twin.faults import fault_flags, relative_error
 from optwin.twin.numerics import NOISE_MODES, Numerics
@@ -101,18 +101,20 @@ def _count(name: str, op: str, v: Any, lo: int, hi: int) -> int:
 
 
 def run(op: str, variant: str, dtype: str, inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any] | None = None,
-        noise: str = "none", replays: int = 0, seed: int = 0, tolerances: Tolerances | None = None,
+        noise: str = "none", replays: int = 0, seed: int = 0, tolerances: Tolerances | Mapping[str, float] | None = None,
         keep_replays: bool = False) -> TwinResult:
     """Run one input through the twin of (op, variant, dtype): reference, emulation, noisy replays.
 
     Noisy replays run in batches of at most REPLAY_BATCH_BYTES (the same replays whatever the split);
-    only their flags and errors are kept, and their outputs with `keep_replays` (replays x output)."""
+    only their flags and errors are kept, and their outputs with `keep_replays` (replays x output).
+    `tolerances`: a Tolerances or a dict of some of its fields (the rest the spec's defaults)."""
     if not isinstance(noise, str) or noise not in NOISE_MODES:
         raise CatalogError(f"{op}: unknown noise mode {noise!r:.40}; expected one of {', '.join(NOISE_MODES)}")
     replays = _count("replays", op, replays, 0, MAX_REPLAYS)
     seed = _count("seed", op, seed, 0, 2**63 - 1)  # torch.Generator's seed range
+    tolerances = resolve_tolerances(tolerances, op)
     validate(op, variant, dtype, inputs)
-    p = resolve_params(op, dict(params or {}))
+    p = resolve_params(op, params)
     x = to_float64(inputs)
     mod = twin_module(op)
     exact, r_prob = references(op, x, p)
