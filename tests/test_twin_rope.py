@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from optwin import twin
-from optwin.errors import CatalogError
+from optwin.errors import CatalogError, InputError
 from optwin.kernels.production import run_variant
 from optwin.twin import rope
 from optwin.twin.faults import fault_flags
@@ -102,3 +102,17 @@ def test_numpy_float_bases_are_bases() -> None:
     for bad in (np.float32("inf"), np.float32(1.0), np.bool_(True), 10**400):
         with pytest.raises(CatalogError, match="^rope: param base must be a finite number > 1"):
             twin.run("rope", "fp32-angles", "float32", inp, params={"base": bad})
+
+
+def test_positions_past_float64_integers_are_refused() -> None:
+    """The reference rotates by exact integer positions in float64, which holds integers exactly only
+    below 2^53: a position at or past it (either sign, int64's -2^63 too) is one InputError line, where
+    2^60 + 1 was silently rounded to 2^60 and judged as a precision_loss fault."""
+    x = torch.randn(2, 1, 4)
+    for bad in (2**53, -(2**53), 2**60 + 1, -(2**63)):
+        with pytest.raises(InputError) as e:
+            twin.run("rope", "fp32-angles", "float32", {"x": x, "positions": torch.tensor([bad, 3])})
+        assert str(e.value).startswith("rope: input 'positions'") and "2^53" in str(e.value) and "\n" not in str(e.value)
+    edge = torch.tensor([2**53 - 1, -(2**53 - 1)])
+    res = twin.run("rope", "fp32-angles", "float32", {"x": x, "positions": edge})
+    assert torch.equal(twin.to_float64({"p": edge})["p"].long(), edge) and res.exact.shape == x.shape

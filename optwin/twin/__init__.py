@@ -23,7 +23,7 @@ from typing import Any, Mapping
 import torch
 
 from optwin.catalog import Tolerances, resolve_params, resolve_tolerances
-from optwin.errors import CatalogError
+from optwin.errors import CatalogError, InputError
 from optwin.twin.faults import fault_flags, relative_error
 from optwin.twin.numerics import NOISE_MODES, Numerics
 from optwin.validation import validate
@@ -61,8 +61,16 @@ def twin_module(op: str):
     return importlib.import_module(f"optwin.twin.{op}")
 
 
-def to_float64(inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Exact float64 CPU copies of dtype-rounded inputs (int64 positions are exact below 2^53)."""
+def to_float64(inputs: Mapping[str, torch.Tensor], op: str = "") -> dict[str, torch.Tensor]:
+    """Exact float64 CPU copies of dtype-rounded inputs. Integer inputs (rope's int64 positions) are
+    exact in float64 only below 2^53 in magnitude: one at or past it is a one-line InputError (naming
+    `op`), as the float64 reference would silently round it (the spec's exact integer positions)."""
+    for k, v in inputs.items():
+        if not v.is_floating_point() and not v.is_complex() and v.dtype != torch.bool:
+            if bool(((v >= 2**53) | (v <= -(2**53))).any()):  # no abs(): abs(-2^63) overflows int64
+                where = f"{op}: " if op else ""
+                raise InputError(f"{where}input {k!r} holds integers of magnitude >= 2^53, "
+                                 "past what float64 (the reference) holds exactly")
     return {k: v.detach().to("cpu", torch.float64) for k, v in inputs.items()}
 
 
@@ -115,7 +123,7 @@ def run(op: str, variant: str, dtype: str, inputs: Mapping[str, torch.Tensor], p
     tolerances = resolve_tolerances(tolerances, op)
     validate(op, variant, dtype, inputs)
     p = resolve_params(op, params)
-    x = to_float64(inputs)
+    x = to_float64(inputs, op)
     mod = twin_module(op)
     exact, r_prob = references(op, x, p)
     emulated = mod.twin(Numerics("none"), variant, dtype, x, p)
