@@ -10,8 +10,9 @@ import math
 import pytest
 import torch
 
-from optwin.twin.numerics import (FORMATS, Numerics, perturb_mca, round_nearest, round_stochastic, torch_cast,
-                                  ulps_between)
+from optwin.twin import numerics
+from optwin.twin.numerics import (FORMATS, Numerics, cuda_mean_factor, perturb_mca, round_nearest, round_stochastic,
+                                  torch_cast, ulps_between)
 
 TORCH_FORMATS = ("float16", "bfloat16", "float32", "float8_e4m3fn", "float8_e5m2")
 F64 = torch.float64
@@ -197,7 +198,8 @@ def test_blocked_sum_is_strided_lanes_then_a_tree(n: int, lanes: int) -> None:
         s = s + xp[:, i]  # each lane in sequence, float32
     want = _f32_tree(s)
     assert_same(Numerics().sum(x.double(), order="blocked", lanes=lanes), want.double(), "blocked")
-    assert_same(Numerics().mean(x.double(), order="blocked", lanes=lanes), (want / n).double(), "mean")
+    inv = torch.tensor(1 / n, dtype=torch.float32)  # CUDA's mean: the fp32 sum times fp32(1/n)
+    assert_same(Numerics().mean(x.double(), order="blocked", lanes=lanes), (want * inv).double(), "mean")
 
 
 def test_order_noise_permutes_reductions_by_seed() -> None:
@@ -247,3 +249,24 @@ def test_mca_leaves_representable_values_alone() -> None:
     assert set(Numerics("mca", seed=2).round(tie, f16).unique().tolist()) == {1.0, 1.0 + 2**-10}
     low = Numerics("mca", seed=2, mca_precision=8).round(torch.full((4000,), 1.0 + 2**-10, dtype=F64), f16)
     assert low.unique().numel() > 1  # 1 + 2^-10 needs 11 bits: inexact at a virtual precision of 8
+
+
+def test_mean_multiplies_by_a_float32_reciprocal_as_cuda_does(monkeypatch) -> None:
+    """CUDA's torch.mean is acc * factor with factor = float(outputs) / numel in float32
+    (ReduceMomentKernel.cu mean_kernel_impl, MeanOps::project), not acc / n as the CPU divides: over
+    rows of n = 3000 the twin's mean is fp32(s * fp32(1/3000)), which parts from fp32(s / 3000) on
+    some rows. The factor counts one input's means (a replay dim is not rows): past 2^24 elements
+    fp32(numel) can round, so 4097 rows of 4097 take a factor one ulp off fp32(1/4097)."""
+    x = _sum_data(5, rows=64, n=3000)  # (64, 3000) float32
+    s = Numerics().sum(x.double()).float()  # (64,) the fp32 sums
+    inv = torch.tensor(1 / 3000, dtype=torch.float32)
+    got = Numerics().mean(x.double())
+    assert_same(got, (s * inv).double(), "mean")
+    assert (got != (s / 3000).double()).any()
+    assert cuda_mean_factor(64, 3000) == float(inv)
+    f32 = lambda v: torch.tensor(v, dtype=torch.float64).float()
+    assert cuda_mean_factor(4097, 4097) == float(f32(4097) / f32(4097 * 4097)) != float(f32(1 / 4097))
+    seen = []
+    monkeypatch.setattr(numerics, "cuda_mean_factor", lambda rows, n: seen.append((rows, n)) or float(inv))
+    num = Numerics("stochastic", replays=3, seed=1)
+    assert num.mean(num.expand(x.double()), keepdim=True).shape == (3, 64, 1) and seen == [(64, 3000)]

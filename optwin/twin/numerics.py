@@ -307,6 +307,16 @@ def scalar32(v: float) -> float:
     return float(round_nearest(torch.tensor(float(v), dtype=torch.float64), FORMATS["float32"]))
 
 
+def cuda_mean_factor(rows: int, n: int) -> float:
+    """The float32 factor CUDA's torch.mean multiplies its accumulator by, for `rows` means over n:
+    `static_cast<float>(num_output_elements) / numel` on the host (ReduceMomentKernel.cu,
+    mean_kernel_impl), float32 over float32. That is fp32(1/n) while rows * n is a float32 integer;
+    past 2^24 elements numel may round first (4097 rows of 4097: one ulp above fp32(1/4097))."""
+    f32 = FORMATS["float32"]
+    r, t = (round_nearest(torch.tensor(float(v), dtype=torch.float64), f32) for v in (rows, rows * n))
+    return float(round_nearest(r / t, f32))  # the float64 quotient of two floats rounds once, correctly
+
+
 def torch_cast(x: torch.Tensor, f: Format | str) -> torch.Tensor:
     """What `x.to(dtype).double()` gives for a float64 `x` in torch: float32 first, then the format.
 
@@ -425,10 +435,18 @@ class Numerics:
 
     def mean(self, x: torch.Tensor, dim: int = -1, acc: Format | str = "float32", order: str = "blocked",
              lanes: int = 256, keepdim: bool = False) -> torch.Tensor:
-        """sum / n with the division rounded in `acc` (torch divides the fp32 accumulator by n)."""
+        """CUDA's torch.mean over `dim`: the sum accumulated in `acc` (as `sum`), times the float32
+        factor ~ 1/n, the product rounded in `acc` (MeanOps::project returns acc * factor, SharedReduceOps.h;
+        the factor: cuda_mean_factor). It does not divide: fp32(s * fp32(1/n)) parts from fp32(s / n)
+        for n not a power of two. CPU torch divides (sum, then div_), and so do our Triton kernels,
+        whose twins round s / n themselves. The factor counts the means of one input: under replays
+        x's leading dim is the replay dim, not part of it."""
         n = x.shape[dim]
+        rows = x.numel() // n
+        if self.replays and x.ndim > 1 and x.shape[0] == self.replays:
+            rows //= self.replays
         s = self.sum(x, dim, acc, order, lanes, keepdim)
-        return self.round(s / n, acc)
+        return self.round(s * cuda_mean_factor(rows, n), acc)
 
     def max(self, x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
         """Max is exact in every order; NaN propagates, as on the GPU (torch.amax propagates NaN)."""
