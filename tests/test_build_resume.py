@@ -91,8 +91,9 @@ def _capture_profile(path, seed: int) -> str:
 def test_resume_refuses_shards_of_a_profile_captured_again_or_of_other_code(tmp_path):
     """A profile is recorded in the plan by a hash of its files, not only its path: captured again under the same
     path it is another input, and --resume must not gather the old profile's shards with the new one's. Likewise
-    shards of another twin/code version. The refusal is one line saying what changed; the order of --ops is no
-    change (the same operators plan the same shards)."""
+    shards of another twin version (TWIN_VERSION, bumped when the twins' numerics change; not the git revision,
+    which any commit changes). The refusal is one line saying what changed; the order of --ops is no change (the
+    same operators plan the same shards)."""
     import json
 
     import pytest
@@ -122,6 +123,7 @@ def test_resume_refuses_shards_of_a_profile_captured_again_or_of_other_code(tmp_
         json.dump(manifest, f)
     with pytest.raises(OptwinError, match=r"different build .the twin version \(0 -> "):
         build(again)
+    assert "code_version" not in again.plan_key()  # a commit elsewhere must not throw away a killed build's shards
 
 
 def test_resume_of_a_build_killed_after_its_swap_finishes_it_and_says_so(tmp_path):

@@ -101,15 +101,16 @@ class BuildConfig:
     def plan_key(self) -> dict[str, Any]:
         """What determines the build's rows (engine, address and workers do not): the options (ops as a set:
         their order changes nothing), the profile's path and a hash of its files' bytes (a profile captured again
-        under the same path is another input), and the twin and code versions (shards of older code must not
-        be gathered under this code's version)."""
+        under the same path is another input), and the twin version (bumped whenever the twins' numerics change:
+        shards of older twins must not be gathered under this one's version). Not the git revision: any commit,
+        a README's included, would then throw away a killed build's shards."""
         from optwin.twin import TWIN_VERSION
 
         return {"ops": sorted(set(self.selected_ops())), "replays": self.n_replays, "cases": self.n_cases,
                 "slices": self.preset.slices, "noise": self.noise, "seed": self.seed, "quick": self.quick,
                 "profile": os.path.abspath(self.profile) if self.profile else None,
                 "profile_digest": profile_digest(self.profile) if self.profile else None,
-                "twin_version": TWIN_VERSION, "code_version": code_version(),
+                "twin_version": TWIN_VERSION,
                 "tolerances": self.tolerance_values(), "include_triton": self.include_triton}
 
     def tolerance_values(self) -> dict[str, float]:
@@ -158,7 +159,7 @@ def profile_digest(path: str) -> str:
     return h.hexdigest()
 
 
-_PLAN_NAMES = {"profile_digest": "the profile's files", "twin_version": "the twin version", "code_version": "the code version"}
+_PLAN_NAMES = {"profile_digest": "the profile's files", "twin_version": "the twin version"}
 
 
 def _plan_changes(old: dict[str, Any], new: dict[str, Any]) -> str:
