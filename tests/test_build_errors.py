@@ -233,31 +233,23 @@ def test_interrupt_during_the_gather_is_the_interrupt_path_and_leaves_the_databa
         assert c.execute("SELECT count(*) FROM builds").fetchall() == [(2,)]
 
 
-@pytest.mark.parametrize("kind", ["empty", "parent-is-a-file", "directory", "read-only-dir", "read-only-file"])
+@pytest.mark.parametrize("kind", ["empty", "parent-is-a-file", "directory"])
 def test_an_unwritable_out_is_refused_before_any_work(tmp_path, kind):
-    """A --out the build cannot write (empty, under a file, a directory, in a read-only directory, a read-only
-    file) is one `error:` line from the up-front checks, not a failure after all the shards ran: no work
-    directory, lock or copy appears (the command runs in tmp_path, where `--out ""` would put `.work`)."""
-    if kind.startswith("read-only") and os.geteuid() == 0:
-        pytest.skip("root writes through file permissions")
+    """A --out the build cannot write (empty, under a file, a directory) is one `error:` line from the up-front
+    checks, not a failure after all the shards ran: no work directory, lock or copy appears (the command runs in
+    tmp_path, where `--out ""` would put `.work`). check_out's permission checks (a read-only directory or file)
+    are not tested here: CI runs as root, which writes through file permissions, and a test skipped there for
+    good would assert nothing."""
     blocker = tmp_path / "afile"
     blocker.write_text("not a directory")
     ro = tmp_path / "ro"
     ro.mkdir()
     (ro / "fp.duckdb").write_bytes(b"")
-    out = {"empty": "", "parent-is-a-file": str(blocker / "sub" / "fp.duckdb"), "directory": str(ro),
-           "read-only-dir": str(ro / "new.duckdb"), "read-only-file": str(ro / "fp.duckdb")}[kind]
-    if kind == "read-only-dir":
-        ro.chmod(0o555)
-    if kind == "read-only-file":
-        (ro / "fp.duckdb").chmod(0o444)
+    out = {"empty": "", "parent-is-a-file": str(blocker / "sub" / "fp.duckdb"), "directory": str(ro)}[kind]
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    try:
-        r = subprocess.run([sys.executable, "-m", "optwin.fingerprints.cli", "build", "--ops", "geodesic", "--cases", "2",
-                            "--replays", "1", "--workers", "1", "--out", out], cwd=tmp_path, env=env,
-                           capture_output=True, text=True, timeout=300)
-    finally:
-        ro.chmod(0o755)
+    r = subprocess.run([sys.executable, "-m", "optwin.fingerprints.cli", "build", "--ops", "geodesic", "--cases", "2",
+                        "--replays", "1", "--workers", "1", "--out", out], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300)
     err = r.stderr.strip()
     assert r.returncode == 2 and err.splitlines() == [err] and err.startswith("error: --out"), r.stderr
     assert sorted(os.listdir(tmp_path)) == ["afile", "ro"] and os.listdir(ro) == ["fp.duckdb"]

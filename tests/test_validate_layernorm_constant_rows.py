@@ -178,8 +178,9 @@ def test_matcher_on_a_real_layernorm_build_stays_quiet_on_constant_fp16_rows(tmp
     cases = _constant_held_out("float16")
     warned = [m.assess("layernorm", "one-pass", "float16", sketch=sketch("layernorm", c.inputs)).warn for c in cases]
     assert sum(warned) <= len(cases) // 5, warned
-    # ... while a near-constant row (one element off) of the same size is the cancelling case it always was.
+    # ... while a near-constant row (one element off) of the same size is the cancelling case it always was: its
+    # variance cancels to a negative (NaN, since CUDA's mean factor in TWIN_VERSION 2) or to noise (precision loss)
     x = torch.full((4, 384), 600.0, dtype=F16)
     x[:, 7] = 600.5
     risk = m.assess("layernorm", "one-pass", "float16", sketch=sketch("layernorm", _ln(x)))
-    assert twin.run("layernorm", "one-pass", "float16", _ln(x)).faults["precision_loss"] and risk.warn
+    assert any(twin.run("layernorm", "one-pass", "float16", _ln(x)).faults.values()) and risk.warn
