@@ -132,6 +132,14 @@ def test_rope_lane_accumulators_match_per_element_and_ingest(poison, dtype):
     close(s1, ingest_sketch("rope", {"x": x, "positions": pos}, {"base": 1e4}))
 
 
+def test_rope_ahead_on_an_empty_x_sketches_it_as_the_shipped_launch():
+    """No positions, no tiles: the sketched launch still runs (for its buffer), with no first tile to load ahead."""
+    x, pos = torch.randn(0, 4, 16).to(torch.bfloat16), torch.arange(0)
+    y1, s1 = _rope(x, pos, True, ahead=True)
+    y0, s0 = _rope(x, pos, True)
+    assert y1.shape == (0, 4, 16) and s1 == s0 and s1["numel"] == 0
+
+
 def _norm(op: str, x: torch.Tensor, **kw) -> tuple[torch.Tensor, dict[str, float]]:
     """(y, sketch) of the Triton norm; kw are launch overrides."""
     return run_norm(op, norm_inputs(op, x), **kw)

@@ -90,6 +90,13 @@ def _tile_x(X_ptr, tile, n_hb, n_seq, X_batch_stride, X_seq_stride, X_head_strid
 
 
 @triton.jit
+def _tile_mask(tile, n_tiles, n_hb, n_heads, half, hl, js, BLOCK_H: tl.constexpr):
+    """(BLOCK_H, BLOCK_D) mask of tile's elements: a tile that exists, its heads, its half's columns (the tile
+    test broadcast through hl: the interpreter refuses a scalar leading a mask)."""
+    return (tile + 0 * hl < n_tiles) & ((tile % n_hb) * BLOCK_H + hl < n_heads) & (js < half)
+
+
+@triton.jit
 def _tile_position(P_ptr, tile, n_hb, n_seq, P_batch_stride):
     """tile's position (int64), from the (batch, seq) positions."""
     row = tl.cast(tile // n_hb, tl.int64)
@@ -152,7 +159,7 @@ def _rope_kernel(
         p_pos = tl.zeros((), dtype=tl.int64)  # largest |position|
     n_done = tl.zeros((), dtype=tl.int32)  # tiles done: their parity picks the cos/sin slot
     if AHEAD:  # the first tile's x, loaded before the loop: each iteration loads the next one's
-        mask_n = (pid + 0 * hl < n_tiles) & ((pid % n_hb) * BLOCK_H + hl < n_heads) & (js < half)
+        mask_n = _tile_mask(pid, n_tiles, n_hb, n_heads, half, hl, js, BLOCK_H)
         xp_n = _tile_x(X_ptr, pid, n_hb, n_seq, X_batch_stride, X_seq_stride, X_head_stride, hl, js, BLOCK_H)
         x1_n = tl.load(xp_n, mask=mask_n, other=0.0, eviction_policy="evict_first")
         x2_n = tl.load(xp_n + half, mask=mask_n, other=0.0, eviction_policy="evict_first")
@@ -171,7 +178,7 @@ def _rope_kernel(
             x1 = x1_n.to(tl.float32)
             x2 = x2_n.to(tl.float32)
             nxt = tile + tl.num_programs(0)
-            mask_n = (nxt + 0 * hl < n_tiles) & ((nxt % n_hb) * BLOCK_H + hl < n_heads) & (js < half)
+            mask_n = _tile_mask(nxt, n_tiles, n_hb, n_heads, half, hl, js, BLOCK_H)
             xp_n = _tile_x(X_ptr, nxt, n_hb, n_seq, X_batch_stride, X_seq_stride, X_head_stride, hl, js, BLOCK_H)
             x1_n = tl.load(xp_n, mask=mask_n, other=0.0, eviction_policy="evict_first")
             x2_n = tl.load(xp_n + half, mask=mask_n, other=0.0, eviction_policy="evict_first")
@@ -243,7 +250,7 @@ def _rope_kernel(
             p_sq = tl.zeros((), dtype=tl.float64)
             p_amax = tl.zeros((), dtype=tl.float32)
             for t2 in tl.range(pid, n_tiles, tl.num_programs(0)):
-                mask2 = ((t2 % n_hb) * BLOCK_H + hl < n_heads) & (js < half)
+                mask2 = _tile_mask(t2, n_tiles, n_hb, n_heads, half, hl, js, BLOCK_H)
                 xq = _tile_x(X_ptr, t2, n_hb, n_seq, X_batch_stride, X_seq_stride, X_head_stride, hl, js, BLOCK_H)
                 for hf in tl.static_range(2):  # one half at a time: this path must not set the kernel's registers
                     z = tl.load(xq + hf * half, mask=mask2, other=0.0).to(tl.float32)
@@ -390,7 +397,8 @@ def _rope_plan(x4: torch.Tensor, sketch: bool, tables: bool, base: float, block_
     vec, lanes = lane_shape(block_h * block_d, x4.element_size(), warps)
     kp = min(KEEP if keep is None else keep, vec) if lacc else 1
     cap = (ROPE_MAXNREG.get((block_h, block_d, warps)) if maxnreg is None else maxnreg) if lacc else None
-    ah = AHEAD if ahead is None else bool(ahead)
+    # no tiles (an empty x, launched for its sketch): no first tile to load ahead, nor a position to divide by
+    ah = (AHEAD if ahead is None else bool(ahead)) and batch * seq > 0
     key = ("rope", x4.dtype, block_h, block_d, warps, st, tables, sketch, lacc, cap, kp, ah)
     base_bits = struct.unpack("<q", struct.pack("<d", float(base)))[0]
     grid = persistent_grid(key, batch * seq * n_hb, x4.device, per_sm)
