@@ -21,8 +21,8 @@ Z95 = 1.959963984540054  # two-sided 95% normal quantile
 
 
 def wilson(k: int, n: int, z: float = Z95, n_eff: float | None = None) -> tuple[float, float]:
-    """The Wilson score interval (lo, hi) for k successes in n trials, of n_eff independent ones (default n:
-    the cases of a cell, module docstring); (0, 1) when n == 0.
+    """The Wilson score interval (lo, hi) for k successes in n trials, as many independent as n_eff (default
+    n; a build passes its cell's cases, module docstring); (0, 1) when n == 0.
 
     Clamped so that lo <= k/n <= hi holds exactly despite rounding (the SQL in aggregate.py does
     the same, so both agree to the last bit up to float evaluation order).

@@ -23,6 +23,7 @@ twin.run splits many replays into batches and gets the replays of one unbatched 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -307,14 +308,13 @@ def scalar32(v: float) -> float:
     return float(round_nearest(torch.tensor(float(v), dtype=torch.float64), FORMATS["float32"]))
 
 
+@functools.lru_cache(maxsize=1024)  # every mean of every twin run asks: a few shapes, asked again and again
 def cuda_mean_factor(rows: int, n: int) -> float:
     """The float32 factor CUDA's torch.mean multiplies its accumulator by, for `rows` means over n:
     `static_cast<float>(num_output_elements) / numel` on the host (ReduceMomentKernel.cu,
     mean_kernel_impl), float32 over float32. That is fp32(1/n) while rows * n is a float32 integer;
     past 2^24 elements numel may round first (4097 rows of 4097: one ulp above fp32(1/4097))."""
-    f32 = FORMATS["float32"]
-    r, t = (round_nearest(torch.tensor(float(v), dtype=torch.float64), f32) for v in (rows, rows * n))
-    return float(round_nearest(r / t, f32))  # the float64 quotient of two floats rounds once, correctly
+    return scalar32(scalar32(rows) / scalar32(rows * n))  # the float64 quotient of two floats rounds once, correctly
 
 
 def torch_cast(x: torch.Tensor, f: Format | str) -> torch.Tensor:
