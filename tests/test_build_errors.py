@@ -67,7 +67,8 @@ def test_other_schema_version_refused_before_any_work(tmp_path):
 
 
 def test_bad_options_are_rejected(tmp_path):
-    for cfg in (dict(noise="loud"), dict(engine="spark"), dict(replays=-1)):
+    for cfg in (dict(noise="loud"), dict(engine="spark"), dict(replays=-1), dict(tolerances={"ulps": 8}),
+                dict(tolerances={"precision_loss_ulps": -1.0})):  # tolerances: the twin's own check, up front
         with pytest.raises((CatalogError, DatabaseError, Exception)) as e:
             build(BuildConfig(out=str(tmp_path / "x.duckdb"), ops=("geodesic",), cases=2, **cfg))
         assert type(e.value).__module__ == "optwin.errors"

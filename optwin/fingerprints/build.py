@@ -29,7 +29,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from optwin.catalog import DEFAULT_TOLERANCES, Tolerances, all_triples, operator
+from optwin.catalog import all_triples, operator, resolve_tolerances
 from optwin.errors import DatabaseError, OptwinError, ProfileError
 from optwin.fingerprints.build_lock import build_lock
 from optwin.fingerprints.shards import ShardSpec, shard_path, stable_hash, summary_path
@@ -114,7 +114,7 @@ class BuildConfig:
                 "tolerances": self.tolerance_values(), "include_triton": self.include_triton}
 
     def tolerance_values(self) -> dict[str, float]:
-        return dataclasses.asdict(Tolerances(**self.tolerances)) if self.tolerances else dataclasses.asdict(DEFAULT_TOLERANCES)
+        return dataclasses.asdict(resolve_tolerances(self.tolerances))
 
     def selected_ops(self) -> tuple[str, ...]:
         from optwin.catalog import CATALOG
@@ -189,11 +189,7 @@ def validate_config(cfg: BuildConfig) -> None:
         raise OptwinError(f"unknown engine {cfg.engine!r}; expected one of {', '.join(ENGINES)}")
     if cfg.n_replays < 0 or cfg.n_cases < 1 or cfg.n_workers < 1:
         raise OptwinError("--replays must be >= 0, --cases and --workers >= 1")
-    if cfg.tolerances:
-        try:
-            Tolerances(**cfg.tolerances)
-        except TypeError as e:
-            raise OptwinError(f"bad tolerance override: {e}") from None
+    resolve_tolerances(cfg.tolerances)  # unknown fields and bad values: one CatalogError line, as twin.run's
     if cfg.profile is not None:
         from optwin.fingerprints.sources import check_profile_sketches, profile_ops
 

@@ -159,13 +159,13 @@ def run_shard(spec_dict: dict[str, Any], work_dir: str) -> dict[str, Any]:
     """
     import polars as pl
 
-    from optwin.catalog import Tolerances
+    from optwin.catalog import resolve_tolerances
     from optwin.errors import OptwinError
     from optwin.fingerprints.sources import generate
 
     t0, c0 = time.perf_counter(), time.process_time()
     spec = ShardSpec(**spec_dict)
-    tol = Tolerances(**spec.tolerances) if spec.tolerances else None
+    tol = resolve_tolerances(spec.tolerances)  # once a shard, not in every case's twin.run
     cases = generate(spec.source, spec.op, spec.dtype, spec.n_cases, spec.gen_seed, spec.profile)
     rows, rejected = [], Counter()
     for case in cases[spec.slice_index::spec.n_slices]:
