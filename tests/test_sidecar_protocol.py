@@ -352,3 +352,16 @@ def test_a_stalled_request_is_closed_after_the_request_timeout(db):
                 assert s.recv(4096) == b""  # closed by the server, without an answer
                 assert 0.4 < time.monotonic() - t0 < 4.0
         assert HTTP(sc.url).request("GET", "/healthz")[0] == 200  # the server itself goes on
+
+
+def test_a_body_over_the_limit_is_answered_413_not_reset(db):
+    """The client is still sending when the 413 is written: the sidecar reads and drops the refused body (up to
+    max_discard) so the client reads the answer instead of a broken pipe; past max_discard it is cut off."""
+    cfg = SidecarConfig(max_lag_s=60.0, max_body=1 << 20, max_discard=16 << 20)
+    with SidecarThread(db, listen="tcp://127.0.0.1:0", config=cfg) as sc:
+        http = HTTP(sc.url, timeout=30.0)
+        code, body = http.request("POST", "/v1/observe", b"[" + b" " * (12 << 20) + b"]")
+        assert code == 413 and json.loads(body) == {"error": "body too large"}
+        with pytest.raises(OSError):  # 256 MiB: dropped only up to max_discard, then the connection is closed
+            http.request("POST", "/v1/observe", b"[" + b" " * (256 << 20) + b"]")
+        assert http.request("GET", "/healthz")[0] == 200

@@ -91,6 +91,10 @@ class ListenError(OptwinError, ValueError):
 @dataclass(frozen=True)
 class SidecarConfig:
     max_body: int = 8 << 20  # bytes per request
+    # Of a body refused as too large, up to this many bytes are read and dropped before the connection closes, so
+    # that the client, still sending, reads the 413 (a close with unread input resets the connection, and the client
+    # sees a broken pipe instead of the answer). Beyond it the connection is closed under the client, as before.
+    max_discard: int = 64 << 20
     max_records: int = 10000  # records per request
     max_streams: int = 200_000
     max_lag_s: float = 0.5  # smoothed event-loop lag beyond which /v1/observe answers 503
@@ -522,7 +526,9 @@ class Sidecar:
         except ValueError:
             return await self._reply(writer, path, 400, b'{"error": "bad Content-Length"}', False, t0)
         if length > st.cfg.max_body:
-            return await self._reply(writer, path, 413, b'{"error": "body too large"}', False, t0)
+            await self._reply(writer, path, 413, b'{"error": "body too large"}', False, t0)
+            await self._discard(reader, writer, length)
+            return False
         try:
             body = await asyncio.wait_for(reader.readexactly(length), st.cfg.request_timeout_s) if length else b""
         except asyncio.TimeoutError:
@@ -570,6 +576,22 @@ class Sidecar:
             msg = json.dumps({"status": "ok", "build_id": st.matcher.build_id, "db": st.db}).encode()
             return await self._reply(writer, path, 200, msg, keep, t0)
         return await self._reply(writer, "other", 404, b'{"error": "not found"}', keep, t0)
+
+    async def _discard(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, length: int) -> None:
+        """Read and drop a refused body, bounded in bytes (max_discard) and time (request_timeout_s): nginx's
+        lingering close, so the answer already written is not lost to a reset."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.state.cfg.request_timeout_s
+        left = min(length, self.state.cfg.max_discard)
+        try:
+            await asyncio.wait_for(writer.drain(), self.state.cfg.request_timeout_s)
+            while left > 0:
+                chunk = await asyncio.wait_for(reader.read(min(left, 1 << 20)), max(0.0, deadline - loop.time()))
+                if not chunk:
+                    return
+                left -= len(chunk)
+        except asyncio.TimeoutError:
+            return
 
     async def _reply(self, writer: asyncio.StreamWriter, path: str, code: int, body: bytes, keep: bool, t0: float,
                      ctype: bytes = b"application/json", extra: bytes = b"") -> bool:
