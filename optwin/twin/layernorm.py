@@ -1,5 +1,6 @@
-"""layernorm twin: torch (F.layer_norm, fp32 Welford), one-pass (E[h^2] - E[h]^2), triton (two-pass tree,
-or Welford over pieces where twin.numerics.welford_chunk says).
+"""layernorm twin: torch (F.layer_norm on CUDA: aten's vectorized Welford kernel where it runs, else its
+strided Welford), one-pass (E[h^2] - E[h]^2), triton (two-pass tree, or Welford over pieces where
+twin.numerics.welford_chunk says).
 
     python -c "import torch; from optwin import twin; x = (1e4 + torch.randn(2, 64)).half(); \
 print(twin.run('layernorm', 'one-pass', 'float16', {'x': x, 'weight': torch.ones(64).half(), 'bias': torch.zeros(64).half()}).faults)"
@@ -94,12 +95,110 @@ def welford(num: Numerics, h: torch.Tensor, lanes: int = 128, fma_update: bool =
     return mean, num.round(m2 / n, F32)  # (..., 1) each
 
 
+# aten/src/ATen/native/cuda/layer_norm_kernel.cu (torch 2.x, the same through 2.11's source), the path
+# F.layer_norm takes on CUDA. LayerNormKernelImplInternal launches the vectorized kernel when
+#   `(T is float || Half || BFloat16) && N <= (1ULL << std::numeric_limits<float>::digits) &&
+#    N % num_vec_elems == 0 && can_vec_X && can_vec_Y && can_vec_gamma && can_vec_beta`
+# (`constexpr int vec_size = 4;`; can_vec_*: the pointers aligned to 4 * sizeof(T), true of the
+# caching allocator's fresh tensors, which the twin assumes), else RowwiseMomentsCUDAKernel (`welford`).
+# launch_vectorized_layer_norm_kernel: `const dim3 threads(warp_size, num_threads() / warp_size, 1)`,
+# num_threads() = C10_WARP_SIZE * 4 (thread_constants.h): 4 warps of 32, one block per row.
+ATEN_VEC = 4
+ATEN_WARP = 32
+ATEN_THREADS = 128
+ATEN_VEC_MAX_N = 1 << 24
+
+
+def aten_vectorized(n: int, dtype: str) -> bool:
+    """Whether aten's layer_norm runs vectorized_layer_norm_kernel for rows of n (of contiguous, aligned
+    tensors of dtype), not RowwiseMomentsCUDAKernel."""
+    return dtype in ("float32", "float16", "bfloat16") and 0 < n <= ATEN_VEC_MAX_N and n % ATEN_VEC == 0
+
+
+def _welford_combine(num: Numerics, b: tuple, a: tuple) -> tuple:
+    """cuWelfordCombine(dataB, dataA) of layer_norm_kernel.cu, every op in float32:
+        delta = dataB.mean - dataA.mean; count = dataA.count + dataB.count;
+        coef = 1.f/count; nA = dataA.count * coef; nB = dataB.count * coef;
+        mean = nA*dataA.mean + nB*dataB.mean;
+        sigma2 = dataA.sigma2 + dataB.sigma2 + delta * delta * dataA.count * nB;
+    (count 0: mean = sigma2 = 0). nvcc contracts (-fmad=true): mean = fma(nA, A.mean, nB * B.mean) (the
+    first product fused, as LLVM's FMA combine picks), sigma2 = fma((delta*delta)*A.count, nB, A.s2 + B.s2).
+    Each state is (mean (..., k), sigma2 (..., k), count (k,) exact small integers); 1.f/count (IEEE
+    division without --use_fast_math) and the count products are per-lane constants (_lane_constant)."""
+    (mb, qb, cb), (ma, qa, ca) = b, a
+    cnt = ca + cb
+    delta = num.round(mb - ma, F32)
+    coef = _lane_constant(num, 1.0 / cnt.clamp_min(1), mb)
+    n_a = num.round(ca * coef, F32)
+    n_b = num.round(cb * coef, F32)
+    mean = num.round(fma_odd(n_a, ma, num.round(n_b * mb, F32)), F32)
+    dd = num.round(num.round(delta * delta, F32) * ca, F32)
+    m2 = num.round(fma_odd(dd, n_b, num.round(qa + qb, F32)), F32)
+    some = cnt > 0
+    return torch.where(some, mean, torch.zeros_like(mean)), torch.where(some, m2, torch.zeros_like(m2)), cnt
+
+
+def vectorized_welford(num: Numerics, h: torch.Tensor, threads: int = ATEN_THREADS) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and population variance as aten's vectorized_layer_norm_kernel computes them (compute_stats),
+    for rows of n (a multiple of 4), float32 throughout:
+    - thread t (`thrx = threadIdx.x + threadIdx.y * blockDim.x`) reads vectors t, t + 128, ... (`for (int
+      i = thrx; i < n_vec_to_read; i += numx)`), 4 consecutive elements each, and runs cuWelfordOnlineSum
+      over their elements in order: `delta = val - mean; new_count = count + 1.f; new_mean = mean + delta
+      * (1.f/new_count); sigma2 + delta * (val - new_mean)` (each add of a product one FMA);
+    - `for (int offset = (C10_WARP_SIZE >> 1); offset > 0; offset >>= 1)`: lane l merges
+      `cuWelfordCombine(wd, WARP_SHFL_DOWN(wd, offset))`, its own state as dataB, lane l + offset's as dataA;
+    - across warps (`for (int offset = blockDim.y/2; offset > 0; offset /= 2)`): warp y < offset merges
+      warp y + offset's lane-0 state the same way;
+    - `wd.sigma2/float(N)`, correctly rounded.
+    Under noise "order" the elements are permuted at random (per replay and row) and the thread count
+    drawn from {32, ..., 1024}, as num.sum does."""
+    n = h.shape[-1]
+    if num.noise == "order" and n > 1:
+        perm = torch.argsort(num.uniform(h), dim=-1)
+        h = torch.gather(h, -1, perm)
+        threads = 2 ** int(torch.randint(5, 11, (1,), generator=num.gen))
+    nvec = n // ATEN_VEC
+    steps = -(-nvec // threads)
+    valid = torch.arange(steps * threads).reshape(steps, threads) < nvec  # (steps, threads)
+    x = torch.nn.functional.pad(h, (0, steps * threads * ATEN_VEC - n))
+    x = x.reshape(*h.shape[:-1], steps, threads, ATEN_VEC)  # [..., s, t, k] = element 4 (s threads + t) + k
+    mean, m2 = torch.zeros_like(x[..., 0, :, 0]), torch.zeros_like(x[..., 0, :, 0])  # (..., threads)
+    cnt = torch.zeros(threads, dtype=torch.float64)
+    for s in range(steps):
+        for k in range(ATEN_VEC):
+            v = x[..., s, :, k]
+            c = cnt + valid[s]  # new_count = curr_sum.count + 1.f (exact)
+            delta = num.round(v - mean, F32)
+            new_mean = num.round(fma_odd(delta, _lane_constant(num, 1.0 / c.clamp_min(1), delta), mean), F32)
+            new_m2 = num.round(fma_odd(delta, num.round(v - new_mean, F32), m2), F32)
+            mean, m2 = torch.where(valid[s], new_mean, mean), torch.where(valid[s], new_m2, m2)
+            cnt = c
+    warps = threads // ATEN_WARP
+    state = (mean.unflatten(-1, (warps, ATEN_WARP)), m2.unflatten(-1, (warps, ATEN_WARP)), cnt.reshape(warps, ATEN_WARP))
+    off = ATEN_WARP // 2
+    while off:  # intra-warp shuffles: lane l < off takes lane l + off (the lanes past it do not reach lane 0)
+        state = _welford_combine(num, tuple(t[..., :off] for t in state), tuple(t[..., off:2 * off] for t in state))
+        off //= 2
+    mean, m2, cnt = (t[..., 0] for t in state)  # (..., warps) lane 0 of each warp; cnt (warps,)
+    off = warps // 2
+    while off:  # inter-warp, through shared memory: warp y < off merges warp y + off
+        b, a = (mean[..., :off], m2[..., :off], cnt[:off]), (mean[..., off:2 * off], m2[..., off:2 * off], cnt[off:2 * off])
+        mean, m2, cnt = _welford_combine(num, b, a)
+        off //= 2
+    return mean, num.round(m2 / n, F32)  # (..., 1) each
+
+
 def twin(num: Numerics, variant: str, dtype: str, inputs: dict[str, torch.Tensor], params: dict) -> torch.Tensor:
     h = inputs["x"]  # (..., hidden); x.float() is exact
     w = num.align(inputs["weight"], like=h)  # (hidden,)
     b = num.align(inputs["bias"], like=h)
     n = h.shape[-1]
-    if variant == "torch":
+    if variant == "torch" and aten_vectorized(n, dtype):
+        # vectorized_layer_norm_kernel_impl: `gamma * (rstd_val * (x - wd.mean)) + beta` in float32 (the
+        # last product and the add contract to one FMA), `implicitly cast to T`: rounded again to dtype.
+        m, var = vectorized_welford(num, h)  # (..., 1) fp32 each
+        return num.round(_normalize(num, h, m, var, w, b, fused=True), dtype)
+    if variant == "torch":  # RowwiseMomentsCUDAKernel + LayerNormForwardCUDAKernel
         m, var = welford(num, h)  # (..., 1) fp32 each
         return num.round(_normalize(num, h, m, var, w, b), dtype)
     if variant == "one-pass":
