@@ -208,39 +208,80 @@ class ReplayDraws:
     first + i's own generator, so what a replay draws does not depend on the batch it runs in. A draw
     of any other shape (a tensor without the replay dim, e.g. a 0-d constant) comes from the shared
     generator, seeded alike in every batch and drawn in the same sequence. Under replays a twin must
-    therefore round only tensors that carry the replay dim or have no dims at all."""
+    therefore round only tensors that carry the replay dim or have no dims at all.
+
+    Every element of a per-replay draw is one random64 of its replay's generator (two mt19937 words):
+    torch's CPU `random_(0, high)` takes random64 % high for high >= 2^28 and `uniform_()` of float64
+    takes (random64 & (2^53 - 1)) * 2^-53 (ATen's DistributionsHelper.h / TransformationHelper.h). So
+    each replay's stream is drawn ahead in blocks (`random_()`: random64 % 2^63, one call per replay
+    per block) and the draws are cut from it: the numbers of a row-by-row `random_(0, high)` /
+    `uniform_()` bit for bit, at one slice per draw instead of `count` generator calls. How far ahead a
+    block reaches changes only what is thrown away at the end, never a number."""
+
+    AHEAD_MIN = 256  # elements per replay drawn ahead of a short draw (a block: `count` generator calls)
+    AHEAD_MAX = 4096  # at most, however many were drawn so far (what the end of a run throws away)
+    AHEAD_BYTES = 1 << 25  # and at most this much memory over all replays of the batch (int64 each)
 
     def __init__(self, seed: int, first: int, count: int, shared: torch.Generator, device: torch.device | str = "cpu"):
         self.count = count
         self.shared = shared
         self.gens = [torch.Generator(device=device).manual_seed(replay_seed(seed, first + i)) for i in range(count)]
+        self._buf = torch.empty((count, 0), dtype=torch.int64, device=device)
+        self._pos = 0
+        self._drawn = 0
 
     def _per_replay(self, shape: tuple[int, ...]) -> bool:
         return len(shape) >= 1 and shape[0] == self.count
 
+    def take(self, k: int) -> tuple[torch.Tensor, bool]:
+        """The next k random64 values (mod 2^63) of each replay's stream, (count, k), and whether the
+        caller owns that tensor (may write it) or holds a view of the block drawn ahead."""
+        avail = self._buf.shape[1] - self._pos
+        if avail >= k:
+            self._pos += k
+            return self._buf[:, self._pos - k:self._pos], False
+        if k >= self.AHEAD_MAX:  # a long draw: straight into its own tensor, nothing drawn ahead
+            out = torch.empty((self.count, k), dtype=torch.int64, device=self._buf.device)
+            out[:, :avail] = self._buf[:, self._pos:]
+            self._fill(out[:, avail:])
+            self._buf, self._pos = self._buf[:, :0], 0
+            return out, True
+        ahead = min(self.AHEAD_MAX, max(self.AHEAD_MIN, self._drawn), self.AHEAD_BYTES // (8 * self.count))
+        block = torch.empty((self.count, k - avail + ahead), dtype=torch.int64, device=self._buf.device)
+        self._fill(block)
+        self._buf = torch.cat((self._buf[:, self._pos:], block), dim=1) if avail else block
+        self._pos = k
+        return self._buf[:, :k], False
 
-def _uniform(gen: torch.Generator | ReplayDraws, shape: tuple[int, ...], device: torch.device,
-             dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """U[0, 1) of `shape`: from `gen`, or per replay row (ReplayDraws)."""
+    def _fill(self, block: torch.Tensor) -> None:
+        for row, g in zip(block, self.gens):
+            row.random_(generator=g)
+        self._drawn += block.shape[1]
+
+
+_U53 = (1 << 53) - 1
+
+
+def _uniform(gen: torch.Generator | ReplayDraws, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """U[0, 1) float64 of `shape`: from `gen`, or per replay row (ReplayDraws), as torch's `uniform_()`."""
     if isinstance(gen, ReplayDraws):
         if not gen._per_replay(shape):
-            return torch.rand(shape, generator=gen.shared, dtype=dtype, device=device)
-        out = torch.empty(shape, dtype=dtype, device=device)
-        for row, g in zip(out, gen.gens):
-            row.uniform_(generator=g)
-        return out
-    return torch.rand(shape, generator=gen, dtype=dtype, device=device)
+            return torch.rand(shape, generator=gen.shared, dtype=torch.float64, device=device)
+        r, own = gen.take(math.prod(shape[1:]))
+        return (r.bitwise_and_(_U53) if own else r & _U53).to(torch.float64).mul_(2.0**-53).reshape(shape)
+    return torch.rand(shape, generator=gen, dtype=torch.float64, device=device)
 
 
 def _integers(gen: torch.Generator | ReplayDraws, high: int, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """Uniform int64 in [0, high) of `shape`: from `gen`, or per replay row (ReplayDraws)."""
+    """Uniform int64 in [0, high) of `shape`: from `gen`, or per replay row (ReplayDraws), as torch's
+    `random_(0, high)`. Per replay, high is a power of two in [2^28, 2^63] (round_stochastic's 2^(53 - p))."""
     if isinstance(gen, ReplayDraws):
         if not gen._per_replay(shape):
             return torch.randint(0, high, shape, generator=gen.shared, dtype=torch.int64, device=device)
-        out = torch.empty(shape, dtype=torch.int64, device=device)
-        for row, g in zip(out, gen.gens):
-            row.random_(0, high, generator=g)
-        return out
+        if high & (high - 1) or not 1 << 28 <= high <= 1 << 63:
+            raise ValueError(f"per-replay integers in [0, {high}): high must be a power of two in [2^28, 2^63]")
+        r, own = gen.take(math.prod(shape[1:]))
+        return (r.bitwise_and_(high - 1) if own else r & (high - 1)).reshape(shape)
     return torch.randint(0, high, shape, generator=gen, dtype=torch.int64, device=device)
 
 
