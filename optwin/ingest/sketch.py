@@ -18,7 +18,8 @@ case (all elements finite, 1e-18 < max|x| < 1e18, layernorm |mean|/std <= 100) t
 one row-norm pass per input in float32, without the float64 copy and the masks; anything else falls
 back to the reference path. The two agree to float32 rounding (tests/test_ingest_sketch.py). A
 `WeightCache` passed by the capture memoizes statistics of tensors seen again unchanged (weights;
-one activation fed to query/key/value), keyed by identity and `_version`.
+one activation fed to query/key/value), keyed by identity and `_version` (inference tensors,
+which have no version counter, are never memoized).
 
 Magnitude features are taken over FINITE elements only; an all-masked input gives 0 (empty inputs
 are refused by optwin.validation).
@@ -422,6 +423,12 @@ class WeightCache:
 
     def get(self, t: torch.Tensor, kind: str, fn: Callable[[], Any]) -> Any:
         base = t if t._base is None else t._base
+        if base.is_inference():
+            # Tensors made under torch.inference_mode have no version counter (`_version` raises), yet
+            # they can still be written in place inside inference mode (a KV cache, `x.add_()`), so
+            # identity and layout alone would serve stale statistics. No sound key: reduce every time.
+            # Parameters made outside inference mode (the weights, the memo's point) keep their counter.
+            return fn()
         key = (id(base), kind, tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype)
         hit = self._d.get(key)
         if hit is not None and hit[0]() is base and hit[1] == base._version:
