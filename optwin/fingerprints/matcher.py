@@ -507,7 +507,18 @@ def call_sketch(op: str, dtype: str, inputs: Mapping[str, Any] | None, params: M
 
     if isinstance(inputs, Mapping):  # anything else: the sketch's own check_names says what it wants
         check_dtypes(operator(op), dtype, inputs, present_only=True)
-    return compute_sketch(op, inputs, dict(params or {}))
+    sk = compute_sketch(op, inputs, dict(params or {}))
+    # A sketch of tensors is taken over finite elements, yet a magnitude can still pass FEATURE_CAP or float64
+    # (a bound multiplies norms); the log binning would then raise a bare OverflowError (floor of inf). Clamp it
+    # as validate_sketch clamps a received sketch: an inf feature lies beyond every replayed region, where the
+    # conservative rule answers ("beyond": no extrapolated safety). NaN has no region: refused, as validate_sketch
+    # refuses it.
+    for n, v in sk.items():
+        if not -FEATURE_CAP <= v <= FEATURE_CAP:
+            if v != v:
+                raise SketchError(f"{op}: sketch feature {n} is NaN")
+            sk[n] = math.copysign(FEATURE_CAP, v)
+    return sk
 
 
 def _bin(feature: str, value: float) -> int:

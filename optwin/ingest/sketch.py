@@ -14,8 +14,8 @@ inputs' device; the results are stacked into one float64 tensor (`sketch_tensor`
 `sketch` reads it with one `.tolist()`. Shapes come from tensor metadata (host side).
 
 CPU fast path (rmsnorm, matmul, attention, layernorm): a host sync is free on CPU, so the common
-case (all elements finite, 1e-18 < max|x| < 1e18, layernorm |mean|/std <= 100) takes one aminmax and
-one row-norm pass per input in float32, without the float64 copy and the masks; anything else falls
+case (all elements finite, 1e-18 < max|x| < 1e18, a row's sum of squares width * max|x|^2 well inside
+float32's range, layernorm |mean|/std <= 100) takes one aminmax and one row-norm pass per input in float32, without the float64 copy and the masks; anything else falls
 back to the reference path. The two agree to float32 rounding (tests/test_ingest_sketch.py). A
 `WeightCache` passed by the capture memoizes statistics of tensors seen again unchanged (weights;
 one activation fed to query/key/value), keyed by identity and `_version` (inference tensors,
@@ -404,11 +404,21 @@ _MAIN = {"rmsnorm": "x", "softmax": "x", "rope": "x", "attention": "q", "layerno
 # On CPU a host sync is free, so the common case (every element finite, magnitudes well inside
 # float32's range) skips the float64 copy and the masking passes: one aminmax and one row-norm pass
 # per input, in the input's precision (half types upcast to float32). Anything else (non-finite
-# elements, |x| outside (1e-18, 1e18) where float32 squares under/overflow, layernorm rows with
-# |mean|/std > 100 where float32 variance loses digits) falls back to the exact float64 path above.
+# elements, |x| outside (1e-18, 1e18) where float32 squares under/overflow, rows whose sum of squares
+# width * max|x|^2 could pass float32's range, layernorm rows with |mean|/std > 100 where float32
+# variance loses digits) falls back to the exact float64 path above.
 # The two paths agree to float32 rounding (tested); CUDA always takes the float64 path (no sync).
 
 _FAST_LO, _FAST_HI = 1e-18, 1e18
+# Largest row sum of squares (bounded by width * max|x|^2) a float32 norm pass may form: float32 tops
+# out at 3.4e38, and a bound 30x below it leaves room for rounding. |x| = 5e17 at hidden 4096 (1e39)
+# overflowed to inf here while the exact path gives 9e17 (per element, < 1e18 passed).
+_FAST_SUMSQ = 1e37
+
+
+def _fits_f32(a: float, width: int) -> bool:
+    """True when `width` squares of magnitude <= a sum inside float32's range (see _FAST_SUMSQ)."""
+    return a * a * max(width, 1) <= _FAST_SUMSQ
 
 
 class WeightCache:
@@ -468,7 +478,7 @@ def _fast_amax(x: torch.Tensor) -> float | None:
 def _fast_rows(x: torch.Tensor) -> tuple[float, torch.Tensor] | None:
     """(absmax, float64 2-norms along the last dim) or None to fall back."""
     a = _fast_amax(x)
-    if a is None:
+    if a is None or not _fits_f32(a, x.shape[-1]):
         return None
     return a, torch.linalg.vector_norm(_f32(x), dim=-1).to(_F64)
 
@@ -491,7 +501,7 @@ def _fast_matmul(t: dict[str, torch.Tensor], params: dict[str, Any], cache: Weig
 
     def bstats() -> tuple[float, float] | None:
         ba = _fast_amax(b)
-        if ba is None:
+        if ba is None or not _fits_f32(ba, b.shape[0]):  # columns of b: k squares each
             return None
         bt = b.T  # column norms of b = row norms of b.T (contiguous for b = W.T: the fast layout)
         return ba, float(torch.linalg.vector_norm(_f32(bt), dim=-1).amax())
@@ -523,7 +533,7 @@ def _fast_attention(t: dict[str, torch.Tensor], params: dict[str, Any], cache: W
 def _fast_layernorm(t: dict[str, torch.Tensor], params: dict[str, Any], cache: WeightCache | None) -> dict[str, Any] | None:
     x = t["x"]
     a, wa, ba = _fast_amax(x), _fast_amax(t["weight"]), _fast_amax(t["bias"])
-    if a is None or wa is None or ba is None:
+    if a is None or wa is None or ba is None or not _fits_f32(2.0 * a, x.shape[-1]):  # |x - mean| <= 2 max|x|
         return None
     r = _row_view(_f32(x))  # (rows, hidden)
     mean = r.mean(-1, keepdim=True)  # (rows, 1); two-pass: centered norms, no cancellation
