@@ -134,14 +134,16 @@ def error_quantiles(row: dict, tau: float | None) -> alt.LayerChart:
 
 
 def live_risk(points: pd.DataFrame) -> alt.LayerChart:
-    """Per-stream risk (max fault probability) over time; `eta_s` in the tooltip and as labels."""
+    """Per-stream risk (max fault probability) over time; `eta_s` in the tooltip and as labels. One line per
+    stream and sidecar run: a restarted sidecar's stream starts a new line rather than joining the old one."""
     base = alt.Chart(points).encode(
         x=alt.X("t:Q", title="t (s)"),
         color=alt.Color("stream:N"),
+        detail=alt.Detail("run:N"),
     )
     line = base.mark_line(point=True).encode(
         y=alt.Y("risk:Q", scale=alt.Scale(domain=[0, 1]), title="risk = max P(fault)"),
-        tooltip=["stream:N", alt.Tooltip("t:Q", format=".2f"), alt.Tooltip("risk:Q", format=".3f"),
+        tooltip=["stream:N", "run:N", alt.Tooltip("t:Q", format=".2f"), alt.Tooltip("risk:Q", format=".3f"),
                  alt.Tooltip("eta_s:Q", format=".1f", title="forecast eta (s)"), "fault_type:N"],
     )
     return alt.layer(line).properties(height=300)

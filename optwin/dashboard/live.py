@@ -2,8 +2,8 @@
 
     python -c "from optwin.dashboard.live import fetch_warnings; print(fetch_warnings('http://127.0.0.1:8787', 0))"
 
-Pure functions, no Streamlit: the page keeps the cursor and the accumulated warnings in session
-state. A warning is one JSON object as the sidecar raises it (an observe answer with its sequence
+No Streamlit: the page keeps a `Feed` (the accumulated warnings, the cursor, restart detection) in
+session state. A warning is one JSON object as the sidecar raises it (an observe answer with its sequence
 number and time, optwin/fingerprints/sidecar.py `_warn`): {"seq", "stream", "op", "variant", "dtype",
 "probability": {fault: p}, "eta_s", "t", "reason": "risk"|"forecast", "known", ...}; unknown extra keys are kept, missing ones tolerated.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 
@@ -46,21 +46,75 @@ def fetch_warnings(url: str, since: int, timeout_s: float = 2.0) -> Poll:
     return Poll(warnings=[w for w in body if isinstance(w, dict)])
 
 
-def merge(seen: list[dict[str, Any]], new: list[dict[str, Any]], cursor: int) -> tuple[list[dict[str, Any]], int]:
-    """Append new warnings (deduplicated by seq, whether `since` is inclusive or not); new cursor."""
-    have = {w.get("seq") for w in seen if w.get("seq") is not None}
-    out = list(seen)
-    for w in new:
-        seq = w.get("seq")
-        if seq is None:
-            seq = cursor + 1
-            w = {**w, "seq": seq}
-        if seq in have:
-            continue
-        have.add(seq)
-        out.append(w)
-        cursor = max(cursor, int(seq))
-    return out, cursor
+@dataclass
+class Feed:
+    """What the page has seen of one sidecar: the warnings of each of its runs, and the cursor of the current run.
+
+    A sidecar numbers warnings from 1 each time it starts, so after a restart a cursor from the previous run
+    asks for numbers the new run has not reached (or reached with other warnings), and de-dup by seq alone
+    would drop them. Each poll therefore asks again for the newest warning already seen (`since` = cursor - 1):
+    a sidecar still in the same run serves it unchanged (every warning carries the sidecar's wall-clock
+    `time`, so a restarted run replaying the same stream does not serve an equal one); one that serves
+    nothing numbered that high, or something else under that number, has restarted. Then the cursor starts
+    over and the earlier warnings stay, marked with their run number.
+    """
+
+    warnings: list[dict[str, Any]] = field(default_factory=list)  # as served, plus "run"
+    cursor: int = 0  # highest seq seen in the current run
+    run: int = 1
+    anchor: dict[str, Any] | None = None  # the current run's warning numbered `cursor`, exactly as served
+    restarts: int = 0
+
+    def since(self) -> int:
+        return self.cursor - 1 if self.anchor is not None else self.cursor
+
+    def restarted(self, got: list[dict[str, Any]]) -> bool:
+        """Whether the warnings served for `since()` come from a later run of the sidecar."""
+        if self.anchor is None:  # nothing seen yet, or served without seq: nothing to recognise
+            return False
+        same = [w for w in got if _seq(w) == self.cursor]
+        if same:
+            return same[0] != self.anchor
+        # the newest warning seen is gone: evicted (warnings_kept) only if newer ones took its place
+        return not any((_seq(w) or 0) > self.cursor for w in got)
+
+    def new_run(self) -> None:
+        self.run += 1
+        self.restarts += 1
+        self.cursor, self.anchor = 0, None
+
+    def add(self, got: list[dict[str, Any]]) -> None:
+        """Append the current run's warnings not seen yet (de-dup by seq, whether `since` is inclusive or not)."""
+        have = {w["seq"] for w in self.warnings if w["run"] == self.run}
+        for w in got:
+            seq = _seq(w)
+            if seq is None:
+                seq = self.cursor + 1
+            if seq in have:
+                continue
+            have.add(seq)
+            self.warnings.append({**w, "seq": seq, "run": self.run})
+            self.cursor = max(self.cursor, seq)
+        served = next((w for w in got if _seq(w) == self.cursor), None)
+        if served is not None:
+            self.anchor = served
+        elif self.anchor is not None and _seq(self.anchor) != self.cursor:  # moved on by warnings without seq
+            self.anchor = None
+
+    def poll(self, fetch: Callable[[int], Poll]) -> Poll:
+        """One poll through `fetch(since)`; after a restart, the new run from its first warning."""
+        got = fetch(self.since())
+        if got.error is None and self.restarted(got.warnings):
+            self.new_run()
+            got = fetch(0)
+        if got.error is None:
+            self.add(got.warnings)
+        return got
+
+
+def _seq(w: dict[str, Any]) -> int | None:
+    s = w.get("seq")
+    return s if isinstance(s, int) and not isinstance(s, bool) else None
 
 
 def risk(w: dict[str, Any]) -> tuple[float, str | None]:
@@ -76,18 +130,18 @@ def risk(w: dict[str, Any]) -> tuple[float, str | None]:
 
 
 def table(warnings: list[dict[str, Any]]) -> pd.DataFrame:
-    """One row per warning: seq, t, stream, op/variant/dtype, risk, fault type, eta_s."""
+    """One row per warning: the sidecar run it came from (1, 2 after a restart, ...), seq, t, stream, op/variant/dtype, risk, fault type, eta_s."""
     rows = []
     for i, w in enumerate(warnings):
         r, ft = risk(w)
         t = w.get("t")
         eta = w.get("eta_s")
         rows.append({
-            "seq": w.get("seq"), "t": float(t) if isinstance(t, (int, float)) else float(i),
+            "run": w.get("run", 1), "seq": w.get("seq"), "t": float(t) if isinstance(t, (int, float)) else float(i),
             "stream": str(w.get("stream", "?")), "op": w.get("op"), "variant": w.get("variant"), "dtype": w.get("dtype"),
             "risk": r, "fault_type": ft,
             "eta_s": float(eta) if isinstance(eta, (int, float)) and math.isfinite(eta) else None,
             "known": w.get("known"), "reason": w.get("reason"),
         })
-    cols = ["seq", "t", "stream", "op", "variant", "dtype", "risk", "fault_type", "eta_s", "known", "reason"]
+    cols = ["run", "seq", "t", "stream", "op", "variant", "dtype", "risk", "fault_type", "eta_s", "known", "reason"]
     return pd.DataFrame(rows, columns=cols)

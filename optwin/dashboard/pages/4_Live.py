@@ -24,31 +24,34 @@ if not url:
     st.stop()
 
 if st.session_state.get("live_for") != url:  # another sidecar: start over
-    st.session_state.update(live_for=url, live_warnings=[], live_cursor=0, live_error=None)
+    st.session_state.update(live_for=url, live_feed=live.Feed(), live_error=None)
 
 
 def _view() -> None:
-    got = live.fetch_warnings(url, st.session_state["live_cursor"])
+    feed: live.Feed = st.session_state["live_feed"]
+    got = feed.poll(lambda since: live.fetch_warnings(url, since))
     st.session_state["live_error"] = got.error
-    if got.error is None:
-        st.session_state["live_warnings"], st.session_state["live_cursor"] = live.merge(
-            st.session_state["live_warnings"], got.warnings, st.session_state["live_cursor"])
     if got.error:
         st.info(got.error)
-    df = live.table(st.session_state["live_warnings"])
+    df = live.table(feed.warnings)
     m = st.columns(3)
     m[0].metric("Warnings", len(df))
     m[1].metric("Streams", int(df["stream"].nunique()))
-    m[2].metric("Last seq", st.session_state["live_cursor"])
+    m[2].metric("Last seq", feed.cursor)
+    if feed.restarts:
+        older = int((df["run"] < feed.run).sum())
+        st.caption(f"The sidecar restarted {feed.restarts}× (its warning numbers started over): {older} of the warnings "
+                   f"below are from earlier runs (column run < {feed.run}); Last seq counts the current run.")
     if df.empty:
         st.caption(f"no warnings from {url} yet")
         return
     st.altair_chart(charts.live_risk(df.dropna(subset=["risk"])), width="stretch")
-    latest = df.sort_values("seq").groupby("stream", as_index=False).last()
+    latest = df.sort_values(["run", "seq"]).groupby("stream", as_index=False).last()
     st.markdown("**Per stream, latest** (eta_s: forecast seconds until the stream reaches a fault region)")
-    st.dataframe(latest[["stream", "op", "variant", "dtype", "t", "risk", "fault_type", "eta_s", "reason"]], hide_index=True)
+    st.dataframe(latest[["stream", "run", "op", "variant", "dtype", "t", "risk", "fault_type", "eta_s", "reason"]],
+                 hide_index=True)
     st.markdown("**Warnings, newest first**")
-    st.dataframe(df.sort_values("seq", ascending=False), hide_index=True)
+    st.dataframe(df.sort_values(["run", "seq"], ascending=False), hide_index=True)
 
 
 st.fragment(_view, run_every=2.0 if auto else None)()
