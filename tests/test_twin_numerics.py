@@ -273,15 +273,16 @@ def test_mean_multiplies_by_a_float32_reciprocal_as_cuda_does(monkeypatch) -> No
 
 
 def test_replay_draws_are_each_replays_row_by_row_torch_draws(monkeypatch) -> None:
-    """ReplayDraws cuts every per-replay draw from blocks of each replay's stream drawn ahead (one
-    generator call per replay per block, not per draw). The numbers must be the row-by-row torch draws
-    of the replay's own generator (`random_(0, high)`, `uniform_()` of float64, seeded
-    replay_seed(seed, replay)) bit for bit, for short draws served from a block, draws crossing a
-    block's end, long draws past AHEAD_MAX, and whatever the block sizes: they change only what is
-    thrown away."""
+    """ReplayDraws draws a long per-replay draw row by row and cuts short ones from blocks of each
+    replay's stream drawn ahead (one generator call per replay per block, not per draw). The numbers
+    must be the row-by-row torch draws of the replay's own generator (`random_(0, high)`, `uniform_()`
+    of float64, seeded replay_seed(seed, replay)) bit for bit: short draws served from a block, draws
+    crossing a block's end, long draws after a block's leftovers, whatever the thresholds and block
+    sizes (they change only what is thrown away)."""
     seed, first, count = 11, 3, 4
-    sizes = [1, 5, 300, 7, 2, 4096, 3, 9000, 64, 255, 256, 1, 5000, 17]  # elements per replay, in sequence
-    kinds = ["int29", "u", "int42", "int50", "u", "int42", "u", "int29", "u", "int45", "int42", "u", "u", "int49"]
+    sizes = [1, 5, 300, 7, 2, 4096, 3, 9000, 64, 255, 256, 1, 5000, 17, 1500, 1, 1024, 1023]  # per replay, in sequence
+    kinds = ["int29", "u", "int42", "int50", "u", "int42", "u", "int29", "u", "int45", "int42", "u", "u", "int49",
+             "int62", "u", "u", "int28"]
 
     def expected() -> list[torch.Tensor]:
         gens = [torch.Generator().manual_seed(numerics.replay_seed(seed, first + i)) for i in range(count)]
@@ -300,20 +301,25 @@ def test_replay_draws_are_each_replays_row_by_row_torch_draws(monkeypatch) -> No
                 for k, kind in zip(sizes, kinds)]
 
     want = expected()
-    for lo, hi, cap in ((256, 4096, 1 << 25), (1, 1, 1 << 25), (3, 50, 1 << 25), (10_000, 10_000, 1 << 25),
-                        (256, 4096, 8 * count * 5), (256, 4096, 0)):
+    for long, lo, hi, cap in ((1024, 256, 2048, 1 << 25), (1, 256, 2048, 1 << 25), (10**6, 1, 1, 1 << 25),
+                              (300, 3, 50, 1 << 25), (10**6, 10_000, 10_000, 1 << 25), (2000, 256, 4096, 8 * count * 5),
+                              (10**6, 256, 4096, 0)):
+        monkeypatch.setattr(numerics.ReplayDraws, "LONG", long)
         monkeypatch.setattr(numerics.ReplayDraws, "AHEAD_MIN", lo)
         monkeypatch.setattr(numerics.ReplayDraws, "AHEAD_MAX", hi)
         monkeypatch.setattr(numerics.ReplayDraws, "AHEAD_BYTES", cap)
         got = drawn()
-        assert all(torch.equal(g, w) for g, w in zip(got, want)), (lo, hi, cap)
-    d = numerics.ReplayDraws(seed, first, count, torch.Generator())  # empty draws take nothing
+        assert all(g.dtype == w.dtype and torch.equal(g, w) for g, w in zip(got, want)), (long, lo, hi, cap)
+    monkeypatch.undo()
+    d = numerics.ReplayDraws(seed, first, count, torch.Generator())  # empty draws take nothing; any shape
     assert numerics._uniform(d, (count, 3, 0), torch.device("cpu")).shape == (count, 3, 0)
     assert torch.equal(numerics._integers(d, 1 << 29, (count,), torch.device("cpu")), want[0][:, 0])
+    assert torch.equal(numerics._uniform(d, (count, 5, 1), torch.device("cpu")), want[1].view(count, 5, 1))
     # a draw without the replay dim comes from the shared generator, and leaves the streams alone
     d = numerics.ReplayDraws(seed, first, count, torch.Generator().manual_seed(seed))
     shared = numerics._uniform(d, (), torch.device("cpu"))
     assert torch.equal(shared, torch.rand((), generator=torch.Generator().manual_seed(seed), dtype=torch.float64))
     assert torch.equal(numerics._integers(d, 1 << 29, (count, 1), torch.device("cpu")), want[0])
-    with pytest.raises(ValueError, match="power of two"):
-        numerics._integers(d, 1 << 27, (count, 2), torch.device("cpu"))  # torch draws one word below 2^28
+    for bad in (1 << 27, 3 << 40, 1 << 63):  # torch draws one word below 2^28; 2^63 is past int64
+        with pytest.raises(ValueError, match="power of two"):
+            numerics._integers(d, bad, (count, 2), torch.device("cpu"))

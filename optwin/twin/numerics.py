@@ -212,54 +212,73 @@ class ReplayDraws:
 
     Every element of a per-replay draw is one random64 of its replay's generator (two mt19937 words):
     torch's CPU `random_(0, high)` takes random64 % high for high >= 2^28 and `uniform_()` of float64
-    takes (random64 & (2^53 - 1)) * 2^-53 (ATen's DistributionsHelper.h / TransformationHelper.h). So
-    each replay's stream is drawn ahead in blocks (`random_()`: random64 % 2^63, one call per replay
-    per block) and the draws are cut from it: the numbers of a row-by-row `random_(0, high)` /
-    `uniform_()` bit for bit, at one slice per draw instead of `count` generator calls. How far ahead a
-    block reaches changes only what is thrown away at the end, never a number."""
+    takes (random64 & (2^53 - 1)) * 2^-53 (ATen's DistributionsHelper.h / TransformationHelper.h). A
+    long draw is drawn row by row as it always was; short ones, where `count` generator calls a draw
+    cost more than the numbers, are cut from a block of each stream drawn ahead (`random_()`: random64
+    % 2^63, its low bits those of random64). Either way the numbers are a row-by-row `random_(0, high)`
+    / `uniform_()`'s bit for bit: how far ahead a block reaches changes only what the end of a run
+    throws away, never a number."""
 
-    AHEAD_MIN = 256  # elements per replay drawn ahead of a short draw (a block: `count` generator calls)
-    AHEAD_MAX = 4096  # at most, however many were drawn so far (what the end of a run throws away)
+    LONG = 1024  # a draw of at least this many elements per replay is drawn for itself, straight into its tensor
+    AHEAD_MIN = 256  # a shorter one is cut from a block drawn ahead: at least this many elements beyond it,
+    AHEAD_MAX = 2048  # at most this many (however many were drawn so far): what the end of a run throws away
     AHEAD_BYTES = 1 << 25  # and at most this much memory over all replays of the batch (int64 each)
 
     def __init__(self, seed: int, first: int, count: int, shared: torch.Generator, device: torch.device | str = "cpu"):
         self.count = count
         self.shared = shared
         self.gens = [torch.Generator(device=device).manual_seed(replay_seed(seed, first + i)) for i in range(count)]
-        self._buf = torch.empty((count, 0), dtype=torch.int64, device=device)
-        self._pos = 0
+        self._buf = torch.empty((count, 0), dtype=torch.int64, device=device)  # (count, B) random_() values
+        self._pos = 0  # the next value of every stream is column _pos of _buf
         self._drawn = 0
 
     def _per_replay(self, shape: tuple[int, ...]) -> bool:
         return len(shape) >= 1 and shape[0] == self.count
 
-    def take(self, k: int) -> tuple[torch.Tensor, bool]:
-        """The next k random64 values (mod 2^63) of each replay's stream, (count, k), and whether the
-        caller owns that tensor (may write it) or holds a view of the block drawn ahead."""
-        avail = self._buf.shape[1] - self._pos
-        if avail >= k:
-            self._pos += k
-            return self._buf[:, self._pos - k:self._pos], False
-        if k >= self.AHEAD_MAX:  # a long draw: straight into its own tensor, nothing drawn ahead
-            out = torch.empty((self.count, k), dtype=torch.int64, device=self._buf.device)
-            out[:, :avail] = self._buf[:, self._pos:]
-            self._fill(out[:, avail:])
+    def draw(self, shape: tuple[int, ...], high: int | None) -> torch.Tensor:
+        """The next numel / count elements of each replay's stream, as a tensor of `shape` (count, ...)
+        whose row i is replay first + i's: int64 in [0, high) as `random_(0, high)` draws them (high a
+        power of two in [2^28, 2^62]), or with high None float64 in [0, 1) as `uniform_()` does."""
+        k = math.prod(shape[1:])
+        left = self._buf.shape[1] - self._pos
+        if left < k and k >= self.LONG:  # drawn for itself: what was left over, then each stream's next
+            out = torch.empty((self.count, k), dtype=torch.int64 if high else torch.float64, device=self._buf.device)
+            if left:
+                out[:, :left] = self._cut(left, high)
+            for row, g in zip(out[:, left:], self.gens):
+                if high:
+                    row.random_(0, high, generator=g)
+                else:
+                    row.uniform_(generator=g)
             self._buf, self._pos = self._buf[:, :0], 0
-            return out, True
-        ahead = min(self.AHEAD_MAX, max(self.AHEAD_MIN, self._drawn), self.AHEAD_BYTES // (8 * self.count))
-        block = torch.empty((self.count, k - avail + ahead), dtype=torch.int64, device=self._buf.device)
-        self._fill(block)
-        self._buf = torch.cat((self._buf[:, self._pos:], block), dim=1) if avail else block
-        self._pos = k
-        return self._buf[:, :k], False
+            return out.view(shape)
+        if left < k:
+            ahead = min(self.AHEAD_MAX, max(self.AHEAD_MIN, self._drawn), self.AHEAD_BYTES // (8 * self.count))
+            block = torch.empty((self.count, k + ahead), dtype=torch.int64, device=self._buf.device)
+            if left:
+                block[:, :left] = self._buf[:, self._pos:]
+            for row, g in zip(block[:, left:], self.gens):
+                row.random_(generator=g)  # random64 % 2^63: the 53 (uniform) or log2(high) low bits are kept
+            self._drawn += k + ahead - left
+            self._buf, self._pos = block, 0
+        return self._cut(k, high).view(shape)
 
-    def _fill(self, block: torch.Tensor) -> None:
-        for row, g in zip(block, self.gens):
-            row.random_(generator=g)
-        self._drawn += block.shape[1]
+    def _cut(self, k: int, high: int | None) -> torch.Tensor:
+        """The next k values of the block drawn ahead, (count, k), transformed as `draw` says."""
+        r = self._buf[:, self._pos:self._pos + k]
+        self._pos += k
+        if high:
+            return torch.bitwise_and(r, _mask(high - 1))
+        return torch.bitwise_and(r, _mask(_U53)).to(torch.float64).mul_(2.0**-53)
 
 
 _U53 = (1 << 53) - 1
+
+
+@functools.lru_cache(maxsize=64)
+def _mask(mask: int) -> torch.Tensor:
+    """A 0-d int64 tensor of `mask` (a tensor operand dispatches faster than a Python int)."""
+    return torch.tensor(mask, dtype=torch.int64)
 
 
 def _uniform(gen: torch.Generator | ReplayDraws, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
@@ -267,21 +286,19 @@ def _uniform(gen: torch.Generator | ReplayDraws, shape: tuple[int, ...], device:
     if isinstance(gen, ReplayDraws):
         if not gen._per_replay(shape):
             return torch.rand(shape, generator=gen.shared, dtype=torch.float64, device=device)
-        r, own = gen.take(math.prod(shape[1:]))
-        return (r.bitwise_and_(_U53) if own else r & _U53).to(torch.float64).mul_(2.0**-53).reshape(shape)
+        return gen.draw(shape, None)
     return torch.rand(shape, generator=gen, dtype=torch.float64, device=device)
 
 
 def _integers(gen: torch.Generator | ReplayDraws, high: int, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
     """Uniform int64 in [0, high) of `shape`: from `gen`, or per replay row (ReplayDraws), as torch's
-    `random_(0, high)`. Per replay, high is a power of two in [2^28, 2^63] (round_stochastic's 2^(53 - p))."""
+    `random_(0, high)`. Per replay, high is a power of two in [2^28, 2^62] (round_stochastic's 2^(53 - p))."""
     if isinstance(gen, ReplayDraws):
         if not gen._per_replay(shape):
             return torch.randint(0, high, shape, generator=gen.shared, dtype=torch.int64, device=device)
-        if high & (high - 1) or not 1 << 28 <= high <= 1 << 63:
-            raise ValueError(f"per-replay integers in [0, {high}): high must be a power of two in [2^28, 2^63]")
-        r, own = gen.take(math.prod(shape[1:]))
-        return (r.bitwise_and_(high - 1) if own else r & (high - 1)).reshape(shape)
+        if high & (high - 1) or not 1 << 28 <= high <= 1 << 62:
+            raise ValueError(f"per-replay integers in [0, {high}): high must be a power of two in [2^28, 2^62]")
+        return gen.draw(shape, high)
     return torch.randint(0, high, shape, generator=gen, dtype=torch.int64, device=device)
 
 
