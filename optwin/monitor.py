@@ -93,7 +93,7 @@ class _MonitorRecorder(_cap.Recorder):
         # "warn" reads verdicts after the call, so it can use the sketch a patched kernel makes in the
         # call; "fallback"/"raise" need it before the call and sketch the inputs themselves
         self.takes_fused = mon.policy == "warn"
-        self._rope_tail: tuple[torch.Tensor, int, float, torch.Tensor] | None = None  # see rope_tail
+        self._rope_tail: tuple[tuple[int, int | None, float], torch.Tensor] | None = None  # see rope_tail
 
     # -- optwin.kernels.sketch_sink.Sink: patched kernels hand over their fused sketch
 
@@ -106,18 +106,35 @@ class _MonitorRecorder(_cap.Recorder):
     def take(self, token: Any, buf: torch.Tensor) -> None:
         self.mon._take_fused(self, token, buf)
 
+    # Bumped whenever the rotary module's hook (capture) hands over positions, once per forward: the
+    # rope_tail cache is keyed on it, so positions changed in place between forwards are seen even
+    # where the version counter is not kept (inference tensors, torch.inference_mode).
+    _pos_gen = 0
+    _last_positions: torch.Tensor | None = None
+
+    @property
+    def last_positions(self) -> torch.Tensor | None:
+        return self._last_positions
+
+    @last_positions.setter
+    def last_positions(self, pos: torch.Tensor | None) -> None:
+        self._last_positions = pos
+        self._pos_gen += 1
+
     def rope_tail(self, base: float) -> torch.Tensor:
         """(max |position|, base) as float64 on the positions' device: the rope features the tables
-        do not carry. Made once per positions tensor (every layer's q and k share it; an in-place
-        change bumps its version), by kernels: `t[1] = base` would copy a host scalar in, a sync."""
+        do not carry. Made once per rotary-module call (every layer's q and k share it), by kernels:
+        `t[1] = base` would copy a host scalar in, a sync. The version counter also catches an in-place
+        change of the same positions without a new rotary call; inference tensors keep none (reading
+        `_version` raises), so for them the rotary call alone decides."""
         pos = self.last_positions
-        key = (pos, pos._version, base)
-        if self._rope_tail is None or self._rope_tail[0] is not pos or self._rope_tail[1:3] != key[1:]:
+        key = (self._pos_gen, None if torch.is_inference(pos) else pos._version, base)
+        if self._rope_tail is None or self._rope_tail[0] != key:
             t = torch.empty(2, dtype=torch.float64, device=pos.device)
             t[0:1].copy_(pos.abs().amax().reshape(1))
             t[1:2].fill_(base)
-            self._rope_tail = (*key, t)
-        return self._rope_tail[3]
+            self._rope_tail = (key, t)
+        return self._rope_tail[1]
 
     def record(self, op: str, variant: str, inputs: _cap.Inputs, params: dict[str, Any] | None = None,
                dtype: str | None = None, stream: str | None = None) -> None:
