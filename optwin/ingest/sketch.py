@@ -110,7 +110,7 @@ matmul (a [m, k], b [k, n])
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from numbers import Real
 import weakref
 from typing import Any, Callable
@@ -182,6 +182,21 @@ def _row_view(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1]) if t.ndim else t.reshape(1, 1)
 
 
+# Largest float64 temporary (bytes) a chunked reduction forms: softmax and rope reduce their input in
+# chunks of rows, each converted to float64 and masked on its own, so a (4096, 4096) float32 softmax
+# holds a few 32 MiB temporaries at a time, not eight 128 MiB copies of the whole input (872 MiB more
+# peak memory for a 64 MiB input, on the GPU when the input is there). Matches attention's 2^22 budget.
+CHUNK_BYTES = 32 << 20
+
+
+def _row_chunks(r: torch.Tensor) -> Iterator[torch.Tensor]:
+    """Slices of the rows of r (rows, n) whose float64 copies are at most CHUNK_BYTES (one row at least);
+    the chunk count comes from the shape, so no host sync."""
+    step = max(1, CHUNK_BYTES // (8 * max(1, r.shape[-1])))
+    for i in range(0, r.shape[0], step):
+        yield r[i:i + step]
+
+
 # ----------------------------------------------------------------------------- per op
 
 
@@ -205,31 +220,51 @@ def _rmsnorm(t: dict[str, torch.Tensor], params: dict[str, Any]) -> dict[str, An
 def _softmax(t: dict[str, torch.Tensor], params: dict[str, Any]) -> dict[str, Any]:
     x = t["x"]
     n = x.shape[-1]
-    h = _row_view(x).to(_F64)  # (rows, n)
-    fin = torch.isfinite(h)
-    neg_inf = h == -math.inf
-    hf = torch.where(fin, h, 0.0)
-    out: dict[str, Any] = {
-        "absmax": _amax(hf), "rms": _rms(hf, fin),
-        "nonfinite": (h.numel() - fin.sum() - neg_inf.sum()).to(_F64), "n": float(n),
+    r = _row_view(x)  # (rows, n), input dtype
+    numel = r.numel()
+    if numel == 0:
+        zero = torch.zeros((), dtype=_F64, device=x.device)
+        return {"absmax": zero, "rms": zero, "nonfinite": zero, "n": float(n), "max": zero, "min": zero,
+                "max_row_range": zero, "masked_rows": zero, "masked_frac": zero, "peaked_frac": zero,
+                "min_row_max": zero}
+    # Chunks of rows (see _row_chunks): max/min/counts combine exactly across chunks, and the sum of
+    # squares is kept per row and summed once, so the result does not depend on the chunking.
+    row_sq, acc = [], {}
+    for c in _row_chunks(r):
+        h = c.to(_F64)  # (cr, n)
+        fin = torch.isfinite(h)
+        hf = torch.where(fin, h, 0.0)
+        row_sq.append(hf.square().sum(-1))  # (cr,)
+        row_max = torch.where(fin, h, -math.inf).amax(-1)  # (cr,), -inf for rows without a finite entry
+        row_min = torch.where(fin, h, math.inf).amin(-1)  # (cr,), +inf likewise
+        row_any = fin.any(-1)  # (cr,)
+        n_neg = (h == -math.inf).sum(-1)  # (cr,)
+        entropy, eligible = logit_row_entropy(h)
+        part = {
+            "absmax": hf.abs().amax(), "max": row_max.amax(), "min": row_min.amin(),
+            "max_row_range": torch.where(row_any, row_max - row_min, 0.0).amax(),
+            "min_row_max": torch.where(row_any, row_max, math.inf).amin(),
+            "fin": fin.sum(), "neg_inf": n_neg.sum(), "masked_rows": (n_neg == n).sum(),
+            "peaked": (eligible & (entropy < DEFAULT_TOLERANCES.low_entropy_nats)).sum(), "eligible": eligible.sum(),
+        }
+        acc = part if not acc else {k: _COMBINE.get(k, torch.add)(acc[k], v) for k, v in part.items()}
+    any_fin = acc["fin"] > 0
+    return {
+        "absmax": acc["absmax"], "rms": torch.sqrt(torch.cat(row_sq).sum() / acc["fin"].clamp(min=1).to(_F64)),
+        "nonfinite": (numel - acc["fin"] - acc["neg_inf"]).to(_F64), "n": float(n),
+        "max": torch.where(any_fin, acc["max"], 0.0), "min": torch.where(any_fin, acc["min"], 0.0),
+        "max_row_range": acc["max_row_range"], "min_row_max": torch.where(any_fin, acc["min_row_max"], 0.0),
+        "masked_rows": acc["masked_rows"].to(_F64), "masked_frac": acc["neg_inf"].to(_F64) / numel,
+        # the fraction of peaked rows among the rows with a finite softmax; 0 when there are none
+        "peaked_frac": acc["peaked"].to(_F64) / acc["eligible"].clamp(min=1).to(_F64),
     }
-    if h.numel() == 0:
-        zero = hf.new_zeros(())
-        out.update(max=zero, min=zero, max_row_range=zero, masked_rows=zero, masked_frac=zero, peaked_frac=zero,
-                   min_row_max=zero)
-        return out
-    row_max = torch.where(fin, h, -math.inf).amax(-1)  # (rows,)
-    row_min = torch.where(fin, h, math.inf).amin(-1)  # (rows,)
-    row_any = fin.any(-1)  # (rows,)
-    any_fin = row_any.any()
-    out["max"] = torch.where(any_fin, row_max.amax(), 0.0)
-    out["min"] = torch.where(any_fin, row_min.amin(), 0.0)
-    out["max_row_range"] = torch.where(row_any, row_max - row_min, 0.0).amax()
-    out["min_row_max"] = torch.where(any_fin, torch.where(row_any, row_max, math.inf).amin(), 0.0)
-    out["masked_rows"] = neg_inf.all(-1).sum().to(_F64)
-    out["masked_frac"] = neg_inf.sum().to(_F64) / h.numel()
-    out["peaked_frac"] = _peaked_frac(h)
-    return out
+
+
+# How chunk partials combine (anything else: counts, added).
+_COMBINE: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "absmax": torch.maximum, "max": torch.maximum, "max_row_range": torch.maximum,
+    "min": torch.minimum, "min_row_max": torch.minimum,
+}
 
 
 def logit_row_entropy(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -257,10 +292,19 @@ def _peaked_frac(h: torch.Tensor) -> torch.Tensor:
 def _rope(t: dict[str, torch.Tensor], params: dict[str, Any]) -> dict[str, Any]:
     x, pos = t["x"], t["positions"]
     seq, heads, d = x.shape
-    xf, xfin = _finite(x)
+    # Chunks of (position, head) rows (see _row_chunks); sum of squares per row, summed once.
+    absmax = torch.zeros((), dtype=_F64, device=x.device)
+    fin_cnt = torch.zeros((), dtype=torch.int64, device=x.device)
+    row_sq = [absmax.new_zeros(0)]  # (seq * heads,) once the chunks are in
+    for c in _row_chunks(_row_view(x)):
+        cf, cfin = _finite(c)  # (cr, d)
+        row_sq.append(cf.square().sum(-1))
+        absmax = torch.maximum(absmax, _amax(cf))
+        fin_cnt = fin_cnt + cfin.sum()
     pf, pfin = _finite(pos)
     return {
-        "absmax": _amax(xf), "rms": _rms(xf, xfin), "nonfinite": _count_nonfinite(xfin) + _count_nonfinite(pfin),
+        "absmax": absmax, "rms": torch.sqrt(torch.cat(row_sq).sum() / fin_cnt.clamp(min=1).to(_F64)),
+        "nonfinite": (x.numel() - fin_cnt).to(_F64) + _count_nonfinite(pfin),
         "seq": float(seq), "heads": float(heads), "d": float(d), "max_pos": _amax(pf), "base": float(params["base"]),
     }
 
