@@ -321,6 +321,8 @@ def test_auth_scheme_is_case_insensitive_and_405_says_allow(db):
 @pytest.mark.parametrize("args,msg", [
     (["--max-records-per-s", "-5"], "error: --max-records-per-s must be > 0"),
     (["--log-level", "bogus"], "error: --log-level must be one of"),
+    (["--max-streams", "0"], "error: --max-streams must be >= 1"),
+    (["--stream-ttl-s", "nan"], "error: --stream-ttl-s must be > 0"),
     (["--listen", "tcp://127.0.0.1:{busy}"], "error: "),  # the OS refuses a taken port: one line, not a traceback
 ])
 def test_serve_refuses_bad_options_in_one_line(db, args, msg):

@@ -22,6 +22,10 @@ def serve_command(
     warnings_jsonl: Optional[str] = typer.Option(None, "--warnings-jsonl", help="Append every warning to this JSONL file."),
     max_records_per_s: Optional[float] = typer.Option(None, "--max-records-per-s",
                                                       help="Answer 503 above this record rate (default: only on overload)."),
+    max_streams: int = typer.Option(200_000, "--max-streams",
+                                    help="Streams kept (~5 KB each); beyond it the least recently seen is dropped."),
+    stream_ttl_s: Optional[float] = typer.Option(None, "--stream-ttl-s",
+                                                 help="Drop a stream not seen for this many seconds (default: never)."),
     log_level: str = typer.Option("INFO", "--log-level", help="Logging level of the sidecar."),
 ) -> None:
     """Serve per-call fault risk and per-stream forecasts over HTTP (POST /v1/observe, GET /v1/warnings, /metrics, /healthz)."""
@@ -36,9 +40,13 @@ def serve_command(
         raise InputError(f"--log-level must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL; got {log_level!r}")
     if max_records_per_s is not None and not max_records_per_s > 0:
         raise InputError(f"--max-records-per-s must be > 0, got {max_records_per_s}")
+    if max_streams < 1:
+        raise InputError(f"--max-streams must be >= 1, got {max_streams}")
+    if stream_ttl_s is not None and not stream_ttl_s > 0:
+        raise InputError(f"--stream-ttl-s must be > 0, got {stream_ttl_s}")
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     parse_listen(listen)  # a bad address fails before the database loads
-    cfg = SidecarConfig(max_records_per_s=max_records_per_s)
+    cfg = SidecarConfig(max_records_per_s=max_records_per_s, max_streams=max_streams, stream_ttl_s=stream_ttl_s)
     typer.echo(f"optwin serve: loading {db}", err=True)
     serve(db, listen=listen, token=token, warnings_jsonl=warnings_jsonl, config=cfg)
 

@@ -18,6 +18,8 @@ Backpressure: the server never queues unboundedly. Request bodies are capped (`m
 when the event loop lags more than `max_lag_s` behind (it is saturated) or the configured record
 rate is exceeded, POST /v1/observe answers 503 at once (counted, exported) so clients drop instead
 of piling up. The client (client.py) never blocks the model either: bounded queue, counted drops.
+Streams are bounded too: at `max_streams` the least recently seen stream is dropped for a new one, and with
+`stream_ttl_s` streams quiet that long are dropped (both counted in /metrics).
 
 Hot reload: the database path is polled (inode, mtime, size); on a change the new file is loaded in
 a worker thread and swapped in; the streams keep their history. A file that fails to load is
@@ -40,7 +42,7 @@ import socket
 import stat
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
@@ -96,7 +98,12 @@ class SidecarConfig:
     # sees a broken pipe instead of the answer). Beyond it the connection is closed under the client, as before.
     max_discard: int = 64 << 20
     max_records: int = 10000  # records per request
+    # Streams kept (~5 KB each); at the cap the least recently seen stream is dropped for a new one, so a new stream
+    # is always answered (a stream that comes back after eviction starts a fresh history).
     max_streams: int = 200_000
+    # A stream not seen for this many seconds is dropped (None: only the cap drops streams). Checked at most once a
+    # second, from the least recently seen end, so the cost is the streams dropped.
+    stream_ttl_s: float | None = None
     max_lag_s: float = 0.5  # smoothed event-loop lag beyond which /v1/observe answers 503
     max_records_per_s: float | None = None  # optional hard cap (token bucket)
     reload_poll_s: float = 0.5
@@ -160,6 +167,7 @@ class Metrics:
         self.warnings = 0
         self.reloads_ok = 0
         self.reloads_failed = 0
+        self.streams_evicted = {"capacity": 0, "idle": 0}
         self.lat_counts = [0] * (len(_LAT_BUCKETS) + 1)
         self.lat_sum = 0.0
         self.lat_n = 0
@@ -186,7 +194,9 @@ class SidecarState:
         self.forecast = forecast
         self.matcher = Matcher.open(self.db, config=matcher_config)
         self._sig = _file_sig(self.db)
-        self.streams: dict[tuple[str, str, str, str], Stream] = {}
+        # least recently seen first: eviction pops from the front, a record moves its stream to the end (O(1))
+        self.streams: OrderedDict[tuple[str, str, str, str], _SidecarStream] = OrderedDict()
+        self._next_sweep = 0.0
         self.warnings: deque[dict[str, Any]] = deque(maxlen=self.cfg.warnings_kept)
         self.seq = 0
         self.metrics = Metrics()
@@ -199,17 +209,20 @@ class SidecarState:
     def observe_payload(self, payload: Any) -> list[dict[str, Any]]:
         """The answer list for a decoded JSON body (one record or a list of records)."""
         records = payload if isinstance(payload, list) else [payload]
-        return [self.observe_record(r) for r in records]
+        now = time.monotonic()  # one clock read per request: last-seen times need no finer grain than the TTL
+        if now >= self._next_sweep:
+            self.expire_idle(now)
+        return [self.observe_record(r, now) for r in records]
 
-    def observe_record(self, rec: Any) -> dict[str, Any]:
+    def observe_record(self, rec: Any, now: float | None = None) -> dict[str, Any]:
         try:
-            return self._observe(rec)
+            return self._observe(rec, time.monotonic() if now is None else now)
         except (OptwinError, ValueError, TypeError, KeyError, OverflowError) as e:
             self.metrics.records_error += 1
             msg = str(e).splitlines()[0] if str(e) else type(e).__name__
             return {"error": msg[:300]}
 
-    def _observe(self, rec: Any) -> dict[str, Any]:
+    def _observe(self, rec: Any, now: float) -> dict[str, Any]:
         if type(rec) is not dict:
             raise ValueError(f"record must be a JSON object, got {type(rec).__name__}")
         name, op, variant, dtype = rec.get("stream"), rec.get("op"), rec.get("variant"), rec.get("dtype")
@@ -217,6 +230,9 @@ class SidecarState:
         s = self.streams.get(key)  # hit: the names were checked when the stream was created
         if s is None:
             s = self._new_stream(key, rec)
+        else:
+            self.streams.move_to_end(key)
+        s.seen = now
         params = rec.get("params")
         if params is not None and type(params) is not dict:
             raise ValueError("record field 'params' must be a JSON object")
@@ -234,7 +250,7 @@ class SidecarState:
             self._warn(s, r)
         return {"stream": name, "warn": r.warn, "probability": r.probability, "known": r.known, "eta_s": r.eta_s}
 
-    def _new_stream(self, key: tuple, rec: dict[str, Any]) -> Stream:
+    def _new_stream(self, key: tuple, rec: dict[str, Any]) -> _SidecarStream:
         name, op, variant, dtype = key
         for field, v in (("stream", name), ("op", op), ("variant", variant), ("dtype", dtype)):
             if not isinstance(v, str) or not v:
@@ -243,12 +259,33 @@ class SidecarState:
             raise ValueError("record field 'stream' is longer than 512 characters")
         if op not in CATALOG:
             raise ValueError(f"unknown operator {op!r}; expected one of {', '.join(CATALOG)}")
-        if len(self.streams) >= self.cfg.max_streams:
-            raise ValueError(f"too many streams (max {self.cfg.max_streams})")
         fast_validate_sketch(op, rec.get("sketch"))  # a bad first record must not create the stream
-        s = Stream(self.matcher, name, op, variant, dtype, config=self.forecast)  # CatalogError on bad names
+        s = _SidecarStream(self.matcher, name, op, variant, dtype, config=self.forecast)  # CatalogError on bad names
+        # only a valid record evicts: refusing new streams at the cap (as before) starved every new call site for
+        # the life of the process while streams quiet for hours were kept
+        while len(self.streams) >= max(1, self.cfg.max_streams):
+            self.streams.popitem(last=False)
+            self.metrics.streams_evicted["capacity"] += 1
         self.streams[key] = s
         return s
+
+    def expire_idle(self, now: float | None = None) -> int:
+        """Drop the streams not seen for stream_ttl_s (none without a TTL); the number dropped."""
+        ttl = self.cfg.stream_ttl_s
+        now = time.monotonic() if now is None else now
+        self._next_sweep = now + 1.0
+        if ttl is None:
+            return 0
+        cutoff, n = now - ttl, 0
+        streams = self.streams
+        while streams:
+            key = next(iter(streams))
+            if streams[key].seen > cutoff:  # the rest were seen later still
+                break
+            del streams[key]
+            n += 1
+        self.metrics.streams_evicted["idle"] += n
+        return n
 
     def _warn(self, s: Stream, r: Any) -> None:
         self.seq += 1
@@ -311,6 +348,7 @@ class SidecarState:
     # ------------------------------------------------------------------ metrics
 
     def prometheus(self, lag_s: float) -> str:
+        self.expire_idle()  # the gauge counts live streams also when no records arrive
         mt = self.metrics
         out = [
             "# HELP optwin_sidecar_records_total Records observed, by result.",
@@ -336,6 +374,11 @@ class SidecarState:
             "# HELP optwin_sidecar_streams Streams tracked.",
             "# TYPE optwin_sidecar_streams gauge",
             f"optwin_sidecar_streams {len(self.streams)}",
+            "# HELP optwin_sidecar_streams_evicted_total Streams dropped: least recently seen at max_streams "
+            "(capacity) or not seen for stream_ttl_s (idle).",
+            "# TYPE optwin_sidecar_streams_evicted_total counter",
+            f'optwin_sidecar_streams_evicted_total{{reason="capacity"}} {mt.streams_evicted["capacity"]}',
+            f'optwin_sidecar_streams_evicted_total{{reason="idle"}} {mt.streams_evicted["idle"]}',
             "# HELP optwin_sidecar_loop_lag_seconds Event-loop lag (smoothed).",
             "# TYPE optwin_sidecar_loop_lag_seconds gauge",
             f"optwin_sidecar_loop_lag_seconds {lag_s:.6f}",
@@ -358,6 +401,12 @@ class SidecarState:
         if self._jsonl is not None:
             self._jsonl.close()
             self._jsonl = None
+
+
+class _SidecarStream(Stream):
+    """A Stream with the server's monotonic time of its last record (for stream_ttl_s)."""
+
+    seen: float = 0.0
 
 
 def _label(s: str) -> str:
