@@ -8,10 +8,33 @@ command, not at import time.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+
+
+def check_out_dir(out: Path) -> None:
+    """A --out the profile can be written to: a writable directory, or a path whose nearest existing parent is
+    one (write_profile creates the rest). optwin.fingerprints.build.check_out checks a database FILE and refuses
+    a directory, which is what a profile is, so the walk is repeated here for a directory."""
+    from optwin.errors import OptwinError
+
+    path = Path(os.path.abspath(out))
+    if path.exists() and not path.is_dir():
+        raise OptwinError(f"--out {out} exists and is not a directory")
+    above = path
+    while not os.path.lexists(above):
+        above = above.parent
+    if not above.is_dir():
+        raise OptwinError(f"--out {out}: {above} is not a directory")
+    # Probe by making (and removing) a directory there: os.access says yes to root on read-only mounts and /proc.
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".optwin-probe-", dir=above))
+    except OSError as e:
+        raise OptwinError(f"--out {out}: cannot write in {above} ({e.strerror or e})") from None
 
 
 def capture_command(
@@ -34,8 +57,7 @@ def capture_command(
     from optwin.ingest.models import ModelError, default_texts, load_model, read_texts
 
     console = Console(stderr=True)
-    if out.exists() and not out.is_dir():
-        raise ModelError(f"--out {out} exists and is not a directory")
+    check_out_dir(out)  # before the model loads and the capture runs, not after
     if texts is not None:
         if not texts.is_file():
             raise ModelError(f"--texts {texts}: no such file")
@@ -51,8 +73,13 @@ def capture_command(
         with Progress(TextColumn("capture {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console) as bar:
             task = bar.add_task(lm.name, total=len(batches))
-            for batch in batches:
-                lm.module(**batch)
+            for i, batch in enumerate(batches):
+                try:
+                    lm.module(**batch)
+                except Exception as e:  # noqa: BLE001 - the user's model: one line here, its traceback when they run it
+                    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                    raise ModelError(f"model {model!r} raised {type(e).__name__} on batch {i} of {len(batches)}: {first} "
+                                     f"(it is called as module(**batch) with {', '.join(batch)})") from None
                 bar.advance(task)
     path = rec.write_profile(out, model=lm.name, extra={"texts": str(texts) if texts else "python docstrings",
                                                         "n_texts": len(items), "batch_size": batch_size})
