@@ -120,7 +120,8 @@ def test_overview_renders_in_chromium(served) -> None:
 def test_operator_explorer_renders_in_chromium(served) -> None:
     url, _ = served
     text = _render(url + "/Operator_explorer", "Fault probability over two features")
-    assert "P(fault), pooled" in text and "Boundary" in text and "Variants of rmsnorm compared" in text
+    assert "P(fault), matcher" in text and "P(fault), replays" in text  # both probabilities, labelled apart
+    assert "Boundary" in text and "Variants of rmsnorm compared" in text
 
 
 def _listening(port: int) -> set[str]:

@@ -127,6 +127,20 @@ def direct(path: Path, sql: str, params: list | None = None) -> list[tuple]:
         conn.close()
 
 
+def served(path: Path, build: str) -> dict[tuple[str, str, str, str, str], float]:
+    """(op, variant, dtype, region, fault_type) -> what the real matcher of that build serves for the cell
+    (`Matcher.open`, `TripleIndex.lookup`): the tests' independent check of the dashboard's p_matcher."""
+    from optwin.fingerprints.matcher import Matcher
+    from optwin.fingerprints.regions import parse_region_key
+
+    m = Matcher.open(path, build_id=build)
+    return {(*t, reg, ft): ti.lookup(parse_region_key(reg), m.config)[0][ti.fault_types.index(ft)]
+            for t, ti in m.index.items()
+            for (reg,) in direct(path, "SELECT DISTINCT region FROM fingerprints WHERE build_id = ? AND op = ? AND "
+                                       "variant = ? AND dtype = ?", [build, *t])
+            for ft in ti.fault_types}
+
+
 @pytest.fixture(scope="module")
 def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_db(tmp_path_factory.mktemp("dash") / "fp.duckdb")

@@ -18,7 +18,7 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from test_dashboard_fixture import direct, make_db
+from test_dashboard_fixture import direct, make_db, served
 
 APP = str(Path(__file__).resolve().parents[1] / "optwin" / "dashboard" / "app.py")
 
@@ -99,7 +99,11 @@ def test_operator_explorer_pooled_probability_and_boundary(db: Path) -> None:
                                "AND fault_type = 'precision_loss'")[0]
     m = metrics(at)
     assert m["Regions"] == str(regions) and m["Replays"] == str(n) and m["Faulting replays"] == str(k)
-    assert m["P(fault), pooled"] == f"{k / n:.4f}"
+    assert m["P(fault), replays"] == f"{k / n:.4f}"
+    # the replays' rate and its boundary at 0.5 (the matcher's probability: test_dashboard_matcher_probability.py)
+    at.radio(key="ex_value").set_value("probability").run()
+    at.slider(key="ex_threshold").set_value(0.5).run()
+    m = metrics(at)
     assert m["Boundary"].startswith("absmax ≥ ")
     edge = float(m["Boundary"].split("≥")[1])
     assert 2.0**9 <= edge <= 2.0**12.5  # the fixture's boundary for build-2
@@ -143,9 +147,12 @@ def test_compare_builds_counts_match_sql(db: Path) -> None:
     at = app(db, "pages/5_Compare_builds.py")
     assert (at.selectbox(key="cmp_a").value, at.selectbox(key="cmp_b").value) == ("build-1", "build-2")
     key = "op, variant, dtype, region, fault_type"
-    both = direct(db, f"SELECT count(*), count(*) FILTER (WHERE a.probability <> b.probability) FROM "
+    rows = direct(db, f"SELECT {key}, a.probability, b.probability FROM "
                       f"(SELECT * FROM fingerprints WHERE build_id='build-1') a JOIN "
-                      f"(SELECT * FROM fingerprints WHERE build_id='build-2') b USING ({key})")[0]
+                      f"(SELECT * FROM fingerprints WHERE build_id='build-2') b USING ({key})")
+    # changed: the replays' rate or what the matcher serves for the cell (the deterministic blend) differs
+    sa, sb = served(db, "build-1"), served(db, "build-2")
+    both = (len(rows), sum(r[5] != r[6] or sa[r[:5]] != sb[r[:5]] for r in rows))
     new = direct(db, f"SELECT count(*) FROM (SELECT {key} FROM fingerprints WHERE build_id='build-2' EXCEPT "
                      f"SELECT {key} FROM fingerprints WHERE build_id='build-1')")[0][0]
     removed = direct(db, f"SELECT count(*) FROM (SELECT {key} FROM fingerprints WHERE build_id='build-1' EXCEPT "

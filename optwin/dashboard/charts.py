@@ -35,10 +35,19 @@ def edge_label(value: float) -> str:
     return f"≥ {value:.3g}"
 
 
-def heatmap(cells: pd.DataFrame, fx: str, fy: str) -> alt.HConcatChart:
-    """Pooled fault probability over two binned features, beside the width of its 95% interval.
+# The two probabilities a fingerprint cell has (data.pool): what the matcher serves, and the replays' rate alone
+LABELS = {"p_matcher": "P(fault), matcher", "probability": "P(fault), replays"}
 
-    `cells` has columns `bin:<fx>`, `<fx>`, `bin:<fy>`, `<fy>`, probability, ci_low, ci_high,
+
+def _prob_tooltips(df: pd.DataFrame) -> list[alt.Tooltip]:
+    return [alt.Tooltip(f"{c}:Q", format=".3f", title=t) for c, t in LABELS.items() if c in df]
+
+
+def heatmap(cells: pd.DataFrame, fx: str, fy: str, value: str = "probability") -> alt.HConcatChart:
+    """Pooled fault probability (`value`: "p_matcher" or "probability", see LABELS) over two binned features,
+    beside the width of the replays' 95% interval.
+
+    `cells` has columns `bin:<fx>`, `<fx>`, `bin:<fy>`, `<fy>`, probability, p_matcher, ci_low, ci_high,
     ci_width, n_faults, n_replays (data.pool over those four).
     """
     df = cells.copy()
@@ -52,58 +61,66 @@ def heatmap(cells: pd.DataFrame, fx: str, fy: str) -> alt.HConcatChart:
         tooltip=[
             alt.Tooltip("x:N", title=fx),
             alt.Tooltip("y:N", title=fy),
-            alt.Tooltip("probability:Q", format=".3f"),
-            alt.Tooltip("ci_low:Q", format=".3f"),
-            alt.Tooltip("ci_high:Q", format=".3f"),
+            *_prob_tooltips(df),
+            alt.Tooltip("ci_low:Q", format=".3f", title="replays ci_low"),
+            alt.Tooltip("ci_high:Q", format=".3f", title="replays ci_high"),
             alt.Tooltip("n_faults:Q"),
             alt.Tooltip("n_replays:Q"),
         ],
     )
     prob = base.mark_rect().encode(
-        color=alt.Color("probability:Q", scale=alt.Scale(domain=[0, 1], scheme="reds"), title="P(fault)")
-    ).properties(title="Fault probability", width=360, height=300)
+        color=alt.Color(f"{value}:Q", scale=alt.Scale(domain=[0, 1], scheme="reds"), title=LABELS[value])
+    ).properties(title=LABELS[value], width=360, height=300)
     width = base.mark_rect().encode(
         color=alt.Color("ci_width:Q", scale=alt.Scale(domain=[0, 1], scheme="greys"), title="95% CI width")
-    ).properties(title="Interval width (95% Wilson)", width=360, height=300)
+    ).properties(title="Interval width of the replays' rate (95% Wilson)", width=360, height=300)
     return alt.hconcat(prob, width).resolve_scale(color="independent")
 
 
-def curve(points: pd.DataFrame, feature: str, threshold: float, color: str | None = None) -> alt.LayerChart:
-    """Pooled probability along one feature with its 95% band, the threshold and the boundary marked.
+def curve(points: pd.DataFrame, feature: str, threshold: float, color: str | None = None,
+          value: str = "probability") -> alt.LayerChart:
+    """Pooled probability (`value`, see LABELS) along one feature, the threshold and the boundary marked; with
+    the replays' rate, its 95% band too (the Wilson interval is of the replay counts, not of the matcher's blend).
 
-    `points`: columns `<feature>`, probability, ci_low, ci_high (and `color` if given). The boundary
+    `points`: columns `<feature>`, `value`, ci_low, ci_high (and `color` if given). The boundary
     is the lowest feature value whose probability reaches the threshold, per color group.
     """
-    df = points.dropna(subset=["probability"]).copy()
+    df = points.dropna(subset=[value]).copy()
     x = _feature_x(df, feature, f"{feature} (bin lower edge)")
     enc = {"color": alt.Color(f"{color}:N")} if color else {}
     base = alt.Chart(df).encode(x=x, **enc)
-    band = base.mark_area(opacity=0.2).encode(y=alt.Y("ci_low:Q", scale=alt.Scale(domain=[0, 1]), title="P(fault)"), y2="ci_high:Q")
+    y = alt.Y(f"{value}:Q", scale=alt.Scale(domain=[0, 1]), title=LABELS[value])
     line = base.mark_line(point=True).encode(
-        y="probability:Q",
-        tooltip=[alt.Tooltip(f"{feature}:Q", format=".3g"), alt.Tooltip("probability:Q", format=".3f"),
-                 alt.Tooltip("ci_low:Q", format=".3f"), alt.Tooltip("ci_high:Q", format=".3f")]
+        y=y,
+        tooltip=[alt.Tooltip(f"{feature}:Q", format=".3g"), *_prob_tooltips(df),
+                 alt.Tooltip("ci_low:Q", format=".3f", title="replays ci_low"),
+                 alt.Tooltip("ci_high:Q", format=".3f", title="replays ci_high")]
         + ([alt.Tooltip(f"{color}:N")] if color else []),
     )
+    layers = [line]
+    if value == "probability":
+        layers.insert(0, base.mark_area(opacity=0.2).encode(y=alt.Y("ci_low:Q", scale=alt.Scale(domain=[0, 1])), y2="ci_high:Q"))
     thr = alt.Chart(pd.DataFrame({"threshold": [threshold]})).mark_rule(strokeDash=[4, 4], color="gray").encode(y="threshold:Q")
-    hit = df[df["probability"] >= threshold]
+    hit = df[df[value] >= threshold]
     groups = [color] if color else []
     if groups and len(hit):
         edges = hit.groupby(groups, as_index=False)[feature].min()
     else:
         edges = pd.DataFrame({feature: [hit[feature].min()]}) if len(hit) else pd.DataFrame({feature: []})
     rule = alt.Chart(edges).mark_rule(strokeWidth=2).encode(x=x, **enc, tooltip=[alt.Tooltip(f"{feature}:Q", format=".3g", title="boundary")])
-    return alt.layer(band, line, thr, rule).properties(height=280)
+    return alt.layer(*layers, thr, rule).properties(height=280)
 
 
-def fault_types_side_by_side(points: pd.DataFrame, feature: str, threshold: float) -> alt.Chart:
-    """One small curve per fault type (column facets), sharing the feature axis."""
-    df = points.dropna(subset=["probability"])
+def fault_types_side_by_side(points: pd.DataFrame, feature: str, threshold: float, value: str = "probability") -> alt.Chart:
+    """One small curve per fault type (column facets), sharing the feature axis; `value` as in `curve`."""
+    df = points.dropna(subset=[value])
     x = _feature_x(df, feature, feature)
-    band = alt.Chart().mark_area(opacity=0.2).encode(x=x, y=alt.Y("ci_low:Q", scale=alt.Scale(domain=[0, 1]), title="P(fault)"), y2="ci_high:Q")
-    line = alt.Chart().mark_line(point=True).encode(x=x, y="probability:Q")
+    y = alt.Y(f"{value}:Q", scale=alt.Scale(domain=[0, 1]), title=LABELS[value])
+    layers = [alt.Chart().mark_line(point=True).encode(x=x, y=y)]
+    if value == "probability":
+        layers.insert(0, alt.Chart().mark_area(opacity=0.2).encode(x=x, y=alt.Y("ci_low:Q", scale=alt.Scale(domain=[0, 1])), y2="ci_high:Q"))
     thr = alt.Chart().mark_rule(strokeDash=[4, 4], color="gray").encode(y=alt.datum(threshold))
-    return alt.layer(band, line, thr, data=df).properties(width=260, height=220).facet(column=alt.Column("fault_type:N", title=None))
+    return alt.layer(*layers, thr, data=df).properties(width=260, height=220).facet(column=alt.Column("fault_type:N", title=None))
 
 
 def error_quantiles(row: dict, tau: float | None) -> alt.LayerChart:
@@ -150,14 +167,15 @@ def live_risk(points: pd.DataFrame) -> alt.LayerChart:
 
 
 def compare_scatter(diff: pd.DataFrame) -> alt.Chart:
-    """Probability in build A vs build B for fingerprints present in both, colored by op."""
-    both = diff.dropna(subset=["probability_a", "probability_b"])
+    """The matcher's probability in build A vs build B for fingerprints present in both, colored by op."""
+    both = diff.dropna(subset=["p_matcher_a", "p_matcher_b"])
     pts = alt.Chart(both).mark_circle(size=40, opacity=0.6).encode(
-        x=alt.X("probability_a:Q", scale=alt.Scale(domain=[0, 1]), title="P(fault), build A"),
-        y=alt.Y("probability_b:Q", scale=alt.Scale(domain=[0, 1]), title="P(fault), build B"),
+        x=alt.X("p_matcher_a:Q", scale=alt.Scale(domain=[0, 1]), title="P(fault), matcher, build A"),
+        y=alt.Y("p_matcher_b:Q", scale=alt.Scale(domain=[0, 1]), title="P(fault), matcher, build B"),
         color="op:N",
         tooltip=["op:N", "variant:N", "dtype:N", "region:N", "fault_type:N",
-                 alt.Tooltip("probability_a:Q", format=".3f"), alt.Tooltip("probability_b:Q", format=".3f")],
+                 alt.Tooltip("p_matcher_a:Q", format=".3f"), alt.Tooltip("p_matcher_b:Q", format=".3f"),
+                 alt.Tooltip("p_replays_a:Q", format=".3f"), alt.Tooltip("p_replays_b:Q", format=".3f")],
     )
     diag = alt.Chart(pd.DataFrame({"p": [0.0, 1.0]})).mark_line(color="gray", strokeDash=[4, 4]).encode(x="p:Q", y="p:Q")
     return alt.layer(diag, pts).properties(height=320)

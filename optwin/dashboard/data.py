@@ -36,19 +36,54 @@ def file_identity(path: str | os.PathLike) -> tuple[int, int, int] | None:
     return (st.st_ino, st.st_mtime_ns, st.st_size)
 
 
+def served_probability(df: pd.DataFrame) -> pd.Series:
+    """Per fingerprint row, the probability the matcher serves for that row's cell, from the matcher's own code
+    (`Matcher.from_rows` over these rows, then `TripleIndex.lookup` of the row's region): the noisy replays'
+    fault rate blended with the deterministic emulation (`MatcherConfig.det_weight`), and for fault types with
+    their own features the pooled marginal cell. The row's `probability` column is the replays' rate alone,
+    which is not what warns: the two fall on opposite sides of the threshold in some cells.
+
+    NaN where the matcher would not serve the rows (binned on another catalog's features: it refuses them).
+    """
+    from optwin.errors import OptwinError
+    from optwin.fingerprints.matcher import Matcher, MatcherConfig
+
+    if df.empty:
+        return pd.Series([], index=df.index, dtype="float64")
+    cfg = MatcherConfig()
+    rows = df.astype(object).where(df.notna(), None).to_dict("records")  # NaN det_faults -> None, as SQL NULL
+    try:
+        m = Matcher.from_rows(rows, config=cfg)
+    except OptwinError:
+        return pd.Series(float("nan"), index=df.index, dtype="float64")
+    out = []
+    for op, variant, dtype, region, ft in zip(df["op"], df["variant"], df["dtype"], df["region"], df["fault_type"]):
+        ti = m.index.get((op, variant, dtype))
+        if ti is None or ft not in ti.fault_types:
+            out.append(float("nan"))
+            continue
+        out.append(ti.lookup(parse_region_key(region), cfg)[0][ti.fault_types.index(ft)])
+    return pd.Series(out, index=df.index, dtype="float64")
+
+
 def pool(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
-    """Pool fingerprint rows over everything not in `by`: probability = sum(faults) / sum(replays).
+    """Pool fingerprint rows over everything not in `by`: probability = sum(faults) / sum(replays), the noisy
+    replays' fault rate; p_matcher = the matcher's served probability (`served_probability`, column
+    `p_matcher` of the rows) averaged with the replays as weights, as the matcher pools its marginal cells.
 
     Pooling counts (not averaging probabilities) weights each region by the evidence it holds, and
     the Wilson interval of the pooled counts, over the pooled cases (stats.py), shows how much evidence that is.
     """
-    cols = [*by, "probability", "ci_low", "ci_high", "ci_width", "n_faults", "n_replays", "n_cases"]
+    cols = [*by, "probability", "p_matcher", "ci_low", "ci_high", "ci_width", "n_faults", "n_replays", "n_cases"]
     if df.empty:
         return pd.DataFrame(columns=cols)
-    g = df.groupby(by, as_index=False, sort=True).agg(
-        n_faults=("n_faults", "sum"), n_replays=("n_replays", "sum"), n_cases=("n_cases", "sum")
+    weighted = df["p_matcher"] * df["n_replays"] if "p_matcher" in df else pd.Series(float("nan"), index=df.index)
+    g = df.assign(_pm=weighted).groupby(by, as_index=False, sort=True).agg(
+        n_faults=("n_faults", "sum"), n_replays=("n_replays", "sum"), n_cases=("n_cases", "sum"),
+        _pm=("_pm", lambda s: s.sum(min_count=len(s))),  # one NaN (not served) leaves the pool unknown
     )
     g["probability"] = [k / n if n > 0 else float("nan") for k, n in zip(g.n_faults, g.n_replays)]
+    g["p_matcher"] = [w / n if n > 0 else float("nan") for w, n in zip(g._pm, g.n_replays)]
     ci = [wilson(int(k), int(n), n_eff=int(c)) for k, n, c in zip(g.n_faults, g.n_replays, g.n_cases)]
     g["ci_low"] = [c[0] for c in ci]
     g["ci_high"] = [c[1] for c in ci]
@@ -56,9 +91,9 @@ def pool(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     return g[cols]
 
 
-def boundary(curve: pd.DataFrame, feature: str, threshold: float) -> float | None:
-    """The lowest `feature` value (bin lower edge) whose pooled probability reaches `threshold`."""
-    hit = curve[curve["probability"] >= threshold]
+def boundary(curve: pd.DataFrame, feature: str, threshold: float, column: str = "probability") -> float | None:
+    """The lowest `feature` value (bin lower edge) whose pooled probability (`column`) reaches `threshold`."""
+    hit = curve[curve[column] >= threshold]
     return float(hit[feature].min()) if len(hit) else None
 
 
@@ -187,8 +222,10 @@ class DashboardData:
 
     def fingerprints(self, build: str, op: str, variant: str | None = None, dtype: str | None = None,
                      fault_type: str | None = None) -> pd.DataFrame:
-        """Fingerprint rows of one op (optionally one variant/dtype/fault type), with bin columns."""
+        """Fingerprint rows of one op (optionally one variant/dtype/fault type), with bin columns and the
+        matcher's served probability (`p_matcher`; `probability` is the replays' fault rate)."""
         df = self._df("fingerprints", build_id=build, op=op, variant=variant, dtype=dtype)
+        df["p_matcher"] = served_probability(df)
         if fault_type is not None:
             df = df[df["fault_type"] == fault_type].reset_index(drop=True)
         return with_region_features(df, op)
@@ -224,21 +261,26 @@ class DashboardData:
     # --- compare ------------------------------------------------------------------------------
 
     def compare(self, build_a: str, build_b: str, op: str | None = None) -> pd.DataFrame:
-        """Fingerprints of two builds side by side: status new / removed / changed / same, delta = b - a."""
+        """Fingerprints of two builds side by side: status new / removed / changed / same. p_matcher_* is what the
+        matcher serves for the cell (`served_probability`), p_replays_* the noisy replays' fault rate;
+        delta = p_matcher_b - p_matcher_a. Changed: either probability differs."""
         key = ["op", "variant", "dtype", "region", "fault_type"]
-        keep = [*key, "probability", "n_replays"]
-        a = self._df("fingerprints", build_id=build_a, op=op)[keep]
-        b = self._df("fingerprints", build_id=build_b, op=op)[keep]
-        df = a.merge(b, on=key, how="outer", suffixes=("_a", "_b"), indicator=True)
-        df["delta"] = df["probability_b"] - df["probability_a"]
+        keep = [*key, "p_matcher", "p_replays", "n_replays"]
+
+        def side(build: str) -> pd.DataFrame:
+            df = self._df("fingerprints", build_id=build, op=op)
+            return df.assign(p_matcher=served_probability(df), p_replays=df["probability"])[keep]
+
+        df = side(build_a).merge(side(build_b), on=key, how="outer", suffixes=("_a", "_b"), indicator=True)
+        df["delta"] = df["p_matcher_b"] - df["p_matcher_a"]
         status = df["_merge"].map({"left_only": "removed", "right_only": "new", "both": "same"}).astype(str)
-        changed = (status == "same") & (df["probability_a"] != df["probability_b"])
+        changed = (status == "same") & ((df["p_matcher_a"] != df["p_matcher_b"]) | (df["p_replays_a"] != df["p_replays_b"]))
         df["status"] = status.where(~changed, "changed")
         df = df.drop(columns=["_merge"])
         order = df["delta"].abs().fillna(1.0)
         df = df.assign(_o=order).sort_values(["_o", *key], ascending=[False, True, True, True, True, True])
-        return df.drop(columns=["_o"])[[*key, "probability_a", "probability_b", "delta", "n_replays_a",
-                                        "n_replays_b", "status"]].reset_index(drop=True)
+        return df.drop(columns=["_o"])[[*key, "p_matcher_a", "p_matcher_b", "delta", "p_replays_a", "p_replays_b",
+                                        "n_replays_a", "n_replays_b", "status"]].reset_index(drop=True)
 
     def region_changes(self, build_a: str, build_b: str) -> pd.DataFrame:
         """Regions (op/variant/dtype/region) present in only one of the two builds."""

@@ -2,8 +2,10 @@
 
     streamlit run optwin/dashboard/app.py -- --db fingerprints.duckdb   (page "Operator explorer")
 
-Probabilities are pooled over the features not on an axis: sum of faulting replays over sum of
-replays, with the 95% Wilson interval of the pooled counts.
+Each cell has two probabilities, labelled apart: "P(fault), matcher" is what the matcher and sidecar serve
+(the replays blended with the deterministic emulation, computed by the matcher's own code: data.served_probability),
+the one its 0.25 threshold applies to; "P(fault), replays" is the noisy replays' fault rate alone, with the 95%
+Wilson interval of its counts. Both are pooled over the features not on an axis, with the replays as weights.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from optwin.catalog import operator
 from optwin.dashboard import charts
 from optwin.dashboard.common import page_context, pick, pick_triple
 from optwin.dashboard.data import boundary, pool
+from optwin.fingerprints.matcher import MatcherConfig
 
 st.title("Operator explorer")
 ctx = page_context()
@@ -31,14 +34,20 @@ feats = list(spec.region_features)
 one = sel[sel.fault_type == fault]
 
 overall = pool(one.assign(all="all"), ["all"])
-m1, m2, m3, m4 = st.columns(4)
+m1, m2, m3, m4, m5 = st.columns(5)
 m1.metric("Regions", int(one["region"].nunique()))
 m2.metric("Replays", int(one["n_replays"].sum()))
 m3.metric("Faulting replays", int(one["n_faults"].sum()))
-m4.metric("P(fault), pooled", f"{overall['probability'].iloc[0]:.4f}" if len(overall) else "n/a")
+m4.metric("P(fault), matcher", f"{overall['p_matcher'].iloc[0]:.4f}" if len(overall) else "n/a",
+          help="What the matcher serves, pooled over the regions: the replays' rate blended with the deterministic "
+               f"emulation (det_weight {MatcherConfig().det_weight}). The sidecar warns at {MatcherConfig().threshold}.")
+m5.metric("P(fault), replays", f"{overall['probability'].iloc[0]:.4f}" if len(overall) else "n/a",
+          help="Faulting replays / replays: the noisy replays alone.")
 if one.empty:
     st.info(f"no fingerprints for {op}/{variant}/{dtype} {fault} in build {ctx.build}")
     st.stop()
+value = st.radio("Plot", list(charts.LABELS), key="ex_value", horizontal=True, format_func=charts.LABELS.get,
+                 help="The matcher's probability is what warns; the replays' rate is the evidence, with its interval.")
 
 st.subheader("Fault probability over two features")
 a1, a2 = st.columns(2)
@@ -48,7 +57,7 @@ with a2:
     fy = pick("Y feature", [f for f in feats if f != fx] or feats, "ex_fy")
 cells = pool(one, [f"bin:{fx}", fx, f"bin:{fy}", fy]) if fx != fy else pool(one, [f"bin:{fx}", fx])
 if fx != fy:
-    st.altair_chart(charts.heatmap(cells, fx, fy))
+    st.altair_chart(charts.heatmap(cells, fx, fy, value))
     st.caption(f"Pooled over {', '.join(f for f in feats if f not in (fx, fy)) or 'nothing'}; "
                "right: width of the 95% interval (wide = little evidence).")
 
@@ -56,21 +65,28 @@ st.subheader("Along one feature")
 b1, b2 = st.columns([1, 2])
 with b1:
     fc = pick("Feature", feats, "ex_curve")
-    threshold = st.slider("Boundary threshold", 0.05, 0.95, 0.5, 0.05, key="ex_threshold")
+    threshold = st.slider("Boundary threshold", 0.05, 0.95, MatcherConfig().threshold, 0.05, key="ex_threshold",
+                          help=f"Of {charts.LABELS[value]}; the matcher warns at {MatcherConfig().threshold}.")
 points = pool(one, [f"bin:{fc}", fc])
-edge = boundary(points, fc, threshold)
+edge = boundary(points, fc, threshold, value)
 with b1:
     st.metric("Boundary", f"{fc} ≥ {edge:.4g}" if edge is not None else "not reached")
 with b2:
-    st.altair_chart(charts.curve(points, fc, threshold), width="stretch")
+    st.altair_chart(charts.curve(points, fc, threshold, value=value), width="stretch")
 
 st.subheader("Fault types side by side")
 by_type = pool(sel, ["fault_type", f"bin:{fc}", fc])
-st.altair_chart(charts.fault_types_side_by_side(by_type, fc, threshold))
+st.altair_chart(charts.fault_types_side_by_side(by_type, fc, threshold, value))
 
 st.subheader(f"Variants of {op} compared ({dtype}, {fault})")
 variants = fp_all[(fp_all.dtype == dtype) & (fp_all.fault_type == fault)]
 by_variant = pool(variants, ["variant", f"bin:{fc}", fc])
-st.altair_chart(charts.curve(by_variant, fc, threshold, color="variant"), width="stretch")
-summary = pool(variants, ["variant"])
+st.altair_chart(charts.curve(by_variant, fc, threshold, color="variant", value=value), width="stretch")
+summary = pool(variants, ["variant"]).rename(columns=charts.LABELS)
 st.dataframe(summary, hide_index=True, key="ex_variants")
+
+st.subheader("Regions")
+st.caption("One row per replayed region of this op/variant/dtype and fault type: the probability the matcher serves "
+           "for a sketch that falls in it, and the replays behind it.")
+regions = pool(one, ["region", *feats]).sort_values("p_matcher", ascending=False, kind="stable")
+st.dataframe(regions.rename(columns=charts.LABELS), hide_index=True, key="ex_regions")

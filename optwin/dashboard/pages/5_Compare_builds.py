@@ -3,7 +3,9 @@
     streamlit run optwin/dashboard/app.py -- --db fingerprints.duckdb   (page "Compare builds")
 
 Fingerprints are matched on (op, variant, dtype, region, fault type): present in both (changed or
-same probability), only in B (new) or only in A (removed). Delta = P_B - P_A.
+same probability), only in B (new) or only in A (removed). p_matcher_* is the probability the matcher serves for
+the cell (replays blended with the deterministic emulation, data.served_probability), p_replays_* the noisy
+replays' fault rate alone; delta = p_matcher_B - p_matcher_A.
 """
 
 from __future__ import annotations
@@ -46,14 +48,14 @@ if op != ALL:
 m[4].metric("Regions new / removed", f"{int((regions.status == 'new').sum())} / {int((regions.status == 'removed').sum())}")
 
 shown = st.multiselect("Show", STATUSES, default=["changed", "new", "removed"], key="cmp_status")
-min_delta = st.slider("Minimum |delta| for changed fingerprints", 0.0, 1.0, 0.0, 0.01, key="cmp_min_delta")
+min_delta = st.slider("Minimum |delta| (the matcher's probability) for changed fingerprints", 0.0, 1.0, 0.0, 0.01, key="cmp_min_delta")
 view = diff[diff["status"].isin(shown)]
 view = view[(view["status"] != "changed") | (view["delta"].abs() >= min_delta)]
 st.dataframe(view, hide_index=True, key="cmp_table")
 
 left, right = st.columns(2)
 with left:
-    st.markdown("**P(fault) in A vs B** (fingerprints in both builds)")
+    st.markdown("**P(fault), matcher, in A vs B** (fingerprints in both builds)")
     st.altair_chart(charts.compare_scatter(diff), width="stretch")
 with right:
     st.markdown("**Regions in one build only**")
