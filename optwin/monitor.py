@@ -35,6 +35,7 @@ tables "fp32-angles"). "fallback"/"raise" sketch the inputs before the call, as 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import sys
@@ -50,7 +51,7 @@ from torch import nn
 from optwin.catalog import CATALOG
 from optwin.errors import CatalogError, OptwinError
 import optwin.ingest as _ingest
-from optwin.ingest import intercept
+from optwin.ingest import autocast_dtype as _autocast, intercept
 from optwin.ingest.sketch import SKETCH_FEATURES, sketch_tensor
 from optwin.kernels import deferred, sketch_sink
 
@@ -314,6 +315,10 @@ class Monitor:
 
     def _check(self, rec: _MonitorRecorder, op: str, variant: str, inputs: _cap.Inputs,
                params: dict[str, Any], dtype: str | None, site: str) -> None:
+        if _autocast.enabled() and op in _autocast.AFFECTED and variant != "triton":
+            # Under autocast the call computes in autocast's dtype, not its inputs': labelled float32,
+            # a float16 GEMM that overflows was looked up in float32's fingerprints and never warned.
+            inputs, dtype = _autocast_dtype(op, inputs, dtype)
         s = self._sampled(op, self.variants.get(op, variant), dtype or _dtype_name(next(iter(inputs.values()))), site)
         if s is None:
             return
@@ -463,6 +468,26 @@ class Monitor:
                 fn(w)
             except Exception:  # a broken callback must not break the model
                 log.exception("monitor callback failed")
+
+
+def _autocast_dtype(op: str, inputs: Any, dtype: str | None) -> tuple[Any, str]:
+    """(inputs, the dtype name the call computes in) under autocast (optwin.ingest.autocast_dtype).
+    Lower-precision ops (matmul, attention) take no dtype= of their own: the dtype capture passed is
+    the inputs' and autocast overrides it. For the float32 ops (softmax, layer_norm on CUDA) a passed
+    dtype is the call's dtype= (softmax(x, dtype=...)), which autocast respects."""
+    if dtype is not None and op not in _autocast.LOWER_PRECISION:
+        return inputs, dtype
+    if isinstance(inputs, functools.partial):  # wrapped eager attention: q is its first argument
+        x = inputs.args[0]  # no GQA repeat of k and v for an unsampled call
+    else:
+        if callable(inputs):  # linear/matmul: views only
+            inputs = inputs()
+        x = next(iter(inputs.values()))
+    return inputs, _dtype_name_of(_autocast.call_dtype(op, x))
+
+
+def _dtype_name_of(dt: torch.dtype) -> str:
+    return str(dt).removeprefix("torch.")
 
 
 def _jsonable(params: dict[str, Any]) -> dict[str, Any]:
