@@ -220,8 +220,10 @@ class Monitor:
         if sidecar is not None:
             from optwin.fingerprints.client import SidecarClient
 
-            self.client = SidecarClient(sidecar, token=token, on_warning=self._sidecar_warning)
+            self.client = SidecarClient(sidecar, token=token, on_answer=self._sidecar_answer)
         self.streams: dict[tuple[str, str, str, str], Any] = {}
+        # per stream key: the sidecar's last answer said warn (sender thread only)
+        self._sidecar_warn: dict[tuple[Any, Any, Any, Any], bool] = {}
         self._sites: dict[tuple[str, str, str, str], Any] = {}  # (site, op, variant, dtype) -> stream, None: skipped
         self.warnings: list[dict[str, Any]] = []
         self.last_sketches: dict[tuple[str, str, str, str], dict[str, float]] = {}  # per stream key: the latest assessed
@@ -450,12 +452,16 @@ class Monitor:
 
     # ------------------------------------------------------------------ warnings
 
-    def _sidecar_warning(self, ans: dict[str, Any]) -> None:
-        s = self.streams.get((ans.get("stream"), ans.get("op"), ans.get("variant"), ans.get("dtype")))
-        last = getattr(s, "_sidecar_warn", False) if s is not None else False
-        if s is not None:
-            s._sidecar_warn = True
-        if not last:  # one event per episode, like local warnings
+    def _sidecar_answer(self, ans: dict[str, Any]) -> None:
+        """Every sidecar answer, on the client's sender thread. One event per episode, like local
+        warnings: the sidecar's `warn` is the stream's warning state (hysteresis applied), so an
+        episode opens at the first warn=True answer and ends at a warn=False one (which re-arms it:
+        a stream that recovers and faults again warns again)."""
+        key = (ans.get("stream"), ans.get("op"), ans.get("variant"), ans.get("dtype"))
+        warn = bool(ans.get("warn"))
+        last = self._sidecar_warn.get(key, False)
+        self._sidecar_warn[key] = warn
+        if warn and not last:
             self._emit({**ans, "source": "sidecar"})
 
     def _emit(self, w: dict[str, Any]) -> None:

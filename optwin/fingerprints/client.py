@@ -6,7 +6,8 @@
 the record is dropped and counted). A background thread batches the queue (up to `batch_size`
 records per POST /v1/observe), keeps one HTTP/1.1 keep-alive connection, and reconnects with
 backoff when the sidecar goes away (a batch in flight then is counted as `failed`). Answers with
-`warn` go to `on_warning` callbacks; 503 answers (the sidecar is overloaded) are counted as
+`warn` go to `on_warning` callbacks, every answer to `on_answer` callbacks (a caller that follows
+episodes needs the warn=False answers too); 503 answers (the sidecar is overloaded) are counted as
 `rejected`. Nothing here raises into the caller's thread.
 """
 
@@ -106,12 +107,13 @@ class SidecarClient:
 
     def __init__(self, url: str, token: str | None = None, queue_size: int = 10000, batch_size: int = 256,
                  timeout_s: float = 2.0, on_warning: Callable[[dict[str, Any]], None] | None = None,
-                 record_latency: bool = False) -> None:
+                 record_latency: bool = False, on_answer: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.http = HTTP(url, token=token, timeout=timeout_s)
         self.batch_size = batch_size
         self.stats = ClientStats()
         self.record_latency = record_latency
         self._callbacks = [on_warning] if on_warning else []
+        self._answer_callbacks = [on_answer] if on_answer else []
         self._q: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=queue_size)
         self._closed = False
         self._idle = threading.Event()
@@ -238,10 +240,16 @@ class SidecarClient:
         for rec, ans in zip(batch, answers):
             if "error" in ans:
                 self.stats.errors += 1
-            elif ans.get("warn"):
+                continue
+            warn = ans.get("warn")
+            if warn:
                 self.stats.warnings += 1
-                for fn in self._callbacks:
-                    try:
-                        fn({**ans, "op": rec["op"], "variant": rec["variant"], "dtype": rec["dtype"], "t": rec["t"]})
-                    except Exception:  # a broken callback must not stop the sender
-                        log.exception("sidecar warning callback failed")
+            fns = (self._callbacks if warn else []) + self._answer_callbacks
+            if not fns:
+                continue
+            full = {**ans, "op": rec["op"], "variant": rec["variant"], "dtype": rec["dtype"], "t": rec["t"]}
+            for fn in fns:
+                try:
+                    fn(full)
+                except Exception:  # a broken callback must not stop the sender
+                    log.exception("sidecar answer callback failed")

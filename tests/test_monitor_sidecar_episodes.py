@@ -1,0 +1,75 @@
+"""A sidecar monitor follows warning episodes and feeds the sidecar's verdicts to its sampling.
+
+    python -m pytest -q tests/test_monitor_sidecar_episodes.py
+
+A real sidecar (SidecarThread on the fixture database, HTTP on loopback) answers a monitor of a
+T5-style RMSNorm that squares in float16 (|x| past 256 overflows: the fixture's native-dtype
+fingerprints know it). The local matcher is the reference: the sidecar runs the same Stream code.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from torch import nn
+
+import optwin.monitor as om
+from _matcher_fixture import cached_db
+from optwin.fingerprints.forecast import ForecastConfig
+from optwin.fingerprints.sidecar import SidecarConfig, SidecarThread
+
+
+class NativeRMSNorm(nn.Module):
+    """T5LayerNorm-style: squares in the input dtype (the capture hooks classify it native-dtype)."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden, dtype=torch.float16))
+        self.eps = 1e-6
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        var = x.pow(2).mean(-1, keepdim=True)  # (rows, 1) in float16: overflows past |x| = 256
+        return self.weight * (x * torch.rsqrt(var + self.eps))
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory) -> str:
+    return cached_db(str(tmp_path_factory.mktemp("fp") / "fp.duckdb"))
+
+
+def _x(g: torch.Generator, absmax: float) -> torch.Tensor:
+    x = torch.randn(4, 64, generator=g, dtype=torch.float64)  # (4, 64)
+    return (x / x.abs().max() * absmax).half()
+
+
+def _fake_clock(step: float = 0.5):
+    tick = itertools.count()
+    return lambda: step * next(tick)
+
+
+def _episodes(**mon_kwargs) -> om.Monitor:
+    """Fault (|x| 600), recover (|x| 1) for longer than the exit hysteresis, fault again."""
+    mod = NativeRMSNorm(64)
+    g = torch.Generator().manual_seed(7)
+    with om.monitor(mod, sampling="always", clock=_fake_clock(), **mon_kwargs) as mon, torch.no_grad():
+        for absmax in (600.0, 1.0, 600.0):
+            for _ in range(40):
+                mod(_x(g, absmax))
+            mon.flush()  # the sidecar answers this phase before the next one starts
+    return mon
+
+
+def test_a_sidecar_monitor_warns_once_per_episode_like_the_local_matcher(db):
+    local = _episodes(db=db)
+    assert [w["source"] for w in local.warnings] == ["local", "local"]
+    with SidecarThread(db, config=SidecarConfig(max_lag_s=60.0)) as sc:  # shares the GIL: lag is not overload
+        remote = _episodes(sidecar=sc.url)
+    assert remote.client.stats.sent == 120 and remote.client.stats.errors == 0
+    # the second fault is a new episode: it warns again (it used to stay silent for good)
+    assert [w["source"] for w in remote.warnings] == ["sidecar", "sidecar"]
+    assert [w["stream"] for w in remote.warnings] == [w["stream"] for w in local.warnings]
+    # warn=True answers: every faulting call and the first exit_calls - 1 calm ones (hysteresis),
+    # yet one event per episode
+    assert remote.client.stats.warnings == 40 + ForecastConfig().exit_calls - 1 + 40
