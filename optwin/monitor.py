@@ -224,6 +224,11 @@ class Monitor:
         self.streams: dict[tuple[str, str, str, str], Any] = {}
         # per stream key: the sidecar's last answer said warn (sender thread only)
         self._sidecar_warn: dict[tuple[Any, Any, Any, Any], bool] = {}
+        # Sidecar verdicts (stream key, warn) for the streams' sampling, without a local matcher (whose
+        # streams record their own verdicts). Appended by the client's sender thread, applied by the
+        # model thread on its next call: Sampler is not thread-safe, and deque append/popleft are
+        # atomic, so neither thread takes a lock.
+        self._feedback: deque[tuple[tuple[Any, Any, Any, Any], bool]] = deque()
         self._sites: dict[tuple[str, str, str, str], Any] = {}  # (site, op, variant, dtype) -> stream, None: skipped
         self.warnings: list[dict[str, Any]] = []
         self.last_sketches: dict[tuple[str, str, str, str], dict[str, float]] = {}  # per stream key: the latest assessed
@@ -305,6 +310,8 @@ class Monitor:
         deferred.settle_stale()  # deferred kernel sketches wait at most deferred.MAX_AGE_S for their page
         if self._pending:
             self._drain(block=False)
+        if self._feedback:
+            self._apply_feedback()
         key = (site, op, variant, dt)
         s = self._sites.get(key, _UNSEEN)  # every call: one lookup, no stream name built
         if s is _UNSEEN:
@@ -314,6 +321,16 @@ class Monitor:
             self.stats.skipped += 1  # e.g. float64 calls: not a catalog variant
             return None
         return s if s.should_check() else None
+
+    def _apply_feedback(self) -> None:
+        """Feed the sidecar's verdicts to the streams' samplers, as the local matcher's Stream does
+        for its own (so a warning stream is checked more often, and bursts)."""
+        fb, streams = self._feedback, self.streams
+        while fb:
+            key, warn = fb.popleft()
+            s = streams.get(key)
+            if s is not None:
+                s.sampler.record(warn)
 
     def _check(self, rec: _MonitorRecorder, op: str, variant: str, inputs: _cap.Inputs,
                params: dict[str, Any], dtype: str | None, site: str) -> None:
@@ -461,6 +478,8 @@ class Monitor:
         warn = bool(ans.get("warn"))
         last = self._sidecar_warn.get(key, False)
         self._sidecar_warn[key] = warn
+        if self.matcher is None:
+            self._feedback.append((key, warn))
         if warn and not last:
             self._emit({**ans, "source": "sidecar"})
 

@@ -73,3 +73,26 @@ def test_a_sidecar_monitor_warns_once_per_episode_like_the_local_matcher(db):
     # warn=True answers: every faulting call and the first exit_calls - 1 calm ones (hysteresis),
     # yet one event per episode
     assert remote.client.stats.warnings == 40 + ForecastConfig().exit_calls - 1 + 40
+
+
+def _always_faulting(calls: int, **mon_kwargs) -> om.Monitor:
+    """Default sampling; every call faults. The sidecar is given time to answer every 50 calls."""
+    mod = NativeRMSNorm(64)
+    g = torch.Generator().manual_seed(8)
+    with om.monitor(mod, clock=_fake_clock(), **mon_kwargs) as mon, torch.no_grad():
+        for i in range(calls):
+            mod(_x(g, 600.0))
+            if i % 50 == 49:
+                mon.flush()
+    return mon
+
+
+def test_a_sidecar_monitors_sampling_follows_the_sidecars_warnings(db):
+    local = _always_faulting(1100, db=db)
+    assert local.stats.checked == 1100  # warming up, then bursting: every call
+    with SidecarThread(db, config=SidecarConfig(max_lag_s=60.0)) as sc:
+        remote = _always_faulting(1100, sidecar=sc.url)
+    assert remote.client.stats.warnings == remote.stats.checked  # every answer said warn
+    # it stayed at the calm 1 % (110 checks) while every answer warned; now the verdicts reach the
+    # sampler (up to 50 calls late: the sidecar answers asynchronously) and it bursts
+    assert remote.stats.checked >= 1000, remote.stats
