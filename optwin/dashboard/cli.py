@@ -5,12 +5,18 @@
 
 Imports only typer at import time. The database is checked here first, so a missing or foreign file
 is one line `error: ...` instead of a page that only says so in the browser.
+
+Streamlit runs as a child process. SIGTERM, SIGINT and SIGHUP sent to this command (systemd, `docker stop`,
+`kill`, Ctrl-C) are forwarded to it and the command waits for it to exit, so stopping the command stops the
+server; on Linux the child also gets SIGTERM if this process dies without forwarding (SIGKILL).
 """
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Optional
 
@@ -33,6 +39,47 @@ def streamlit_argv(db: str, sidecar: str | None = None, port: int | None = None,
     return argv
 
 
+STOP_GRACE_S = 10.0  # after a forwarded signal, Streamlit gets this long to stop before it is killed
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec (Linux): SIGTERM when the parent dies, even by SIGKILL (PR_SET_PDEATHSIG)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
+def serve(argv: list[str]) -> int:
+    """Run `argv` (streamlit) as a child, forward stop signals to it, and return its exit status once it exits.
+
+    subprocess.call returned only on the child's exit and handled only KeyboardInterrupt: a SIGTERM killed this
+    process and left Streamlit serving the port, re-parented to init.
+    """
+    child: list[subprocess.Popen] = []
+
+    def forward(signum: int, frame: object) -> None:
+        if child and child[0].poll() is None:
+            child[0].send_signal(signum)
+            # a server that does not stop is killed, so the command never hangs on the way out
+            timer = threading.Timer(STOP_GRACE_S, lambda: child[0].poll() is None and child[0].kill())
+            timer.daemon = True
+            timer.start()
+
+    # handlers first: a signal between the start and the handlers would otherwise end us with the child running
+    old = {s: signal.signal(s, forward) for s in FORWARDED}
+    try:
+        child.append(subprocess.Popen(argv, preexec_fn=_die_with_parent if sys.platform == "linux" else None))
+        code = child[0].wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        if child and child[0].poll() is None:  # an exception on the way: never leave the server behind
+            child[0].kill()
+            child[0].wait()
+    return 128 - code if code < 0 else code  # killed by signal N: the shell's 128 + N
+
+
 def dashboard_command(
     db: str = typer.Option(..., "--db", help="Fingerprint database (from `optwin build`)."),
     sidecar: Optional[str] = typer.Option(None, "--sidecar", help="URL of a running `optwin serve` for the Live page."),
@@ -50,11 +97,7 @@ def dashboard_command(
         raise InputError(f"--port must be in 1..65535, got {port}")
     if sidecar and not sidecar.startswith(("http://", "https://")):
         raise InputError(f"--sidecar must be an http(s) URL, got {sidecar!r}")
-    try:
-        code = subprocess.call(streamlit_argv(db, sidecar, port, address))
-    except KeyboardInterrupt:
-        code = 0
-    raise typer.Exit(code)
+    raise typer.Exit(serve(streamlit_argv(db, sidecar, port, address)))
 
 
 def _standalone() -> None:
