@@ -16,9 +16,12 @@ under ordinary run-to-run variation (reduction order, kernel choice), and a miss
 more than a spurious warning. `Matcher.calibration()` shows how far the probabilities can be
 trusted at that level (Brier score and a reliability table on the build's held-out cases).
 
-A sketch that counts non-finite inputs (NaN, ±inf; softmax's -inf masks are not counted) has `nonfinite` at
-probability 1 whatever its cell says (rule "nonfinite_input", `known=True`): such an input runs through to the
-output, and the builds replay finite inputs only.
+Certain faults (`CERTAIN_FAULTS`, per (op, variant)): a sketch feature above 0 that makes a fault certain whatever
+its cell says, probability 1 and `known=True`. A sketch that counts non-finite inputs (NaN, ±inf; softmax's -inf
+masks are not counted) has `nonfinite` (rule "nonfinite_input"): such an input runs through to the output, and the
+builds replay finite inputs only. A softmax sketch with fully masked rows has `nonfinite` (rule "masked_row"):
+every softmax variant's twin computes a NaN row there; the builds replay few such cases, so their cells (and the
+neighbours answering for the cells they lack) said 0.43-0.9 on a real build.
 
 Sketches outside what was replayed (`known=False`): the conservative rule
   0. the build never replayed the (op, variant, dtype) at all: `MatcherConfig.unbuilt_prior` (0.0:
@@ -55,7 +58,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from optwin.catalog import check_variant_dtype, operator
+from optwin.catalog import CATALOG, check_variant_dtype, operator
 from optwin.errors import CatalogError, SketchError
 from optwin.fingerprints.regions import Region, parse_region_key, region_features
 from optwin.fingerprints.regions import _BINNING  # noqa: PLC2701 (same package: the bin grid itself)
@@ -76,8 +79,26 @@ FAULT_DIRECTION: dict[str, int] = {
 # Shapes are not magnitudes: beyond the replayed sizes the sketch is clamped to the largest replayed
 # size (rule 2 applies to magnitudes only; a model wider than the sweep is not a fault by itself).
 SHAPE_FEATURES: frozenset[str] = frozenset({"hidden", "n", "d", "seq_k", "k"})
-# Rules whose answer is known (Risk.known): a replayed cell, or a certainty that needs none
-KNOWN_RULES = ("exact", "nonfinite_input")
+# Rules whose answer is known (Risk.known): a replayed cell, or a certainty that needs none (CERTAIN_FAULTS)
+KNOWN_RULES = ("exact", "nonfinite_input", "masked_row")
+
+# Sketch features that make a fault certain when above 0, whatever the cells say: (feature, fault type, rule, why),
+# for the (op, variants) named; "*" is every variant. Checked first to last: the first that applies answers.
+_CERTAIN: tuple[tuple[str, str, str, dict[str, Any], str], ...] = (
+    ("nonfinite", "nonfinite", "nonfinite_input", {op: "*" for op in CATALOG},
+     "a NaN or ±inf input runs through to the output; the twins refuse such inputs and the builds replay finite "
+     "ones only, so no cell says so"),
+    # attention has no mask input and its causal mask keeps key 0 in every row (optwin.twin.attention), so no
+    # attention row is ever fully masked: it needs no entry (tests/test_matcher_certain.py checks every variant)
+    ("masked_rows", "nonfinite", "masked_row", {"softmax": ("torch", "naive", "triton")},
+     "a fully masked row (all -inf) is NaN: torch and triton compute -inf - (-inf), naive 0/0, as optwin.twin.softmax "
+     "does for every dtype and for rows past TRITON_WHOLE_ROW_MAX (tests/test_matcher_certain.py)"),
+)
+CERTAIN_FAULTS: dict[tuple[str, str], tuple[tuple[str, str, str, str], ...]] = {
+    (op.name, v): tuple((f, ft, rule, why) for f, ft, rule, where, why in _CERTAIN
+                        if where.get(op.name) == "*" or v in where.get(op.name, ()))
+    for op in CATALOG.values() for v in op.variant_names
+}
 
 
 @dataclass(frozen=True)
@@ -120,7 +141,7 @@ class Risk:
     known: bool  # False when the sketch's region was never replayed (see the module docstring)
     sketch: dict[str, float]
     region: Region
-    rule: str = "exact"  # which rule answered: exact | nonfinite_input | unbuilt | beyond | near
+    rule: str = "exact"  # which rule answered: exact | nonfinite_input | masked_row | unbuilt | beyond | near
 
     @property
     def max_probability(self) -> float:
@@ -143,9 +164,12 @@ class TripleIndex:
     grid: tuple[tuple[str, float, int], ...] = ()  # (feature, scale, bins per octave) per region feature
     # fault index -> (positions of its features in `features`, a one-fault index over those features)
     marginals: dict[int, tuple[tuple[int, ...], "TripleIndex"]] = field(default_factory=dict)
+    certain: tuple[tuple[str, int, str], ...] = ()  # CERTAIN_FAULTS of the triple: (feature, fault index, rule)
 
     def __post_init__(self) -> None:
         self.grid = tuple((f, *_BINNING.get(f, (1.0, 1))) for f in self.features)
+        self.certain = tuple((f, self.fault_types.index(ft), rule)
+                             for f, ft, rule, _ in CERTAIN_FAULTS.get(self.triple[:2], ()) if ft in self.fault_types)
 
     def coordinates(self, sk: Mapping[str, float]) -> tuple[float, ...]:
         """continuous_bin of every region feature of a validated sketch (the hot path's one pass)."""
@@ -166,13 +190,13 @@ class TripleIndex:
             self.hi_bin = tuple(max(r[i] for r in regs) for i in range(len(self.features)))
 
     def answer(self, region: Region, sk: Mapping[str, float], cfg: MatcherConfig) -> tuple[tuple[float, ...], str]:
-        """lookup for a sketch, with the one fault no region needs: a non-finite input (NaN or ±inf; softmax's
-        -inf masks are not counted) runs through to the output, so `nonfinite` is certain, rule
-        "nonfinite_input". The builds replay finite inputs only, so no cell says so."""
+        """lookup for a sketch, with the faults no region needs (CERTAIN_FAULTS): a non-finite input runs through
+        to the output (rule "nonfinite_input"), a fully masked softmax row is NaN (rule "masked_row"). Such a
+        fault has probability 1; the other fault types keep the cell's."""
         probs, rule = self.lookup(region, cfg)
-        if sk["nonfinite"] > 0.0:
-            j = self.fault_types.index("nonfinite")
-            return probs[:j] + (1.0,) + probs[j + 1:], "nonfinite_input"
+        for f, j, certain_rule in self.certain:
+            if sk[f] > 0.0:
+                return probs[:j] + (1.0,) + probs[j + 1:], certain_rule
         return probs, rule
 
     def lookup(self, region: Region, cfg: MatcherConfig) -> tuple[tuple[float, ...], str]:
@@ -557,5 +581,5 @@ def _current_build_id(store: Any) -> str:
     return str(bid)
 
 
-__all__ = ["Matcher", "MatcherConfig", "Risk", "TripleIndex", "FAULT_DIRECTION", "continuous_bin", "fast_validate_sketch",
-           "calibration_table", "region_features"]
+__all__ = ["Matcher", "MatcherConfig", "Risk", "TripleIndex", "FAULT_DIRECTION", "CERTAIN_FAULTS", "continuous_bin",
+           "fast_validate_sketch", "calibration_table", "region_features"]
