@@ -385,8 +385,14 @@ class Matcher:
     # ------------------------------------------------------------------ per call
 
     def triple_index(self, op: str, variant: str, dtype: str) -> TripleIndex:
-        ti = self.index.get((op, variant, dtype))
+        try:
+            ti = self.index.get((op, variant, dtype))
+        except TypeError:  # an unhashable name (a JSON record's list or object): named below, not "unhashable type"
+            ti = None
         if ti is None:
+            for what, name in (("op", op), ("variant", variant), ("dtype", dtype)):
+                if not isinstance(name, str):
+                    raise CatalogError(f"{what} must be a string, got {type(name).__name__}")
             check_variant_dtype(op, variant, dtype)  # unknown names: CatalogError naming them
             ti = self.index[(op, variant, dtype)] = _new_index((op, variant, dtype))
         return ti
