@@ -163,6 +163,7 @@ class Metrics:
         self.requests: dict[tuple[str, int], int] = {}
         self.records_ok = 0
         self.records_error = 0
+        self.connections = 0  # open now (a gauge)
         self.overloaded = 0
         self.warnings = 0
         self.reloads_ok = 0
@@ -379,6 +380,9 @@ class SidecarState:
             "# TYPE optwin_sidecar_streams_evicted_total counter",
             f'optwin_sidecar_streams_evicted_total{{reason="capacity"}} {mt.streams_evicted["capacity"]}',
             f'optwin_sidecar_streams_evicted_total{{reason="idle"}} {mt.streams_evicted["idle"]}',
+            "# HELP optwin_sidecar_connections Client connections open.",
+            "# TYPE optwin_sidecar_connections gauge",
+            f"optwin_sidecar_connections {mt.connections}",
             "# HELP optwin_sidecar_loop_lag_seconds Event-loop lag (smoothed).",
             "# TYPE optwin_sidecar_loop_lag_seconds gauge",
             f"optwin_sidecar_loop_lag_seconds {lag_s:.6f}",
@@ -521,6 +525,7 @@ class Sidecar:
     # ------------------------------------------------------------------ HTTP
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.state.metrics.connections += 1
         try:
             while True:
                 try:
@@ -547,10 +552,22 @@ class Sidecar:
         except (ConnectionError, asyncio.CancelledError, asyncio.IncompleteReadError):
             return
         finally:
-            try:
-                writer.close()
-            except Exception:
-                pass
+            await self._close(writer)
+            self.state.metrics.connections -= 1
+
+    async def _close(self, writer: asyncio.StreamWriter) -> None:
+        """Close, flushing answers still buffered for at most request_timeout_s: close() alone waits for the peer
+        to read them, for ever if it never reads."""
+        transport = writer.transport
+        try:
+            writer.close()
+            if transport.get_write_buffer_size():
+                await asyncio.wait_for(writer.wait_closed(), self.state.cfg.request_timeout_s)
+        except asyncio.CancelledError:
+            transport.abort()
+            raise
+        except Exception:  # timed out, or the peer is gone
+            transport.abort()
 
     async def _request(self, head: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                        t0: float) -> bool:
@@ -649,15 +666,20 @@ class Sidecar:
                                    code, time.perf_counter() - t0)
         return keep
 
-    @staticmethod
-    async def _send(writer: asyncio.StreamWriter, code: int, body: bytes, close: bool = False,
+    async def _send(self, writer: asyncio.StreamWriter, code: int, body: bytes, close: bool = False,
                     ctype: bytes = b"application/json", extra: bytes = b"") -> None:
         head = (b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s%s\r\n"
                 % (code, _REASONS.get(code, "Error").encode(), ctype, len(body), extra,
                    b"Connection: close\r\n" if close else b""))
         writer.write(head + body)
         if writer.transport.get_write_buffer_size() > 1 << 20:
-            await writer.drain()  # a slow reader: wait instead of buffering without bound
+            # a slow reader: wait instead of buffering without bound, but not for ever: a client that sends requests
+            # and never reads the answers would hold its connection and ~1 MB of buffer until the process ends
+            try:
+                await asyncio.wait_for(writer.drain(), self.state.cfg.request_timeout_s)
+            except asyncio.TimeoutError:
+                writer.transport.abort()
+                raise ConnectionAbortedError("the client did not read its answers within request_timeout_s") from None
 
 
 def serve(db: str, listen: str = "tcp://127.0.0.1:8765", token: str | None = None,

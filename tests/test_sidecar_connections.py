@@ -1,0 +1,100 @@
+"""Sidecar connections that misbehave at the transport level: clients that never read their answers.
+
+    python -m pytest -q tests/test_sidecar_connections.py
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import pytest
+
+from _matcher_fixture import cached_db
+from optwin.fingerprints.client import HTTP
+from optwin.fingerprints.sidecar import SidecarConfig, SidecarThread
+
+REQ = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"  # ~2.5 KB answers
+CFG = SidecarConfig(max_lag_s=60.0, request_timeout_s=0.5)
+
+# The kernel's own tables tell whether the server still holds a connection: its counters cannot show a socket it
+# has given up on but not closed.
+linux_only = pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads /proc/net (Linux)")
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory) -> str:
+    return cached_db(str(tmp_path_factory.mktemp("fp") / "fp.duckdb"))
+
+
+def _wait(cond, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _tcp_held(port: int, socks: list[socket.socket]) -> int:
+    """How many of these clients' connections the server on 127.0.0.1:port holds (server side, ESTABLISHED)."""
+    ours = {f"0100007F:{port:04X} 0100007F:{s.getsockname()[1]:04X}" for s in socks}
+    with open("/proc/net/tcp") as f:
+        return sum(" ".join(ln.split()[1:3]) in ours and ln.split()[3] == "01" for ln in f.readlines()[1:])
+
+
+def _unix_held(path: str) -> int:
+    """Connected sockets of the server at this unix path (its accepted ones carry the path too)."""
+    with open("/proc/net/unix") as f:
+        return sum(ln.split()[-1] == path and ln.split()[5] == "03" for ln in f.readlines()[1:])
+
+
+@linux_only
+def test_pipelined_requests_whose_answers_are_never_read_are_cut_off(db):
+    """The answers back up until the server waits in drain(): it used to wait there for ever, holding the connection
+    and ~1 MB of buffer; now for request_timeout_s, then it drops the connection."""
+    with SidecarThread(db, config=CFG) as sc:
+        addr = (sc.sidecar.address.host, sc.sidecar.address.port)
+        socks = []
+        for _ in range(3):
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect(addr)
+            s.setblocking(False)
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:  # until the server stops reading requests
+                try:
+                    s.send(REQ * 1000)
+                except BlockingIOError:
+                    break
+                time.sleep(0)  # let the server thread run
+            socks.append(s)
+        assert _tcp_held(addr[1], socks) == 3
+        assert _wait(lambda: _tcp_held(addr[1], socks) == 0, 8.0), _tcp_held(addr[1], socks)
+        assert sc.state.metrics.connections == 0
+        assert HTTP(sc.url).request("GET", "/healthz")[0] == 200
+        for s in socks:
+            s.close()
+
+
+@linux_only
+def test_a_burst_then_silence_without_reading_is_closed_after_the_timeout(db, tmp_path):
+    """A burst whose answers overfill the kernel's buffer by less than the drain threshold, then silence: the idle
+    timeout closes the connection, and close() used to wait for ever for the unread answers to be flushed."""
+    path = str(tmp_path / "sc.sock")
+    with SidecarThread(db, listen=f"unix://{path}", config=CFG) as sc:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(path)
+            s.sendall(REQ)
+            time.sleep(0.2)
+            one = len(s.recv(1 << 16))  # one answer's size
+        kernel = socket.socket(socket.AF_UNIX).getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)  # what the kernel queues
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(path)
+            s.sendall(REQ * ((kernel + (512 << 10)) // one))  # ~0.5 MB left in the server's own buffer
+            time.sleep(0.2)
+            assert _unix_held(path) == 1
+            assert _wait(lambda: _unix_held(path) == 0, 5.0)  # 0.5 s idle timeout + 0.5 s to flush, then dropped
+            assert sc.state.metrics.connections == 0
+        assert HTTP(sc.url).request("GET", "/healthz")[0] == 200
