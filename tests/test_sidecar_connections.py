@@ -98,3 +98,30 @@ def test_a_burst_then_silence_without_reading_is_closed_after_the_timeout(db, tm
             assert _wait(lambda: _unix_held(path) == 0, 5.0)  # 0.5 s idle timeout + 0.5 s to flush, then dropped
             assert sc.state.metrics.connections == 0
         assert HTTP(sc.url).request("GET", "/healthz")[0] == 200
+
+
+def _read_all(s: socket.socket) -> bytes:
+    out = b""
+    while chunk := s.recv(1 << 16):
+        out += chunk
+    return out
+
+
+def test_a_request_without_the_token_is_refused_before_its_body_is_read(db):
+    """401 is written as soon as the head is read: the server no longer buffers up to max_body (8 MB) of an
+    unauthenticated body first. A body the client still sends is dropped, and the connection closes."""
+    with SidecarThread(db, listen="tcp://127.0.0.1:0", token="s3cret", config=CFG) as sc:
+        addr = (sc.sidecar.address.host, sc.sidecar.address.port)
+        size = 4 << 20
+        with socket.create_connection(addr, timeout=3.0) as s:
+            s.sendall(b"POST /v1/observe HTTP/1.1\r\nAuthorization: Bearer nope\r\nContent-Length: %d\r\n\r\n" % size)
+            head = s.recv(4096)  # no body sent yet: this answer cannot wait for it
+            assert head.startswith(b"HTTP/1.1 401") and b"Connection: close" in head
+            s.sendall(b" " * size)  # read and dropped, not reset under the client
+            assert _read_all(s).count(b"HTTP/1.1") == 0  # nothing more, then EOF
+        # a refused request without a body keeps its connection, as before
+        with socket.create_connection(addr, timeout=3.0) as s:
+            s.sendall(b"GET /healthz HTTP/1.1\r\n\r\nGET /healthz HTTP/1.1\r\nAuthorization: Bearer s3cret\r\n"
+                      b"Connection: close\r\n\r\n")
+            both = _read_all(s)
+            assert both.startswith(b"HTTP/1.1 401") and b"HTTP/1.1 200" in both

@@ -595,15 +595,22 @@ class Sidecar:
             await self._reply(writer, path, 413, b'{"error": "body too large"}', False, t0)
             await self._discard(reader, writer, length)
             return False
-        try:
-            body = await asyncio.wait_for(reader.readexactly(length), st.cfg.request_timeout_s) if length else b""
-        except asyncio.TimeoutError:
-            return False
         if self._token is not None:
             scheme, _, cred = headers.get("authorization", "").partition(" ")
             # the scheme name is case-insensitive (RFC 7235); the token is compared in constant time
             if scheme.lower() != "bearer" or not hmac.compare_digest(cred.strip().encode("latin-1"), self._token):
-                return await self._reply(writer, path, 401, b'{"error": "missing or wrong bearer token"}', keep, t0)
+                # refused before the body is read: an unauthenticated client must not make the server buffer up to
+                # max_body; a body it still sends is dropped as for a 413, then the connection closes
+                await self._reply(writer, path, 401, b'{"error": "missing or wrong bearer token"}', keep and not length,
+                                  t0)
+                if not length:
+                    return keep
+                await self._discard(reader, writer, length)
+                return False
+        try:
+            body = await asyncio.wait_for(reader.readexactly(length), st.cfg.request_timeout_s) if length else b""
+        except asyncio.TimeoutError:
+            return False
         if path == "/v1/observe":
             if method != "POST":
                 return await self._reply(writer, path, 405, b'{"error": "method not allowed: use POST"}', keep, t0,
