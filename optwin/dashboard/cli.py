@@ -1,6 +1,7 @@
 """`optwin dashboard` (registered by optwin/cli.py): the Streamlit dashboard as a subprocess.
 
-    optwin dashboard --db fingerprints.duckdb [--sidecar http://127.0.0.1:8787] [--port 8501]
+    optwin dashboard --db fingerprints.duckdb [--sidecar http://127.0.0.1:8787 | unix:///path.sock] [--port 8501]
+    (a sidecar with --token: OPTWIN_SIDECAR_TOKEN=... in the environment, or --sidecar-token)
     (without the console script: python -m streamlit run optwin/dashboard/app.py --server.headless true -- --db DB)
 
 Imports only typer at import time. The database is checked here first, so a missing or foreign file
@@ -13,6 +14,7 @@ server; on Linux the child also gets SIGTERM if this process dies without forwar
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -50,7 +52,7 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
-def serve(argv: list[str]) -> int:
+def serve(argv: list[str], env: dict[str, str] | None = None) -> int:
     """Run `argv` (streamlit) as a child, forward stop signals to it, and return its exit status once it exits.
 
     subprocess.call returned only on the child's exit and handled only KeyboardInterrupt: a SIGTERM killed this
@@ -69,7 +71,7 @@ def serve(argv: list[str]) -> int:
     # handlers first: a signal between the start and the handlers would otherwise end us with the child running
     old = {s: signal.signal(s, forward) for s in FORWARDED}
     try:
-        child.append(subprocess.Popen(argv, preexec_fn=_die_with_parent if sys.platform == "linux" else None))
+        child.append(subprocess.Popen(argv, env=env, preexec_fn=_die_with_parent if sys.platform == "linux" else None))
         code = child[0].wait()
     finally:
         for s, h in old.items():
@@ -82,7 +84,12 @@ def serve(argv: list[str]) -> int:
 
 def dashboard_command(
     db: str = typer.Option(..., "--db", help="Fingerprint database (from `optwin build`)."),
-    sidecar: Optional[str] = typer.Option(None, "--sidecar", help="URL of a running `optwin serve` for the Live page."),
+    sidecar: Optional[str] = typer.Option(
+        None, "--sidecar", help="Address of a running `optwin serve` for the Live page: http://HOST:PORT, "
+                                "tcp://HOST:PORT or unix:///path.sock (as its --listen)."),
+    sidecar_token: Optional[str] = typer.Option(
+        None, "--sidecar-token", envvar="OPTWIN_SIDECAR_TOKEN", show_envvar=True,
+        help="The sidecar's --token. Prefer the environment variable: a command line is visible to every local user."),
     port: Optional[int] = typer.Option(None, "--port", help="Port to serve on (default: Streamlit's, 8501)."),
     address: str = typer.Option("127.0.0.1", "--address",
                                 help="Address to listen on (default loopback, as the sidecar's; the dashboard has no "
@@ -95,9 +102,15 @@ def dashboard_command(
     open_data(db).close()  # DatabaseError / SchemaVersionError: one line, non-zero exit
     if port is not None and not 0 < port < 65536:
         raise InputError(f"--port must be in 1..65535, got {port}")
-    if sidecar and not sidecar.startswith(("http://", "https://")):
-        raise InputError(f"--sidecar must be an http(s) URL, got {sidecar!r}")
-    raise typer.Exit(serve(streamlit_argv(db, sidecar, port, address)))
+    if sidecar:
+        from optwin.dashboard.live import check_url
+
+        if (bad := check_url(sidecar)) is not None:
+            raise InputError(f"--sidecar: {bad}")
+    env = dict(os.environ)
+    if sidecar_token:  # to the child through its environment, not its command line (ps)
+        env["OPTWIN_SIDECAR_TOKEN"] = sidecar_token
+    raise typer.Exit(serve(streamlit_argv(db, sidecar, port, address), env=env))
 
 
 def _standalone() -> None:

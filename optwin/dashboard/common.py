@@ -3,7 +3,9 @@
     streamlit run optwin/dashboard/app.py -- --db fingerprints.duckdb [--sidecar http://127.0.0.1:8787]
 
 Settings come from, in order: `st.session_state` ("optwin_db", "optwin_sidecar"; tests set these),
-the script arguments after `--`, then the environment (OPTWIN_DB, OPTWIN_SIDECAR).
+the script arguments after `--`, then the environment (OPTWIN_DB, OPTWIN_SIDECAR). The sidecar's token
+comes only from session state ("optwin_sidecar_token") or OPTWIN_SIDECAR_TOKEN, never the command line
+(which every local user can read in `ps`).
 
 The database is a `st.cache_resource` keyed by (path, file identity): a rebuild replaces the file
 (`os.replace`), its inode/mtime change, and the next rerun opens the new file; `st.cache_data`
@@ -41,6 +43,10 @@ def db_path() -> str | None:
 def sidecar_url() -> str | None:
     url = st.session_state.get("optwin_sidecar") or _args().sidecar or os.environ.get("OPTWIN_SIDECAR")
     return url.rstrip("/") if url else None
+
+
+def sidecar_token() -> str | None:
+    return st.session_state.get("optwin_sidecar_token") or os.environ.get("OPTWIN_SIDECAR_TOKEN") or None
 
 
 @st.cache_resource(max_entries=2, show_spinner=False)

@@ -2,6 +2,9 @@
 
     python -c "from optwin.dashboard.live import fetch_warnings; print(fetch_warnings('http://127.0.0.1:8787', 0))"
 
+The sidecar is addressed as `optwin serve` listens (http://HOST:PORT or tcp://HOST:PORT, unix:///path.sock)
+through optwin's own client, with its bearer token when it has one; https:// (a proxy in front) goes through httpx.
+
 No Streamlit: the page keeps a `Feed` (the accumulated warnings, the cursor, restart detection) in
 session state. A warning is one JSON object as the sidecar raises it (an observe answer with its sequence
 number and time, optwin/fingerprints/sidecar.py `_warn`): {"seq", "stream", "op", "variant", "dtype",
@@ -10,6 +13,7 @@ number and time, optwin/fingerprints/sidecar.py `_warn`): {"seq", "stream", "op"
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -25,18 +29,76 @@ class Poll:
     error: str | None = None  # one line: unreachable, HTTP status, not JSON
 
 
-def fetch_warnings(url: str, since: int, timeout_s: float = 2.0) -> Poll:
-    """Warnings raised after sequence number `since` (oldest first), or an error line."""
+SCHEMES = ("http://", "https://", "tcp://", "unix://")
+
+
+def check_url(url: str) -> str | None:
+    """None for a sidecar address the Live page can poll, else one line saying what is expected."""
+    if url.startswith(("tcp://", "unix://")):
+        from optwin.errors import OptwinError
+        from optwin.fingerprints.sidecar import parse_listen
+
+        try:
+            parse_listen(url)
+        except OptwinError as e:
+            return str(e)
+        return None
+    if url.startswith(("http://", "https://")) and len(url.split("://", 1)[1]) > 0:
+        return None
+    return (f"sidecar address {url!r}: expected http://HOST:PORT (as `optwin serve` prints it), tcp://HOST:PORT or "
+            "unix:///path.sock, or https://... behind a proxy")
+
+
+def _direct(url: str) -> str | None:
+    """The client.HTTP address (tcp://HOST:PORT, unix:///path) of a sidecar URL served directly, or None for a
+    URL only a general HTTP client reaches (https, a proxy's path prefix)."""
+    if url.startswith(("tcp://", "unix://")):
+        return url
+    if url.startswith("http://"):
+        rest = url[len("http://"):].rstrip("/")
+        if "/" not in rest and rest.rpartition(":")[2].isdigit():
+            return "tcp://" + rest
+    return None
+
+
+def _get(url: str, path: str, token: str | None, timeout_s: float) -> tuple[int, bytes]:
+    """GET `path` from the sidecar: optwin's own client (the sidecar's tcp and unix addresses, its bearer token),
+    or httpx for https and prefixed URLs. OSError / httpx.HTTPError when unreachable."""
+    direct = _direct(url)
+    if direct is not None:
+        from optwin.fingerprints.client import HTTP
+
+        http = HTTP(direct, token=token, timeout=timeout_s)
+        try:
+            return http.request("GET", path)
+        finally:
+            http.close()
+    import httpx
+
+    r = httpx.get(f"{url.rstrip('/')}{path}", timeout=timeout_s,
+                  headers={"Authorization": f"Bearer {token}"} if token else None)
+    return r.status_code, r.content
+
+
+def fetch_warnings(url: str, since: int, token: str | None = None, timeout_s: float = 2.0) -> Poll:
+    """Warnings raised after sequence number `since` (oldest first), or an error line. `token`: the sidecar's
+    --token, sent as a bearer token (a sidecar on a non-loopback address always has one)."""
+    import http.client
+
     import httpx
 
     try:
-        r = httpx.get(f"{url.rstrip('/')}/v1/warnings", params={"since": since}, timeout=timeout_s)
-    except httpx.HTTPError as e:
+        code, data = _get(url, f"/v1/warnings?since={int(since)}", token, timeout_s)
+    except (OSError, http.client.HTTPException, httpx.HTTPError) as e:
         return Poll(error=f"the sidecar at {url} is unreachable ({type(e).__name__}): start it with `optwin serve --db DB`")
-    if r.status_code != 200:
-        return Poll(error=f"the sidecar at {url} answered HTTP {r.status_code}: {r.text.strip()[:200]}")
+    if code == 401:
+        how = "the token given was refused" if token else "it needs its --token"
+        return Poll(error=f"the sidecar at {url} answered HTTP 401 ({how}): start the dashboard with --sidecar-token "
+                          "or OPTWIN_SIDECAR_TOKEN, or enter the token above")
+    if code != 200:
+        return Poll(error=f"the sidecar at {url} answered HTTP {code}: {data.decode('utf-8', 'replace').strip()[:200]}")
     try:
-        body = r.json()
+        body = json.loads(data)
     except ValueError:
         return Poll(error=f"the sidecar at {url} did not answer JSON")
     if isinstance(body, dict) and isinstance(body.get("warnings"), list):  # tolerate a wrapped list
