@@ -125,3 +125,35 @@ def test_a_request_without_the_token_is_refused_before_its_body_is_read(db):
                       b"Connection: close\r\n\r\n")
             both = _read_all(s)
             assert both.startswith(b"HTTP/1.1 401") and b"HTTP/1.1 200" in both
+
+
+def test_expect_100_continue_is_answered_and_a_refusal_does_not_wait_for_the_body(db):
+    """curl sends "Expect: 100-continue" for bodies over 1 MB and holds the body back for up to 1 s unless told to
+    go on: accepted requests get "100 Continue" at once; refused ones (401, 413) their final answer and a close,
+    without the server waiting for a body that is not coming."""
+    cfg = SidecarConfig(max_lag_s=60.0, request_timeout_s=10.0, max_body=1 << 20)
+    with SidecarThread(db, listen="tcp://127.0.0.1:0", token="s3cret", config=cfg) as sc:
+        addr = (sc.sidecar.address.host, sc.sidecar.address.port)
+        body = b'{"stream": "e", "op": "rmsnorm", "variant": "native-dtype", "dtype": "float16", "t": 0, "sketch": ' \
+               b'{"numel": 256, "rows": 4, "absmax": 3, "rms": 1, "nonfinite": 0, "hidden": 64, "max_row_rms": 1.2, ' \
+               b'"weight_absmax": 1}}'
+        body += b" " * ((900 << 10) - len(body))
+        head = b"POST /v1/observe HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: %d\r\n"
+        with socket.create_connection(addr, timeout=3.0) as s:
+            s.sendall(head % len(body) + b"Authorization: Bearer s3cret\r\nConnection: close\r\n\r\n")
+            assert s.recv(4096) == b"HTTP/1.1 100 Continue\r\n\r\n"
+            s.sendall(body)
+            reply = _read_all(s)
+            assert reply.startswith(b"HTTP/1.1 200") and b'"stream":"e"' in reply
+        for length, auth, code in ((len(body), b"nope", b"401"), (2 << 20, b"s3cret", b"413"), (2 << 20, b"nope", b"413")):
+            with socket.create_connection(addr, timeout=3.0) as s:
+                t0 = time.monotonic()
+                s.sendall(head % length + b"Authorization: Bearer " + auth + b"\r\n\r\n")
+                reply = _read_all(s)  # the final answer, then EOF: no 100, and no wait for the body
+                assert reply.startswith(b"HTTP/1.1 " + code) and b"100 Continue" not in reply
+                assert time.monotonic() - t0 < 2.0
+        # without Expect nothing changes: no interim answer
+        with socket.create_connection(addr, timeout=3.0) as s:
+            s.sendall(b"POST /v1/observe HTTP/1.1\r\nContent-Length: %d\r\nAuthorization: Bearer s3cret\r\n"
+                      b"Connection: close\r\n\r\n" % len(body) + body)
+            assert _read_all(s).startswith(b"HTTP/1.1 200")
