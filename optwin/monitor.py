@@ -248,6 +248,8 @@ class Monitor:
     def start(self) -> "Monitor":
         if self._interceptor is not None:  # a second start would drop the first one's hooks, never to be removed
             raise CatalogError("this monitor is already running: stop() it first, or start another Monitor")
+        if self.client is not None and self.client.closed:  # stop() closed it: records would be dropped
+            self.client.reopen()
         rec = self._rec = _MonitorRecorder(self)
         if self.model is not None:
             self._handles = _cap._install_module_hooks(rec, self.model, {})

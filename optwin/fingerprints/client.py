@@ -114,11 +114,20 @@ class SidecarClient:
         self.record_latency = record_latency
         self._callbacks = [on_warning] if on_warning else []
         self._answer_callbacks = [on_answer] if on_answer else []
-        self._q: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=queue_size)
+        self._queue_size = queue_size
+        self._start()
+
+    def _start(self) -> None:
+        """A fresh queue, idle flag, stop flag and sender thread. Each sender gets its own (and its own
+        connection) as arguments: one that outlives close()'s join (a request still timing out) drains
+        only its own queue and exits, never the queue a reopen() started."""
+        self._q: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=self._queue_size)
         self._closed = False
         self._idle = threading.Event()
         self._idle.set()
-        self._thread = threading.Thread(target=self._run, name="optwin-sidecar-client", daemon=True)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(self._q, self._idle, self._stop, self.http),
+                                        name="optwin-sidecar-client", daemon=True)
         self._thread.start()
 
     # ------------------------------------------------------------------ producer side (model thread)
@@ -155,11 +164,26 @@ class SidecarClient:
             time.sleep(0.002)
         return False
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def reopen(self) -> None:
+        """Send again after close() (a monitor stopped and started again): a new queue, connection and
+        sender thread; stats and callbacks carry on. No-op while open."""
+        if not self._closed:
+            return
+        old = self.http
+        self.http = HTTP(str(old.address), timeout=old.timeout)
+        self.http.headers = dict(old.headers)
+        self._start()
+
     def close(self, timeout: float = 5.0) -> None:
         if self._closed:
             return
         self.flush(timeout)
         self._closed = True
+        self._stop.set()
         try:
             self._q.put_nowait(None)
         except queue.Full:
@@ -180,30 +204,32 @@ class SidecarClient:
 
     # ------------------------------------------------------------------ sender thread
 
-    def _run(self) -> None:
+    def _run(self, q: queue.Queue, idle: threading.Event, stop: threading.Event, conn: HTTP) -> None:
         backoff = 0.05
         while True:
             try:
-                first = self._q.get(timeout=0.1)
+                first = q.get(timeout=0.1)
             except queue.Empty:
-                self._idle.set()
+                idle.set()
+                if stop.is_set():  # closed with a full queue: no sentinel came
+                    return
                 continue
             if first is None:
-                self._idle.set()
+                idle.set()
                 return
             batch = [first]
             while len(batch) < self.batch_size:
                 try:
-                    nxt = self._q.get_nowait()
+                    nxt = q.get_nowait()
                 except queue.Empty:
                     break
                 if nxt is None:
-                    self._closed = True
+                    stop.set()
                     break
                 batch.append(nxt)
             try:
                 t0 = time.perf_counter()
-                code, body = self.http.request("POST", "/v1/observe", _dumps(batch))
+                code, body = conn.request("POST", "/v1/observe", _dumps(batch))
                 if self.record_latency:
                     self.stats.latencies_s.append(time.perf_counter() - t0)
                 backoff = 0.05
@@ -221,10 +247,10 @@ class SidecarClient:
                 self.stats.failed += len(batch)
             else:
                 self._answers(batch, body)
-            if self._q.empty():
-                self._idle.set()
-            if self._closed and self._q.empty():
-                return
+            if q.empty():
+                idle.set()
+                if stop.is_set():
+                    return
 
     def _drain_while_down(self, seconds: float) -> None:
         """Sleep through a backoff without letting the queue fill with stale records... nor block."""
