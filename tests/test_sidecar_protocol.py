@@ -323,7 +323,11 @@ def test_auth_scheme_is_case_insensitive_and_405_says_allow(db):
     (["--log-level", "bogus"], "error: --log-level must be one of"),
     (["--max-streams", "0"], "error: --max-streams must be >= 1"),
     (["--stream-ttl-s", "nan"], "error: --stream-ttl-s must be > 0"),
-    (["--listen", "tcp://127.0.0.1:{busy}"], "error: "),  # the OS refuses a taken port: one line, not a traceback
+    # what the OS refuses: one line naming the address, not a traceback or a bare "[Errno 2] ..."
+    (["--listen", "tcp://127.0.0.1:{busy}"], "error: cannot listen on tcp://127.0.0.1:{busy}: Address already in use"),
+    (["--listen", "unix:///nonexistent-optwin-dir/s.sock"], "error: cannot listen on unix:///nonexistent-optwin-dir/s.sock: "
+                                                           "No such file or directory (directory /nonexistent-optwin-dir "
+                                                           "does not exist)"),
 ])
 def test_serve_refuses_bad_options_in_one_line(db, args, msg):
     import subprocess
@@ -334,12 +338,13 @@ def test_serve_refuses_bad_options_in_one_line(db, args, msg):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
-        argv = [a.format(busy=busy.getsockname()[1]) for a in args]
+        busy_port = busy.getsockname()[1]
+        argv = [a.format(busy=busy_port) for a in args]
         r = subprocess.run([sys.executable, "-m", "optwin.fingerprints.serve_cli", "--db", db, *argv], env=env,
                            capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr
     last = r.stderr.strip().splitlines()[-1]
-    assert last.startswith(msg) and "Traceback" not in r.stderr, r.stderr
+    assert last.startswith(msg.format(busy=busy_port)) and "Traceback" not in r.stderr, r.stderr
 
 
 def test_a_stalled_request_is_closed_after_the_request_timeout(db):

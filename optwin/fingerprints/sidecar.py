@@ -425,6 +425,14 @@ def _file_sig(path: str) -> tuple[int, int, int] | None:
     return (st.st_ino, st.st_mtime_ns, st.st_size)
 
 
+def _bind_error(address: Address, e: OSError) -> str:
+    """One line naming the address and what the OS refused."""
+    reason = os.strerror(e.errno) if e.errno else str(e)  # asyncio's own text repeats the address as a tuple
+    if address.kind == "unix" and isinstance(e, FileNotFoundError):
+        reason += f" (directory {os.path.dirname(os.path.abspath(address.path))} does not exist)"
+    return f"cannot listen on {address}: {reason}"
+
+
 def _clear_stale_socket(path: str) -> None:
     """Remove what a killed sidecar left at a unix address, and nothing else: another file there is refused (it
     would be lost), and so is a socket that something still answers on (a running sidecar would lose its address
@@ -468,12 +476,15 @@ class Sidecar:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        if self.address.kind == "unix":
-            _clear_stale_socket(self.address.path)
-            self._server = await asyncio.start_unix_server(self._client, path=self.address.path, limit=1 << 16)
-        else:
-            self._server = await asyncio.start_server(self._client, self.address.host, self.address.port,
-                                                      limit=1 << 16, backlog=1024, reuse_address=True)
+        try:
+            if self.address.kind == "unix":
+                _clear_stale_socket(self.address.path)
+                self._server = await asyncio.start_unix_server(self._client, path=self.address.path, limit=1 << 16)
+            else:
+                self._server = await asyncio.start_server(self._client, self.address.host, self.address.port,
+                                                          limit=1 << 16, backlog=1024, reuse_address=True)
+        except OSError as e:  # the OS's words alone ("[Errno 2] No such file or directory") name neither
+            raise ListenError(_bind_error(self.address, e)) from None
             if self.address.port == 0:  # ephemeral port: report the real one
                 port = self._server.sockets[0].getsockname()[1]
                 self.address = Address("tcp", host=self.address.host, port=port)
