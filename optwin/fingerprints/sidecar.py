@@ -485,9 +485,9 @@ class Sidecar:
                                                           limit=1 << 16, backlog=1024, reuse_address=True)
         except OSError as e:  # the OS's words alone ("[Errno 2] No such file or directory") name neither
             raise ListenError(_bind_error(self.address, e)) from None
-            if self.address.port == 0:  # ephemeral port: report the real one
-                port = self._server.sockets[0].getsockname()[1]
-                self.address = Address("tcp", host=self.address.host, port=port)
+        if self.address.kind == "tcp" and self.address.port == 0:  # ephemeral port: report the real one
+            port = self._server.sockets[0].getsockname()[1]
+            self.address = Address("tcp", host=self.address.host, port=port)
         self._tasks = [asyncio.create_task(self._lag_monitor()), asyncio.create_task(self._reloader())]
         self.ready.set()
         log.info("optwin sidecar serving build %s on %s", self.state.matcher.build_id, self.address)
