@@ -34,6 +34,11 @@ but not the positions. So a forward hook on the rotary module remembers position
 While a hooked module's forward or a wrapped function runs, the torch functions it calls are not
 recorded again (no double counting: the eager softmax belongs to attention "math").
 
+Threads and nesting: only the thread that entered the capture is recorded (module hooks and wrapped
+transformers functions are process-wide, so they test the thread; their suppression and module stack
+are per thread). Captures and monitors nest: each wrapped function feeds every one active in the
+thread.
+
 Every record carries op, variant, dtype, stream (module path of the innermost module whose method
 is running, e.g. "encoder.layer.3.attention.self": Recorder.stream), call_index (order of calls in this capture), t (seconds
 since the capture began) and the sketch. Sketches stay tensors on the inputs' device until the
@@ -52,6 +57,7 @@ import inspect
 import math
 import random
 import sys
+import threading
 import time
 from collections import Counter
 from contextlib import contextmanager
@@ -136,6 +142,18 @@ def shape_class(op: str, inputs: dict[str, torch.Tensor]) -> str:
     return ",".join(f"{k}={'x'.join(str(_pow2(d)) for d in v.shape)}" for k, v in inputs.items())
 
 
+class _PerThread(threading.local):
+    """A recorder's per-thread state. Suppression and the stack of running hooked modules were shared by
+    all threads: a second thread running the hooked model pushed and popped the same stack and counted
+    into the same suppress, so the capturing thread's calls went unrecorded (and a monitor stayed blind
+    once a race left suppress at 1). Each thread now has its own; only the owner's calls are recorded."""
+
+    suppress = 0
+
+    def __init__(self) -> None:
+        self.stack: list[tuple[str, nn.Module, bool]] = []
+
+
 class Recorder:
     """Collects the calls of one capture; read `records()`, `samples`, `skipped` after the block."""
 
@@ -146,9 +164,12 @@ class Recorder:
         self._offered: Counter[str] = Counter()
         self._pending: list[_Pending] = []
         self._rng = random.Random(settings.seed)
-        self._stack: list[tuple[str, nn.Module, bool]] = []  # (path, module, holds a suppress count)
+        # The thread that made the recorder (the one that entered the capture or started the monitor):
+        # module hooks and wrapped functions record only its calls; other threads running the same
+        # model pass through (see `_PerThread`).
+        self.owner = threading.get_ident()
+        self._local = _PerThread()
         self._paths: dict[int, str] = {}  # id(module) -> its path in the hooked model (see `stream`)
-        self.suppress = 0  # > 0 while inside a hooked module or wrapped function
         self._t0 = time.perf_counter()
         self.started = time.time()
         self.last_positions: torch.Tensor | None = None
@@ -163,6 +184,24 @@ class Recorder:
         self.action: str | None = None
 
     # -- context ------------------------------------------------------------------------------
+
+    @property
+    def suppress(self) -> int:
+        """> 0 while this thread is inside a hooked module, a wrapped function or the recorder's own work."""
+        return self._local.suppress
+
+    @suppress.setter
+    def suppress(self, n: int) -> None:
+        self._local.suppress = n
+
+    @property
+    def _stack(self) -> list[tuple[str, nn.Module, bool]]:
+        """This thread's hooked modules whose forward runs: (path, module, holds a suppress count)."""
+        return self._local.stack
+
+    def here(self) -> bool:
+        """Whether the calling thread is the one this recorder records."""
+        return threading.get_ident() == self.owner
 
     def watches(self, op: str) -> bool:
         """Whether calls of `op` are recorded (the capture's `ops`)."""
@@ -484,6 +523,8 @@ def _install_module_hooks(rec: Recorder, model: nn.Module,
             continue
 
         def pre(m: nn.Module, args: tuple, kwargs: dict, path: str = path, kind0: Any = kind0) -> None:
+            if not rec.here():  # another thread running the model: not this capture's call
+                return
             rec._stack.append((path, m, False))  # True once this call holds a suppress count (post gives it back)
             kind = _call_kind(m, kind0)
             if kind is None or rec.suppress:
@@ -506,12 +547,16 @@ def _install_module_hooks(rec: Recorder, model: nn.Module,
             rec._stack[-1] = (path, m, True)
 
         def post(m: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
-            if rec._stack and rec._stack.pop()[2]:  # the pre-hook's own kind test, not repeated here
+            if not rec.here():
+                return
+            stack = rec._stack
+            if stack and stack.pop()[2]:  # the pre-hook's own kind test, not repeated here
                 rec.suppress -= 1
 
         handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
         handles.append(mod.register_forward_hook(post, with_kwargs=True, always_call=True))
     return handles
+
 
 
 # ----------------------------------------------------------------------------- wrapped functions
@@ -524,6 +569,11 @@ def _attention_inputs(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
         rep = query.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
     return {"q": query, "k": k, "v": v}
+
+
+def _mask_causal(mask: Any, seq_q: int, seq_k: int, module_causal: bool) -> bool:
+    """Whether an eager attention call is causal (see _sdpa for the sdpa one)."""
+    return module_causal and seq_q > 1
 
 
 def _rope_inputs(x: torch.Tensor, pos: torch.Tensor, unsqueeze_dim: int) -> dict[str, torch.Tensor]:
@@ -539,67 +589,85 @@ def _rope_inputs(x: torch.Tensor, pos: torch.Tensor, unsqueeze_dim: int) -> dict
 # GQA repeat (copies of k and v, every eager attention call of a GQA model) and rope's (b*s, h, d)
 # copies ran on every call. (It did not move the host time of the H200's host-bound Llama forward
 # with the monitor at default sampling, +12.5 %: bench/results/monitor_fused_h200_s27_small_lazy.md.)
-def _wrap_eager(rec: Recorder, orig: Callable) -> Callable:
-    def eager_attention_forward(module, query, key, value, attention_mask, *args, **kwargs):  # noqa: ANN001
-        if rec.suppress == 0:
-            causal = bool(getattr(module, "is_causal", False)) and query.shape[2] > 1
-            rec.record("attention", "math", functools.partial(_attention_inputs, query, key, value), {"causal": causal},
-                       dtype=_dtype_name(query))
-        rec.suppress += 1
-        try:
-            return orig(module, query, key, value, attention_mask, *args, **kwargs)
-        finally:
-            rec.suppress -= 1
-
-    eager_attention_forward.__wrapped__ = orig  # type: ignore[attr-defined]
-    return eager_attention_forward
+def _record_eager(rec: Recorder, orig: Callable, module, query, key, value, attention_mask, *args, **kwargs) -> None:  # noqa: ANN001
+    causal = _mask_causal(attention_mask, query.shape[2], key.shape[2], bool(getattr(module, "is_causal", False)))
+    rec.record("attention", "math", functools.partial(_attention_inputs, query, key, value), {"causal": causal},
+               dtype=_dtype_name(query))
 
 
-def _wrap_rope(rec: Recorder, orig: Callable) -> Callable:
+def _record_rope(rec: Recorder, orig: Callable, q, k, cos, sin, *args, **kwargs) -> None:  # noqa: ANN001
     # our patched rotary (optwin.kernels.patch) hands a monitor its fused sketch itself
-    fused = rec.takes_fused and sketch_sink.fused_function(orig) == "rope"
-
-    def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):  # noqa: ANN001
-        if rec.suppress == 0 and not fused:
-            unsq = kwargs.get("unsqueeze_dim", args[1] if len(args) > 1 else 1)
-            pos = rec.last_positions
-            if pos is None or q.ndim != 4:
-                rec.skipped["rope: positions unknown (no rotary-embedding module ran)"] += 1
-            elif rec.watches("rope"):  # record() would drop both calls; the stream's frame walk need not run
-                params = {"base": rec.last_base or 10000.0}
-                site = rec.stream
-                for name, x in (("q", q), ("k", k)):
-                    rec.record("rope", "fp32-angles", functools.partial(_rope_inputs, x, pos, unsq), params,
-                               dtype=_dtype_name(x), stream=f"{site}:{name}")
-        rec.suppress += 1
-        try:
-            return orig(q, k, cos, sin, *args, **kwargs)
-        finally:
-            rec.suppress -= 1
-
-    apply_rotary_pos_emb.__wrapped__ = orig  # type: ignore[attr-defined]
-    return apply_rotary_pos_emb
+    if rec.takes_fused and sketch_sink.fused_function(orig) == "rope":
+        return
+    unsq = kwargs.get("unsqueeze_dim", args[1] if len(args) > 1 else 1)
+    pos = rec.last_positions
+    if pos is None or q.ndim != 4:
+        rec.skipped["rope: positions unknown (no rotary-embedding module ran)"] += 1
+    elif rec.watches("rope"):  # record() would drop both calls; the stream's frame walk need not run
+        params = {"base": rec.last_base or 10000.0}
+        site = rec.stream
+        for name, x in (("q", q), ("k", k)):
+            rec.record("rope", "fp32-angles", functools.partial(_rope_inputs, x, pos, unsq), params,
+                       dtype=_dtype_name(x), stream=f"{site}:{name}")
 
 
-_WRAPPERS: dict[str, Callable[[Recorder, Callable], Callable]] = {
-    "eager_attention_forward": _wrap_eager,
-    "apply_rotary_pos_emb": _wrap_rope,
+_RECORD_FN: dict[str, Callable[..., None]] = {
+    "eager_attention_forward": _record_eager,
+    "apply_rotary_pos_emb": _record_rope,
 }
 
 
+def _here_recorders() -> list[Recorder]:
+    """The recorders of the captures and monitors active in this thread, outermost first."""
+    return [r for r in (getattr(i, "rec", None) for i in intercept.current()) if isinstance(r, Recorder)]
+
+
+def _wrap_function(fname: str, orig: Callable) -> Callable:
+    """One wrapper of a transformers function for every capture and monitor: it hands the call to each
+    recorder active in the calling thread (nested captures and monitors all see it: a wrapper per
+    recorder fed only the first, and the second recorded no rope or attention and the eager softmax as a
+    softmax call), then runs the original with all of them suppressed. Other threads pass through."""
+    handler = _RECORD_FN[fname]
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        recs = _here_recorders()
+        if not recs:
+            return orig(*args, **kwargs)
+        for rec in recs:
+            if rec.suppress == 0:
+                handler(rec, orig, *args, **kwargs)
+        for rec in recs:
+            rec.suppress += 1
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            for rec in recs:
+                rec.suppress -= 1
+
+    wrapper = functools.wraps(orig)(run)  # the HF name and signature, for the checks of optwin.kernels.patch
+    wrapper.__wrapped__ = orig  # type: ignore[attr-defined]
+    wrapper.__optwin_capture__ = True  # type: ignore[attr-defined]
+    return wrapper
+
+
 def _patch_transformers(rec: Recorder) -> list[tuple[Any, str, Any]]:
-    """Wrap the functions above in every loaded transformers modeling module; returns undo list."""
+    """Wrap the functions of _RECORD_FN in every loaded transformers modeling module; returns the undo list
+    (module, name, value to set back). A function already wrapped (a capture or monitor outside this one)
+    keeps its wrapper, which feeds `rec` as well while rec's interceptor is active; its undo entry sets
+    the wrapper back (nothing), so an inner capture leaving leaves the outer one's wrapper in place."""
     undo: list[tuple[Any, str, Any]] = []
     for mname, mod in list(sys.modules.items()):
         if mod is None or not mname.startswith("transformers.models."):
             continue
-        for fname, wrap in _WRAPPERS.items():
+        for fname in _RECORD_FN:
             fn = mod.__dict__.get(fname)
-            if callable(fn) and not hasattr(fn, "__optwin_capture__"):
-                w = wrap(rec, fn)
-                w.__optwin_capture__ = True  # type: ignore[attr-defined]
+            if not callable(fn):
+                continue
+            if getattr(fn, "__optwin_capture__", False):
                 undo.append((mod, fname, fn))
-                setattr(mod, fname, w)
+                continue
+            undo.append((mod, fname, fn))
+            setattr(mod, fname, _wrap_function(fname, fn))
     return undo
 
 
@@ -630,7 +698,7 @@ def capture(model: nn.Module | None = None, *, sample_rate: float = 0.0, capacit
     finally:
         for h in handles:
             h.remove()
-        for mod, fname, fn in undo:
+        for mod, fname, fn in reversed(undo):
             setattr(mod, fname, fn)
 
 

@@ -66,6 +66,11 @@ def _run(stack: list[Interceptor], level: int, target: Target, original: Callabl
     return stack[level].handle(target, args, kwargs, proceed)
 
 
+def current() -> list[Interceptor]:
+    """This thread's active interceptors, outermost first (a copy)."""
+    return list(getattr(_LOCAL, "stack", None) or ())
+
+
 def _wrapper(target: Target, original: Callable[..., Any]) -> Callable[..., Any]:
     def call_original(a: tuple, k: dict) -> Any:  # the proceed of a lone interceptor: made once, not per call
         return original(*a, **k)

@@ -1,0 +1,100 @@
+"""Capture under threads, torch.compile, autocast and nesting (random-weight tiny Llama, small modules).
+
+    python -m pytest -q tests/test_ingest_capture_threads.py
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import pytest
+import torch
+from torch import nn
+
+from optwin.ingest.capture import capture
+from optwin.ingest.models import load_llama_tiny
+
+# One forward of the 2-layer tiny Llama: q,k,v,o,gate,up,down per layer + lm_head; 2 norms per layer +
+# the final norm; rope on q and k per layer; one attention per layer.
+PER_FORWARD = {"matmul": 15, "rmsnorm": 5, "rope": 4, "attention": 2}
+
+
+def _ops(rec) -> Counter:  # noqa: ANN001
+    return Counter(r["op"] for r in rec.records())
+
+
+@pytest.fixture(scope="module")
+def llama() -> nn.Module:
+    return load_llama_tiny("eager").module
+
+
+def test_another_thread_inside_the_model_neither_blinds_nor_feeds_the_capture(llama: nn.Module) -> None:
+    """A second thread parked inside the hooked final norm (its pre-hook has run) while the capturing
+    thread runs two forwards: every call of the capturing thread is recorded, none of the other's. The
+    recorder's suppress count and module stack were shared: the parked thread held suppress at 1 and the
+    capturing thread recorded nothing."""
+    ids = torch.randint(1, 999, (2, 9))
+    inside, go = threading.Event(), threading.Event()
+    main = threading.get_ident()
+
+    def park(m: nn.Module, args: tuple) -> None:
+        if threading.get_ident() != main:
+            inside.set()
+            assert go.wait(30)
+
+    def other() -> None:
+        with torch.no_grad():
+            llama(input_ids=ids)
+
+    with torch.no_grad(), capture(llama) as rec:
+        h = llama.model.norm.register_forward_pre_hook(park)  # after the capture's: it runs second
+        t = threading.Thread(target=other)
+        t.start()
+        try:
+            assert inside.wait(30)
+            for _ in range(2):
+                llama(input_ids=ids)
+            assert rec.suppress == 0 and not rec._stack
+        finally:
+            go.set()
+            t.join()
+            h.remove()
+    assert _ops(rec) == {op: 2 * n for op, n in PER_FORWARD.items()}
+    assert rec.suppress == 0 and not rec._stack and not rec.skipped
+
+
+def test_a_capture_does_not_record_another_threads_model() -> None:
+    """Thread B runs its own model (eager attention and rope go through the wrapped transformers
+    functions, global to the process) while thread A captures model A and runs nothing: nothing is
+    recorded (B's attention calls were, with stream "")."""
+    a, b = load_llama_tiny("eager").module, load_llama_tiny("eager", seed=1).module
+    ids = torch.randint(1, 999, (2, 9))
+
+    def other() -> None:
+        with torch.no_grad():
+            b(input_ids=ids)
+
+    with capture(a) as rec:
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+    assert rec.records() == [] and not rec.skipped
+
+
+def test_nested_captures_both_record_rope_and_attention(llama: nn.Module) -> None:
+    """The wrapped transformers functions feed every capture active in the thread. A wrapper per
+    capture fed only the first: the inner one recorded no rope or attention, and the eager attention's
+    softmax as a softmax call."""
+    ids = torch.randint(1, 999, (2, 9))
+    with torch.no_grad(), capture(llama) as outer:
+        llama(input_ids=ids)
+        with capture(llama) as inner:
+            llama(input_ids=ids)
+        llama(input_ids=ids)
+    assert _ops(inner) == PER_FORWARD
+    assert _ops(outer) == {op: 3 * n for op, n in PER_FORWARD.items()}
+    import transformers.models.llama.modeling_llama as ml
+
+    assert not hasattr(ml.apply_rotary_pos_emb, "__optwin_capture__")
+    assert not hasattr(ml.eager_attention_forward, "__optwin_capture__")
