@@ -372,3 +372,12 @@ def test_a_body_over_the_limit_is_answered_413_not_reset(db):
         with pytest.raises(OSError):  # 256 MiB: dropped only up to max_discard, then the connection is closed
             http.request("POST", "/v1/observe", b"[" + b" " * (256 << 20) + b"]")
         assert http.request("GET", "/healthz")[0] == 200
+
+
+def test_a_name_that_is_a_list_or_object_gets_the_fields_error_not_a_hash_error(server):
+    http = HTTP(server.url)
+    code, out = post(http, [rec("l", op=["rmsnorm"]), rec("d", dtype={"x": 1}), rec("ok")])
+    assert code == 200
+    assert out[0]["error"] == "record field 'op' must be a non-empty string"
+    assert out[1]["error"] == "record field 'dtype' must be a non-empty string"
+    assert out[2]["stream"] == "ok" and "error" not in out[2]

@@ -228,7 +228,10 @@ class SidecarState:
             raise ValueError(f"record must be a JSON object, got {type(rec).__name__}")
         name, op, variant, dtype = rec.get("stream"), rec.get("op"), rec.get("variant"), rec.get("dtype")
         key = (name, op, variant, dtype)
-        s = self.streams.get(key)  # hit: the names were checked when the stream was created
+        try:
+            s = self.streams.get(key)  # hit: the names were checked when the stream was created
+        except TypeError:  # a list or object among the names cannot be a key: _new_stream says which field
+            s = None
         if s is None:
             s = self._new_stream(key, rec)
         else:
