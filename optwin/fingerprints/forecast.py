@@ -30,10 +30,16 @@ A stream is one call site (a layer's norm, an attention block) observed over tim
    the threshold or eta_s <= horizon_s; it leaves only after `exit_calls` consecutive calls below
    `exit_ratio * threshold` with no forecast within `exit_horizon_ratio * horizon_s`. No flapping, and a
    stationary safe stream never warns. `raised` marks the call that opened a warning episode.
+
+Time: `t` must grow per producer, but a stream may be fed by several (replicas on one sidecar, each
+posting batches), so calls arrive slightly out of order. A call up to `reorder_s` older than the
+newest one seen joins the window in time order (kept only if `min_spacing_s` from its neighbours);
+only a larger backwards step (a restarted producer's clock) clears the history.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 import time
@@ -53,6 +59,7 @@ class ForecastConfig:
     min_points: int = 10  # no trend before this many observations (fewer: start-up transients)
     trend_z: float = 4.0  # Mann-Kendall |z| a feature's trend must reach (4.0: two-sided p ~6e-5 a refit)
     additive_ratio: float = 0.5  # additive model when its bin-scale residuals are <= this x the exponential's
+    reorder_s: float = 10.0  # calls up to this much older than the newest join in order; older: a restart
     horizon_s: float = 30.0  # warn when a fault region is forecast within this many seconds
     lookahead_s: float = 300.0  # how far along the drift line eta is searched (eta None beyond)
     max_steps: int = 512  # cap on bin crossings per search
@@ -184,8 +191,11 @@ class Stream:
         return r
 
     def _remember(self, t: float, coords: tuple[float, ...]) -> None:
-        """Put a call into the trend's window, at least min_spacing_s after the previous one; a call
-        back in time (a restarted producer) clears the history."""
+        """Put a call into the trend's window: in time order, at least min_spacing_s from its neighbours.
+
+        Several producers (replicas posting batches to one sidecar) interleave, so a call a little older
+        than the newest is normal: it is slotted in where it belongs, not read as a restart. Only a step
+        back of more than reorder_s (a restarted producer's clock) clears the history."""
         ts, cols, gap = self._ts, self._cols, self.cfg.min_spacing_s
         if len(cols) != len(coords):  # the first call
             cols[:] = [[] for _ in coords]
@@ -200,11 +210,20 @@ class Stream:
                 if s is not None:  # Mann-Kendall S kept up to date: the new point against every earlier one
                     s[i] += 2 * sum(map(x.__gt__, col)) - len(col) + col.count(x)  # (above) - (below)
                 col.append(x)
-        else:
+        elif t < self._t_new - self.cfg.reorder_s:
             ts[:] = [t]
             for col, x in zip(cols, coords):
                 col[:] = [x]
             self._t_new, self._fc, self._s = t, None, [0] * len(coords)
+        else:
+            j = bisect.bisect_right(ts, t)
+            if (j == 0 and len(ts) >= self.cfg.window) or (j > 0 and t - ts[j - 1] < gap) or \
+                    (j < len(ts) and ts[j] - t < gap):
+                return
+            ts.insert(j, t)
+            for col, x in zip(cols, coords):
+                col.insert(j, x)
+            self._s = None  # rare: recounted at the next fit
         if len(ts) > self.cfg.window:
             del ts[0]
             s = self._s
