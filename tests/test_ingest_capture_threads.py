@@ -10,6 +10,7 @@ from collections import Counter
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from optwin.ingest.capture import capture
@@ -98,3 +99,26 @@ def test_nested_captures_both_record_rope_and_attention(llama: nn.Module) -> Non
 
     assert not hasattr(ml.apply_rotary_pos_emb, "__optwin_capture__")
     assert not hasattr(ml.eager_attention_forward, "__optwin_capture__")
+
+
+def test_autocast_calls_carry_the_dtype_they_compute_in() -> None:
+    """Under torch.autocast(float16) nn.Linear on float32 runs a float16 GEMM (here it overflows to inf)
+    and is recorded as float16, sdpa under bfloat16 as bfloat16; softmax (not lowered by autocast)
+    keeps float32. The sketch itself is computed outside autocast: the same as without it."""
+    lin = nn.Linear(256, 8)
+    with torch.no_grad():
+        lin.weight.fill_(1.0)
+    x = torch.full((4, 256), 300.0)  # every output 76800 + bias: past float16's 65504
+    with torch.no_grad(), capture(lin) as plain:
+        lin(x)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16), capture(lin) as rec:
+        y = lin(x)
+        F.softmax(x, -1)
+    assert y.dtype == torch.float16 and not torch.isfinite(y).all()
+    (mm, sm), (mm0,) = rec.records(), plain.records()
+    assert (mm["op"], mm["dtype"], sm["op"], sm["dtype"]) == ("matmul", "float16", "softmax", "float32")
+    assert mm0["dtype"] == "float32" and mm["sketch"] == mm0["sketch"] and mm["sketch"]["out_bound"] > 65504
+    q = torch.randn(1, 2, 8, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16), capture(None) as rec:
+        F.scaled_dot_product_attention(q, q, q)
+    assert [(r["op"], r["dtype"]) for r in rec.records()] == [("attention", "bfloat16")]

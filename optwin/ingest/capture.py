@@ -71,7 +71,7 @@ from torch import nn
 
 from optwin.catalog import CATALOG
 from optwin.errors import CatalogError
-from optwin.ingest import intercept
+from optwin.ingest import autocast_dtype, intercept
 from optwin.ingest.intercept import Target
 from optwin.ingest.sketch import SKETCH_FEATURES, WeightCache, sketch_tensor
 from optwin.kernels import sketch_sink
@@ -131,6 +131,15 @@ def _dtype_name(t: torch.Tensor) -> str:
     if name is None:
         name = _DTYPE_NAMES[t.dtype] = str(t.dtype).removeprefix("torch.")
     return name
+
+
+def _autocast_name(t: torch.Tensor, op: str) -> str:
+    """The name of the dtype `op` computes in on input `t` (optwin.ingest.autocast_dtype): under
+    torch.autocast not t's own. nn.Linear on float32 under autocast(float16) runs a float16 GEMM (it
+    overflowed to inf) and was recorded as float32."""
+    if not autocast_dtype.enabled():  # one C call: outside autocast nothing more
+        return _dtype_name(t)
+    return str(autocast_dtype.call_dtype(op, t)).removeprefix("torch.")
 
 
 def _pow2(n: int) -> int:
@@ -256,7 +265,12 @@ class Recorder:
             self.suppress += 1
             if threads > 1:
                 torch.set_num_threads(1)
-            _, values = sketch_tensor(op, inputs, params, cache=self._weights)
+            main = next(iter(inputs.values()))
+            if autocast_dtype.enabled() and torch.is_autocast_enabled(main.device.type):  # the sketch's own maths stays float32/64
+                with torch.autocast(main.device.type, enabled=False):
+                    _, values = sketch_tensor(op, inputs, params, cache=self._weights)
+            else:
+                _, values = sketch_tensor(op, inputs, params, cache=self._weights)
         except Exception as e:  # noqa: BLE001  a capture must never break the model it watches
             self.skipped[f"{op}: {type(e).__name__}: {str(e)[:120]}"] += 1
             return
@@ -264,7 +278,6 @@ class Recorder:
             self.suppress -= 1
             if threads > 1:
                 torch.set_num_threads(threads)
-        main = next(iter(inputs.values()))
         p = _Pending(op, variant, dtype or _dtype_name(main), self.stream if stream is None else stream,
                      len(self._pending), time.perf_counter() - self._t0, dict(params), values)
         self._pending.append(p)
@@ -336,7 +349,8 @@ def _softmax(rec: Recorder, args: tuple, kwargs: dict) -> None:
     if dim is not None and dim not in (-1, x.ndim - 1):
         x = x.movedim(dim, -1)  # the catalog softmax runs over the last dim
     # softmax(x, dtype=float32) computes in float32: that is the call's dtype.
-    rec.record("softmax", "torch", {"x": x}, dtype=str(dtype).removeprefix("torch.") if dtype is not None else None)
+    rec.record("softmax", "torch", {"x": x},
+               dtype=str(dtype).removeprefix("torch.") if dtype is not None else _autocast_name(x, "softmax"))
 
 
 def _sdpa(rec: Recorder, args: tuple, kwargs: dict) -> None:
@@ -352,7 +366,7 @@ def _sdpa(rec: Recorder, args: tuple, kwargs: dict) -> None:
     # HF passes causality as an explicit mask when there is padding: read it off the module.
     mod = rec.module
     causal = is_causal or (mask is not None and bool(getattr(mod, "is_causal", False)) and q.shape[2] > 1)
-    rec.record("attention", "sdpa", {"q": q, "k": k, "v": v}, {"causal": causal})
+    rec.record("attention", "sdpa", {"q": q, "k": k, "v": v}, {"causal": causal}, dtype=_autocast_name(q, "attention"))
 
 
 def _vec(t: torch.Tensor | None, n: int, like: torch.Tensor, fill: float) -> torch.Tensor:
@@ -374,7 +388,8 @@ def _layer_norm(rec: Recorder, args: tuple, kwargs: dict) -> None:
     if len(tuple(shape)) != 1:
         rec.skipped["layernorm: normalized over more than the last dim"] += 1
         return
-    rec.record("layernorm", "torch", _layernorm_inputs(x, _arg(args, kwargs, 2, "weight"), _arg(args, kwargs, 3, "bias")))
+    rec.record("layernorm", "torch", _layernorm_inputs(x, _arg(args, kwargs, 2, "weight"), _arg(args, kwargs, 3, "bias")),
+               dtype=_autocast_name(x, "layernorm"))
 
 
 def _rms_norm(rec: Recorder, args: tuple, kwargs: dict) -> None:
@@ -391,7 +406,7 @@ def _linear(rec: Recorder, args: tuple, kwargs: dict) -> None:
     w = _arg(args, kwargs, 1, "weight")
     # (m, in), (in, out): views made only for a call the recorder keeps (two tensor ops cost a monitor
     # more than its skip of an unsampled call)
-    rec.record("matmul", "torch", lambda: {"a": x.reshape(-1, x.shape[-1]), "b": w.T}, dtype=_dtype_name(x))
+    rec.record("matmul", "torch", lambda: {"a": x.reshape(-1, x.shape[-1]), "b": w.T}, dtype=_autocast_name(x, "matmul"))
 
 
 def _matmul(rec: Recorder, args: tuple, kwargs: dict) -> None:
@@ -399,7 +414,7 @@ def _matmul(rec: Recorder, args: tuple, kwargs: dict) -> None:
     b = _arg(args, kwargs, 1, "other", kwargs.get("mat2"))
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.ndim < 2 or b.ndim != 2:
         return  # batched products of two >2-D tensors are not catalog matmuls
-    rec.record("matmul", "torch", lambda: {"a": a.reshape(-1, a.shape[-1]), "b": b}, dtype=_dtype_name(a))
+    rec.record("matmul", "torch", lambda: {"a": a.reshape(-1, a.shape[-1]), "b": b}, dtype=_autocast_name(a, "matmul"))
 
 
 # The torch functions the capture intercepts (optwin.ingest.intercept), with the op each records.
@@ -592,7 +607,7 @@ def _rope_inputs(x: torch.Tensor, pos: torch.Tensor, unsqueeze_dim: int) -> dict
 def _record_eager(rec: Recorder, orig: Callable, module, query, key, value, attention_mask, *args, **kwargs) -> None:  # noqa: ANN001
     causal = _mask_causal(attention_mask, query.shape[2], key.shape[2], bool(getattr(module, "is_causal", False)))
     rec.record("attention", "math", functools.partial(_attention_inputs, query, key, value), {"causal": causal},
-               dtype=_dtype_name(query))
+               dtype=_autocast_name(query, "attention"))
 
 
 def _record_rope(rec: Recorder, orig: Callable, q, k, cos, sin, *args, **kwargs) -> None:  # noqa: ANN001
