@@ -101,6 +101,40 @@ def test_nested_captures_both_record_rope_and_attention(llama: nn.Module) -> Non
     assert not hasattr(ml.eager_attention_forward, "__optwin_capture__")
 
 
+def test_compiled_model_records_the_real_tensors() -> None:
+    """A torch.compile'd Llama (backend "eager": dynamo's tracing, no code generation), run once before
+    the capture: the capture records every call with the sketch of the real tensors, equal to the
+    uncompiled model's. Dynamo traced the hooks and wrappers (the capture's hooks make it recompile) and
+    FakeTensors ended up in the records (the rotary hook's positions among them): records() raised
+    DataDependentOutputException."""
+    import torch._dynamo
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch._dynamo.reset()
+    cfg = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=2, max_position_embeddings=64, attn_implementation="eager")
+    torch.manual_seed(0)
+    llama = LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(1, 97, (2, 9))
+    with torch.no_grad(), capture(llama) as ref:
+        want = llama(input_ids=ids).logits
+    compiled = torch.compile(llama, backend="eager")
+    with torch.no_grad():
+        compiled(input_ids=ids)
+        with capture(llama) as rec:
+            got = compiled(input_ids=ids).logits
+    torch._dynamo.reset()
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+
+    def strip(recs: list[dict]) -> list[tuple]:
+        return [(r["op"], r["variant"], r["dtype"], r["stream"], r["params"],
+                 {k: round(v, 4) for k, v in r["sketch"].items()}) for r in recs]
+
+    assert strip(rec.records()) == strip(ref.records())
+    assert _ops(rec) == {"matmul": 8, "rmsnorm": 3, "rope": 2, "attention": 1} and not rec.skipped
+
+
 def test_autocast_calls_carry_the_dtype_they_compute_in() -> None:
     """Under torch.autocast(float16) nn.Linear on float32 runs a float16 GEMM (here it overflows to inf)
     and is recorded as float16, sdpa under bfloat16 as bfloat16; softmax (not lowered by autocast)

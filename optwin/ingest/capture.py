@@ -538,7 +538,7 @@ def _install_module_hooks(rec: Recorder, model: nn.Module,
             continue
 
         def pre(m: nn.Module, args: tuple, kwargs: dict, path: str = path, kind0: Any = kind0) -> None:
-            if not rec.here():  # another thread running the model: not this capture's call
+            if not rec.here() or torch.compiler.is_compiling():  # see _eager_under_compile
                 return
             rec._stack.append((path, m, False))  # True once this call holds a suppress count (post gives it back)
             kind = _call_kind(m, kind0)
@@ -562,16 +562,27 @@ def _install_module_hooks(rec: Recorder, model: nn.Module,
             rec._stack[-1] = (path, m, True)
 
         def post(m: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
-            if not rec.here():
+            if not rec.here() or torch.compiler.is_compiling():
                 return
             stack = rec._stack
             if stack and stack.pop()[2]:  # the pre-hook's own kind test, not repeated here
                 rec.suppress -= 1
 
-        handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
-        handles.append(mod.register_forward_hook(post, with_kwargs=True, always_call=True))
+        handles.append(mod.register_forward_pre_hook(_eager_under_compile(pre), with_kwargs=True))
+        handles.append(mod.register_forward_hook(_eager_under_compile(post), with_kwargs=True, always_call=True))
     return handles
 
+
+def _eager_under_compile(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """fn, run eagerly where torch.compile (dynamo) would trace it: a graph break, then fn on the real
+    tensors. Traced, the hooks and wrappers recorded FakeTensors from the recompile a capture's hooks
+    cause (records() then raised DataDependentOutputException). Where dynamo is not loaded yet (no
+    transformers, no torch.compile before the capture began) fn is returned as is, since importing
+    dynamo costs seconds; fn then tests torch.compiler.is_compiling() itself and a traced call passes
+    through unrecorded."""
+    if "torch._dynamo" not in sys.modules:
+        return fn
+    return torch.compiler.disable(fn, reason="optwin capture records the real tensors")
 
 
 # ----------------------------------------------------------------------------- wrapped functions
@@ -646,7 +657,7 @@ def _wrap_function(fname: str, orig: Callable) -> Callable:
 
     def run(*args: Any, **kwargs: Any) -> Any:
         recs = _here_recorders()
-        if not recs:
+        if not recs or torch.compiler.is_compiling():  # see _eager_under_compile
             return orig(*args, **kwargs)
         for rec in recs:
             if rec.suppress == 0:
@@ -659,7 +670,9 @@ def _wrap_function(fname: str, orig: Callable) -> Callable:
             for rec in recs:
                 rec.suppress -= 1
 
-    wrapper = functools.wraps(orig)(run)  # the HF name and signature, for the checks of optwin.kernels.patch
+    wrapper = _eager_under_compile(run)
+    if wrapper is run:  # keep the HF name and signature for the checks of optwin.kernels.patch
+        wrapper = functools.wraps(orig)(run)
     wrapper.__wrapped__ = orig  # type: ignore[attr-defined]
     wrapper.__optwin_capture__ = True  # type: ignore[attr-defined]
     return wrapper

@@ -22,10 +22,13 @@ and torch.nn look their functions up at call time.
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple, Protocol
+
+import torch
 
 
 class Target(NamedTuple):
@@ -75,8 +78,7 @@ def _wrapper(target: Target, original: Callable[..., Any]) -> Callable[..., Any]
     def call_original(a: tuple, k: dict) -> Any:  # the proceed of a lone interceptor: made once, not per call
         return original(*a, **k)
 
-    @functools.wraps(original)
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
+    def dispatch(args: tuple, kwargs: dict) -> Any:
         stack = getattr(_LOCAL, "stack", None)
         if not stack:  # another thread's capture installed us, or none is active here
             return original(*args, **kwargs)
@@ -84,8 +86,31 @@ def _wrapper(target: Target, original: Callable[..., Any]) -> Callable[..., Any]
             return stack[0].handle(target, args, kwargs, call_original)
         return _run(list(stack), len(stack) - 1, target, original, args, kwargs)
 
+    # Under torch.compile, dynamo must not trace the interceptors: it recorded FakeTensors (and the
+    # recorder's records() then raised). `eager` is dispatch with dynamo disabled (a graph break, then
+    # the interceptors see the real tensors); it costs ~0.7 us a call, so it is taken only while dynamo
+    # traces (is_compiling() is True there, a constant; ~0.15 us in eager). Without dynamo loaded when
+    # the wrapper is made there is nothing to disable with; a traced call then passes through unseen.
+    eager = _dynamo_disabled(dispatch)
+
+    @functools.wraps(original)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        if _is_compiling():
+            return eager(args, kwargs) if eager is not None else original(*args, **kwargs)
+        return dispatch(args, kwargs)
+
     wrapped.__optwin_original__ = original  # type: ignore[attr-defined]
     return wrapped
+
+
+_is_compiling = torch.compiler.is_compiling  # dynamo answers a call of it with the constant True
+
+
+def _dynamo_disabled(fn: Callable[..., Any]) -> Callable[..., Any] | None:
+    """fn with dynamo disabled, or None where dynamo is not imported (importing it costs seconds)."""
+    if "torch._dynamo" not in sys.modules:
+        return None
+    return torch.compiler.disable(fn, reason="optwin interceptors record the real tensors")
 
 
 def _install(targets: Sequence[Target]) -> None:
