@@ -135,6 +135,29 @@ def test_compiled_model_records_the_real_tensors() -> None:
     assert _ops(rec) == {"matmul": 8, "rmsnorm": 3, "rope": 2, "attention": 1} and not rec.skipped
 
 
+def test_dynamo_does_not_trace_into_the_capture() -> None:
+    """A compiled function's intercepted calls are one graph break at the disabled dispatch, then run
+    eagerly. Dynamo traced into the recorder and the sketch (a dozen breaks: Tensor.item(), builtins),
+    compiling pieces of the capture's own code and holding FakeTensors where it stored state."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    w, x = torch.randn(16, 16), torch.randn(4, 16)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return F.softmax(F.layer_norm(x @ w, (16,)), -1)
+
+    with capture(None) as ref:
+        f(x)
+    with capture(None) as rec:
+        explained = torch._dynamo.explain(f)(x)
+    torch._dynamo.reset()
+    reasons = {b.reason.splitlines()[0] for b in explained.break_reasons}
+    assert reasons == {"Skip calling `torch.compiler.disable()`d function"}
+    assert [(r["op"], r["sketch"]) for r in rec.records()] == [(r["op"], r["sketch"]) for r in ref.records()]
+
+
 def test_autocast_calls_carry_the_dtype_they_compute_in() -> None:
     """Under torch.autocast(float16) nn.Linear on float32 runs a float16 GEMM (here it overflows to inf)
     and is recorded as float16, sdpa under bfloat16 as bfloat16; softmax (not lowered by autocast)
