@@ -179,3 +179,27 @@ def test_autocast_calls_carry_the_dtype_they_compute_in() -> None:
     with torch.autocast("cpu", dtype=torch.bfloat16), capture(None) as rec:
         F.scaled_dot_product_attention(q, q, q)
     assert [(r["op"], r["dtype"]) for r in rec.records()] == [("attention", "bfloat16")]
+
+
+def test_sdpa_prefill_with_padding_is_causal_and_a_cached_step_is_not_top_left() -> None:
+    """Llama-sdpa prefill: causal with no mask, an all-ones mask and a left-padded batch (HF passes the
+    last as an explicit causal-plus-padding mask and is_causal=False; it was recorded as non-causal).
+    A 3-token eager step on a 9-token KV cache has HF's bottom-right mask, which the sketch's top-left
+    causal flag does not describe: it was recorded causal, making row 0 see one key where the model's
+    row 0 saw ten."""
+    sdpa = load_llama_tiny("sdpa").module
+    ids = torch.randint(1, 999, (2, 7))
+    for kw in ({}, {"attention_mask": torch.ones_like(ids)}, {"attention_mask": torch.tensor([[1] * 7, [0] * 3 + [1] * 4])}):
+        with torch.no_grad(), capture(sdpa) as rec:
+            sdpa(input_ids=ids, **kw)
+        att = [r for r in rec.records() if r["op"] == "attention"]
+        assert len(att) == 2 and all(r["params"] == {"causal": True} and r["sketch"]["causal"] == 1.0 for r in att), kw
+    eager = load_llama_tiny("eager").module
+    ids = torch.randint(1, 999, (1, 12))
+    with torch.no_grad():
+        past = eager(input_ids=ids[:, :9], use_cache=True).past_key_values
+        with capture(eager) as rec:
+            out = eager(input_ids=ids[:, 9:], past_key_values=past, use_cache=True, output_attentions=True)
+    att = [r for r in rec.records() if r["op"] == "attention"]
+    assert [(r["sketch"]["seq_q"], r["sketch"]["seq_k"], r["params"]["causal"]) for r in att] == [(3, 12, False)] * 2
+    assert [int((out.attentions[0][0, 0, i] > 0).sum()) for i in range(3)] == [10, 11, 12]  # bottom-right

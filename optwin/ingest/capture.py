@@ -238,6 +238,21 @@ class Recorder:
             f = f.f_back
         return ""
 
+    def calling_module(self) -> nn.Module | None:
+        """The innermost module of the hooked model whose method is running (the frame walk of
+        `stream`), or None."""
+        if not self._paths:
+            return None
+        f = sys._getframe(1)
+        while f is not None:
+            code = f.f_code
+            if code.co_argcount and code.co_varnames[0] == "self" and code not in OWN_FRAMES:
+                obj = f.f_locals["self"]
+                if id(obj) in self._paths:
+                    return obj
+            f = f.f_back
+        return None
+
     @property
     def module(self) -> nn.Module | None:
         return self._stack[-1][1] if self._stack else None
@@ -363,10 +378,23 @@ def _sdpa(rec: Recorder, args: tuple, kwargs: dict) -> None:
     if k.shape[1] != q.shape[1] and q.shape[1] % k.shape[1] == 0:  # GQA: expand kv heads (norms unchanged)
         rep = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-    # HF passes causality as an explicit mask when there is padding: read it off the module.
-    mod = rec.module
-    causal = is_causal or (mask is not None and bool(getattr(mod, "is_causal", False)) and q.shape[2] > 1)
+    causal = _sdpa_causal(rec, mask, is_causal, q.shape[2], k.shape[2])
     rec.record("attention", "sdpa", {"q": q, "k": k, "v": v}, {"causal": causal}, dtype=_autocast_name(q, "attention"))
+
+
+def _sdpa_causal(rec: Recorder, mask: Any, is_causal: bool, seq_q: int, seq_k: int) -> bool:
+    """Whether an sdpa call's scores are masked causally as the attention sketch models it (query i
+    sees keys j <= i, top-left aligned: sdpa's own is_causal, whatever seq_q and seq_k). HF passes
+    is_causal=True without padding and, with padding, is_causal=False and an explicit mask that is
+    causal plus padding; the attention module is not hooked (rec.module was None there, and a padded
+    batch was recorded as non-causal), so the model's module is found by the stream's frame walk and
+    its is_causal read. Its mask is causal top-left only when seq_q == seq_k (a prefill): a cached
+    multi-token step's mask is bottom-right aligned, which the sketch's causal flag does not describe."""
+    if is_causal:  # torch's mask, top-left even for one query row (it sees key 0 only)
+        return True
+    if mask is None or seq_q <= 1 or seq_q != seq_k:
+        return False
+    return bool(getattr(rec.calling_module(), "is_causal", False))
 
 
 def _vec(t: torch.Tensor | None, n: int, like: torch.Tensor, fill: float) -> torch.Tensor:
@@ -598,8 +626,11 @@ def _attention_inputs(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
 
 
 def _mask_causal(mask: Any, seq_q: int, seq_k: int, module_causal: bool) -> bool:
-    """Whether an eager attention call is causal (see _sdpa for the sdpa one)."""
-    return module_causal and seq_q > 1
+    """Whether an HF eager attention call is causal as the sketch models it (top-left: see
+    _sdpa_causal): a causal module's mask is that with seq_q == seq_k; with fewer queries than keys (a
+    cached multi-token step) it is bottom-right aligned, and was recorded as top-left causal (row 0
+    seeing one key where it saw all but the last two of twelve)."""
+    return module_causal and 1 < seq_q == seq_k
 
 
 def _rope_inputs(x: torch.Tensor, pos: torch.Tensor, unsqueeze_dim: int) -> dict[str, torch.Tensor]:
