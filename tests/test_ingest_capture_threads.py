@@ -203,3 +203,50 @@ def test_sdpa_prefill_with_padding_is_causal_and_a_cached_step_is_not_top_left()
     att = [r for r in rec.records() if r["op"] == "attention"]
     assert [(r["sketch"]["seq_q"], r["sketch"]["seq_k"], r["params"]["causal"]) for r in att] == [(3, 12, False)] * 2
     assert [int((out.attentions[0][0, 0, i] > 0).sum()) for i in range(3)] == [10, 11, 12]  # bottom-right
+
+
+def test_a_monitor_sees_its_threads_calls_while_another_thread_runs_the_model(tmp_path) -> None:  # noqa: ANN001
+    """The monitor records through the same hooks: another thread parked inside the hooked RMSNorm held
+    the shared suppress count, and the monitor saw none of its own thread's calls ("0 calls seen",
+    for good once a race left suppress at 1)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _matcher_fixture import cached_db
+
+    import optwin.monitor as om
+
+    class NativeRMSNorm(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(64, dtype=torch.float16))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+    model = nn.Sequential(NativeRMSNorm(), nn.Linear(64, 64).half())
+    x = torch.randn(4, 64).half()
+    inside, go = threading.Event(), threading.Event()
+    main = threading.get_ident()
+
+    def park(m: nn.Module, args: tuple) -> None:
+        if threading.get_ident() != main:
+            inside.set()
+            assert go.wait(30)
+
+    mon = om.Monitor(model, db=cached_db(str(tmp_path / "fp.duckdb")), sampling="always")
+    with mon, torch.no_grad():
+        h = model[0].register_forward_pre_hook(park)  # after the monitor's: the other thread holds its pre-hook
+        t = threading.Thread(target=lambda: model(x))
+        t.start()
+        try:
+            assert inside.wait(30)
+            for _ in range(3):
+                model(x)
+        finally:
+            go.set()
+            t.join()
+            h.remove()
+        assert mon._rec.suppress == 0 and not mon._rec._stack
+    assert mon.stats.calls == 3 * 2  # rmsnorm + matmul per forward, this thread's only
