@@ -222,8 +222,9 @@ class Recorder:
         rotary modules: leaves), else the innermost method frame whose `self` is a module of the model
         (a walk up the caller's frames: hooking every module cost more than the model on small inputs,
         bench/monitor_host.py), else ""."""
-        if self._stack:
-            return self._stack[-1][0]
+        stack = self._local.stack
+        if stack:
+            return stack[-1][0]
         if not self._paths:
             return ""
         f = sys._getframe(1)
@@ -255,7 +256,8 @@ class Recorder:
 
     @property
     def module(self) -> nn.Module | None:
-        return self._stack[-1][1] if self._stack else None
+        stack = self._local.stack
+        return stack[-1][1] if stack else None
 
     # -- recording ----------------------------------------------------------------------------
 
@@ -277,7 +279,8 @@ class Recorder:
             # and an OpenMP barrier per tiny reduction costs more than it saves (badly so on a loaded
             # machine, where a sibling thread may be descheduled). The setting is process-wide, so it
             # is restored at once.
-            self.suppress += 1
+            local = self._local
+            local.suppress += 1
             if threads > 1:
                 torch.set_num_threads(1)
             main = next(iter(inputs.values()))
@@ -290,7 +293,7 @@ class Recorder:
             self.skipped[f"{op}: {type(e).__name__}: {str(e)[:120]}"] += 1
             return
         finally:
-            self.suppress -= 1
+            local.suppress -= 1
             if threads > 1:
                 torch.set_num_threads(threads)
         p = _Pending(op, variant, dtype or _dtype_name(main), self.stream if stream is None else stream,
@@ -481,9 +484,10 @@ class _Interceptor:
     def handle(self, target: Target, args: tuple, kwargs: dict, proceed: Callable[[tuple, dict], Any]) -> Any:
         rec = self.rec
         rec.action = None  # a verdict a module hook left behind is not this call's
-        if rec.suppress or not rec.watches(target.op):
+        local = rec._local  # this thread's (direct: the property costs on every call)
+        if local.suppress or not rec.watches(target.op):
             return proceed(args, kwargs)
-        rec.suppress += 1
+        local.suppress += 1
         try:
             try:
                 target.handler(rec, args, kwargs)
@@ -495,7 +499,7 @@ class _Interceptor:
                 return proceed(args, kwargs)
             return self.run(args, kwargs, proceed)
         finally:
-            rec.suppress -= 1
+            local.suppress -= 1
 
     def run(self, args: tuple, kwargs: dict, proceed: Callable[[tuple, dict], Any]) -> Any:
         """The recorded call itself, after its handler set a verdict (rec.action)."""
@@ -566,14 +570,15 @@ def _install_module_hooks(rec: Recorder, model: nn.Module,
             continue
 
         def pre(m: nn.Module, args: tuple, kwargs: dict, path: str = path, kind0: Any = kind0) -> None:
-            if not rec.here() or torch.compiler.is_compiling():  # see _eager_under_compile
+            if threading.get_ident() != rec.owner:  # another thread running the model: not this capture's call
                 return
-            rec._stack.append((path, m, False))  # True once this call holds a suppress count (post gives it back)
+            local = rec._local  # this thread's suppress and stack (direct: the properties cost on every call)
+            local.stack.append((path, m, False))  # True once this call holds a suppress count (post gives it back)
             kind = _call_kind(m, kind0)
-            if kind is None or rec.suppress:
+            if kind is None or local.suppress:
                 if kind is not None:
-                    rec.suppress += 1
-                    rec._stack[-1] = (path, m, True)
+                    local.suppress += 1
+                    local.stack[-1] = (path, m, True)
                 return
             op, variant = kind
             fused_here = variant == "triton" and rec.takes_fused  # the kernel hands its own sketch over
@@ -586,31 +591,47 @@ def _install_module_hooks(rec: Recorder, model: nn.Module,
                 pos = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
                 rec.last_positions = pos if isinstance(pos, torch.Tensor) else None
                 rec.last_base = _rope_base(m)
-            rec.suppress += 1
-            rec._stack[-1] = (path, m, True)
+            local.suppress += 1
+            local.stack[-1] = (path, m, True)
 
         def post(m: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
-            if not rec.here() or torch.compiler.is_compiling():
+            if threading.get_ident() != rec.owner:
                 return
-            stack = rec._stack
-            if stack and stack.pop()[2]:  # the pre-hook's own kind test, not repeated here
-                rec.suppress -= 1
+            local = rec._local
+            if local.stack and local.stack.pop()[2]:  # the pre-hook's own kind test, not repeated here
+                local.suppress -= 1
 
-        handles.append(mod.register_forward_pre_hook(_eager_under_compile(pre), with_kwargs=True))
-        handles.append(mod.register_forward_hook(_eager_under_compile(post), with_kwargs=True, always_call=True))
+        handles.append(mod.register_forward_pre_hook(_eager_under_compile(pre, _skip), with_kwargs=True))
+        handles.append(mod.register_forward_hook(_eager_under_compile(post, _skip), with_kwargs=True, always_call=True))
     return handles
 
 
-def _eager_under_compile(fn: Callable[..., Any]) -> Callable[..., Any]:
+def _skip(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def _eager_under_compile(fn: Callable[..., Any], traced: Callable[..., Any]) -> Callable[..., Any]:
     """fn, run eagerly where torch.compile (dynamo) would trace it: a graph break, then fn on the real
     tensors. Traced, the hooks and wrappers recorded FakeTensors from the recompile a capture's hooks
-    cause (records() then raised DataDependentOutputException). Where dynamo is not loaded yet (no
-    transformers, no torch.compile before the capture began) fn is returned as is, since importing
-    dynamo costs seconds; fn then tests torch.compiler.is_compiling() itself and a traced call passes
-    through unrecorded."""
-    if "torch._dynamo" not in sys.modules:
-        return fn
-    return torch.compiler.disable(fn, reason="optwin capture records the real tensors")
+    cause (records() then raised DataDependentOutputException). A disabled call costs ~0.7 us even in
+    eager (it swaps dynamo's frame callback), so it is taken only while dynamo traces, where
+    is_compiling() is the constant True (~0.15 us in eager). Where dynamo is not loaded yet (no
+    transformers, no torch.compile before the capture began) there is nothing to disable with (importing
+    it costs seconds): a traced call then runs `traced` instead (skips the hook, runs the original)."""
+    if "torch._dynamo" in sys.modules:
+        under_compile = torch.compiler.disable(fn, reason="optwin capture records the real tensors")
+    else:
+        under_compile = traced
+
+    def eager_under_compile(*args: Any, **kwargs: Any) -> Any:
+        if _is_compiling():
+            return under_compile(*args, **kwargs)
+        return fn(*args, **kwargs)
+
+    return eager_under_compile
+
+
+_is_compiling = torch.compiler.is_compiling  # dynamo answers a call of it with the constant True
 
 
 # ----------------------------------------------------------------------------- wrapped functions
@@ -688,22 +709,21 @@ def _wrap_function(fname: str, orig: Callable) -> Callable:
 
     def run(*args: Any, **kwargs: Any) -> Any:
         recs = _here_recorders()
-        if not recs or torch.compiler.is_compiling():  # see _eager_under_compile
+        if not recs:
             return orig(*args, **kwargs)
         for rec in recs:
-            if rec.suppress == 0:
+            if rec._local.suppress == 0:
                 handler(rec, orig, *args, **kwargs)
         for rec in recs:
-            rec.suppress += 1
+            rec._local.suppress += 1
         try:
             return orig(*args, **kwargs)
         finally:
             for rec in recs:
-                rec.suppress -= 1
+                rec._local.suppress -= 1
 
-    wrapper = _eager_under_compile(run)
-    if wrapper is run:  # keep the HF name and signature for the checks of optwin.kernels.patch
-        wrapper = functools.wraps(orig)(run)
+    # the HF name and signature, for the checks of optwin.kernels.patch
+    wrapper = functools.wraps(orig)(_eager_under_compile(run, orig))
     wrapper.__wrapped__ = orig  # type: ignore[attr-defined]
     wrapper.__optwin_capture__ = True  # type: ignore[attr-defined]
     return wrapper
