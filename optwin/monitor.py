@@ -162,12 +162,22 @@ _cap.own_frames(_MonitorInterceptor.run, _MonitorRecorder.record, _MonitorRecord
 
 def _in_float32(func: Callable, args: tuple, kwargs: dict) -> Any:
     """Run func with its float16/bfloat16 tensors upcast; cast the output back to their dtype, or to the dtype
-    the call asked for (softmax(x, dtype=torch.float32) keeps its float32 output)."""
+    the call asked for (softmax(x, dtype=torch.float32) keeps its float32 output).
+
+    Under autocast the rerun runs with autocast off on the inputs' device: left on, F.linear/matmul/sdpa
+    cast the upcast inputs straight back to float16 and the rerun overflowed like the call. Float32
+    inputs there (the usual autocast model) keep the float32 output: the call's float16 result is the
+    fault, and float32 tensors are what autocast regions already mix in."""
     asked = kwargs.get("dtype")
-    low = asked if isinstance(asked, torch.dtype) else next(
-        (a.dtype for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor) and a.dtype in _LOW), None)
+    tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
+    low = asked if isinstance(asked, torch.dtype) else next((a.dtype for a in tensors if a.dtype in _LOW), None)
     up = lambda a: a.float() if isinstance(a, torch.Tensor) and a.dtype in _LOW else a  # noqa: E731
-    out = func(*[up(a) for a in args], **{k: up(v) for k, v in kwargs.items()})
+    dev = tensors[0].device.type if tensors else None
+    if dev is not None and _autocast.enabled() and torch.is_autocast_enabled(dev):
+        with torch.autocast(dev, enabled=False):
+            out = func(*[up(a) for a in args], **{k: up(v) for k, v in kwargs.items()})
+    else:
+        out = func(*[up(a) for a in args], **{k: up(v) for k, v in kwargs.items()})
     if low is None:
         return out
     if isinstance(out, torch.Tensor):
