@@ -540,7 +540,10 @@ def _install_module_fallback(rec: _MonitorRecorder, model: nn.Module) -> list[An
             continue
 
         def post(m: nn.Module, args: tuple, out: Any) -> Any:
-            if id(m) not in rec.fallback_modules or not args or not isinstance(out, torch.Tensor):
+            # The flag was set by the owner thread's pre-hook (capture records only its calls): another
+            # thread's call of the module, finishing in between, would take it and leave the owner's
+            # faulting output as is.
+            if not rec.here() or id(m) not in rec.fallback_modules or not args or not isinstance(out, torch.Tensor):
                 return None
             rec.fallback_modules.discard(id(m))
             rec.suppress += 1  # the recomputation is not a new call

@@ -1,0 +1,82 @@
+"""policy="fallback" with a second thread running the monitored model: the owner's float32 rerun stays the owner's.
+
+    python -m pytest -q tests/test_monitor_fallback_threads.py
+
+The monitor flags a predicted-to-fault RMSNorm module (its id in rec.fallback_modules) in the owner
+thread's pre-hook; the forward hook that reruns it in float32 used the flag whatever thread ran it.
+Another thread's call of the same module, finishing between the owner's pre-hook and forward hook,
+took the flag (and a float32 rerun it was never checked for), and the owner's overflowing output went
+on unchanged.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+import optwin.monitor as om
+from _matcher_fixture import cached_db
+
+
+class NativeRMSNorm(nn.Module):
+    """T5LayerNorm-style: squares in the input dtype (classified rmsnorm/native-dtype)."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden, dtype=torch.float16))
+        self.eps = 1e-6
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        var = x.pow(2).mean(-1, keepdim=True)  # (rows, 1) in float16: overflows past |x| = 256
+        return self.weight * (x * torch.rsqrt(var + self.eps))
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory) -> str:
+    return cached_db(str(tmp_path_factory.mktemp("fp") / "fp.duckdb"))
+
+
+def _x(absmax: float, seed: int) -> torch.Tensor:
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)  # (4, 64)
+    return (x / x.abs().max() * absmax).half()
+
+
+def test_another_threads_call_does_not_take_the_owners_fallback(db):
+    norm = NativeRMSNorm(64)
+    flagged, other_done = threading.Event(), threading.Event()
+    owner = threading.get_ident()
+    out: dict[str, torch.Tensor] = {}
+
+    def hold(m: nn.Module, args: tuple) -> None:  # registered after the monitor's pre-hook: the flag is set
+        if threading.get_ident() == owner:
+            flagged.set()
+            assert other_done.wait(30)
+
+    def other() -> None:
+        assert flagged.wait(30)
+        try:
+            with torch.no_grad():
+                out["other"] = norm(_x(4.0, 2))  # a safe call: this thread is not the monitor's
+        finally:
+            other_done.set()
+
+    with torch.no_grad(), om.monitor(norm, db=db, policy="fallback", sampling="always") as mon:
+        h = norm.register_forward_pre_hook(hold)
+        t = threading.Thread(target=other)
+        t.start()
+        try:
+            y = norm(_x(600.0, 1))  # x*x overflows float16: predicted, rerun in float32
+        finally:
+            other_done.set()
+            t.join(30)
+            h.remove()
+    assert mon.stats.fallbacks == 1
+    assert "other" in out
+    # without its rerun the owner's output is 0 (x*x overflows: rsqrt(inf)); a normalized row has rms 1
+    rms = y.double().square().mean(-1).sqrt()  # (4,)
+    assert torch.allclose(rms, torch.ones(4, dtype=torch.float64), rtol=1e-2), \
+        f"the owner's fallback was taken by the other thread's call: row rms {rms.tolist()}"
+    assert not mon._rec.fallback_modules  # the owner's post used its flag
