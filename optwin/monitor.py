@@ -52,7 +52,7 @@ from optwin.catalog import CATALOG
 from optwin.errors import CatalogError, OptwinError
 import optwin.ingest as _ingest
 from optwin.ingest import autocast_dtype as _autocast, intercept
-from optwin.ingest.sketch import SKETCH_FEATURES, sketch_tensor
+from optwin.ingest.sketch import FEATURE_CAP, SKETCH_FEATURES, sketch_tensor
 from optwin.kernels import deferred, sketch_sink
 
 # Importing the submodule binds it over the package's lazy `optwin.ingest.capture` function
@@ -407,7 +407,7 @@ class Monitor:
             self._pending.append((s, names, host, event, t, params, slot))
             self.stats.queued = len(self._pending)
             return
-        r = self._assess(s, dict(zip(names, values.tolist())), t, params)
+        r = self._assess(s, _features(names, values), t, params)
         if r is None or self.policy == "warn":
             return
         if r.max_probability >= self.matcher.config.threshold:
@@ -446,7 +446,7 @@ class Monitor:
             if block:
                 event.synchronize()
         self._pending.popleft()
-        sk = dict(zip(names, values.tolist()))  # the host row is free once read
+        sk = _features(names, values)  # the host row is free once read
         self._free.append(slot)
         self._assess(s, sk, t, params)
         return True
@@ -505,6 +505,16 @@ class Monitor:
                 fn(w)
             except Exception:  # a broken callback must not break the model
                 log.exception("monitor callback failed")
+
+
+def _features(names: tuple[str, ...], values: torch.Tensor) -> dict[str, float]:
+    """A sketch as {feature: float}, magnitudes clamped to FEATURE_CAP as optwin.fingerprints.matcher's
+    call_sketch clamps what Stream.observe bins: a float64 input behind a float16 call
+    (softmax(x64, dtype=torch.float16)) can sketch past it or to inf, and observe_valid's log binning then
+    raised OverflowError (the call went unassessed; from a queued sketch, out of flush()). An inf lies past
+    every replayed region, where the conservative rule answers. (torch.clamp leaves a NaN as it is; the
+    sketch is taken over finite elements, and reaching inf took an overflowing float64 sum, not a NaN.)"""
+    return dict(zip(names, values.clamp(-FEATURE_CAP, FEATURE_CAP).tolist()))
 
 
 def _autocast_dtype(op: str, inputs: Any, dtype: str | None) -> tuple[Any, str]:
