@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import math
 import random
 import sys
@@ -371,12 +372,36 @@ def _softmax(rec: Recorder, args: tuple, kwargs: dict) -> None:
                dtype=str(dtype).removeprefix("torch.") if dtype is not None else _autocast_name(x, "softmax"))
 
 
+log = logging.getLogger("optwin.ingest.capture")
+_SCALE_WARNED = False  # the one-time warning of _default_scale
+
+
+def _default_scale(rec: Recorder, scale: Any, d: int) -> bool:
+    """Whether an attention call's softmax scale is the catalog's 1/sqrt(d); a call with another is
+    counted in `skipped` (and warned about once per process), not recorded. The catalog's attention has
+    no scale param: the sketch and every twin scale the scores by 1/sqrt(d), so a call sketched that way
+    described other scores (sdpa scale=1.0 at d = 64: peaked_frac 0.0 where 45 % of its rows are peaked)
+    and was looked up in the fingerprints of another call. A sketch-only param would not help: the twins
+    would replay such cases at 1/sqrt(d), so the fingerprints stay honest only while the catalog has none."""
+    if scale is None or (isinstance(scale, (int, float)) and math.isclose(scale, 1.0 / math.sqrt(max(d, 1)), rel_tol=1e-6)):
+        return True
+    rec.skipped["attention: softmax scale other than 1/sqrt(d) (not a catalog param)"] += 1
+    global _SCALE_WARNED
+    if not _SCALE_WARNED:
+        _SCALE_WARNED = True
+        log.warning("optwin: attention calls with a softmax scale other than 1/sqrt(d) (here %r at d=%d) are not "
+                    "recorded: the catalog's attention has no scale param", scale, d)
+    return False
+
+
 def _sdpa(rec: Recorder, args: tuple, kwargs: dict) -> None:
     q, k, v = (_arg(args, kwargs, i, n) for i, n in enumerate(("query", "key", "value")))
     mask = _arg(args, kwargs, 3, "attn_mask")
     is_causal = bool(_arg(args, kwargs, 5, "is_causal", False))
     if q.ndim != 4:
         rec.skipped[f"attention: sdpa with {q.ndim}-D q"] += 1
+        return
+    if not _default_scale(rec, kwargs.get("scale"), q.shape[-1]):  # keyword-only in sdpa
         return
     if k.shape[1] != q.shape[1] and q.shape[1] % k.shape[1] == 0:  # GQA: expand kv heads (norms unchanged)
         rep = q.shape[1] // k.shape[1]
@@ -668,6 +693,8 @@ def _rope_inputs(x: torch.Tensor, pos: torch.Tensor, unsqueeze_dim: int) -> dict
 # copies ran on every call. (It did not move the host time of the H200's host-bound Llama forward
 # with the monitor at default sampling, +12.5 %: bench/results/monitor_fused_h200_s27_small_lazy.md.)
 def _record_eager(rec: Recorder, orig: Callable, module, query, key, value, attention_mask, *args, **kwargs) -> None:  # noqa: ANN001
+    if not _default_scale(rec, args[0] if args else kwargs.get("scaling"), query.shape[-1]):  # HF's `scaling`
+        return
     causal = _mask_causal(attention_mask, query.shape[2], key.shape[2], bool(getattr(module, "is_causal", False)))
     rec.record("attention", "math", functools.partial(_attention_inputs, query, key, value), {"causal": causal},
                dtype=_autocast_name(query, "attention"))
