@@ -243,21 +243,23 @@ class ReplayDraws:
         left = self._buf.shape[1] - self._pos
         if left < k and k >= self.LONG:  # drawn for itself: what was left over, then each stream's next
             out = torch.empty((self.count, k), dtype=torch.int64 if high else torch.float64, device=self._buf.device)
+            rows = out
             if left:
                 out[:, :left] = self._cut(left, high)
-            for row, g in zip(out[:, left:], self.gens):
-                if high:
+                rows = out[:, left:]
+            if high:
+                for row, g in zip(rows.unbind(0), self.gens):
                     row.random_(0, high, generator=g)
-                else:
+            else:
+                for row, g in zip(rows.unbind(0), self.gens):
                     row.uniform_(generator=g)
-            self._buf, self._pos = self._buf[:, :0], 0
             return out.view(shape)
         if left < k:
             ahead = min(self.AHEAD_MAX, max(self.AHEAD_MIN, self._drawn), self.AHEAD_BYTES // (8 * self.count))
             block = torch.empty((self.count, k + ahead), dtype=torch.int64, device=self._buf.device)
             if left:
                 block[:, :left] = self._buf[:, self._pos:]
-            for row, g in zip(block[:, left:], self.gens):
+            for row, g in zip(block[:, left:].unbind(0), self.gens):
                 row.random_(generator=g)  # random64 % 2^63: the 53 (uniform) or log2(high) low bits are kept
             self._drawn += k + ahead - left
             self._buf, self._pos = block, 0
