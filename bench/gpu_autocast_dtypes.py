@@ -10,7 +10,6 @@ autocast(float16) and autocast(bfloat16), for float32, float16 and bfloat16 inpu
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +18,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # bench/, for _bench_common
 
+from _bench_common import write_report  # noqa: E402
 from optwin.ingest.autocast_dtype import call_dtype  # noqa: E402
 
 # catalog op -> the torch call a production variant makes, on (2, 8, 16, 64)-shaped x
@@ -55,10 +56,7 @@ def main(argv: list[str] | None = None) -> int:
                 cells.append(short(got) if got == want else f"**{short(got)} / table {short(want)}**")
             lines.append(f"| {str(low).removeprefix('torch.')} | {label} | " + " | ".join(cells) + " |")
     lines += ["", f"**{wrong} disagreements**"]
-    text = "\n".join(lines)
-    print(text)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "autocast_dtypes.md").write_text(text + "\n")
+    write_report("\n".join(lines) + "\n", "autocast_dtypes.md")
     return 0
 
 

@@ -10,14 +10,15 @@ powers of two, on constant, near-constant, ill-conditioned and plain rows.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # bench/, for _bench_common
 
+from _bench_common import write_report  # noqa: E402
 from optwin import twin  # noqa: E402
 
 WIDTHS = (8, 12, 30, 520, 1000, 1001, 1024, 4096)
@@ -72,10 +73,7 @@ def main(argv: list[str] | None = None) -> int:
                 cells.append(f"{same}/{x.shape[0]}" + ("" if same == x.shape[0] else f" ({max_diff(emu, dev):.2g})"))
             lines.append(f"| {str(dt).removeprefix('torch.')} | {fam} | " + " | ".join(cells) + " |")
     lines += ["", f"**all: {same_all} of {total} rows bit-identical**"]
-    text = "\n".join(lines)
-    print(text)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "layernorm_widths.md").write_text(text + "\n")
+    write_report("\n".join(lines) + "\n", "layernorm_widths.md")
     return 0
 
 

@@ -30,12 +30,8 @@ def llama() -> nn.Module:
     return load_llama_tiny("eager").module
 
 
-def test_another_thread_inside_the_model_neither_blinds_nor_feeds_the_capture(llama: nn.Module) -> None:
-    """A second thread parked inside the hooked final norm (its pre-hook has run) while the capturing
-    thread runs two forwards: every call of the capturing thread is recorded, none of the other's. The
-    recorder's suppress count and module stack were shared: the parked thread held suppress at 1 and the
-    capturing thread recorded nothing."""
-    ids = torch.randint(1, 999, (2, 9))
+def _parking() -> tuple[threading.Event, threading.Event, object]:
+    """A forward pre-hook that parks every thread but this one inside the module (`inside` set) until `go`."""
     inside, go = threading.Event(), threading.Event()
     main = threading.get_ident()
 
@@ -43,6 +39,17 @@ def test_another_thread_inside_the_model_neither_blinds_nor_feeds_the_capture(ll
         if threading.get_ident() != main:
             inside.set()
             assert go.wait(30)
+
+    return inside, go, park
+
+
+def test_another_thread_inside_the_model_neither_blinds_nor_feeds_the_capture(llama: nn.Module) -> None:
+    """A second thread parked inside the hooked final norm (its pre-hook has run) while the capturing
+    thread runs two forwards: every call of the capturing thread is recorded, none of the other's. The
+    recorder's suppress count and module stack were shared: the parked thread held suppress at 1 and the
+    capturing thread recorded nothing."""
+    ids = torch.randint(1, 999, (2, 9))
+    inside, go, park = _parking()
 
     def other() -> None:
         with torch.no_grad():
@@ -227,13 +234,7 @@ def test_a_monitor_sees_its_threads_calls_while_another_thread_runs_the_model(tm
 
     model = nn.Sequential(NativeRMSNorm(), nn.Linear(64, 64).half())
     x = torch.randn(4, 64).half()
-    inside, go = threading.Event(), threading.Event()
-    main = threading.get_ident()
-
-    def park(m: nn.Module, args: tuple) -> None:
-        if threading.get_ident() != main:
-            inside.set()
-            assert go.wait(30)
+    inside, go, park = _parking()
 
     mon = om.Monitor(model, db=cached_db(str(tmp_path / "fp.duckdb")), sampling="always")
     with mon, torch.no_grad():

@@ -19,19 +19,7 @@ from torch import nn
 
 import optwin.monitor as om
 from _matcher_fixture import cached_db
-
-
-class NativeRMSNorm(nn.Module):
-    """T5LayerNorm-style: squares in the input dtype (classified rmsnorm/native-dtype)."""
-
-    def __init__(self, hidden: int) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden, dtype=torch.float16))
-        self.eps = 1e-6
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        var = x.pow(2).mean(-1, keepdim=True)  # (rows, 1) in float16: overflows past |x| = 256
-        return self.weight * (x * torch.rsqrt(var + self.eps))
+from _monitor_fixture import NativeRMSNorm
 
 
 @pytest.fixture(scope="module")

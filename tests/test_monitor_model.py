@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import itertools
 import logging
 
 import pytest
@@ -14,21 +13,9 @@ from torch import nn
 
 import optwin.monitor as om
 from _matcher_fixture import cached_db
+from _monitor_fixture import NativeRMSNorm, fake_clock, rows_of_absmax
 from optwin.errors import CatalogError, OptwinError
 from optwin.fingerprints.sidecar import SidecarConfig, SidecarThread
-
-
-class NativeRMSNorm(nn.Module):
-    """T5LayerNorm-style: squares in the input dtype (the capture hooks classify it native-dtype)."""
-
-    def __init__(self, hidden: int) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden, dtype=torch.float16))
-        self.eps = 1e-6
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        var = x.pow(2).mean(-1, keepdim=True)  # (rows, 1) in float16: overflows past |x| = 256
-        return self.weight * (x * torch.rsqrt(var + self.eps))
 
 
 class Block(nn.Module):
@@ -46,16 +33,6 @@ def db(tmp_path_factory) -> str:
     return cached_db(str(tmp_path_factory.mktemp("fp") / "fp.duckdb"))
 
 
-def _x(g: torch.Generator, absmax: float) -> torch.Tensor:
-    x = torch.randn(4, 64, generator=g, dtype=torch.float64)  # (4, 64)
-    return (x / x.abs().max() * absmax).half()
-
-
-def _fake_clock(step: float = 0.5):
-    tick = itertools.count()
-    return lambda: step * next(tick)
-
-
 def _drift(mon_kwargs: dict, db: str, n: int = 140) -> tuple[list[bool], om.Monitor, int | None]:
     torch.manual_seed(0)
     model = Block()
@@ -63,11 +40,11 @@ def _drift(mon_kwargs: dict, db: str, n: int = 140) -> tuple[list[bool], om.Moni
     finite = []
     first_bad = None
     normed: list[torch.Tensor] = []
-    with om.monitor(model, db=db, clock=_fake_clock(), **mon_kwargs) as mon:
+    with om.monitor(model, db=db, clock=fake_clock(), **mon_kwargs) as mon:
         # after the monitor's own hooks: sees the output the model goes on with
         model.norm.register_forward_hook(lambda m, a, out: normed.append(out.detach()))
         for i in range(n):
-            model(_x(g, 8.0 * 2 ** (i / 20)))  # |x| doubles every 20 calls: 256 at call 100
+            model(rows_of_absmax(g, 8.0 * 2 ** (i / 20)))  # |x| doubles every 20 calls: 256 at call 100
             y = normed[-1].double()  # (4, 64): a normalized row has rms 1
             ok = bool(torch.isfinite(y).all()) and float(y.square().mean(-1).sqrt().min()) > 0.5
             finite.append(ok)
@@ -100,22 +77,22 @@ def test_fallback_policy_keeps_outputs_finite(db):
 def test_raise_policy_raises_before_the_faulting_call(db):
     model = Block()
     g = torch.Generator().manual_seed(2)
-    with om.monitor(model, db=db, policy="raise", sampling="always", clock=_fake_clock()) as mon:
-        model(_x(g, 10.0))
+    with om.monitor(model, db=db, policy="raise", sampling="always", clock=fake_clock()) as mon:
+        model(rows_of_absmax(g, 10.0))
         with pytest.raises(om.FaultPredicted, match="norm:rmsnorm.*predicted to fault") as e:
-            model(_x(g, 600.0))
+            model(rows_of_absmax(g, 600.0))
         assert isinstance(e.value, OptwinError)
         assert mon._rec.suppress == 0 and not mon._rec._stack  # the raising pre-hook held no count
-        model(_x(g, 10.0))  # the monitor keeps working after a raise
+        model(rows_of_absmax(g, 10.0))  # the monitor keeps working after a raise
     assert mon.stats.raised == 1
 
 
 def test_sampling_skips_sketches_after_warmup(db):
     model = Block()
     g = torch.Generator().manual_seed(3)
-    with om.monitor(model, db=db, clock=_fake_clock()) as mon:
+    with om.monitor(model, db=db, clock=fake_clock()) as mon:
         for _ in range(400):
-            model(_x(g, 4.0))
+            model(rows_of_absmax(g, 4.0))
     assert mon.stats.calls == 800
     assert 200 <= mon.stats.checked <= 210  # 100 per stream, then 1%
 
@@ -138,9 +115,9 @@ def test_unsampled_matmul_calls_make_no_input_views(db, monkeypatch):
     monkeypatch.setattr(monitor_module.Monitor, "_check", counting_check)
     model = Block()
     g = torch.Generator().manual_seed(3)
-    with om.monitor(model, db=db, clock=_fake_clock()) as mon:
+    with om.monitor(model, db=db, clock=fake_clock()) as mon:
         for _ in range(400):
-            model(_x(g, 4.0))
+            model(rows_of_absmax(g, 4.0))
     assert 100 <= len(made) <= 105  # the linear stream's 100 warm-up calls, then 1 %, not 400
     assert 200 <= mon.stats.checked <= 210  # and both streams still checked as before
 
@@ -155,13 +132,13 @@ def test_only_the_watched_ops_functions_are_wrapped(db):
     model = Block()
     g = torch.Generator().manual_seed(3)
     plain = F.linear
-    with om.monitor(model, db=db, ops=("rmsnorm",), clock=_fake_clock()) as mon:
+    with om.monitor(model, db=db, ops=("rmsnorm",), clock=fake_clock()) as mon:
         assert F.linear is plain and torch.matmul is intercept.original(torch.matmul)
-        model(_x(g, 4.0))
+        model(rows_of_absmax(g, 4.0))
     assert mon.stats.calls == 1  # the norm's module hook; the projection is not a call it sees
-    with om.monitor(model, db=db, ops=("rmsnorm", "matmul"), clock=_fake_clock()) as mon:
+    with om.monitor(model, db=db, ops=("rmsnorm", "matmul"), clock=fake_clock()) as mon:
         assert F.linear is not plain and intercept.original(F.linear) is plain
-        model(_x(g, 4.0))
+        model(rows_of_absmax(g, 4.0))
     assert mon.stats.calls == 2 and F.linear is plain
 
 
@@ -169,9 +146,9 @@ def test_async_readback_queue_drains(db):
     """The CUDA path (event-gated queue) run on CPU: sketches queue, are read on later calls."""
     model = Block()
     g = torch.Generator().manual_seed(4)
-    with om.monitor(model, db=db, sampling="always", async_readback=True, clock=_fake_clock()) as mon:
+    with om.monitor(model, db=db, sampling="always", async_readback=True, clock=fake_clock()) as mon:
         for _ in range(3):
-            model(_x(g, 600.0))
+            model(rows_of_absmax(g, 600.0))
         assert mon.stats.checked == 6
     assert mon.stats.queued == 0 and any(w["stream"] == "norm:rmsnorm" for w in mon.warnings)
 
@@ -181,13 +158,13 @@ def test_async_readback_with_every_host_row_in_flight_waits_for_the_oldest(db, m
     queue never holds more than the rows."""
     monkeypatch.setattr(om, "HOST_SLOTS", 2)
     model = Block()
-    with om.monitor(model, db=db, sampling="always", async_readback=True, clock=_fake_clock()) as mon:
+    with om.monitor(model, db=db, sampling="always", async_readback=True, clock=fake_clock()) as mon:
         s = mon._stream("norm:rmsnorm", "rmsnorm", "native-dtype", "float16")
         names = om.SKETCH_FEATURES["rmsnorm"]
         g = torch.Generator().manual_seed(6)
         sketches = []
         for absmax in (1.0, 2.0, 4.0, 8.0, 16.0):
-            x = _x(g, absmax)
+            x = rows_of_absmax(g, absmax)
             values = om.sketch_tensor("rmsnorm", {"x": x, "weight": model.norm.weight.detach()})[1]
             sketches.append(values)
             mon._submit(mon._rec, s, names, values, {})
@@ -203,9 +180,9 @@ def test_monitor_with_a_sidecar(db):
     with SidecarThread(db, config=SidecarConfig(max_lag_s=60.0)) as sc:  # shares the GIL: lag is not overload
         model = Block()
         g = torch.Generator().manual_seed(5)
-        with om.monitor(model, sidecar=sc.url, sampling="always", clock=_fake_clock()) as mon:
+        with om.monitor(model, sidecar=sc.url, sampling="always", clock=fake_clock()) as mon:
             for _ in range(5):
-                model(_x(g, 600.0))
+                model(rows_of_absmax(g, 600.0))
         assert any(w["source"] == "sidecar" and w["stream"] == "norm:rmsnorm" for w in mon.warnings)
         assert sc.state.metrics.records_ok == 10
 

@@ -9,29 +9,15 @@ fingerprints know it). The local matcher is the reference: the sidecar runs the 
 
 from __future__ import annotations
 
-import itertools
 
 import pytest
 import torch
-from torch import nn
 
 import optwin.monitor as om
 from _matcher_fixture import cached_db
+from _monitor_fixture import NativeRMSNorm, fake_clock, rows_of_absmax
 from optwin.fingerprints.forecast import ForecastConfig
 from optwin.fingerprints.sidecar import SidecarConfig, SidecarThread
-
-
-class NativeRMSNorm(nn.Module):
-    """T5LayerNorm-style: squares in the input dtype (the capture hooks classify it native-dtype)."""
-
-    def __init__(self, hidden: int) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden, dtype=torch.float16))
-        self.eps = 1e-6
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        var = x.pow(2).mean(-1, keepdim=True)  # (rows, 1) in float16: overflows past |x| = 256
-        return self.weight * (x * torch.rsqrt(var + self.eps))
 
 
 @pytest.fixture(scope="module")
@@ -39,24 +25,14 @@ def db(tmp_path_factory) -> str:
     return cached_db(str(tmp_path_factory.mktemp("fp") / "fp.duckdb"))
 
 
-def _x(g: torch.Generator, absmax: float) -> torch.Tensor:
-    x = torch.randn(4, 64, generator=g, dtype=torch.float64)  # (4, 64)
-    return (x / x.abs().max() * absmax).half()
-
-
-def _fake_clock(step: float = 0.5):
-    tick = itertools.count()
-    return lambda: step * next(tick)
-
-
 def _episodes(**mon_kwargs) -> om.Monitor:
     """Fault (|x| 600), recover (|x| 1) for longer than the exit hysteresis, fault again."""
     mod = NativeRMSNorm(64)
     g = torch.Generator().manual_seed(7)
-    with om.monitor(mod, sampling="always", clock=_fake_clock(), **mon_kwargs) as mon, torch.no_grad():
+    with om.monitor(mod, sampling="always", clock=fake_clock(), **mon_kwargs) as mon, torch.no_grad():
         for absmax in (600.0, 1.0, 600.0):
             for _ in range(40):
-                mod(_x(g, absmax))
+                mod(rows_of_absmax(g, absmax))
             mon.flush()  # the sidecar answers this phase before the next one starts
     return mon
 
@@ -79,9 +55,9 @@ def _always_faulting(calls: int, **mon_kwargs) -> om.Monitor:
     """Default sampling; every call faults. The sidecar is given time to answer every 50 calls."""
     mod = NativeRMSNorm(64)
     g = torch.Generator().manual_seed(8)
-    with om.monitor(mod, clock=_fake_clock(), **mon_kwargs) as mon, torch.no_grad():
+    with om.monitor(mod, clock=fake_clock(), **mon_kwargs) as mon, torch.no_grad():
         for i in range(calls):
-            mod(_x(g, 600.0))
+            mod(rows_of_absmax(g, 600.0))
             if i % 50 == 49:
                 mon.flush()
     return mon
