@@ -644,7 +644,7 @@ def _eager_under_compile(fn: Callable[..., Any], traced: Callable[..., Any]) -> 
     transformers, no torch.compile before the capture began) there is nothing to disable with (importing
     it costs seconds): a traced call then runs `traced` instead (skips the hook, runs the original)."""
     if "torch._dynamo" in sys.modules:
-        under_compile = torch.compiler.disable(fn, reason="optwin capture records the real tensors")
+        under_compile = torch.compiler.disable(fn)  # no reason=: torch < 2.8 has no such keyword
     else:
         under_compile = traced
 

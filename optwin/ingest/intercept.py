@@ -110,7 +110,7 @@ def _dynamo_disabled(fn: Callable[..., Any]) -> Callable[..., Any] | None:
     """fn with dynamo disabled, or None where dynamo is not imported (importing it costs seconds)."""
     if "torch._dynamo" not in sys.modules:
         return None
-    return torch.compiler.disable(fn, reason="optwin interceptors record the real tensors")
+    return torch.compiler.disable(fn)  # no reason=: torch < 2.8 (pyproject allows 2.4) has no such keyword
 
 
 def _install(targets: Sequence[Target]) -> None:
