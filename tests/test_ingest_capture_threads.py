@@ -251,3 +251,54 @@ def test_a_monitor_sees_its_threads_calls_while_another_thread_runs_the_model(tm
             h.remove()
         assert mon._rec.suppress == 0 and not mon._rec._stack
     assert mon.stats.calls == 3 * 2  # rmsnorm + matmul per forward, this thread's only
+
+
+@pytest.mark.parametrize("first", ["outer", "inner"])
+def test_captures_stopped_out_of_order_keep_recording_and_restore_the_originals(llama: nn.Module, first: str) -> None:
+    """The shared transformers wrappers outlive whichever capture stops first and go when the last one
+    does. Each user setting back what it found left the wrapper installed for good when the outer one
+    stopped first, and the inner one then recorded no rope or attention (the eager softmax as a softmax)."""
+    import transformers.models.llama.modeling_llama as ml
+
+    originals = ml.apply_rotary_pos_emb, ml.eager_attention_forward
+    ids = torch.randint(1, 999, (2, 9))
+    cms = {"outer": capture(llama), "inner": capture(llama)}
+    recs = {name: cm.__enter__() for name, cm in cms.items()}  # outer starts first
+    second = "inner" if first == "outer" else "outer"
+    cms[first].__exit__(None, None, None)
+    with torch.no_grad():
+        llama(input_ids=ids)
+    cms[second].__exit__(None, None, None)
+    assert _ops(recs[second]) == PER_FORWARD
+    assert _ops(recs[first]) == {}
+    assert ml.apply_rotary_pos_emb is originals[0] and ml.eager_attention_forward is originals[1]
+
+
+def test_a_replacement_made_during_a_capture_outlives_it(llama: nn.Module) -> None:
+    """What someone else installs over the capture's wrapper (a kernel patch, a monkeypatch) stays when the
+    capture stops; the wrapper, should the replacement's undo put it back, only passes calls through and
+    no longer passes for a capture's (optwin.kernels.patch would keep the HF code), and the next capture
+    drops it: its stop leaves the original."""
+    import transformers.models.llama.modeling_llama as ml
+
+    from optwin.kernels.patching import _watched_before_the_call
+
+    original = ml.apply_rotary_pos_emb
+    ids = torch.randint(1, 999, (1, 5))
+    try:
+        with capture(llama):
+            wrapper = ml.apply_rotary_pos_emb
+
+            def mine(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+                return wrapper(*args, **kwargs)
+
+            ml.apply_rotary_pos_emb = mine
+        assert ml.apply_rotary_pos_emb is mine
+        ml.apply_rotary_pos_emb = wrapper  # the replacement's own undo
+        assert not _watched_before_the_call(ml.apply_rotary_pos_emb)
+        with torch.no_grad(), capture(llama) as rec:
+            llama(input_ids=ids)
+        assert _ops(rec) == PER_FORWARD
+        assert ml.apply_rotary_pos_emb is original
+    finally:
+        ml.apply_rotary_pos_emb = original

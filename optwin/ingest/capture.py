@@ -64,7 +64,7 @@ from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -727,16 +727,40 @@ def _here_recorders() -> list[Recorder]:
     return [r for r in (getattr(i, "rec", None) for i in intercept.current()) if isinstance(r, Recorder)]
 
 
-def _wrap_function(fname: str, orig: Callable) -> Callable:
+class _Shared:
+    """One transformers function wrapped for every capture and monitor that uses it: `users` holds one
+    _Lease per start (a capture or monitor, once per module that holds the wrapper), `places` the
+    (module, name) pairs it was installed at or found in, `orig` the function it wraps."""
+
+    def __init__(self, fname: str, orig: Callable) -> None:
+        self.orig = orig
+        self.users: list[_Lease] = []
+        self.places: list[tuple[Any, str]] = []
+        self.wrapper = _wrap_function(fname, orig, self)
+
+
+class _Lease(NamedTuple):
+    """One start's use of a shared wrapper (the undo entry _unpatch_transformers takes back)."""
+    mod: Any
+    fname: str
+    wrapper: Callable
+
+
+# Starts and stops of captures and monitors may come from several threads.
+_SHARED_LOCK = threading.Lock()
+
+
+def _wrap_function(fname: str, orig: Callable, shared: _Shared) -> Callable:
     """One wrapper of a transformers function for every capture and monitor: it hands the call to each
     recorder active in the calling thread (nested captures and monitors all see it: a wrapper per
     recorder fed only the first, and the second recorded no rope or attention and the eager softmax as a
-    softmax call), then runs the original with all of them suppressed. Other threads pass through."""
+    softmax call), then runs the original with all of them suppressed. Other threads pass through, and so
+    does everyone once its last user left (a wrapper that something else put back after that)."""
     handler = _RECORD_FN[fname]
 
     def run(*args: Any, **kwargs: Any) -> Any:
         recs = _here_recorders()
-        if not recs:
+        if not recs or not shared.users:
             return orig(*args, **kwargs)
         for rec in recs:
             if rec._local.suppress == 0:
@@ -753,28 +777,57 @@ def _wrap_function(fname: str, orig: Callable) -> Callable:
     wrapper = functools.wraps(orig)(_eager_under_compile(run, orig))
     wrapper.__wrapped__ = orig  # type: ignore[attr-defined]
     wrapper.__optwin_capture__ = True  # type: ignore[attr-defined]
+    wrapper._optwin_shared = shared  # type: ignore[attr-defined]
     return wrapper
 
 
-def _patch_transformers(rec: Recorder) -> list[tuple[Any, str, Any]]:
-    """Wrap the functions of _RECORD_FN in every loaded transformers modeling module; returns the undo list
-    (module, name, value to set back). A function already wrapped (a capture or monitor outside this one)
-    keeps its wrapper, which feeds `rec` as well while rec's interceptor is active; its undo entry sets
-    the wrapper back (nothing), so an inner capture leaving leaves the outer one's wrapper in place."""
-    undo: list[tuple[Any, str, Any]] = []
-    for mname, mod in list(sys.modules.items()):
-        if mod is None or not mname.startswith("transformers.models."):
-            continue
-        for fname in _RECORD_FN:
-            fn = mod.__dict__.get(fname)
-            if not callable(fn):
+def _patch_transformers(rec: Recorder) -> list[_Lease]:
+    """Wrap the functions of _RECORD_FN in every loaded transformers modeling module; returns the leases
+    for _unpatch_transformers. A function already wrapped (a capture or monitor still running) keeps its
+    wrapper, which feeds `rec` as well while rec's interceptor is active: the first user wraps, the last
+    one to leave, in whatever order they leave, puts the original back. (Each user setting back what it
+    found left a wrapper installed for good when the outer one stopped first.)"""
+    leases: list[_Lease] = []
+    with _SHARED_LOCK:
+        for mname, mod in list(sys.modules.items()):
+            if mod is None or not mname.startswith("transformers.models."):
                 continue
-            if getattr(fn, "__optwin_capture__", False):
-                undo.append((mod, fname, fn))
+            for fname in _RECORD_FN:
+                fn = mod.__dict__.get(fname)
+                if not callable(fn):
+                    continue
+                shared = getattr(fn, "_optwin_shared", None)
+                if shared is not None and shared.wrapper is not fn:  # functools.wraps copied it onto someone's wrapper of ours
+                    shared = None
+                if shared is None or not shared.users:
+                    # the first user wraps; a wrapper of ours whose users all left while something else was
+                    # installed over it, which then put it back, only passes calls through: wrap what it wraps
+                    shared = _Shared(fname, shared.orig if shared is not None else fn)
+                    setattr(mod, fname, shared.wrapper)
+                lease = _Lease(mod, fname, shared.wrapper)
+                shared.users.append(lease)
+                shared.places.append((mod, fname))
+                leases.append(lease)
+    return leases
+
+
+def _unpatch_transformers(leases: list[_Lease]) -> None:
+    """Give back the leases of one _patch_transformers. A wrapper whose last user this was gets its
+    original back wherever it is still installed; where something else replaced it meanwhile (a kernel
+    patch, a user's own monkeypatch), that replacement stays, and the wrapper, should it be put back,
+    passes calls through and no longer passes for a capture's (optwin.kernels.patch replaces it)."""
+    with _SHARED_LOCK:
+        for lease in reversed(leases):
+            shared: _Shared = lease.wrapper._optwin_shared  # type: ignore[attr-defined]
+            shared.users = [u for u in shared.users if u is not lease]
+            if shared.users:
                 continue
-            undo.append((mod, fname, fn))
-            setattr(mod, fname, _wrap_function(fname, fn))
-    return undo
+            for mod, fname in shared.places:
+                if mod.__dict__.get(fname) is shared.wrapper:
+                    setattr(mod, fname, shared.orig)
+            shared.places = []
+            if hasattr(shared.wrapper, "__optwin_capture__"):
+                del shared.wrapper.__optwin_capture__
 
 
 @contextmanager
@@ -804,8 +857,7 @@ def capture(model: nn.Module | None = None, *, sample_rate: float = 0.0, capacit
     finally:
         for h in handles:
             h.remove()
-        for mod, fname, fn in reversed(undo):
-            setattr(mod, fname, fn)
+        _unpatch_transformers(undo)
 
 
 # Methods whose `self` is never a model module: Recorder.stream's walk passes their frames without
