@@ -20,7 +20,8 @@ Policies:
   a later call once the event has completed (`event.query()`), so the hot path never
   synchronizes. `flush()` drains the queue (waiting on the events).
 - "fallback": when the call itself is predicted to fault (probability >= threshold), it runs in
-  float32 and the result is cast back to the call's dtype. Applies to torch-function calls and to
+  float32 and the result is cast back to the call's dtype (under torch.autocast, a matmul or attention
+  whose autocast float16/bfloat16 is the fault keeps the float32 result). Applies to torch-function calls and to
   RMSNorm modules; wrapped HF functions (eager attention, rotary) only warn. Needs the verdict
   before the call, so it reads the sketch synchronously.
 - "raise": raises FaultPredicted (an OptwinError) before the faulting call runs.
@@ -99,7 +100,9 @@ class _MonitorRecorder(_cap.Recorder):
     # -- optwin.kernels.sketch_sink.Sink: patched kernels hand over their fused sketch
 
     def wants(self, op: str, variant: str, dtype: torch.dtype, suffix: str = "") -> Any:
-        if not self.watches(op):
+        # the sink is process-wide: a patched kernel called from another thread is not this monitor's call (its
+        # samplers and pending queue are the owner thread's alone)
+        if not self.here() or not self.watches(op):
             return None
         site = f"{self.stream}:{suffix}" if suffix else self.stream
         return self.mon._sampled(op, variant, str(dtype).removeprefix("torch."), site)
@@ -152,25 +155,26 @@ class _MonitorInterceptor(_cap._Interceptor):
 
     def run(self, args: tuple, kwargs: dict, proceed: Callable[[tuple, dict], Any]) -> Any:
         act, self.rec.action = self.rec.action, None
-        if act == "fallback":
-            return _in_float32(lambda *a, **k: proceed(a, k), args, kwargs)
+        if act is not None:  # "fallback", or "fallback32": keep the rerun's float32 output
+            return _in_float32(lambda *a, **k: proceed(a, k), args, kwargs, keep_float32=act == "fallback32")
         return proceed(args, kwargs)
 
 
 _cap.own_frames(_MonitorInterceptor.run, _MonitorRecorder.record, _MonitorRecorder.wants)
 
 
-def _in_float32(func: Callable, args: tuple, kwargs: dict) -> Any:
+def _in_float32(func: Callable, args: tuple, kwargs: dict, keep_float32: bool = False) -> Any:
     """Run func with its float16/bfloat16 tensors upcast; cast the output back to their dtype, or to the dtype
-    the call asked for (softmax(x, dtype=torch.float32) keeps its float32 output).
+    the call asked for (softmax(x, dtype=torch.float32) keeps its float32 output). keep_float32: return the
+    float32 output as it is (the call computes in float32, or autocast's lower precision is the fault).
 
     Under autocast the rerun runs with autocast off on the inputs' device: left on, F.linear/matmul/sdpa
-    cast the upcast inputs straight back to float16 and the rerun overflowed like the call. Float32
-    inputs there (the usual autocast model) keep the float32 output: the call's float16 result is the
-    fault, and float32 tensors are what autocast regions already mix in."""
+    cast the upcast inputs straight back to float16 and the rerun overflowed like the call."""
     asked = kwargs.get("dtype")
     tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
-    low = asked if isinstance(asked, torch.dtype) else next((a.dtype for a in tensors if a.dtype in _LOW), None)
+    low = asked if isinstance(asked, torch.dtype) else None
+    if low is None and not keep_float32:
+        low = next((a.dtype for a in tensors if a.dtype in _LOW), None)
     up = lambda a: a.float() if isinstance(a, torch.Tensor) and a.dtype in _LOW else a  # noqa: E731
     dev = tensors[0].device.type if tensors else None
     if dev is not None and _autocast.enabled() and torch.is_autocast_enabled(dev):
@@ -284,8 +288,7 @@ class Monitor:
                 sketch_sink.remove(self._rec)
             for h in self._handles:
                 h.remove()
-            for mod, fname, fn in self._undo:
-                setattr(mod, fname, fn)
+            _cap._unpatch_transformers(self._undo)  # the last user of a shared wrapper restores the original
             self._handles, self._undo = [], []
             self.flush()
             if self.client is not None:
@@ -346,10 +349,12 @@ class Monitor:
 
     def _check(self, rec: _MonitorRecorder, op: str, variant: str, inputs: _cap.Inputs,
                params: dict[str, Any], dtype: str | None, site: str) -> None:
-        if _autocast.enabled() and op in _autocast.AFFECTED and variant != "triton":
+        if dtype is None and _autocast.enabled() and op in _autocast.AFFECTED and variant != "triton":
             # Under autocast the call computes in autocast's dtype, not its inputs': labelled float32,
             # a float16 GEMM that overflows was looked up in float32's fingerprints and never warned.
-            inputs, dtype = _autocast_dtype(op, inputs, dtype)
+            # The capture's handlers pass that dtype already (capture._autocast_name); this is for callers
+            # that pass none.
+            inputs, dtype = _autocast_dtype(op, inputs)
         s = self._sampled(op, self.variants.get(op, variant), dtype or _dtype_name(next(iter(inputs.values()))), site)
         if s is None:
             return
@@ -417,7 +422,12 @@ class Monitor:
                 self.stats.raised += 1
                 raise FaultPredicted(msg)
             self.stats.fallbacks += 1
-            rec.action = "fallback"
+            # The float32 rerun is cast back to the inputs' dtype, except where the call would not give that
+            # dtype either: it computes in float32 (softmax/layer_norm under CUDA autocast), or autocast's lower
+            # precision is the fault (matmul, attention), and casting back would overflow again. Autocast
+            # regions mix float32 in as they are.
+            keep32 = dt == "float32" or (op in _autocast.LOWER_PRECISION and _autocast.enabled())
+            rec.action = "fallback32" if keep32 else "fallback"
             if rec.module is not None and op == "rmsnorm":
                 rec.fallback_modules.add(id(rec.module))
             log.info("%s: running in float32", msg)
@@ -517,13 +527,9 @@ def _features(names: tuple[str, ...], values: torch.Tensor) -> dict[str, float]:
     return dict(zip(names, values.clamp(-FEATURE_CAP, FEATURE_CAP).tolist()))
 
 
-def _autocast_dtype(op: str, inputs: Any, dtype: str | None) -> tuple[Any, str]:
-    """(inputs, the dtype name the call computes in) under autocast (optwin.ingest.autocast_dtype).
-    Lower-precision ops (matmul, attention) take no dtype= of their own: the dtype capture passed is
-    the inputs' and autocast overrides it. For the float32 ops (softmax, layer_norm on CUDA) a passed
-    dtype is the call's dtype= (softmax(x, dtype=...)), which autocast respects."""
-    if dtype is not None and op not in _autocast.LOWER_PRECISION:
-        return inputs, dtype
+def _autocast_dtype(op: str, inputs: Any) -> tuple[Any, str]:
+    """(inputs, the dtype name the call computes in) under autocast (optwin.ingest.autocast_dtype), for a
+    call recorded without a dtype."""
     if isinstance(inputs, functools.partial):  # wrapped eager attention: q is its first argument
         x = inputs.args[0]  # no GQA repeat of k and v for an unsampled call
     else:

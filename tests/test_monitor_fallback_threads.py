@@ -68,3 +68,18 @@ def test_another_threads_call_does_not_take_the_owners_fallback(db):
     assert torch.allclose(rms, torch.ones(4, dtype=torch.float64), rtol=1e-2), \
         f"the owner's fallback was taken by the other thread's call: row rms {rms.tolist()}"
     assert not mon._rec.fallback_modules  # the owner's post used its flag
+
+
+def test_a_patched_kernel_called_from_another_thread_is_not_the_monitors(db):
+    """optwin.kernels' sketch sink is process-wide: a patched call from another thread asked the owner's monitor
+    whether to sketch, fed it that thread's calls and touched its samplers from two threads."""
+    from optwin.kernels import sketch_sink
+
+    with om.monitor(NativeRMSNorm(64), db=db, sampling="always"):
+        sink = sketch_sink.active()
+        assert sink.wants("rmsnorm", "triton", torch.float16) is not None  # the owner thread's call is sampled
+        other: list = []
+        t = threading.Thread(target=lambda: other.append(sink.wants("rmsnorm", "triton", torch.float16)))
+        t.start()
+        t.join()
+    assert other == [None]
