@@ -55,3 +55,30 @@ def test_fallback_under_autocast_gives_finite_output(db):
     assert mon.stats.fallbacks == 1
     assert bool(torch.isfinite(y).all()), "the float32 rerun was cast back to float16 by autocast"
     assert y.double().sub(76800.0).abs().max() == 0.0
+
+
+def test_fallback_of_half_inputs_under_autocast_keeps_the_float32_result(db):
+    # float16 inputs and weights: the rerun's float32 76800 cast back to the inputs' float16 is inf again
+    lin = nn.Linear(WIDTH, 8).half()
+    with torch.no_grad():
+        lin.weight.fill_(1.0)
+        lin.bias.zero_()
+    x = torch.full((4, WIDTH), 300.0, dtype=torch.float16)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
+        with om.monitor(lin, db=db, policy="fallback", sampling="always", ops=("matmul",)) as mon:
+            y = lin(x)
+    assert mon.stats.fallbacks == 1
+    assert y.dtype == torch.float32 and bool(torch.isfinite(y).all())
+
+
+def test_fallback_outside_autocast_casts_back_to_the_inputs_dtype(db):
+    # without autocast the model's float16 contract holds: the result comes back in float16 (here still inf:
+    # 76800 is past float16's range however it is computed)
+    lin = nn.Linear(WIDTH, 8).half()
+    with torch.no_grad():
+        lin.weight.fill_(1.0)
+        lin.bias.zero_()
+    x = torch.full((4, WIDTH), 300.0, dtype=torch.float16)
+    with torch.no_grad(), om.monitor(lin, db=db, policy="fallback", sampling="always", ops=("matmul",)) as mon:
+        y = lin(x)
+    assert mon.stats.fallbacks == 1 and y.dtype == torch.float16
