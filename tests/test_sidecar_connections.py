@@ -16,7 +16,8 @@ from optwin.fingerprints.client import HTTP
 from optwin.fingerprints.sidecar import SidecarConfig, SidecarThread
 
 REQ = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"  # ~2.5 KB answers
-CFG = SidecarConfig(max_lag_s=60.0, request_timeout_s=0.5)
+# 2 s: long enough that a slow CI machine fills its sockets (and reads a refused body) before the timeout acts
+CFG = SidecarConfig(max_lag_s=60.0, request_timeout_s=2.0)
 
 # The kernel's own tables tell whether the server still holds a connection: its counters cannot show a socket it
 # has given up on but not closed.
@@ -71,7 +72,7 @@ def test_pipelined_requests_whose_answers_are_never_read_are_cut_off(db):
                 time.sleep(0)  # let the server thread run
             socks.append(s)
         assert _tcp_held(addr[1], socks) == 3
-        assert _wait(lambda: _tcp_held(addr[1], socks) == 0, 8.0), _tcp_held(addr[1], socks)
+        assert _wait(lambda: _tcp_held(addr[1], socks) == 0, 15.0), _tcp_held(addr[1], socks)
         assert sc.state.metrics.connections == 0
         assert HTTP(sc.url).request("GET", "/healthz")[0] == 200
         for s in socks:
@@ -95,7 +96,7 @@ def test_a_burst_then_silence_without_reading_is_closed_after_the_timeout(db, tm
             s.sendall(REQ * ((kernel + (512 << 10)) // one))  # ~0.5 MB left in the server's own buffer
             time.sleep(0.2)
             assert _unix_held(path) == 1
-            assert _wait(lambda: _unix_held(path) == 0, 5.0)  # 0.5 s idle timeout + 0.5 s to flush, then dropped
+            assert _wait(lambda: _unix_held(path) == 0, 12.0)  # 2 s idle timeout + 2 s to flush, then dropped
             assert sc.state.metrics.connections == 0
         assert HTTP(sc.url).request("GET", "/healthz")[0] == 200
 
@@ -113,7 +114,7 @@ def test_a_request_without_the_token_is_refused_before_its_body_is_read(db):
     with SidecarThread(db, listen="tcp://127.0.0.1:0", token="s3cret", config=CFG) as sc:
         addr = (sc.sidecar.address.host, sc.sidecar.address.port)
         size = 4 << 20
-        with socket.create_connection(addr, timeout=3.0) as s:
+        with socket.create_connection(addr, timeout=6.0) as s:
             s.sendall(b"POST /v1/observe HTTP/1.1\r\nAuthorization: Bearer nope\r\nContent-Length: %d\r\n\r\n" % size)
             head = s.recv(4096)  # no body sent yet: this answer cannot wait for it
             assert head.startswith(b"HTTP/1.1 401") and b"Connection: close" in head
