@@ -231,3 +231,26 @@ def test_optwin_monitor_is_callable_and_ingest_capture_still_the_function():
 
     assert callable(optwin.monitor) and callable(optwin.ingest.capture)
     assert optwin.ingest.capture.__name__ == "capture"
+
+
+@pytest.mark.parametrize("first_stopped", ["outer", "inner"])
+def test_monitors_stopped_out_of_order_keep_watching_and_restore_the_originals(db, first_stopped):
+    """Two monitors on one HF model share the transformers wrappers: the one left running still sees rope and
+    attention, and once both stop the modeling module's functions are the originals (a wrapper left behind made
+    a later optwin.kernels.patch keep HF's rotary code, taking it for a capture's)."""
+    import transformers.models.llama.modeling_llama as ml
+
+    from optwin.ingest.models import load_llama_tiny
+
+    model = load_llama_tiny("eager").module
+    originals = (ml.apply_rotary_pos_emb, ml.eager_attention_forward)
+    outer = om.Monitor(model, db=db, sampling="always").start()
+    inner = om.Monitor(model, db=db, sampling="always").start()
+    stop, keep = (outer, inner) if first_stopped == "outer" else (inner, outer)
+    stop.stop()
+    with torch.no_grad():
+        model(input_ids=torch.randint(1, 999, (1, 5)))
+    keep.flush()
+    assert {"rope", "attention"} <= {k[1] for k in keep.streams}
+    keep.stop()
+    assert (ml.apply_rotary_pos_emb, ml.eager_attention_forward) == originals
