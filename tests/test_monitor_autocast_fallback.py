@@ -33,6 +33,15 @@ def _case(c: float) -> dict:
             "counts": {"nonfinite": REPLAYS * bad, "precision_loss": 0}, "rel": 0.0}
 
 
+def _ones_linear(dtype: torch.dtype) -> nn.Linear:
+    """Linear(WIDTH, 8) of all-ones weights and no bias: 300 in every input gives 76800, past float16's range."""
+    lin = nn.Linear(WIDTH, 8).to(dtype)
+    with torch.no_grad():
+        lin.weight.fill_(1.0)
+        lin.bias.zero_()
+    return lin
+
+
 @pytest.fixture(scope="module")
 def db(tmp_path_factory) -> str:
     path = str(tmp_path_factory.mktemp("fp") / "matmul.duckdb")
@@ -42,10 +51,7 @@ def db(tmp_path_factory) -> str:
 
 
 def test_fallback_under_autocast_gives_finite_output(db):
-    lin = nn.Linear(WIDTH, 8)
-    with torch.no_grad():
-        lin.weight.fill_(1.0)
-        lin.bias.zero_()
+    lin = _ones_linear(torch.float32)
     x = torch.full((4, WIDTH), 300.0)  # float32 inputs: autocast makes it a float16 GEMM
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
         assert not bool(torch.isfinite(lin(x)).any())  # the fault is real
@@ -59,10 +65,7 @@ def test_fallback_under_autocast_gives_finite_output(db):
 
 def test_fallback_of_half_inputs_under_autocast_keeps_the_float32_result(db):
     # float16 inputs and weights: the rerun's float32 76800 cast back to the inputs' float16 is inf again
-    lin = nn.Linear(WIDTH, 8).half()
-    with torch.no_grad():
-        lin.weight.fill_(1.0)
-        lin.bias.zero_()
+    lin = _ones_linear(torch.float16)
     x = torch.full((4, WIDTH), 300.0, dtype=torch.float16)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
         with om.monitor(lin, db=db, policy="fallback", sampling="always", ops=("matmul",)) as mon:
@@ -74,10 +77,7 @@ def test_fallback_of_half_inputs_under_autocast_keeps_the_float32_result(db):
 def test_fallback_outside_autocast_casts_back_to_the_inputs_dtype(db):
     # without autocast the model's float16 contract holds: the result comes back in float16 (here still inf:
     # 76800 is past float16's range however it is computed)
-    lin = nn.Linear(WIDTH, 8).half()
-    with torch.no_grad():
-        lin.weight.fill_(1.0)
-        lin.bias.zero_()
+    lin = _ones_linear(torch.float16)
     x = torch.full((4, WIDTH), 300.0, dtype=torch.float16)
     with torch.no_grad(), om.monitor(lin, db=db, policy="fallback", sampling="always", ops=("matmul",)) as mon:
         y = lin(x)
