@@ -36,7 +36,6 @@ tables "fp32-angles"). "fallback"/"raise" sketch the inputs before the call, as 
 
 from __future__ import annotations
 
-import functools
 import importlib
 import logging
 import sys
@@ -177,10 +176,7 @@ def _in_float32(func: Callable, args: tuple, kwargs: dict, keep_float32: bool = 
         low = next((a.dtype for a in tensors if a.dtype in _LOW), None)
     up = lambda a: a.float() if isinstance(a, torch.Tensor) and a.dtype in _LOW else a  # noqa: E731
     dev = tensors[0].device.type if tensors else None
-    if dev is not None and _autocast.enabled() and torch.is_autocast_enabled(dev):
-        with torch.autocast(dev, enabled=False):
-            out = func(*[up(a) for a in args], **{k: up(v) for k, v in kwargs.items()})
-    else:
+    with _autocast.off(dev):
         out = func(*[up(a) for a in args], **{k: up(v) for k, v in kwargs.items()})
     if low is None:
         return out
@@ -349,13 +345,12 @@ class Monitor:
 
     def _check(self, rec: _MonitorRecorder, op: str, variant: str, inputs: _cap.Inputs,
                params: dict[str, Any], dtype: str | None, site: str) -> None:
-        if dtype is None and _autocast.enabled() and op in _autocast.AFFECTED and variant != "triton":
-            # Under autocast the call computes in autocast's dtype, not its inputs': labelled float32,
-            # a float16 GEMM that overflows was looked up in float32's fingerprints and never warned.
-            # The capture's handlers pass that dtype already (capture._autocast_name); this is for callers
-            # that pass none.
-            inputs, dtype = _autocast_dtype(op, inputs)
-        s = self._sampled(op, self.variants.get(op, variant), dtype or _dtype_name(next(iter(inputs.values()))), site)
+        if dtype is None:  # only calls whose inputs are a dict come without one (the handlers name lazy ones')
+            x = next(iter(inputs.values()))
+            # Under autocast the call computes in autocast's dtype, not its inputs' (our kernels aside): labelled
+            # float32, a float16 GEMM that overflows was looked up in float32's fingerprints and never warned.
+            dtype = _cap._autocast_name(x, op) if op in _autocast.AFFECTED and variant != "triton" else _dtype_name(x)
+        s = self._sampled(op, self.variants.get(op, variant), dtype, site)
         if s is None:
             return
         if callable(inputs):  # made only now that the call is sampled
@@ -525,22 +520,6 @@ def _features(names: tuple[str, ...], values: torch.Tensor) -> dict[str, float]:
     every replayed region, where the conservative rule answers. (torch.clamp leaves a NaN as it is; the
     sketch is taken over finite elements, and reaching inf took an overflowing float64 sum, not a NaN.)"""
     return dict(zip(names, values.clamp(-FEATURE_CAP, FEATURE_CAP).tolist()))
-
-
-def _autocast_dtype(op: str, inputs: Any) -> tuple[Any, str]:
-    """(inputs, the dtype name the call computes in) under autocast (optwin.ingest.autocast_dtype), for a
-    call recorded without a dtype."""
-    if isinstance(inputs, functools.partial):  # wrapped eager attention: q is its first argument
-        x = inputs.args[0]  # no GQA repeat of k and v for an unsampled call
-    else:
-        if callable(inputs):  # linear/matmul: views only
-            inputs = inputs()
-        x = next(iter(inputs.values()))
-    return inputs, _dtype_name_of(_autocast.call_dtype(op, x))
-
-
-def _dtype_name_of(dt: torch.dtype) -> str:
-    return str(dt).removeprefix("torch.")
 
 
 def _jsonable(params: dict[str, Any]) -> dict[str, Any]:

@@ -18,6 +18,8 @@ functions that launch their own kernels: autocast does not touch them, so caller
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 LOWER_PRECISION = frozenset({"matmul", "attention"})
@@ -45,3 +47,11 @@ def call_dtype(op: str, x: torch.Tensor, asked: torch.dtype | None = None) -> to
     if op in FP32.get(dev, ()):
         return torch.float32
     return dt
+
+
+def off(device_type: str | None) -> contextlib.AbstractContextManager:
+    """A context with autocast off on this device where it is on (else nothing): our own float32/float64 maths
+    (sketches, the float32 fallback) must not be cast down by the caller's autocast."""
+    if device_type is not None and enabled() and torch.is_autocast_enabled(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()

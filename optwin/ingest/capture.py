@@ -285,10 +285,7 @@ class Recorder:
             if threads > 1:
                 torch.set_num_threads(1)
             main = next(iter(inputs.values()))
-            if autocast_dtype.enabled() and torch.is_autocast_enabled(main.device.type):  # the sketch's own maths stays float32/64
-                with torch.autocast(main.device.type, enabled=False):
-                    _, values = sketch_tensor(op, inputs, params, cache=self._weights)
-            else:
+            with autocast_dtype.off(main.device.type):  # the sketch's own maths stays float32/64
                 _, values = sketch_tensor(op, inputs, params, cache=self._weights)
         except Exception as e:  # noqa: BLE001  a capture must never break the model it watches
             self.skipped[f"{op}: {type(e).__name__}: {str(e)[:120]}"] += 1
