@@ -59,10 +59,11 @@ def resolve_tolerances(tol: Tolerances | Mapping[str, Any] | None, op: str = "")
     unknown = [k for k in tol if k not in fields]
     if unknown:
         raise CatalogError(f"{where}unknown tolerances {sorted(unknown, key=repr)}; expected some of {fields}")
-    for k, v in tol.items():
-        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not (math.isfinite(float(v)) and v >= 0):
-            raise CatalogError(f"{where}tolerance {k!r:.40} must be a finite number >= 0, got {v!r:.40}")
-    return Tolerances(**{k: float(v) for k, v in tol.items()})
+    values = {k: _finite_real(v) for k, v in tol.items()}
+    for k, f in values.items():
+        if f is None or f < 0:
+            raise CatalogError(f"{where}tolerance {k!r:.40} must be a finite number >= 0, got {tol[k]!r:.40}")
+    return Tolerances(**values)
 
 
 @dataclass(frozen=True)
@@ -281,16 +282,23 @@ def all_triples(include_triton: bool = True) -> list[tuple[str, str, str]]:
     ]
 
 
+def _finite_real(v: Any) -> float | None:
+    """v as a finite float: a Python or numpy int or float alike (np.float32 too); None for anything else
+    (bools are not numbers here; nor is an int past float's range)."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        return None
+    try:
+        f = float(v)
+    except (OverflowError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
 def is_rope_base(base: Any) -> bool:
     """A base rope's tables can use: a finite real number above 1 (1 gives no rotation, below it NaN
-    angles), a Python or numpy int or float alike (np.float32 too); bools are not numbers here."""
-    if isinstance(base, bool) or not isinstance(base, numbers.Real):
-        return False
-    try:
-        b = float(base)
-    except (OverflowError, ValueError):  # an int past float's range
-        return False
-    return math.isfinite(b) and b > 1
+    angles)."""
+    b = _finite_real(base)
+    return b is not None and b > 1
 
 
 def resolve_params(op: str, params: dict[str, Any] | None) -> dict[str, Any]:

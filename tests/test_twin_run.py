@@ -250,6 +250,7 @@ def test_tolerances_as_a_mapping_of_their_fields() -> None:
     assert not twin.run("matmul", "torch", "float16", inputs, tolerances={}).faults["precision_loss"]
     for bad, msg in (({"precision_ulps": 1}, "unknown tolerances"), ({"geodesic_rel": -1.0}, "finite number >= 0"),
                      ({"geodesic_rel": "x"}, "finite number >= 0"), ({"low_entropy_nats": True}, "finite number >= 0"),
+                     ({"geodesic_rel": 10 ** 400}, "finite number >= 0"),  # an int past float's range
                      (16.0, "must be a Tolerances or a dict")):
         with pytest.raises(CatalogError) as e:
             twin.run("matmul", "torch", "float16", inputs, tolerances=bad)
