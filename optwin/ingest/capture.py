@@ -737,9 +737,8 @@ class _Shared:
 
 
 class _Lease(NamedTuple):
-    """One start's use of a shared wrapper (the undo entry _unpatch_transformers takes back)."""
-    mod: Any
-    fname: str
+    """One start's use of a shared wrapper (the undo entry _unpatch_transformers takes back); where the
+    wrapper is installed, the _Shared keeps (`places`)."""
     wrapper: Callable
 
 
@@ -801,7 +800,7 @@ def _patch_transformers(rec: Recorder) -> list[_Lease]:
                     # installed over it, which then put it back, only passes calls through: wrap what it wraps
                     shared = _Shared(fname, shared.orig if shared is not None else fn)
                     setattr(mod, fname, shared.wrapper)
-                lease = _Lease(mod, fname, shared.wrapper)
+                lease = _Lease(shared.wrapper)
                 shared.users.append(lease)
                 shared.places.append((mod, fname))
                 leases.append(lease)
