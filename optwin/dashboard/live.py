@@ -29,8 +29,6 @@ class Poll:
     error: str | None = None  # one line: unreachable, HTTP status, not JSON
 
 
-SCHEMES = ("http://", "https://", "tcp://", "unix://")
-
 
 def check_url(url: str) -> str | None:
     """None for a sidecar address the Live page can poll, else one line saying what is expected."""

@@ -33,6 +33,7 @@ with c4:
 feats = list(spec.region_features)
 one = sel[sel.fault_type == fault]
 
+MATCHER = MatcherConfig()  # what the matcher serves and warns at, for the labels
 overall = pool(one.assign(all="all"), ["all"])
 m1, m2, m3, m4, m5 = st.columns(5)
 m1.metric("Regions", int(one["region"].nunique()))
@@ -40,7 +41,7 @@ m2.metric("Replays", int(one["n_replays"].sum()))
 m3.metric("Faulting replays", int(one["n_faults"].sum()))
 m4.metric("P(fault), matcher", f"{overall['p_matcher'].iloc[0]:.4f}" if len(overall) else "n/a",
           help="What the matcher serves, pooled over the regions: the replays' rate blended with the deterministic "
-               f"emulation (det_weight {MatcherConfig().det_weight}). The sidecar warns at {MatcherConfig().threshold}.")
+               f"emulation (det_weight {MATCHER.det_weight}). The sidecar warns at {MATCHER.threshold}.")
 m5.metric("P(fault), replays", f"{overall['probability'].iloc[0]:.4f}" if len(overall) else "n/a",
           help="Faulting replays / replays: the noisy replays alone.")
 if one.empty:
@@ -65,8 +66,8 @@ st.subheader("Along one feature")
 b1, b2 = st.columns([1, 2])
 with b1:
     fc = pick("Feature", feats, "ex_curve")
-    threshold = st.slider("Boundary threshold", 0.05, 0.95, MatcherConfig().threshold, 0.05, key="ex_threshold",
-                          help=f"Of {charts.LABELS[value]}; the matcher warns at {MatcherConfig().threshold}.")
+    threshold = st.slider("Boundary threshold", 0.05, 0.95, MATCHER.threshold, 0.05, key="ex_threshold",
+                          help=f"Of {charts.LABELS[value]}; the matcher warns at {MATCHER.threshold}.")
 points = pool(one, [f"bin:{fc}", fc])
 edge = boundary(points, fc, threshold, value)
 with b1:
