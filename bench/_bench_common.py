@@ -88,6 +88,11 @@ def report_tail(lines: list[str], t0: float, title: str, keep: Callable[[tuple],
     return "\n".join(lines + tail) + "\n"
 
 
+def dtype_name(dt: torch.dtype) -> str:
+    """'bfloat16' for torch.bfloat16: the catalog's name, as the reports print it."""
+    return str(dt).removeprefix("torch.")
+
+
 def write_report(md: str, name: str) -> None:
     """Print the report; with $OUT set, also write it to $OUT/<name>."""
     print(md)

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
 sys.path.insert(1, str(Path(__file__).resolve().parent))  # bench/, for _bench_common
 
-from _bench_common import write_report  # noqa: E402
+from _bench_common import dtype_name, write_report  # noqa: E402
 from optwin.ingest.autocast_dtype import call_dtype  # noqa: E402
 
 # catalog op -> the torch call a production variant makes, on (2, 8, 16, 64)-shaped x
@@ -52,9 +52,8 @@ def main(argv: list[str] | None = None) -> int:
                     got = call(x).dtype
                     want = call_dtype(label.split(" ")[0], x)
                 wrong += got != want
-                short = lambda d: str(d).removeprefix("torch.")  # noqa: E731
-                cells.append(short(got) if got == want else f"**{short(got)} / table {short(want)}**")
-            lines.append(f"| {str(low).removeprefix('torch.')} | {label} | " + " | ".join(cells) + " |")
+                cells.append(dtype_name(got) if got == want else f"**{dtype_name(got)} / table {dtype_name(want)}**")
+            lines.append(f"| {dtype_name(low)} | {label} | " + " | ".join(cells) + " |")
     lines += ["", f"**{wrong} disagreements**"]
     write_report("\n".join(lines) + "\n", "autocast_dtypes.md")
     return 0

@@ -18,7 +18,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
 sys.path.insert(1, str(Path(__file__).resolve().parent))  # bench/, for _bench_common
 
-from _bench_common import write_report  # noqa: E402
+from _bench_common import dtype_name, write_report  # noqa: E402
 from optwin import twin  # noqa: E402
 
 WIDTHS = (8, 12, 30, 520, 1000, 1001, 1024, 4096)
@@ -27,11 +27,11 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 def families(n: int, rows: int, g: torch.Generator) -> dict[str, torch.Tensor]:
     """(rows, n) float32 inputs a family, before rounding to the dtype."""
-    consts = torch.tensor([0.1, 1000.3, -7.77, 3.0e4, 1.0e-3, 65.5, -0.333, 12345.678])[:rows]
+    consts = torch.tensor([0.1, 1000.3, -7.77, 3.0e4, 1.0e-3, 65.5, -0.333, 12345.678])
+    c = consts.repeat((rows + len(consts) - 1) // len(consts))[:rows, None]  # (rows, 1): a constant a row
     return {
-        "constant": consts.repeat((rows + len(consts) - 1) // len(consts))[:rows, None].expand(rows, n).clone(),
-        "near-constant": consts.repeat((rows + len(consts) - 1) // len(consts))[:rows, None]
-        * (1 + 1e-6 * torch.randn(rows, n, generator=g)),
+        "constant": c.expand(rows, n).clone(),
+        "near-constant": c * (1 + 1e-6 * torch.randn(rows, n, generator=g)),
         "ill-conditioned": 1.0e4 + torch.randn(rows, n, generator=g),
         "normal": torch.randn(rows, n, generator=g) * 3 + 0.5,
     }
@@ -58,20 +58,21 @@ def main(argv: list[str] | None = None) -> int:
              "|---|---|" + "---:|" * len(WIDTHS)]
     same_all = total = 0
     for dt in DTYPES:
+        inputs = {n: families(n, args.rows, g) for n in WIDTHS}
         for fam in ("constant", "near-constant", "ill-conditioned", "normal"):
             cells = []
             for n in WIDTHS:
-                x = families(n, args.rows, g)[fam].to(dt)
+                x = inputs[n][fam].to(dt)
                 w = (1 + 0.1 * torch.randn(n, generator=g)).to(dt)
                 b = (0.1 * torch.randn(n, generator=g)).to(dt)
                 dev = torch.nn.functional.layer_norm(x.to(args.device), (n,), w.to(args.device), b.to(args.device),
                                                      1e-5).cpu().double()
-                emu = twin.run("layernorm", "torch", str(dt).removeprefix("torch."),
+                emu = twin.run("layernorm", "torch", dtype_name(dt),
                                {"x": x, "weight": w, "bias": b}).emulated.double()
                 same = sum(bool(torch.equal(dev[i], emu[i])) for i in range(x.shape[0]))
                 same_all, total = same_all + same, total + x.shape[0]
                 cells.append(f"{same}/{x.shape[0]}" + ("" if same == x.shape[0] else f" ({max_diff(emu, dev):.2g})"))
-            lines.append(f"| {str(dt).removeprefix('torch.')} | {fam} | " + " | ".join(cells) + " |")
+            lines.append(f"| {dtype_name(dt)} | {fam} | " + " | ".join(cells) + " |")
     lines += ["", f"**all: {same_all} of {total} rows bit-identical**"]
     write_report("\n".join(lines) + "\n", "layernorm_widths.md")
     return 0
