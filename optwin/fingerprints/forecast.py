@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from optwin.errors import CatalogError, InputError
-from optwin.fingerprints.matcher import KNOWN_RULES, Matcher, Risk, call_sketch
+from optwin.fingerprints.matcher import KNOWN_RULES, Matcher, Risk, call_sketch, continuous_bin_of
 from optwin.fingerprints.sampling import Sampler, SamplingConfig
 
 
@@ -274,12 +274,12 @@ class Stream:
             # Which growth: each model's median absolute residual on the bin scale (where noise is
             # multiplicative); a median, as a request's restart (a window's one point far off) must not decide.
             re = _median(sorted([abs(c - ce - me * (tj - t_now)) for c, tj in zip(cv, ts)]))
-            ra = _median(sorted([abs(c - _coord(xa + ma * (tj - t_now), scale, res)) for c, tj in zip(cv, ts)]))
+            ra = _median(sorted([abs(c - continuous_bin_of(xa + ma * (tj - t_now), scale, res)) for c, tj in zip(cv, ts)]))
             if ra <= ratio * re:
                 if ma == 0.0:
                     drifts.append(None)
                     continue
-                c0 = _coord(xa, scale, res)
+                c0 = continuous_bin_of(xa, scale, res)
                 d = _Drift(True, xa, ma, res * ma / (_LN2 * (scale + abs(xa))), sa[len(sa) // 4],
                            sa[(3 * len(sa)) // 4], scale, res)
             else:
@@ -360,15 +360,14 @@ class _Drift:
 
     def coord_at(self, tau: float) -> float:
         x = self.x0 + self.slope * tau
-        return _coord(x, self.scale, self.res) if self.additive else x
+        return continuous_bin_of(x, self.scale, self.res) if self.additive else x
 
     def crossing(self, k: int) -> float:
         """Seconds from now until the line reaches bin boundary k (inf past the float range)."""
         if self.additive:
             if abs(k) / self.res > 1000.0:  # 2**1024 overflows; no sketch value gets there (FEATURE_CAP)
                 return math.inf
-            edge = self.scale * (2.0 ** (abs(k) / self.res) - 1.0)
-            return ((-edge if k < 0 else edge) - self.x0) / self.slope
+            return (_value(k, self.scale, self.res) - self.x0) / self.slope
         return (k - self.x0) / self.slope
 
 
@@ -378,14 +377,8 @@ def _push(heap: list[tuple[float, int, int]], d: _Drift, i: int, k: int) -> None
         heapq.heappush(heap, (max(tau, 0.0), i, k))
 
 
-def _coord(x: float, scale: float, res: float) -> float:
-    """matcher.continuous_bin on a feature's (scale, bins per octave)."""
-    c = res * math.log2(1.0 + abs(x) / scale)
-    return -c if x < 0 else c
-
-
 def _value(c: float, scale: float, res: float) -> float:
-    """The inverse of _coord: a bin coordinate back to the feature's value."""
+    """The inverse of matcher.continuous_bin_of: a bin coordinate back to the feature's value."""
     v = scale * (2.0 ** (min(abs(c) / res, 1000.0)) - 1.0)
     return -v if c < 0 else v
 

@@ -286,7 +286,11 @@ def continuous_bin(feature: str, value: float) -> float:
 
     The forecaster follows streams on this log scale, so a trend is in bins per second.
     """
-    scale, res = _BINNING.get(feature, (1.0, 1))
+    return continuous_bin_of(value, *_BINNING.get(feature, (1.0, 1)))
+
+
+def continuous_bin_of(value: float, scale: float, res: float) -> float:
+    """continuous_bin on a feature's (scale, bins per octave)."""
     c = res * math.log2(1.0 + abs(value) / scale)
     return -c if value < 0 else c
 
