@@ -199,6 +199,31 @@ def test_compare_statuses(db: Path) -> None:
     assert set(regions["status"]) <= {"new", "removed"}
 
 
+def test_compare_calls_nan_on_both_sides_same(tmp_path: Path) -> None:
+    """A cell NaN in both builds is unchanged (NaN != NaN called every such cell "changed"); NaN on one side only
+    is a change. Build-2 is a copy of build-1; softmax's regions carry a fourth coordinate in both (binned by
+    another catalog: the matcher serves neither, p_matcher NaN), and one cell has no replay rate (NULL)."""
+    path = make_db(tmp_path / "fp.duckdb", n_builds=1, n_cases=20)
+    conn = duckdb.connect(str(path))
+    try:
+        conn.execute("INSERT INTO builds SELECT * REPLACE ('build-2' AS build_id) FROM builds")
+        conn.execute("INSERT INTO fingerprints SELECT * REPLACE ('build-2' AS build_id) FROM fingerprints")
+        conn.execute("UPDATE fingerprints SET region = region || '|0' WHERE op = 'softmax'")
+        key = conn.execute("SELECT DISTINCT region, fault_type FROM fingerprints WHERE op = 'softmax' ORDER BY region, "
+                           "fault_type LIMIT 2").fetchall()
+        conn.execute("UPDATE fingerprints SET probability = NULL WHERE op = 'softmax' AND region = ? AND fault_type = ?",
+                     list(key[0]))
+        conn.execute("UPDATE fingerprints SET probability = NULL WHERE op = 'softmax' AND region = ? AND fault_type = ? "
+                     "AND build_id = 'build-2'", list(key[1]))
+    finally:
+        conn.close()
+    diff = open_data(path).compare("build-1", "build-2", op="softmax").set_index(["region", "fault_type"])
+    assert diff["p_matcher_a"].isna().all() and diff["p_matcher_b"].isna().all()
+    assert diff.loc[key[0], ["p_replays_a", "p_replays_b"]].isna().all() and diff.loc[key[0], "status"] == "same"
+    assert diff.loc[key[1], "status"] == "changed"
+    assert (diff.drop(index=[key[1]])["status"] == "same").all()
+
+
 def test_case_detail_and_representatives(db: Path) -> None:
     d = open_data(db)
     reps = d.representatives("build-2", "rmsnorm", "native-dtype", "float16", "precision_loss")

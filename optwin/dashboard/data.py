@@ -274,7 +274,8 @@ class DashboardData:
         df = side(build_a).merge(side(build_b), on=key, how="outer", suffixes=("_a", "_b"), indicator=True)
         df["delta"] = df["p_matcher_b"] - df["p_matcher_a"]
         status = df["_merge"].map({"left_only": "removed", "right_only": "new", "both": "same"}).astype(str)
-        changed = (status == "same") & ((df["p_matcher_a"] != df["p_matcher_b"]) | (df["p_replays_a"] != df["p_replays_b"]))
+        changed = (status == "same") & (_differ(df["p_matcher_a"], df["p_matcher_b"])
+                                        | _differ(df["p_replays_a"], df["p_replays_b"]))
         df["status"] = status.where(~changed, "changed")
         df = df.drop(columns=["_merge"])
         order = df["delta"].abs().fillna(1.0)
@@ -296,6 +297,12 @@ class DashboardData:
 def open_data(path: str | os.PathLike) -> DashboardData:
     """Open a fingerprint database read-only; DatabaseError with one line when it can't be."""
     return DashboardData(path)
+
+
+def _differ(a: pd.Series, b: pd.Series) -> pd.Series:
+    """a != b, except that NaN on both sides is no change: a cell the matcher serves neither build (NaN
+    p_matcher) or without replays in either is the same cell, and NaN != NaN would call it changed."""
+    return (a != b) & ~(a.isna() & b.isna())
 
 
 def _json(text: Any) -> dict[str, Any]:
