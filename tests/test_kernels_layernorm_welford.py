@@ -71,7 +71,7 @@ def test_float32_mean_and_variance_are_the_twins_bit_for_bit(n, chunk):
     inp["x"][1] += 300.0  # |mean|/std ~ 150: the mean's rounding shows in y
     y, _ = _launch(inp, sketch=False, welford=True, welford_chunk=chunk)
     h = inp["x"].double()
-    m, var = welford(Numerics(), h, lanes=chunk, fma_update=True)  # float32 values, (rows, 1)
+    m, var = welford(Numerics(), h, lanes=chunk)  # float32 values, (rows, 1)
     rs = torch.from_numpy(1 / np.sqrt(var.float().numpy() + np.float32(EPS32)))  # the interpreter's float32 ops
     d = (inp["x"] - m.float()) * rs  # float32, each op rounded
     want = round_nearest(fma_odd(d.double(), inp["weight"].double(), inp["bias"].double()), "float32")  # one FMA

@@ -101,11 +101,11 @@ def test_welford_statistics_keep_constant_rows_exact() -> None:
     # A float16 row at |mean|/std = inf (all equal after rounding): Welford's deltas are all 0, so the
     # GPU's mean is exact and y = bias, where sum / n would leave a residue that rsqrt(eps) blows up.
     c = torch.full((2, 96), 12345.678, dtype=torch.float64).float().double()
-    m, v = layernorm.welford(Numerics(), c)
+    m, v = layernorm.rowwise_welford(Numerics(), c)
     assert torch.equal(m.squeeze(-1), c[:, 0]) and torch.equal(v, torch.zeros_like(v))
     g = torch.Generator().manual_seed(8)
     h = (5 + torch.randn(3, 300, generator=g, dtype=torch.float64)).float().double()
-    m, v = layernorm.welford(Numerics(), h)
+    m, v = layernorm.rowwise_welford(Numerics(), h)
     assert torch.allclose(m.squeeze(-1), h.mean(-1), rtol=4e-7, atol=0)
     assert torch.allclose(v.squeeze(-1), h.var(-1, unbiased=False), rtol=1e-6, atol=0)
     inp = {"x": torch.full((2, 96), 3001.0, dtype=torch.float16), "weight": torch.ones(96, dtype=torch.float16),

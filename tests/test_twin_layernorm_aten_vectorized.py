@@ -1,7 +1,7 @@
-"""layernorm/torch twin against aten's vectorized_layer_norm_kernel (layer_norm_kernel.cu), the kernel
-F.layer_norm runs on CUDA for rows of N % 4 == 0: an independent scalar oracle of that kernel, written
-here lane by lane in numpy float32 (FMAs rounded once through exact fractions), must match the twin's
-no-noise path bit for bit; other N keep the strided Welford model.
+"""layernorm/torch twin against the two kernels F.layer_norm runs on CUDA (layer_norm_kernel.cu):
+vectorized_layer_norm_kernel for rows of N % 4 == 0, RowwiseMomentsCUDAKernel + LayerNormForwardCUDAKernel
+for the others. Independent scalar oracles of both, written here lane by lane in numpy float32 (FMAs
+rounded once through exact fractions), must match the twin's no-noise path bit for bit.
 
     python -m pytest -q tests/test_twin_layernorm_aten_vectorized.py
 """
@@ -34,6 +34,9 @@ def _f32(q: Fraction) -> np.float32:
 
 
 def _fma(a, b, c) -> np.float32:
+    if not all(math.isfinite(float(v)) for v in (a, b, c)):  # inf and NaN have no fraction; float64 says the same
+        with np.errstate(invalid="ignore"):
+            return F(float(a) * float(b) + float(c))
     return _f32(Fraction(float(a)) * Fraction(float(b)) + Fraction(float(c)))
 
 
@@ -142,7 +145,7 @@ def test_constant_rows() -> None:
     assert torch.equal(res.emulated, inp["bias"].double().expand(2, n)) and not any(res.faults.values())
     # 1000.3f over 12: threads 0..2 hold 4 each, the last shuffle merges counts 8 and 4: nA = 4 * fp32(1/12),
     # nB = 8 * fp32(1/12) sum past 1 and the mean lands one ulp above c, var still 0: y = beta + 316 (c - mean) w,
-    # a precision_loss the strided model (mean exact, y = bias) does not see.
+    # a precision_loss RowwiseMomentsCUDAKernel's merges (mean exact, y = bias) do not make.
     n = 12
     inp = {"x": torch.full((1, n), 1000.3), "weight": torch.ones(n), "bias": torch.zeros(n)}
     cf = F(1000.3)
@@ -151,18 +154,82 @@ def test_constant_rows() -> None:
     res = twin.run("layernorm", "torch", "float32", inp)
     assert torch.equal(res.emulated, torch.full((1, n), float(y[0]), dtype=torch.float64))
     assert res.faults["precision_loss"]
-    m_old, _ = layernorm.welford(Numerics(), inp["x"].double())
+    m_old, _ = layernorm.rowwise_welford(Numerics(), inp["x"].double())
     assert m_old.item() == float(cf)
 
 
-@pytest.mark.parametrize("n", [30, 1001])
-def test_n_not_a_multiple_of_4_keeps_the_strided_model(n: int) -> None:
-    inp = _case(n, torch.float32, seed=3)
-    x = twin.to_float64(inp)
-    num = Numerics()
-    m, var = layernorm.welford(num, x["x"])
-    want = num.round(layernorm._normalize(num, x["x"], m, var, x["weight"], x["bias"]), "float32")
-    assert torch.equal(twin.run("layernorm", "torch", "float32", inp).emulated, want)
+def _ops_reduce(val, acc):  # WelfordOps::reduce
+    mean, m2, nf = acc
+    new_nf = nf + F(1)
+    delta = val - mean
+    new_mean = mean + delta / new_nf  # IEEE division, then the add: not fused
+    return new_mean, _fma(delta, val - new_mean, m2), new_nf  # acc.m2 + delta * new_delta
+
+
+def _ops_combine(a, b):  # WelfordOps::combine(a, b)
+    if a[2] == 0:
+        return b
+    if b[2] == 0:
+        return a
+    delta = b[0] - a[0]
+    new_count = a[2] + b[2]
+    nb_over_n = b[2] / new_count
+    return _fma(delta, nb_over_n, a[0]), _fma(delta * delta * a[2], nb_over_n, a[1] + b[1]), new_count
+
+
+def _warp_reduce(lanes: list) -> tuple:
+    for off in (16, 8, 4, 2, 1):  # WarpReduce: combine(val, warp_shfl_down(val, offset))
+        lanes = [_ops_combine(lanes[l], lanes[l + off] if l + off < 32 else lanes[l]) for l in range(32)]
+    return lanes[0]
+
+
+def rowwise_oracle(x: list, gamma: list, beta: list, threads: int = 512):
+    """One row through RowwiseMomentsCUDAKernel (512 threads, cuda_utils::BlockReduce) and
+    LayerNormForwardCUDAKernel, thread by thread: (mean, var, rstd, y float32)."""
+    n = len(x)
+    state = []
+    for t in range(threads):  # thread t reduces elements t, t + 512, ...
+        acc = (F(0), F(0), F(0))
+        for j in range(t, n, threads):
+            acc = _ops_reduce(x[j], acc)
+        state.append(acc)
+    per_warp = [_warp_reduce(state[32 * w:32 * (w + 1)]) for w in range(threads // 32)]
+    identity = (F(0), F(0), F(0))  # warp 0 reduces shared[lid] for lid < warps, the identity past them
+    mean, m2, nf = _warp_reduce(per_warp + [identity] * (32 - len(per_warp)))
+    var = m2 / nf  # project: m2 / divisor, correction 0
+    rstd = F(1.0 / math.sqrt(float(var + EPS)))  # the twin's model of rsqrtf: correctly rounded
+    y = [_fma((v - mean) * rstd, g, b) for v, g, b in zip(x, gamma, beta)]  # (x - mean) * rstd * gamma + beta
+    return mean, var, rstd, y
+
+
+@pytest.mark.parametrize("n,dtype", [(30, torch.float32), (1001, torch.float32), (7, torch.float32),
+                                     (513, torch.float32), (2050, torch.float16), (1001, torch.bfloat16)])
+def test_twin_is_the_rowwise_kernels_bit_for_bit(n: int, dtype: torch.dtype) -> None:
+    inp = _case(n, dtype, seed=n)
+    dname = str(dtype).removeprefix("torch.")
+    assert not layernorm.aten_vectorized(n, dname)
+    x64 = inp["x"].double()
+    mean, var = layernorm.rowwise_welford(Numerics(), x64)
+    res = twin.run("layernorm", "torch", dname, inp)
+    gamma, beta = [F(v) for v in inp["weight"].double().tolist()], [F(v) for v in inp["bias"].double().tolist()]
+    for i in range(x64.shape[0]):
+        m, v, _, y = rowwise_oracle([F(e) for e in x64[i].tolist()], gamma, beta)
+        assert mean[i, 0].item() == float(m) and var[i, 0].item() == float(v), (i, mean[i, 0].item(), m, var[i, 0].item(), v)
+        want = torch.tensor([float(e) for e in y], dtype=torch.float64).to(dtype).double()
+        assert torch.equal(res.emulated[i], want), (i, (res.emulated[i] - want).abs().max().item())
+
+
+def test_rowwise_nonfinite_rows_propagate() -> None:
+    # Threads past the row hold empty states that combine returns around without arithmetic, so a clean
+    # row stays exact; an inf makes its thread's m2 NaN (inf - inf) and the first merge with a finite
+    # mean makes the mean NaN (fma(-inf, 1/2, inf)), as in the oracle.
+    x = torch.zeros(2, 30, dtype=torch.float64)
+    x[1, 3] = math.inf
+    mean, var = layernorm.rowwise_welford(Numerics(), x)
+    assert mean[0].item() == 0 and var[0].item() == 0
+    with np.errstate(invalid="ignore"):
+        m, v, _, _ = rowwise_oracle([F(e) for e in x[1].tolist()], [F(1)] * 30, [F(0)] * 30)
+    assert math.isnan(m) and math.isnan(v) and math.isnan(mean[1].item()) and math.isnan(var[1].item())
 
 
 @pytest.mark.parametrize("noise", ["stochastic", "mca", "order"])
@@ -175,5 +242,5 @@ def test_noise_modes_spread_the_vectorized_model(noise: str) -> None:
     assert (res.replays - res.emulated).abs().max().item() < 1e-2
 
 
-def test_twin_version_bumped_for_the_vectorized_model() -> None:
-    assert TWIN_VERSION == "3"
+def test_twin_version_bumped_for_the_rowwise_model() -> None:
+    assert TWIN_VERSION == "4"

@@ -14,7 +14,7 @@ runs layernorm (_layernorm_welford_kernel):
     a tree of Chan merges over the lanes (frac = div_rn(wb, wa + wb); mean = ma + delta*frac;
     M2 = (qa + qb) + ((delta*delta)*wa)*frac, each op rounded), var = div_rn(M2, n)
     y = fma((h - m) * rsqrt(var + eps), w, b), a second pass over the row (an L2 hit)
-(twin.layernorm.welford(..., lanes=c, fma_update=True); the GPU's tree order is tl.reduce's, the
+(twin.layernorm.welford(..., lanes=c); the GPU's tree order is tl.reduce's, the
 interpreter runs the twin's halving tree). H200 bf16, µs L2 flushed, against torch.compile: 4096x16384
 71.2 (72.4), 8192x8192 70.2 (77.7), 16384x4096 69.4 (96.0), 8192x5120 48.1 (77.8), 2048x32768 78.3
 (107.8); the row-in-registers kernel 76.4, 93.1, 77.9, 78.4, 94.9 (bench/results/layernorm_welford_h200_s20g.md).

@@ -52,17 +52,14 @@ def _lane_constant(num: Numerics, v: torch.Tensor, like: torch.Tensor) -> torch.
     return num.align(num.round(num.expand(v), F32), like=like)
 
 
-def welford(num: Numerics, h: torch.Tensor, lanes: int = 128, fma_update: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean and population variance as CUDA's layer_norm computes them: each of `lanes` threads runs
-    Welford's update over its strided elements, then a tree of Welford merges; every op in fp32.
-    A constant row keeps its mean exactly (every delta is 0), unlike sum / n.
-    `fma_update`: the update as our Triton layernorm writes it (1/count rounded once, shared by the
-    lanes; mean + delta * (1/count) and m2 + delta * (h - mean) each one FMA, one rounding)."""
+def welford(num: Numerics, h: torch.Tensor, lanes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and population variance as our Triton layernorm's Welford kernel computes them
+    (optwin.kernels.layernorm_welford): each of `lanes` lanes runs Welford's update over its strided
+    elements (1/count rounded once, shared by the lanes; mean + delta * (1/count) and m2 + delta * (h -
+    mean) each one FMA, one rounding), then a halving tree of Chan merges; every op in fp32.
+    A constant row keeps its mean exactly (every delta is 0), unlike sum / n."""
     n = h.shape[-1]
-    if num.noise == "order" and n > 1:  # a random element order and thread count, as num.sum does
-        perm = torch.argsort(num.uniform(h), dim=-1)
-        h = torch.gather(h, -1, perm)
-        lanes = 2 ** int(torch.randint(5, 11, (1,), generator=num.gen))
+    h, lanes = _order_noise(num, h, lanes)
     lanes = max(1, min(lanes, n))
     steps = -(-n // lanes)
     valid = torch.arange(steps * lanes).reshape(steps, lanes) < n  # (steps, lanes)
@@ -72,12 +69,8 @@ def welford(num: Numerics, h: torch.Tensor, lanes: int = 128, fma_update: bool =
     for i in range(steps):
         c = cnt + valid[i]
         delta = num.round(x[..., i, :] - mean, F32)
-        if fma_update:  # one rounding each
-            new_mean = num.round(fma_odd(delta, _lane_constant(num, 1.0 / c.clamp_min(1), delta), mean), F32)
-            new_m2 = num.round(fma_odd(delta, num.round(x[..., i, :] - new_mean, F32), m2), F32)
-        else:
-            new_mean = num.round(mean + num.round(delta / c.clamp_min(1), F32), F32)
-            new_m2 = num.round(m2 + num.round(delta * num.round(x[..., i, :] - new_mean, F32), F32), F32)
+        new_mean = num.round(fma_odd(delta, _lane_constant(num, 1.0 / c.clamp_min(1), delta), mean), F32)
+        new_m2 = num.round(fma_odd(delta, num.round(x[..., i, :] - new_mean, F32), m2), F32)
         mean, m2 = torch.where(valid[i], new_mean, mean), torch.where(valid[i], new_m2, m2)
         cnt = c
     while mean.shape[-1] > 1:  # tree of merges (warp shuffles, then across warps)
@@ -100,7 +93,7 @@ def welford(num: Numerics, h: torch.Tensor, lanes: int = 128, fma_update: bool =
 #   `(T is float || Half || BFloat16) && N <= (1ULL << std::numeric_limits<float>::digits) &&
 #    N % num_vec_elems == 0 && can_vec_X && can_vec_Y && can_vec_gamma && can_vec_beta`
 # (`constexpr int vec_size = 4;`; can_vec_*: the pointers aligned to 4 * sizeof(T), true of the
-# caching allocator's fresh tensors, which the twin assumes), else RowwiseMomentsCUDAKernel (`welford`).
+# caching allocator's fresh tensors, which the twin assumes), else RowwiseMomentsCUDAKernel (`rowwise_welford`).
 # launch_vectorized_layer_norm_kernel: `const dim3 threads(warp_size, num_threads() / warp_size, 1)`,
 # num_threads() = C10_WARP_SIZE * 4 (thread_constants.h): 4 warps of 32, one block per row.
 ATEN_VEC = 4
@@ -113,6 +106,37 @@ def aten_vectorized(n: int, dtype: str) -> bool:
     """Whether aten's layer_norm runs vectorized_layer_norm_kernel for rows of n (of contiguous, aligned
     tensors of dtype), not RowwiseMomentsCUDAKernel."""
     return dtype in ("float32", "float16", "bfloat16") and 0 < n <= ATEN_VEC_MAX_N and n % ATEN_VEC == 0
+
+
+def _order_noise(num: Numerics, h: torch.Tensor, threads: int) -> tuple[torch.Tensor, int]:
+    """Under noise "order": the row's elements permuted at random (per replay and row) and the thread
+    count drawn from {32, ..., 1024}, as num.sum does; else (h, threads) unchanged."""
+    if num.noise != "order" or h.shape[-1] <= 1:
+        return h, threads
+    h = torch.gather(h, -1, torch.argsort(num.uniform(h), dim=-1))
+    return h, 2 ** int(torch.randint(5, 11, (1,), generator=num.gen))
+
+
+def _warps_then_block(num: Numerics, state: tuple, combine) -> tuple[torch.Tensor, torch.Tensor]:
+    """aten's two-level reduction of per-thread Welford states (mean (..., threads), m2 (..., threads),
+    count (threads,)) to thread 0's (mean, m2), each (..., 1):
+    - in each warp, `for (offset = C10_WARP_SIZE >> 1; offset > 0; offset >>= 1)` lane l combines its own
+      state with WARP_SHFL_DOWN(state, offset), lane l + offset's (the lanes past it never reach lane 0);
+    - the warps' lane-0 states, through shared memory, the same halving order: warp y < offset takes warp
+      y + offset (cuda_utils::BlockReduce runs warp 0's WarpReduce over them, padded with empty states
+      that combine to the other side unchanged, the same sequence of merges).
+    `combine(num, own, other)` is the kernel's merge, own as the lower lane."""
+    mean, m2, cnt = state
+    warps = mean.shape[-1] // ATEN_WARP
+    state = (mean.unflatten(-1, (warps, ATEN_WARP)), m2.unflatten(-1, (warps, ATEN_WARP)), cnt.reshape(warps, ATEN_WARP))
+    for axis_len in (ATEN_WARP, warps):
+        off = axis_len // 2
+        while off:
+            state = combine(num, tuple(t[..., :off] for t in state), tuple(t[..., off:2 * off] for t in state))
+            off //= 2
+        state = tuple(t[..., 0] for t in state)  # lane 0 of each warp (..., warps); then thread 0 (...)
+    mean, m2, _ = state
+    return mean.unsqueeze(-1), m2.unsqueeze(-1)
 
 
 def _welford_combine(num: Numerics, b: tuple, a: tuple) -> tuple:
@@ -153,10 +177,7 @@ def vectorized_welford(num: Numerics, h: torch.Tensor, threads: int = ATEN_THREA
     Under noise "order" the elements are permuted at random (per replay and row) and the thread count
     drawn from {32, ..., 1024}, as num.sum does."""
     n = h.shape[-1]
-    if num.noise == "order" and n > 1:
-        perm = torch.argsort(num.uniform(h), dim=-1)
-        h = torch.gather(h, -1, perm)
-        threads = 2 ** int(torch.randint(5, 11, (1,), generator=num.gen))
+    h, threads = _order_noise(num, h, threads)
     nvec = n // ATEN_VEC
     steps = -(-nvec // threads)
     valid = torch.arange(steps * threads).reshape(steps, threads) < nvec  # (steps, threads)
@@ -173,18 +194,59 @@ def vectorized_welford(num: Numerics, h: torch.Tensor, threads: int = ATEN_THREA
             new_m2 = num.round(fma_odd(delta, num.round(v - new_mean, F32), m2), F32)
             mean, m2 = torch.where(valid[s], new_mean, mean), torch.where(valid[s], new_m2, m2)
             cnt = c
-    warps = threads // ATEN_WARP
-    state = (mean.unflatten(-1, (warps, ATEN_WARP)), m2.unflatten(-1, (warps, ATEN_WARP)), cnt.reshape(warps, ATEN_WARP))
-    off = ATEN_WARP // 2
-    while off:  # intra-warp shuffles: lane l < off takes lane l + off (the lanes past it do not reach lane 0)
-        state = _welford_combine(num, tuple(t[..., :off] for t in state), tuple(t[..., off:2 * off] for t in state))
-        off //= 2
-    mean, m2, cnt = (t[..., 0] for t in state)  # (..., warps) lane 0 of each warp; cnt (warps,)
-    off = warps // 2
-    while off:  # inter-warp, through shared memory: warp y < off merges warp y + off
-        b, a = (mean[..., :off], m2[..., :off], cnt[:off]), (mean[..., off:2 * off], m2[..., off:2 * off], cnt[off:2 * off])
-        mean, m2, cnt = _welford_combine(num, b, a)
-        off //= 2
+    mean, m2 = _warps_then_block(num, (mean, m2, cnt), _welford_combine)
+    return mean, num.round(m2 / n, F32)  # (..., 1) each
+
+
+# The other rows (N % 4 != 0, or misaligned views): RowwiseMomentsCUDAKernel<T, T_ACC><<<M,
+# cuda_utils::kCUDABlockReduceNumThreads>>> (512 threads, one block per row) with WelfordOps<T_ACC, T_ACC,
+# int64_t, pair> (SharedReduceOps.h) and cuda_utils::BlockReduce, then LayerNormForwardCUDAKernel.
+ATEN_ROWWISE_THREADS = 512
+
+
+def _welford_ops_combine(num: Numerics, a: tuple, b: tuple) -> tuple:
+    """WelfordOps::combine(a, b), every op in float32:
+        if (a.nf == 0) return b; if (b.nf == 0) return a;
+        delta = b.mean - a.mean; new_count = a.nf + b.nf; nb_over_n = b.nf / new_count;
+        {a.mean + delta * nb_over_n, a.m2 + b.m2 + delta * delta * a.nf * nb_over_n, -1, new_count}
+    nvcc contracts each add of a product to one FMA: mean = fma(delta, nb_over_n, a.mean), m2 =
+    fma((delta*delta)*a.nf, nb_over_n, a.m2 + b.m2). nb_over_n (IEEE division) is a per-lane constant."""
+    (ma, qa, ca), (mb, qb, cb) = a, b
+    cnt = ca + cb
+    frac = _lane_constant(num, cb / cnt.clamp_min(1), ma)
+    delta = num.round(mb - ma, F32)
+    mean = num.round(fma_odd(delta, frac, ma), F32)
+    dd = num.round(num.round(delta * delta, F32) * ca, F32)
+    m2 = num.round(fma_odd(dd, frac, num.round(qa + qb, F32)), F32)
+    a_empty, b_empty = ca == 0, cb == 0  # the early returns: no arithmetic, so a NaN or inf passes unchanged
+    mean = torch.where(a_empty, mb, torch.where(b_empty, ma, mean))
+    m2 = torch.where(a_empty, qb, torch.where(b_empty, qa, m2))
+    return mean, m2, cnt
+
+
+def rowwise_welford(num: Numerics, h: torch.Tensor, threads: int = ATEN_ROWWISE_THREADS) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and population variance as RowwiseMomentsCUDAKernel computes them, float32 throughout:
+    - thread t runs WelfordOps::reduce over elements t, t + 512, ... (`for (j = threadIdx.x; j < N; j +=
+      blockDim.x)`): `delta = data - mean; new_mean = mean + delta / new_nf; m2 + delta * (data -
+      new_mean)` (the division IEEE and not fused; the last add of a product one FMA);
+    - _warps_then_block with _welford_ops_combine; project: `m2 / nf`, correctly rounded.
+    Noise "order" as vectorized_welford."""
+    n = h.shape[-1]
+    h, threads = _order_noise(num, h, threads)
+    steps = -(-n // threads)
+    valid = torch.arange(steps * threads).reshape(steps, threads) < n  # (steps, threads)
+    x = torch.nn.functional.pad(h, (0, steps * threads - n)).reshape(*h.shape[:-1], steps, threads)
+    mean, m2 = torch.zeros_like(x[..., 0, :]), torch.zeros_like(x[..., 0, :])  # (..., threads)
+    cnt = torch.zeros(threads, dtype=torch.float64)
+    for s in range(steps):
+        v = x[..., s, :]
+        c = cnt + valid[s]
+        delta = num.round(v - mean, F32)
+        new_mean = num.round(mean + num.round(delta / _lane_constant(num, c.clamp_min(1), delta), F32), F32)
+        new_m2 = num.round(fma_odd(delta, num.round(v - new_mean, F32), m2), F32)
+        mean, m2 = torch.where(valid[s], new_mean, mean), torch.where(valid[s], new_m2, m2)
+        cnt = c
+    mean, m2 = _warps_then_block(num, (mean, m2, cnt), _welford_ops_combine)
     return mean, num.round(m2 / n, F32)  # (..., 1) each
 
 
@@ -198,9 +260,11 @@ def twin(num: Numerics, variant: str, dtype: str, inputs: dict[str, torch.Tensor
         # last product and the add contract to one FMA), `implicitly cast to T`: rounded again to dtype.
         m, var = vectorized_welford(num, h)  # (..., 1) fp32 each
         return num.round(_normalize(num, h, m, var, w, b, fused=True), dtype)
-    if variant == "torch":  # RowwiseMomentsCUDAKernel + LayerNormForwardCUDAKernel
-        m, var = welford(num, h)  # (..., 1) fp32 each
-        return num.round(_normalize(num, h, m, var, w, b), dtype)
+    if variant == "torch":
+        # RowwiseMomentsCUDAKernel, then LayerNormForwardCUDAKernel: `(x - mean) * rstd * gamma + beta` in
+        # T_ACC, the last product and the add one FMA.
+        m, var = rowwise_welford(num, h)  # (..., 1) fp32 each
+        return num.round(_normalize(num, h, m, var, w, b, fused=True), dtype)
     if variant == "one-pass":
         m = num.mean(h, keepdim=True)  # (..., 1) fp32
         ms = num.mean(num.round(h * h, F32), keepdim=True)  # E[h^2] fp32
@@ -208,7 +272,7 @@ def twin(num: Numerics, variant: str, dtype: str, inputs: dict[str, torch.Tensor
         var = num.round(ms - num.round(m * m, F32), F32)
         return num.round(_normalize(num, h, m, var, w, b), dtype)
     if variant == "triton" and welford_chunk(n):
-        m, var = welford(num, h, lanes=welford_chunk(n), fma_update=True)
+        m, var = welford(num, h, lanes=welford_chunk(n))
         return num.round(_normalize(num, h, m, var, w, b, fused=True), dtype)
     if variant == "triton":
         # one tl.sum tree per sum, or per-lane sums over the kernel's chunks and then the tree
