@@ -146,19 +146,21 @@ def main() -> None:
     ops = os.environ.get("BENCH_OPS", "rmsnorm,layernorm,softmax,rope").split(",")
     # more launches per op, as bench/norm_chunks.py takes them: BENCH_CONFIGS='{"rmsnorm": [{"num_warps": 32}]}'
     extra = json.loads(os.environ.get("BENCH_CONFIGS") or "{}")
+    # BENCH_DTYPES=bfloat16,float16: the same launches per dtype (fp16 layernorm's sketch costs more than bf16's)
+    dtypes = [getattr(torch, d) for d in os.environ.get("BENCH_DTYPES", "bfloat16").split(",")]
     launches = []  # (label, fn)
-    for op in ops:
+    for op, dt in [(op, dt) for op in ops for dt in dtypes]:
         g = torch.Generator().manual_seed(2)
-        inp, params = OPS[op].make(shape, torch.bfloat16, dev, g)
+        inp, params = OPS[op].make(shape, dt, dev, g)
         x2 = {k: (v.reshape(-1, v.shape[-1]) if k == "x" and op != "rope" else v) for k, v in inp.items()}
         y, y0 = torch.empty_like(x2["x"]), torch.empty_like(x2["x"])
         buf = new_buffer(op, dev)
         if not smoke:
             comp = torch.compile(OPS[op].eager, dynamic=False)
-            launches.append((f"{op} torch.compile", lambda c=comp, i=inp, p=params: c(i, p)))
+            launches.append((f"{op} {dt} torch.compile", lambda c=comp, i=inp, p=params: c(i, p)))
         for cfg in [{}] + extra.get(op, []):  # the shipped launch, then BENCH_CONFIGS' overrides
             f, f0 = _sweep_launchers(op, x2, params, y, y0, cfg)
-            label = f"{op} ours" + (f" {cfg}" if cfg else "")
+            label = f"{op} {dt} ours" + (f" {cfg}" if cfg else "")
             launches.append((label, lambda f0=f0: f0(None)))
             launches.append((f"{label} +sketch", lambda f=f, b=buf: f(b)))
     for _, fn in launches:  # compile, autotune, allocate outside the range
