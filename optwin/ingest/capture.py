@@ -73,7 +73,7 @@ from torch import nn
 from optwin.catalog import CATALOG
 from optwin.errors import CatalogError
 from optwin.ingest import autocast_dtype, intercept
-from optwin.ingest.intercept import Target
+from optwin.ingest.intercept import Target, eager_under_compile
 from optwin.ingest.sketch import SKETCH_FEATURES, WeightCache, sketch_tensor
 from optwin.kernels import sketch_sink
 
@@ -623,37 +623,13 @@ def _install_module_hooks(rec: Recorder, model: nn.Module,
             if local.stack and local.stack.pop()[2]:  # the pre-hook's own kind test, not repeated here
                 local.suppress -= 1
 
-        handles.append(mod.register_forward_pre_hook(_eager_under_compile(pre, _skip), with_kwargs=True))
-        handles.append(mod.register_forward_hook(_eager_under_compile(post, _skip), with_kwargs=True, always_call=True))
+        handles.append(mod.register_forward_pre_hook(eager_under_compile(pre, _skip), with_kwargs=True))
+        handles.append(mod.register_forward_hook(eager_under_compile(post, _skip), with_kwargs=True, always_call=True))
     return handles
 
 
 def _skip(*args: Any, **kwargs: Any) -> None:
     return None
-
-
-def _eager_under_compile(fn: Callable[..., Any], traced: Callable[..., Any]) -> Callable[..., Any]:
-    """fn, run eagerly where torch.compile (dynamo) would trace it: a graph break, then fn on the real
-    tensors. Traced, the hooks and wrappers recorded FakeTensors from the recompile a capture's hooks
-    cause (records() then raised DataDependentOutputException). A disabled call costs ~0.7 us even in
-    eager (it swaps dynamo's frame callback), so it is taken only while dynamo traces, where
-    is_compiling() is the constant True (~0.15 us in eager). Where dynamo is not loaded yet (no
-    transformers, no torch.compile before the capture began) there is nothing to disable with (importing
-    it costs seconds): a traced call then runs `traced` instead (skips the hook, runs the original)."""
-    if "torch._dynamo" in sys.modules:
-        under_compile = torch.compiler.disable(fn)  # no reason=: torch < 2.8 has no such keyword
-    else:
-        under_compile = traced
-
-    def eager_under_compile(*args: Any, **kwargs: Any) -> Any:
-        if _is_compiling():
-            return under_compile(*args, **kwargs)
-        return fn(*args, **kwargs)
-
-    return eager_under_compile
-
-
-_is_compiling = torch.compiler.is_compiling  # dynamo answers a call of it with the constant True
 
 
 # ----------------------------------------------------------------------------- wrapped functions
@@ -770,7 +746,7 @@ def _wrap_function(fname: str, orig: Callable, shared: _Shared) -> Callable:
                 rec._local.suppress -= 1
 
     # the HF name and signature, for the checks of optwin.kernels.patch
-    wrapper = functools.wraps(orig)(_eager_under_compile(run, orig))
+    wrapper = functools.wraps(orig)(eager_under_compile(run, orig))
     wrapper.__wrapped__ = orig  # type: ignore[attr-defined]
     wrapper.__optwin_capture__ = True  # type: ignore[attr-defined]
     wrapper._optwin_shared = shared  # type: ignore[attr-defined]
