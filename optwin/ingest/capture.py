@@ -64,6 +64,7 @@ from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any, Callable, Iterator, NamedTuple
 
 import torch
@@ -228,29 +229,28 @@ class Recorder:
             return stack[-1][0]
         if not self._paths:
             return ""
-        f = sys._getframe(1)
-        while f is not None:
-            code = f.f_code
-            # f_locals builds the frame's locals dict: not for the frames of the capture's own
-            # machinery between the call and the model (the interceptor, the recorder, the monitor)
-            if code.co_argcount and code.co_varnames[0] == "self" and code not in OWN_FRAMES:
-                path = self._paths.get(id(f.f_locals["self"]))
-                if path is not None:
-                    return path
-            f = f.f_back
-        return ""
+        m = self._frame_module(sys._getframe(1))
+        return "" if m is None else self._paths[id(m)]
 
     def calling_module(self) -> nn.Module | None:
         """The innermost module of the hooked model whose method is running (the frame walk of
         `stream`), or None."""
         if not self._paths:
             return None
-        f = sys._getframe(1)
+        return self._frame_module(sys._getframe(1))
+
+    def _frame_module(self, f: FrameType | None) -> nn.Module | None:
+        """The `self` of the innermost method frame, from `f` out through its callers, that is a module
+        of the hooked model (in `_paths`), or None. `stream` and `calling_module` both walk from their
+        own caller's frame."""
+        paths = self._paths
         while f is not None:
             code = f.f_code
+            # f_locals builds the frame's locals dict: not for the frames of the capture's own
+            # machinery between the call and the model (the interceptor, the recorder, the monitor)
             if code.co_argcount and code.co_varnames[0] == "self" and code not in OWN_FRAMES:
                 obj = f.f_locals["self"]
-                if id(obj) in self._paths:
+                if id(obj) in paths:
                     return obj
             f = f.f_back
         return None
