@@ -52,7 +52,7 @@ from optwin.catalog import CATALOG
 from optwin.errors import CatalogError, OptwinError
 import optwin.ingest as _ingest
 from optwin.ingest import autocast_dtype as _autocast, intercept
-from optwin.ingest.sketch import FEATURE_CAP, SKETCH_FEATURES, sketch_tensor
+from optwin.ingest.sketch import SKETCH_FEATURES, cap_features, sketch_tensor
 from optwin.kernels import deferred, sketch_sink
 
 # Importing the submodule binds it over the package's lazy `optwin.ingest.capture` function
@@ -513,13 +513,13 @@ class Monitor:
 
 
 def _features(names: tuple[str, ...], values: torch.Tensor) -> dict[str, float]:
-    """A sketch as {feature: float}, magnitudes clamped to FEATURE_CAP as optwin.fingerprints.matcher's
-    call_sketch clamps what Stream.observe bins: a float64 input behind a float16 call
-    (softmax(x64, dtype=torch.float16)) can sketch past it or to inf, and observe_valid's log binning then
-    raised OverflowError (the call went unassessed; from a queued sketch, out of flush()). An inf lies past
-    every replayed region, where the conservative rule answers. (torch.clamp leaves a NaN as it is; the
-    sketch is taken over finite elements, and reaching inf took an overflowing float64 sum, not a NaN.)"""
-    return dict(zip(names, values.clamp(-FEATURE_CAP, FEATURE_CAP).tolist()))
+    """A sketch as {feature: float}, magnitudes clamped to FEATURE_CAP (cap_features) as
+    optwin.fingerprints.matcher's call_sketch clamps what Stream.observe bins: a float64 input behind a float16
+    call (softmax(x64, dtype=torch.float16)) can sketch past it or to inf, and observe_valid's log binning then
+    raised OverflowError (the call went unassessed; from a queued sketch, out of flush()). Unlike call_sketch,
+    a NaN is passed on, not refused (as torch.clamp did here before): the sketch is taken over finite elements,
+    and reaching inf took an overflowing float64 sum, not a NaN."""
+    return cap_features(dict(zip(names, values.tolist())))
 
 
 def _jsonable(params: dict[str, Any]) -> dict[str, Any]:

@@ -62,7 +62,7 @@ from optwin.catalog import CATALOG, check_variant_dtype, operator
 from optwin.errors import CatalogError, SketchError
 from optwin.fingerprints.regions import Region, parse_region_key, region_features
 from optwin.fingerprints.regions import _BINNING  # noqa: PLC2701 (same package: the bin grid itself)
-from optwin.ingest.sketch import FEATURE_CAP, SIGNED_FEATURES, SKETCH_FEATURES, validate_sketch
+from optwin.ingest.sketch import FEATURE_CAP, SIGNED_FEATURES, SKETCH_FEATURES, cap_features, validate_sketch
 
 Triple = tuple[str, str, str]
 _log2 = math.log2
@@ -543,16 +543,12 @@ def call_sketch(op: str, dtype: str, inputs: Mapping[str, Any] | None, params: M
         check_dtypes(operator(op), dtype, inputs, present_only=True)
     sk = compute_sketch(op, inputs, dict(params or {}))
     # A sketch of tensors is taken over finite elements, yet a magnitude can still pass FEATURE_CAP or float64
-    # (a bound multiplies norms); the log binning would then raise a bare OverflowError (floor of inf). Clamp it
-    # as validate_sketch clamps a received sketch: an inf feature lies beyond every replayed region, where the
-    # conservative rule answers ("beyond": no extrapolated safety). NaN has no region: refused, as validate_sketch
-    # refuses it.
+    # (a bound multiplies norms): clamped as validate_sketch clamps a received sketch (cap_features says why).
+    # NaN has no region: refused, as validate_sketch refuses it (cap_features leaves it to us).
     for n, v in sk.items():
-        if not -FEATURE_CAP <= v <= FEATURE_CAP:
-            if v != v:
-                raise SketchError(f"{op}: sketch feature {n} is NaN")
-            sk[n] = math.copysign(FEATURE_CAP, v)
-    return sk
+        if v != v:
+            raise SketchError(f"{op}: sketch feature {n} is NaN")
+    return cap_features(sk)
 
 
 def _bin(feature: str, value: float) -> int:

@@ -148,6 +148,19 @@ FEATURE_CAP = 1e200
 # Features that are fractions of rows or elements: within [0, 1].
 FRACTION_FEATURES: frozenset[str] = frozenset({"masked_frac", "peaked_frac"})
 
+
+def cap_features(sk: dict[str, float]) -> dict[str, float]:
+    """sk with every value past ±FEATURE_CAP (±inf included) set to ±FEATURE_CAP, in place; returned.
+
+    For sketches of tensors, which the log binning takes next: a magnitude can pass FEATURE_CAP or reach inf
+    (a float64 input behind a float16 call; a bound multiplies norms), and floor(log2(inf)) would raise a bare
+    OverflowError. An inf lies past every replayed region, where the conservative rule answers. NaN is left as
+    it is: it has no region, and what to do with it is the caller's (call_sketch refuses it)."""
+    for n, v in sk.items():
+        if not -FEATURE_CAP <= v <= FEATURE_CAP and v == v:
+            sk[n] = math.copysign(FEATURE_CAP, v)
+    return sk
+
 _F64 = torch.float64
 
 
