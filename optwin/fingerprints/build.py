@@ -376,11 +376,14 @@ def check_inputs(cfg: BuildConfig) -> None:
 
 def build(cfg: BuildConfig, on_start: Callable[[int, int], None] | None = None,
           on_shard: Callable[[dict[str, Any]], None] | None = None,
-          on_note: Callable[[str], None] | None = None) -> BuildResult:
+          on_note: Callable[[str], None] | None = None, *, checked: bool = False) -> BuildResult:
     """Run a whole build (see the module docstring). Callbacks feed the progress display:
-    on_start(total_shards, already_done), on_shard(summary), on_note(line) (a --resume with nothing to resume)."""
+    on_start(total_shards, already_done), on_shard(summary), on_note(line) (a --resume with nothing to resume).
+    checked: the caller has just run check_inputs(cfg) itself (`optwin build`, to print its error before the
+    progress display), so it is not run again: it reads the profile's sketches, which is not free."""
     t0 = time.perf_counter()
-    check_inputs(cfg)  # fail fast: bad options, profile, or a database of another schema version
+    if not checked:
+        check_inputs(cfg)  # fail fast: bad options, profile, or a database of another schema version
     os.makedirs(os.path.dirname(os.path.abspath(cfg.out)), exist_ok=True)
     with build_lock(cfg.out):
         return _build_locked(cfg, t0, on_start, on_shard, on_note)

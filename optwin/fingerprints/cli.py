@@ -40,13 +40,13 @@ def build_command(
     op_list = tuple(o.strip() for item in ops for o in item.split(",") if o.strip()) if ops else None
     cfg = BuildConfig(out=out, profile=profile, ops=op_list, replays=replays, cases=cases, noise=noise, engine=engine,
                       address=address, quick=quick, resume=resume, seed=seed, workers=workers)
-    check_inputs(cfg)  # one `error:` line before any progress output
+    check_inputs(cfg)  # one `error:` line before any progress output (so build() is told not to check again)
     console = Console(stderr=True)
     saved = signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's SIGTERM takes Ctrl-C's path: workers stop too
     try:
         with BuildProgress(console) as progress:
             result = build(cfg, on_start=progress.start, on_shard=progress.advance,
-                           on_note=lambda line: console.print(line, soft_wrap=True, highlight=False))
+                           on_note=lambda line: console.print(line, soft_wrap=True, highlight=False), checked=True)
     except KeyboardInterrupt:
         console.print(interrupted_message(cfg), soft_wrap=True, highlight=False)
         raise typer.Exit(130) from None
