@@ -114,26 +114,6 @@ def test_aten_vectorized_path_conditions() -> None:
     assert not layernorm.aten_vectorized(30, "float32") and not layernorm.aten_vectorized(1001, "float32")
 
 
-@pytest.mark.parametrize("n,dtype", [(8, torch.float32), (12, torch.float32), (1000, torch.float32),
-                                     (1024, torch.float32), (4096, torch.float32), (64, torch.float16),
-                                     (520, torch.bfloat16)])
-def test_twin_is_the_vectorized_kernel_bit_for_bit(n: int, dtype: torch.dtype) -> None:
-    inp = _case(n, dtype, seed=n)
-    dname = str(dtype).removeprefix("torch.")
-    x64 = inp["x"].double()
-    mean, var = layernorm.vectorized_welford(Numerics(), x64)
-    res = twin.run("layernorm", "torch", dname, inp)
-    gamma, beta = [F(v) for v in inp["weight"].double().tolist()], [F(v) for v in inp["bias"].double().tolist()]
-    for i in range(x64.shape[0]):
-        m, v, r, y = aten_oracle([F(e) for e in x64[i].tolist()], gamma, beta)
-        assert mean[i, 0].item() == float(m) and var[i, 0].item() == float(v), (i, mean[i, 0].item(), m, var[i, 0].item(), v)
-        num = Numerics()
-        rstd = num.round(torch.rsqrt(num.round(var[i] + layernorm.EPS32, "float32")), "float32")
-        assert rstd.item() == float(r)
-        want = torch.tensor([float(e) for e in y], dtype=torch.float64).to(dtype).double()  # `implicitly cast to T`
-        assert torch.equal(res.emulated[i], want), (i, (res.emulated[i] - want).abs().max().item())
-
-
 def test_constant_rows() -> None:
     # 0.1f over 4096: 32 elements per thread, counts powers of two at every merge: mean exact, var 0, y = beta.
     n = 4096
@@ -202,20 +182,33 @@ def rowwise_oracle(x: list, gamma: list, beta: list, threads: int = 512):
     return mean, var, rstd, y
 
 
-@pytest.mark.parametrize("n,dtype", [(30, torch.float32), (1001, torch.float32), (7, torch.float32),
-                                     (513, torch.float32), (2050, torch.float16), (1001, torch.bfloat16)])
-def test_twin_is_the_rowwise_kernels_bit_for_bit(n: int, dtype: torch.dtype) -> None:
+# (kernel, n, dtype): the vectorized kernel at multiples of 4 (powers of two and counts whose 1/count is
+# inexact), the rowwise kernels elsewhere (fewer elements than threads, one more than a block's, two runs).
+KERNELS = {"vectorized": (layernorm.vectorized_welford, aten_oracle), "rowwise": (layernorm.rowwise_welford, rowwise_oracle)}
+
+
+@pytest.mark.parametrize("kernel,n,dtype", [
+    ("vectorized", 8, torch.float32), ("vectorized", 12, torch.float32), ("vectorized", 1000, torch.float32),
+    ("vectorized", 1024, torch.float32), ("vectorized", 4096, torch.float32), ("vectorized", 64, torch.float16),
+    ("vectorized", 520, torch.bfloat16), ("rowwise", 30, torch.float32), ("rowwise", 1001, torch.float32),
+    ("rowwise", 7, torch.float32), ("rowwise", 513, torch.float32), ("rowwise", 2050, torch.float16),
+    ("rowwise", 1001, torch.bfloat16)])
+def test_twin_is_the_aten_kernel_bit_for_bit(kernel: str, n: int, dtype: torch.dtype) -> None:
     inp = _case(n, dtype, seed=n)
     dname = str(dtype).removeprefix("torch.")
-    assert not layernorm.aten_vectorized(n, dname)
+    assert layernorm.aten_vectorized(n, dname) == (kernel == "vectorized")
+    model, oracle = KERNELS[kernel]
     x64 = inp["x"].double()
-    mean, var = layernorm.rowwise_welford(Numerics(), x64)
+    mean, var = model(Numerics(), x64)
     res = twin.run("layernorm", "torch", dname, inp)
     gamma, beta = [F(v) for v in inp["weight"].double().tolist()], [F(v) for v in inp["bias"].double().tolist()]
     for i in range(x64.shape[0]):
-        m, v, _, y = rowwise_oracle([F(e) for e in x64[i].tolist()], gamma, beta)
+        m, v, r, y = oracle([F(e) for e in x64[i].tolist()], gamma, beta)
         assert mean[i, 0].item() == float(m) and var[i, 0].item() == float(v), (i, mean[i, 0].item(), m, var[i, 0].item(), v)
-        want = torch.tensor([float(e) for e in y], dtype=torch.float64).to(dtype).double()
+        num = Numerics()
+        rstd = num.round(torch.rsqrt(num.round(var[i] + layernorm.EPS32, "float32")), "float32")
+        assert rstd.item() == float(r)
+        want = torch.tensor([float(e) for e in y], dtype=torch.float64).to(dtype).double()  # `implicitly cast to T`
         assert torch.equal(res.emulated[i], want), (i, (res.emulated[i] - want).abs().max().item())
 
 

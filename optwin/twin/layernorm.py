@@ -52,6 +52,37 @@ def _lane_constant(num: Numerics, v: torch.Tensor, like: torch.Tensor) -> torch.
     return num.align(num.round(num.expand(v), F32), like=like)
 
 
+def _thread_states(num: Numerics, h: torch.Tensor, threads: int, vec: int = 1,
+                   divide: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each of `threads` threads' Welford state (mean (..., threads), m2 (..., threads), count (threads,))
+    after its online updates over its elements in order: thread t reads runs of `vec` consecutive elements
+    at t, t + threads, ... (in runs). Every op in fp32; the update `delta = h - mean; mean += delta / count;
+    m2 += delta * (h - mean)` with m2's add of a product one FMA, and the mean's as the kernel writes it:
+    fma(delta, fp32(1/count), mean) (one rounding), or with `divide` an IEEE division then an add."""
+    n = h.shape[-1]
+    runs = n // vec
+    steps = -(-runs // threads)
+    valid = torch.arange(steps * threads).reshape(steps, threads) < runs  # (steps, threads)
+    x = torch.nn.functional.pad(h, (0, steps * threads * vec - n))
+    # [..., s, t, k] = element vec (s threads + t) + k, then thread t's sequence down the rows (s, k)
+    x = x.reshape(*h.shape[:-1], steps, threads, vec).transpose(-1, -2).reshape(*h.shape[:-1], steps * vec, threads)
+    valid = valid.repeat_interleave(vec, dim=0)
+    mean, m2 = torch.zeros_like(x[..., 0, :]), torch.zeros_like(x[..., 0, :])  # (..., threads)
+    cnt = torch.zeros(threads, dtype=torch.float64)
+    for i in range(steps * vec):
+        v = x[..., i, :]
+        c = cnt + valid[i]  # counts are exact small integers in fp32
+        delta = num.round(v - mean, F32)
+        if divide:
+            new_mean = num.round(mean + num.round(delta / _lane_constant(num, c.clamp_min(1), delta), F32), F32)
+        else:
+            new_mean = num.round(fma_odd(delta, _lane_constant(num, 1.0 / c.clamp_min(1), delta), mean), F32)
+        new_m2 = num.round(fma_odd(delta, num.round(v - new_mean, F32), m2), F32)
+        mean, m2 = torch.where(valid[i], new_mean, mean), torch.where(valid[i], new_m2, m2)
+        cnt = c
+    return mean, m2, cnt
+
+
 def welford(num: Numerics, h: torch.Tensor, lanes: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean and population variance as our Triton layernorm's Welford kernel computes them
     (optwin.kernels.layernorm_welford): each of `lanes` lanes runs Welford's update over its strided
@@ -60,19 +91,7 @@ def welford(num: Numerics, h: torch.Tensor, lanes: int) -> tuple[torch.Tensor, t
     A constant row keeps its mean exactly (every delta is 0), unlike sum / n."""
     n = h.shape[-1]
     h, lanes = _order_noise(num, h, lanes)
-    lanes = max(1, min(lanes, n))
-    steps = -(-n // lanes)
-    valid = torch.arange(steps * lanes).reshape(steps, lanes) < n  # (steps, lanes)
-    x = torch.nn.functional.pad(h, (0, steps * lanes - n)).reshape(*h.shape[:-1], steps, lanes)
-    mean, m2 = torch.zeros_like(x[..., 0, :]), torch.zeros_like(x[..., 0, :])  # (..., lanes)
-    cnt = torch.zeros(lanes, dtype=torch.float64)
-    for i in range(steps):
-        c = cnt + valid[i]
-        delta = num.round(x[..., i, :] - mean, F32)
-        new_mean = num.round(fma_odd(delta, _lane_constant(num, 1.0 / c.clamp_min(1), delta), mean), F32)
-        new_m2 = num.round(fma_odd(delta, num.round(x[..., i, :] - new_mean, F32), m2), F32)
-        mean, m2 = torch.where(valid[i], new_mean, mean), torch.where(valid[i], new_m2, m2)
-        cnt = c
+    mean, m2, cnt = _thread_states(num, h, max(1, min(lanes, n)))
     while mean.shape[-1] > 1:  # tree of merges (warp shuffles, then across warps)
         if mean.shape[-1] % 2:
             mean, m2 = (torch.nn.functional.pad(t, (0, 1)) for t in (mean, m2))
@@ -178,22 +197,7 @@ def vectorized_welford(num: Numerics, h: torch.Tensor, threads: int = ATEN_THREA
     drawn from {32, ..., 1024}, as num.sum does."""
     n = h.shape[-1]
     h, threads = _order_noise(num, h, threads)
-    nvec = n // ATEN_VEC
-    steps = -(-nvec // threads)
-    valid = torch.arange(steps * threads).reshape(steps, threads) < nvec  # (steps, threads)
-    x = torch.nn.functional.pad(h, (0, steps * threads * ATEN_VEC - n))
-    x = x.reshape(*h.shape[:-1], steps, threads, ATEN_VEC)  # [..., s, t, k] = element 4 (s threads + t) + k
-    mean, m2 = torch.zeros_like(x[..., 0, :, 0]), torch.zeros_like(x[..., 0, :, 0])  # (..., threads)
-    cnt = torch.zeros(threads, dtype=torch.float64)
-    for s in range(steps):
-        for k in range(ATEN_VEC):
-            v = x[..., s, :, k]
-            c = cnt + valid[s]  # new_count = curr_sum.count + 1.f (exact)
-            delta = num.round(v - mean, F32)
-            new_mean = num.round(fma_odd(delta, _lane_constant(num, 1.0 / c.clamp_min(1), delta), mean), F32)
-            new_m2 = num.round(fma_odd(delta, num.round(v - new_mean, F32), m2), F32)
-            mean, m2 = torch.where(valid[s], new_mean, mean), torch.where(valid[s], new_m2, m2)
-            cnt = c
+    mean, m2, cnt = _thread_states(num, h, threads, vec=ATEN_VEC)
     mean, m2 = _warps_then_block(num, (mean, m2, cnt), _welford_combine)
     return mean, num.round(m2 / n, F32)  # (..., 1) each
 
@@ -233,19 +237,7 @@ def rowwise_welford(num: Numerics, h: torch.Tensor, threads: int = ATEN_ROWWISE_
     Noise "order" as vectorized_welford."""
     n = h.shape[-1]
     h, threads = _order_noise(num, h, threads)
-    steps = -(-n // threads)
-    valid = torch.arange(steps * threads).reshape(steps, threads) < n  # (steps, threads)
-    x = torch.nn.functional.pad(h, (0, steps * threads - n)).reshape(*h.shape[:-1], steps, threads)
-    mean, m2 = torch.zeros_like(x[..., 0, :]), torch.zeros_like(x[..., 0, :])  # (..., threads)
-    cnt = torch.zeros(threads, dtype=torch.float64)
-    for s in range(steps):
-        v = x[..., s, :]
-        c = cnt + valid[s]
-        delta = num.round(v - mean, F32)
-        new_mean = num.round(mean + num.round(delta / _lane_constant(num, c.clamp_min(1), delta), F32), F32)
-        new_m2 = num.round(fma_odd(delta, num.round(v - new_mean, F32), m2), F32)
-        mean, m2 = torch.where(valid[s], new_mean, mean), torch.where(valid[s], new_m2, m2)
-        cnt = c
+    mean, m2, cnt = _thread_states(num, h, threads, divide=True)
     mean, m2 = _warps_then_block(num, (mean, m2, cnt), _welford_ops_combine)
     return mean, num.round(m2 / n, F32)  # (..., 1) each
 
