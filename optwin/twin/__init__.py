@@ -44,15 +44,17 @@ class TwinResult:
     emulated: torch.Tensor  # float64: the variant under deterministic emulation
     faults: dict[str, bool]  # for `emulated`
     replay_faults: dict[str, torch.Tensor] = field(default_factory=dict)  # fault -> bool [replays]
-    replays: torch.Tensor | None = None  # float64 [replays, ...] outputs of the noisy replays
+    replays: torch.Tensor | None = None  # float64 [replays, ...] outputs of the noisy replays (keep_replays only)
     noise: str = "none"
     rel_error: float = 0.0  # ||emulated - exact|| / ||exact|| over finite-reference elements
     replay_rel_error: torch.Tensor | None = None  # [replays]
 
     @property
     def probability(self) -> dict[str, float]:
-        """Fraction of replays that fault, per type (the deterministic flags when there are none)."""
-        if not self.replay_faults:
+        """Fraction of replays that fault, per type (the deterministic flags when there are none).
+        `run` gives replay_faults every fault type even without replays ([0] tensors, whose mean is
+        NaN), so "no replays" is told by their length; an empty dict (a hand-built result) too."""
+        if not any(v.numel() for v in self.replay_faults.values()):
             return {k: float(v) for k, v in self.faults.items()}
         return {k: float(v.double().mean()) for k, v in self.replay_faults.items()}
 
@@ -130,12 +132,14 @@ def run(op: str, variant: str, dtype: str, inputs: Mapping[str, torch.Tensor], p
     flags = fault_flags(op, dtype, emulated, exact, r_prob, tolerances)
     result = TwinResult(op, variant, dtype, exact, emulated, {k: bool(v) for k, v in flags.items()}, noise=noise,
                         rel_error=float(relative_error(emulated, exact)))
-    if replays and noise == "none":  # deterministic replays are all the emulated output
+    # replays == 0 takes these branches too: every field sized [replays] is then an empty tensor with
+    # every fault type (the spec's bool [replays]), as with replays >= 1, not an empty dict or None.
+    if noise == "none":  # deterministic replays are all the emulated output
         result.replay_faults = {k: v.expand(replays).clone() for k, v in flags.items()}
         result.replay_rel_error = torch.full((replays,), result.rel_error, dtype=torch.float64)
         if keep_replays:
             result.replays = emulated.unsqueeze(0).expand(replays, *emulated.shape)
-    elif replays:
+    else:
         batch = max(1, REPLAY_BATCH_BYTES // replay_bytes(x, exact, r_prob))
         # Only the flags, the errors (and kept outputs) outlive a batch, each copied into a tensor made
         # before the first: small tensors made batch after batch would pin the freed heap (RSS grew
