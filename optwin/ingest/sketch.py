@@ -526,7 +526,9 @@ def _fast_amax(x: torch.Tensor) -> float | None:
     if x.numel() == 0:
         return None
     mn, mx = torch.aminmax(_f32(_dense(x)))
-    a = max(-float(mn), float(mx))
+    # abs: for an all-zero x, -mn is -0.0 and max(-0.0, 0.0) keeps its first argument, so the
+    # magnitude read -0.0 (layernorm's bias_absmax of a zero bias). max(-mn, mx) >= 0 otherwise.
+    a = abs(max(-float(mn), float(mx)))
     if not math.isfinite(a) or (a != 0.0 and not _FAST_LO < a < _FAST_HI):
         return None
     return a
