@@ -41,6 +41,15 @@ def streamlit_argv(db: str, sidecar: str | None = None, port: int | None = None,
     return argv
 
 
+def check_address(address: str, port: int | None) -> None:
+    """Refuse in one line (ListenError) an address or port Streamlit could not listen on, before it starts: it
+    takes seconds to start, then says so in a traceback or its own log line and exits 1. Without --port only the
+    address is checked: Streamlit then moves on from a busy default port by itself."""
+    from optwin.fingerprints.sidecar import Address, check_bind, parse_listen
+
+    check_bind(parse_listen(address) if address.startswith("unix://") else Address("tcp", host=address, port=port or 0))
+
+
 STOP_GRACE_S = 10.0  # after a forwarded signal, Streamlit gets this long to stop before it is killed
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -107,6 +116,7 @@ def dashboard_command(
 
         if (bad := check_url(sidecar)) is not None:
             raise InputError(f"--sidecar: {bad}")
+    check_address(address, port)
     env = dict(os.environ)
     if sidecar_token:  # to the child through its environment, not its command line (ps)
         env["OPTWIN_SIDECAR_TOKEN"] = sidecar_token

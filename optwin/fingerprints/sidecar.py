@@ -430,10 +430,51 @@ def _file_sig(path: str) -> tuple[int, int, int] | None:
 
 def _bind_error(address: Address, e: OSError) -> str:
     """One line naming the address and what the OS refused."""
-    reason = os.strerror(e.errno) if e.errno else str(e)  # asyncio's own text repeats the address as a tuple
+    if isinstance(e, socket.gaierror):  # a host that does not resolve: its errno is negative (EAI_*), not an OS errno
+        reason = e.strerror or str(e)
+    else:
+        reason = os.strerror(e.errno) if e.errno else str(e)  # asyncio's own text repeats the address as a tuple
     if address.kind == "unix" and isinstance(e, FileNotFoundError):
         reason += f" (directory {os.path.dirname(os.path.abspath(address.path))} does not exist)"
     return f"cannot listen on {address}: {reason}"
+
+
+def check_bind(address: Address) -> None:
+    """Bind `address` and let it go again: ListenError with `_bind_error`'s one line if the OS refuses it (a busy
+    port, an address of no interface here, a host that does not resolve, a unix socket's missing directory).
+
+    For commands whose server starts after slow work (the sidecar's database load, Streamlit's start in a child):
+    they call this first, so bad input fails at once in one line. A port taken between the check and the real bind
+    still fails there. Port 0 checks only the host."""
+    if address.kind == "unix":
+        _clear_stale_socket(address.path)  # refuses a live server's socket or another file, as the real bind would
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.bind(address.path)
+            os.remove(address.path)
+        except OSError as e:
+            raise ListenError(_bind_error(address, e)) from None
+        finally:
+            s.close()
+        return
+    bound: list[socket.socket] = []
+    try:
+        # every address the host resolves to, as asyncio.start_server binds them
+        infos = socket.getaddrinfo(address.host or None, address.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        for family, kind, proto, _, sockaddr in dict.fromkeys(infos):
+            s = socket.socket(family, kind, proto)
+            bound.append(s)
+            # as the servers bind: SO_REUSEADDR (a port in TIME_WAIT is free; a listening one is still refused on
+            # Linux), and an IPv6 socket for IPv6 alone (the IPv4 address gets its own)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            s.bind(sockaddr)
+    except OSError as e:
+        raise ListenError(_bind_error(address, e)) from None
+    finally:
+        for s in bound:
+            s.close()
 
 
 def _clear_stale_socket(path: str) -> None:
