@@ -14,8 +14,8 @@ trend fit, so the server's cost is parsing. A hand-written HTTP/1.1 keep-alive l
 `asyncio.start_server` costs a few microseconds per request; clients batch records (client.py
 sends up to 256 per request), so one core serves tens of thousands of records per second.
 
-Backpressure: the server never queues unboundedly. Request bodies are capped (`max_body`, 413);
-when the event loop lags more than `max_lag_s` behind (it is saturated) or the configured record
+Backpressure: the server never queues unboundedly. Request bodies (Content-Length or chunked) are capped
+(`max_body`, 413); when the event loop lags more than `max_lag_s` behind (it is saturated) or the configured record
 rate is exceeded, POST /v1/observe answers 503 at once (counted, exported) so clients drop instead
 of piling up. The client (client.py) never blocks the model either: bounded queue, counted drops.
 Streams are bounded too: at `max_streams` the least recently seen stream is dropped for a new one, and with
@@ -38,13 +38,14 @@ import json
 import logging
 import math
 import os
+import re
 import socket
 import stat
 import threading
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, AsyncIterator
 from urllib.parse import parse_qs
 
 from optwin.catalog import CATALOG
@@ -83,7 +84,16 @@ _INF = math.inf
 _LAT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0)
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
             411: "Length Required", 500: "Internal Server Error", 413: "Payload Too Large", 431: "Request Header Fields Too Large",
-            503: "Service Unavailable"}
+            501: "Not Implemented", 503: "Service Unavailable"}
+
+# A chunk-size line (RFC 9112 7.1): hex digits, then extensions (";name=value", optionally after spaces), which are
+# ignored. Only hex digits, where int(x, 16) alone would also take "0x1f", "+1f", "1_f" or " 1f": lenient size
+# parsing is how a front-end and a back-end come to disagree on where a body ends (request smuggling). At most 16
+# digits (a size below 2**64), and a bare LF is not a line end, for the same reason.
+_CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,16})[ \t]*(?:;[^\r\n]*)?\r\n")
+_MAX_CHUNK_LINE = 4096  # bytes of one chunk-size line, extensions included
+_MAX_TRAILERS = 1 << 16  # bytes of a chunked body's trailer section (the head's own limit)
+_PIECE = 1 << 20  # a body is read in pieces of at most this many bytes, so a refused one is never held whole
 
 
 class ListenError(OptwinError, ValueError):
@@ -501,6 +511,71 @@ def _clear_stale_socket(path: str) -> None:
     raise ListenError(f"{path}: another server is listening there (another sidecar?)")
 
 
+class _BadFraming(Exception):
+    """A request body whose chunked framing is broken: answered with `code` and this message, then closed."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+async def _line(reader: asyncio.StreamReader, most: int, what: str) -> bytes:
+    """One CRLF-terminated line of a chunked body, CRLF included, of at most `most` bytes."""
+    try:
+        line = await reader.readuntil(b"\r\n")
+    except asyncio.LimitOverrunError:  # no CRLF within the stream's limit (64 KiB)
+        line = b""
+    if not line or len(line) > most:
+        raise _BadFraming(400, f"{what} longer than {most} bytes")
+    return line
+
+
+async def _body_pieces(reader: asyncio.StreamReader, length: int | None) -> AsyncIterator[bytes]:
+    """A request body's data in pieces of at most _PIECE bytes, framed by Content-Length (length bytes) or, with
+    length None, by the chunked coding (RFC 9112 7.1): chunk-size lines in hex whose extensions are ignored, the
+    last chunk (size 0), then trailer fields, read and dropped up to the empty line that ends the body, so that a
+    next request on the connection starts where it should. The one reader of bodies, kept or dropped: the caller
+    decides how much it takes (max_body, max_discard). IncompleteReadError on EOF; _BadFraming on a broken chunked
+    framing."""
+    if length is not None:
+        while length > 0:
+            piece = await reader.readexactly(min(length, _PIECE))
+            length -= len(piece)
+            yield piece
+        return
+    while True:
+        line = await _line(reader, _MAX_CHUNK_LINE, "chunk size line")
+        m = _CHUNK_SIZE.fullmatch(line)
+        if m is None:
+            raise _BadFraming(400, f"malformed chunk size line {line[:40].decode('latin-1')!r}")
+        size = int(m[1], 16)
+        if not size:
+            break
+        while size > 0:
+            piece = await reader.readexactly(min(size, _PIECE))
+            size -= len(piece)
+            yield piece
+        if await reader.readexactly(2) != b"\r\n":
+            raise _BadFraming(400, "chunk data longer than its chunk size")
+    seen = 0  # the trailer section: nothing here uses trailer fields (7.1.2 lets a recipient drop them)
+    while (line := await _line(reader, _MAX_TRAILERS, "chunked trailer field")) != b"\r\n":
+        seen += len(line)
+        if seen > _MAX_TRAILERS:
+            raise _BadFraming(431, f"chunked trailer section longer than {_MAX_TRAILERS} bytes")
+
+
+async def _read_body(pieces: AsyncIterator[bytes], most: int) -> bytes | None:
+    """The whole body from _body_pieces, or None as soon as it is found longer than `most` bytes (the rest of it is
+    left in `pieces`, for _discard)."""
+    parts, n = [], 0
+    async for piece in pieces:
+        n += len(piece)
+        if n > most:
+            return None
+        parts.append(piece)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
 class Sidecar:
     """The asyncio HTTP server around a SidecarState."""
 
@@ -633,27 +708,54 @@ class Sidecar:
             headers = {}
             for ln in lines[1:]:
                 k, _, v = ln.partition(":")
-                headers[k.strip().lower()] = v.strip()
+                k, v = k.strip().lower(), v.strip()
+                if k == "transfer-encoding" and k in headers:  # a list split over lines is one list (RFC 9110 5.3)
+                    v = headers[k] + "," + v
+                headers[k] = v
         except ValueError:
             return await self._reply(writer, "other", 400, b'{"error": "malformed request line"}', False, t0)
         keep = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
         path, _, query = target.partition("?")
-        if "transfer-encoding" in headers:
-            return await self._reply(writer, path, 411, b'{"error": "send a Content-Length body"}', False, t0)
-        try:
-            length = int(headers.get("content-length", "0"))
-            if length < 0:
-                raise ValueError
-        except ValueError:
-            return await self._reply(writer, path, 400, b'{"error": "bad Content-Length"}', False, t0)
+        # The body's framing (RFC 9112 6.3): length is its size, or None for a chunked body, whose size is known
+        # only once it has arrived (so max_body is enforced while it is read).
+        length: int | None
+        te = headers.get("transfer-encoding")
+        if te is not None:
+            codings = [c.strip().lower() for c in te.split(",") if c.strip()]
+            if version != "HTTP/1.1":  # an HTTP/1.0 message with Transfer-Encoding has faulty framing (6.1)
+                return await self._reply(writer, path, 400, b'{"error": "Transfer-Encoding needs HTTP/1.1"}', False,
+                                         t0)
+            if codings[-1:] != ["chunked"] or "chunked" in codings[:-1]:
+                # chunked not last (or twice): the body's end cannot be found, a 400 and a close are a MUST (6.3)
+                msg = json.dumps({"error": f"Transfer-Encoding {te[:100]!r}: chunked must be the final coding"})
+                return await self._reply(writer, path, 400, msg.encode(), False, t0)
+            if len(codings) > 1:  # e.g. "gzip, chunked": a coding this server does not decode, 501 (6.1)
+                msg = json.dumps({"error": f"Transfer-Encoding {te[:100]!r} not implemented: send chunked alone"})
+                return await self._reply(writer, path, 501, msg.encode(), False, t0)
+            length = None
+            if "content-length" in headers:
+                # Both headers: Transfer-Encoding overrides Content-Length and the server MUST close the connection
+                # after answering (6.3 item 3, 6.1); rejecting with 400 is allowed too. The body is read as chunked,
+                # which reads all of it, so the answer is not lost to a reset of unread input; the close is what
+                # defeats smuggling: whatever length a proxy in front took from Content-Length, no byte after the
+                # chunked body is read as a next request.
+                keep = False
+        else:
+            try:
+                length = int(headers.get("content-length", "0"))
+                if length < 0:
+                    raise ValueError
+            except ValueError:
+                return await self._reply(writer, path, 400, b'{"error": "bad Content-Length"}', False, t0)
+        has_body = length != 0
         # "Expect: 100-continue" (curl sends it for bodies over 1 MB): the client holds the body back until told to
         # send it, or until its own timeout (curl's: 1 s) when nobody answers. A refusal is answered at once and the
         # connection closed (RFC 9110 10.1.1): the body was never sent, so there is nothing to drain.
-        expect = length > 0 and version == "HTTP/1.1" and headers.get("expect", "").lower() == "100-continue"
-        if length > st.cfg.max_body:
+        expect = has_body and version == "HTTP/1.1" and headers.get("expect", "").lower() == "100-continue"
+        if length is not None and length > st.cfg.max_body:
             await self._reply(writer, path, 413, b'{"error": "body too large"}', False, t0)
             if not expect:
-                await self._discard(reader, writer, length)
+                await self._discard(writer, _body_pieces(reader, length), st.cfg.max_discard)
             return False
         if self._token is not None:
             scheme, _, cred = headers.get("authorization", "").partition(" ")
@@ -661,19 +763,30 @@ class Sidecar:
             if scheme.lower() != "bearer" or not hmac.compare_digest(cred.strip().encode("latin-1"), self._token):
                 # refused before the body is read: an unauthenticated client must not make the server buffer up to
                 # max_body; a body it still sends is dropped as for a 413, then the connection closes
-                await self._reply(writer, path, 401, b'{"error": "missing or wrong bearer token"}', keep and not length,
-                                  t0)
-                if not length:
+                await self._reply(writer, path, 401, b'{"error": "missing or wrong bearer token"}',
+                                  keep and not has_body, t0)
+                if not has_body:
                     return keep
                 if not expect:
-                    await self._discard(reader, writer, length)
+                    await self._discard(writer, _body_pieces(reader, length), st.cfg.max_discard)
                 return False
         if expect:
             writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        try:
-            body = await asyncio.wait_for(reader.readexactly(length), st.cfg.request_timeout_s) if length else b""
-        except asyncio.TimeoutError:
-            return False
+        body = b""
+        if has_body:
+            pieces = _body_pieces(reader, length)
+            try:
+                # one deadline for the whole body, however it is framed: a client that trickles chunks gets no more
+                # time than one that trickles a Content-Length body
+                body = await asyncio.wait_for(_read_body(pieces, st.cfg.max_body), st.cfg.request_timeout_s)
+            except asyncio.TimeoutError:
+                return False
+            except _BadFraming as e:  # where this body ends is unknown now: answered, then closed
+                return await self._reply(writer, path, e.code, json.dumps({"error": str(e)}).encode(), False, t0)
+            if body is None:  # a chunked body over max_body: found out while it arrives, the rest is still coming
+                await self._reply(writer, path, 413, b'{"error": "body too large"}', False, t0)
+                await self._discard(writer, pieces, st.cfg.max_discard - st.cfg.max_body)
+                return False
         if path == "/v1/observe":
             if method != "POST":
                 return await self._reply(writer, path, 405, b'{"error": "method not allowed: use POST"}', keep, t0,
@@ -713,21 +826,25 @@ class Sidecar:
             return await self._reply(writer, path, 200, msg, keep, t0)
         return await self._reply(writer, "other", 404, b'{"error": "not found"}', keep, t0)
 
-    async def _discard(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, length: int) -> None:
-        """Read and drop a refused body, bounded in bytes (max_discard) and time (request_timeout_s): nginx's
-        lingering close, so the answer already written is not lost to a reset."""
+    async def _discard(self, writer: asyncio.StreamWriter, pieces: AsyncIterator[bytes], most: int) -> None:
+        """Read and drop (the rest of) a refused body, bounded in bytes (`most`, give or take a piece) and time
+        (request_timeout_s): nginx's lingering close, so the answer already written is not lost to a reset."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.state.cfg.request_timeout_s
-        left = min(length, self.state.cfg.max_discard)
+
+        async def drop() -> None:
+            left = most
+            while left > 0:
+                piece = await anext(pieces, b"")
+                if not piece:
+                    return
+                left -= len(piece)
+
         try:
             await asyncio.wait_for(writer.drain(), self.state.cfg.request_timeout_s)
-            while left > 0:
-                chunk = await asyncio.wait_for(reader.read(min(left, 1 << 20)), max(0.0, deadline - loop.time()))
-                if not chunk:
-                    return
-                left -= len(chunk)
-        except asyncio.TimeoutError:
-            return
+            await asyncio.wait_for(drop(), max(0.0, deadline - loop.time()))
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, _BadFraming):
+            return  # the connection closes either way
 
     async def _reply(self, writer: asyncio.StreamWriter, path: str, code: int, body: bytes, keep: bool, t0: float,
                      ctype: bytes = b"application/json", extra: bytes = b"") -> bool:
