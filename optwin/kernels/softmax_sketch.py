@@ -204,6 +204,9 @@ def _store_features(S_ptr, n_rows, n_cols, g_amax, g_sq, g_max, g_min, g_rng, g_
     """The softmax features from the launch's merged partials (float64 extremes, int64 counts)."""
     numel = tl.cast(n_rows, tl.int64) * n_cols
     any_fin = g_max >= g_min
+    # abs: g_amax = max(max, -min, 0) is -0.0 for a -0.0-only input where maximum keeps its first operand
+    # on ties (the interpreter's numpy; LLVM's maxnum may pick either zero), ingest's abs().amax() +0.0
+    g_amax = tl.abs(g_amax)
     store_common_features(S_ptr, numel, tl.cast(n_rows, tl.int64), g_amax, g_sq, numel - g_nf - g_neg, g_nf)
     tl.store(S_ptr + 5, tl.cast(n_cols, tl.float64))
     tl.store(S_ptr + 6, tl.where(any_fin, g_max, 0.0))
