@@ -31,9 +31,10 @@ def serve_command(
     """Serve per-call fault risk and per-stream forecasts over HTTP (POST /v1/observe, GET /v1/warnings, /metrics, /healthz)."""
     import logging
 
-    from optwin.fingerprints.sidecar import SidecarConfig, parse_listen, serve
-
     from optwin.errors import InputError
+    from optwin.fingerprints.matcher import _current_build_id
+    from optwin.fingerprints.sidecar import SidecarConfig, check_listen, parse_listen, serve
+    from optwin.fingerprints.store import open_store
 
     level = logging.getLevelName(log_level.upper())
     if not isinstance(level, int):
@@ -45,7 +46,18 @@ def serve_command(
     if stream_ttl_s is not None and not stream_ttl_s > 0:
         raise InputError(f"--stream-ttl-s must be > 0, got {stream_ttl_s}")
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
-    parse_listen(listen)  # a bad address fails before the database loads
+    # Bad input is one `error:` line and nothing else, so everything the load would trip on is checked before the
+    # "loading" notice: the address (form, --token off loopback, what the OS refuses), then the database file
+    # (missing, not DuckDB, not ours, another schema version, no build yet: the matcher's own check, so its words);
+    # opening it is milliseconds, the full load is not.
+    check_listen(parse_listen(listen), token)
+    with open_store(db, read_only=True) as store:
+        _current_build_id(store)
+    if warnings_jsonl:
+        try:
+            open(warnings_jsonl, "a").close()  # the sidecar appends to it (creating it) anyway
+        except OSError as e:
+            raise InputError(f"--warnings-jsonl {warnings_jsonl}: {e.strerror or e}") from None
     cfg = SidecarConfig(max_records_per_s=max_records_per_s, max_streams=max_streams, stream_ttl_s=stream_ttl_s)
     typer.echo(f"optwin serve: loading {db}", err=True)
     serve(db, listen=listen, token=token, warnings_jsonl=warnings_jsonl, config=cfg)

@@ -487,6 +487,14 @@ def check_bind(address: Address) -> None:
             s.close()
 
 
+def check_listen(address: Address, token: str | None) -> None:
+    """What `serve` refuses before it loads anything: an address off loopback without a token (it must not listen
+    there), or one the OS will not bind (it cannot)."""
+    if not address.loopback and not token:
+        raise ListenError(f"refusing to listen on non-loopback address {address} without --token")
+    check_bind(address)
+
+
 def _clear_stale_socket(path: str) -> None:
     """Remove what a killed sidecar left at a unix address, and nothing else: another file there is refused (it
     would be lost), and so is a socket that something still answers on (a running sidecar would lose its address
@@ -873,8 +881,7 @@ def serve(db: str, listen: str = "tcp://127.0.0.1:8765", token: str | None = Non
           warnings_jsonl: str | None = None, config: SidecarConfig | None = None) -> None:
     """Run the sidecar until interrupted (the `optwin serve` command)."""
     address = parse_listen(listen)
-    if not address.loopback and not token:
-        raise ListenError(f"refusing to listen on non-loopback address {address} without --token")
+    check_listen(address, token)  # before the database loads, which can take a while
     state = SidecarState(db, config=config, warnings_jsonl=warnings_jsonl)
     sidecar = Sidecar(state, address, token=token)
     try:
