@@ -29,9 +29,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-# command name -> (module, function). The modules import only typer at import time.
-COMMANDS: dict[str, tuple[str, str]] = {
-    "build": ("optwin.fingerprints.cli", "build_command"),
+# command name -> (module, function[, command class]). The modules import only typer at import time. A command
+# class (a typer.core.TyperCommand) is for a command that reads its arguments its own way (build: `--ops a b c`).
+COMMANDS: dict[str, tuple[str, ...]] = {
+    "build": ("optwin.fingerprints.cli", "build_command", "BuildCommand"),
     "migrate": ("optwin.fingerprints.cli", "migrate_command"),
     "capture": ("optwin.ingest.cli", "capture_command"),
     "serve": ("optwin.fingerprints.serve_cli", "serve_command"),
@@ -40,8 +41,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("optwin.demo", "demo_command"),
 }
 
-for _name, (_module, _func) in COMMANDS.items():
-    app.command(_name)(getattr(importlib.import_module(_module), _func))
+for _name, (_module, _func, *_cls) in COMMANDS.items():
+    _mod = importlib.import_module(_module)
+    app.command(_name, cls=getattr(_mod, _cls[0]) if _cls else None)(getattr(_mod, _func))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -11,14 +11,49 @@ import signal
 from typing import TYPE_CHECKING, List, Optional
 
 import typer
+from typer.core import TyperCommand
 
 if TYPE_CHECKING:
     from optwin.fingerprints.build import BuildConfig
 
 
+def spread_values(args: list[str], option: str) -> list[str]:
+    """`OPTION a b c` -> `OPTION a OPTION b OPTION c`: the values after `option` up to the next option (a token
+    starting with '-') or `--`, each given its own copy of the option. `OPTION=a b` spreads the same way."""
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        out.append(a)
+        i += 1
+        if a == "--":  # the end of options: the rest is left as it is
+            out += args[i:]
+            break
+        if a == option and i < len(args):
+            out.append(args[i])  # the option's own value, as click takes it
+            i += 1
+        elif not a.startswith(option + "="):
+            continue
+        while i < len(args) and not args[i].startswith("-"):
+            out += [option, args[i]]
+            i += 1
+    return out
+
+
+class BuildCommand(TyperCommand):
+    """`optwin build`, reading `--ops a b c` as `--ops a --ops b --ops c` (spec: `[--ops ...]`).
+
+    A click option takes a fixed number of values, so `--ops matmul geodesic` left `geodesic` an unexpected extra
+    argument. Rewriting the arguments before click parses them keeps --ops one ordinary repeatable option (its
+    help, its error messages, the comma form) and is unambiguous: build takes no positional arguments."""
+
+    def parse_args(self, ctx, args: list[str]) -> list[str]:  # noqa: ANN001 (click's Context)
+        return super().parse_args(ctx, spread_values(args, "--ops"))
+
+
 def build_command(
     profile: Optional[str] = typer.Option(None, "--profile", help="Input profile (from `optwin capture`); default: the built-in sweep."),
-    ops: Optional[List[str]] = typer.Option(None, "--ops", help="Operators to build (repeat or comma-separate); default: all."),
+    ops: Optional[List[str]] = typer.Option(None, "--ops", help="Operators to build: space- or comma-separated, or --ops repeated; default: all."),
     replays: Optional[int] = typer.Option(None, "--replays", help="Noisy replays per case (default: preset: quick 16, full 32)."),
     out: str = typer.Option("fingerprints.duckdb", "--out", help="Database file (created or extended with a new build)."),
     engine: str = typer.Option("local", "--engine", help="local (process pool) or ray."),
@@ -92,7 +127,7 @@ def _standalone() -> None:
     from optwin.cli import run_app
 
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-    app.command("build")(build_command)
+    app.command("build", cls=BuildCommand)(build_command)
     app.command("migrate")(migrate_command)
     run_app(app)
 
