@@ -24,6 +24,7 @@ import json
 import logging
 import math
 import os
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -165,13 +166,11 @@ def norm_modules(model) -> list[tuple[str, Any]]:
 def quick_build(db: str, cfg: DemoConfig, rebuild: bool, echo: Callable[[str], None]) -> tuple[str, float]:
     """The builder's quick mode for rmsnorm only; an existing database is reused unless `rebuild`."""
     from optwin.fingerprints.build import BuildConfig, build
-    from optwin.fingerprints.store import open_store
 
     t0 = time.perf_counter()
-    if os.path.exists(db) and not rebuild:
-        with open_store(db, read_only=True) as store:
-            bid = store.latest_build_id()
-        if bid:
+    if os.path.exists(db):
+        bid = _existing_build(db, echo)
+        if bid and not rebuild:
             echo(f"using the fingerprint database {db} (build {bid}); --rebuild makes a new one")
             return bid, 0.0
     echo(f"quick build of the {OP} fingerprints into {db} ...")
@@ -181,6 +180,36 @@ def quick_build(db: str, cfg: DemoConfig, rebuild: bool, echo: Callable[[str], N
     echo(f"built {res.build_id}: {res.cases} cases, {res.replays} replays, {res.fingerprints} fingerprints "
          f"in {res.duration_s:.1f}s")
     return res.build_id, time.perf_counter() - t0
+
+
+def _existing_build(db: str, echo: Callable[[str], None]) -> str | None:
+    """The newest build in the demo's database (None: it holds none). One at another schema version (left by an
+    older or newer optwin's demo) cannot be reused or extended, and `optwin migrate` is not the demo's to ask for:
+    the demo's own file is rebuilt instead, the old one moved aside (its name is also `optwin build`'s default
+    --out, so with --workdir . it may be a database of the user's own)."""
+    from optwin.errors import SchemaVersionError
+    from optwin.fingerprints.store import open_store
+
+    try:
+        with open_store(db, read_only=True) as store:
+            return store.latest_build_id()
+    except SchemaVersionError as e:
+        kept = _unused_name(db + ".old")
+        os.replace(db, kept)
+        if os.path.exists(db + ".wal"):  # DuckDB's write-ahead log belongs to the file it was written for
+            os.replace(db + ".wal", kept + ".wal")
+        versions = re.search(r"schema version \d+, this optwin reads \d+", str(e))
+        echo(f"{db} has {versions.group(0) if versions else 'another schema version'}: moved it to {kept}; "
+             "building a new one")
+        return None
+
+
+def _unused_name(path: str) -> str:
+    n, name = 0, path
+    while os.path.lexists(name):
+        n += 1
+        name = f"{path}.{n}"
+    return name
 
 
 # ----------------------------------------------------------------------------- the watched run
