@@ -213,7 +213,8 @@ CATALOG: dict[str, Operator] = {
         variants=(
             Variant("torch", "aten CUDA, fp32 Welford mean/var; hidden % 4 == 0: the vectorized kernel (128 threads, "
                     "runs of 4 elements, fma updates, shuffle-down then shared-memory merges with coef = 1/count), "
-                    "y = fma(w, r*(h-m), b); else strided Welford, y = (h-m)*r*w+b; r = rsqrt(var+eps); rounded to dtype"),
+                    "y = fma(w, r*(h-m), b); else RowwiseMoments (512 threads, Welford: mean + delta/n, fma m2 updates, "
+                    "warp then block merges with nb/n), y = fma((h-m)*r, w, b); r = rsqrt(var+eps); rounded to dtype"),
             Variant("one-pass", "h = x.float(); m = mean(h); var = mean(h*h) - m*m; y = (h-m)*rsqrt(var+eps)*w+b fp32, rounded to dtype"),
             Variant("triton", "fp32 two-pass: m = tree-sum(h)/n; var = tree-sum(fma-folded (h-m)^2, 4 neighbours per fold)/n; "
                     "y = fma((h-m)*rsqrt(var+eps), w, b).to(dtype); rows > 65536: per-lane sums over 4096-wide "

@@ -1,5 +1,5 @@
 """layernorm twin: torch (F.layer_norm on CUDA: aten's vectorized Welford kernel where it runs, else its
-strided Welford), one-pass (E[h^2] - E[h]^2), triton (two-pass tree, or Welford over pieces where
+RowwiseMoments kernel's), one-pass (E[h^2] - E[h]^2), triton (two-pass tree, or Welford over pieces where
 twin.numerics.welford_chunk says).
 
     python -c "import torch; from optwin import twin; x = (1e4 + torch.randn(2, 64)).half(); \
