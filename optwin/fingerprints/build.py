@@ -393,7 +393,8 @@ def _build_locked(cfg: BuildConfig, t0: float, on_start: Callable[[int, int], No
                   on_shard: Callable[[dict[str, Any]], None] | None,
                   on_note: Callable[[str], None] | None = None) -> BuildResult:
     """build's steps, with the database's build lock held."""
-    from optwin.fingerprints.duckdb_store import copy_for_write, is_disk_full, is_interrupt, remove_db_files, temp_path
+    from optwin.fingerprints.duckdb_store import (copy_for_write, fold_wal, is_disk_full, is_interrupt, remove_db_files,
+                                                  swap_in, temp_path)
     from optwin.fingerprints.engines import run_shards
     from optwin.fingerprints.store import open_store
     from optwin.twin import TWIN_VERSION
@@ -401,6 +402,7 @@ def _build_locked(cfg: BuildConfig, t0: float, on_start: Callable[[int, int], No
     specs = plan_shards(cfg)
     tmp = temp_path(cfg.out)
     try:
+        fold_wal(cfg.out)  # a WAL a dead writer left: refused now if it cannot be folded in, not after the shards ran
         manifest = load_or_write_manifest(cfg, specs, on_note)
         saved = _saved_build(cfg.out, manifest["build_id"]) if cfg.resume else None
         if saved is not None:  # killed after the swap, before the cleanup: the build is done
@@ -435,7 +437,7 @@ def _build_locked(cfg: BuildConfig, t0: float, on_start: Callable[[int, int], No
             store.checkpoint()
         finally:
             store.close()
-        os.replace(tmp, cfg.out)
+        swap_in(tmp, cfg.out)
         _remove_work_dir(cfg.work_dir)
     except DatabaseError as e:  # name the target, not our private temporary copy
         raise DatabaseError(str(e).replace(tmp, cfg.out)) from None

@@ -12,6 +12,7 @@ Driver errors become DatabaseError / SchemaVersionError with one line.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -285,11 +286,41 @@ def remove_db_files(path: str) -> None:
             os.remove(p)
 
 
+def fold_wal(path: str) -> None:
+    """Fold a pending `<path>.wal` (left by a writer that died or never closed) into `path`. Call it holding the
+    build lock.
+
+    A copy of the main file alone lacks the WAL's committed rows, and a WAL left beside a file swapped in over
+    `path` no longer matches it: DuckDB then refuses to open the file at all ("WAL checkpoint iteration does not
+    match"). Checkpointing through a read-write connection is the one way to get them into the file DuckDB
+    accepts; if that connection cannot be had (a program has the file open, or the WAL is damaged), the build or
+    migrate is refused rather than losing the rows."""
+    wal = path + ".wal"
+    if not os.path.lexists(wal):
+        return
+    try:
+        conn = duckdb.connect(path)
+        try:
+            conn.execute("CHECKPOINT")
+        finally:
+            conn.close()
+    except (duckdb.Error, RuntimeError) as e:
+        if is_interrupt(e):
+            raise KeyboardInterrupt from None
+        if not isinstance(e, duckdb.Error):
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DatabaseError(f"{path}: cannot open it read-write to fold in its write-ahead log {wal} ({first}); "
+                            "close the programs using it and run again (nothing was changed)") from None
+
+
 def copy_for_write(src: str, dst: str) -> None:
-    """Copy an existing database (and nothing half-written: src is only ever replaced atomically).
+    """Copy an existing database (and nothing half-written: src is only ever replaced atomically), its pending
+    WAL folded in first (fold_wal: the caller holds the build lock).
 
     A `dst` or `dst.wal` already there is removed first: DuckDB would replay a stale WAL onto the fresh copy.
     On failure nothing of `dst` is left behind."""
+    fold_wal(src)
     try:
         remove_db_files(dst)
         shutil.copyfile(src, dst)
@@ -299,6 +330,17 @@ def copy_for_write(src: str, dst: str) -> None:
         except OSError:
             pass
         raise driver_error(e, dst, "copying the database") from None
+
+
+def swap_in(tmp: str, path: str) -> None:
+    """os.replace the finished copy `tmp` (checkpointed: no WAL of its own) onto `path`, removing `path`'s WAL
+    first. In this order a kill between the two steps leaves the old file (its WAL was folded in by copy_for_write)
+    without a WAL: consistent. The other order could leave the new file beside the old file's WAL, which DuckDB
+    refuses to open. A WAL found here was written after the fold by a program outside the build lock; its rows
+    are not in the copy either way."""
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(path + ".wal")
+    os.replace(tmp, path)
 
 
 def is_duckdb_file(path: str) -> bool:
@@ -367,7 +409,7 @@ def _migrate_copy(path: str) -> tuple[int, int]:
             raise _fail(e, path, "migrating it") from None
         finally:
             conn.close()
-        os.replace(tmp, path)
+        swap_in(tmp, path)
         return result
     finally:
         remove_db_files(tmp)
