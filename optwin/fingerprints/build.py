@@ -350,7 +350,7 @@ def check_out(out: str) -> None:
     writes `<out>.lock`, `<out>.work/` and a copy beside it, so this is refused up front, not after all the work."""
     if not out.strip():
         raise OptwinError("--out is empty: name the database file to write")
-    path = os.path.abspath(out)
+    path = os.path.realpath(out)  # a symlink's target is what the build writes, in the target's directory
     if os.path.isdir(path):
         raise OptwinError(f"--out {out} is a directory: name the database file to write")
     above = os.path.dirname(path)
@@ -384,15 +384,19 @@ def build(cfg: BuildConfig, on_start: Callable[[int, int], None] | None = None,
     t0 = time.perf_counter()
     if not checked:
         check_inputs(cfg)  # fail fast: bad options, profile, or a database of another schema version
-    os.makedirs(os.path.dirname(os.path.abspath(cfg.out)), exist_ok=True)
-    with build_lock(cfg.out):
-        return _build_locked(cfg, t0, on_start, on_shard, on_note)
+    # Resolved once, here: a symlinked --out names its target, and the lock, the copy (in the target's directory)
+    # and the swap must all act on that one file. On the link itself, the swap turned the link into a plain file
+    # (the target kept the old data) and a build through the target's own path took another lock.
+    db = os.path.realpath(cfg.out)
+    os.makedirs(os.path.dirname(db), exist_ok=True)
+    with build_lock(db):
+        return _build_locked(cfg, t0, on_start, on_shard, on_note, db=db)
 
 
 def _build_locked(cfg: BuildConfig, t0: float, on_start: Callable[[int, int], None] | None,
                   on_shard: Callable[[dict[str, Any]], None] | None,
-                  on_note: Callable[[str], None] | None = None) -> BuildResult:
-    """build's steps, with the database's build lock held."""
+                  on_note: Callable[[str], None] | None = None, *, db: str) -> BuildResult:
+    """build's steps, with the database's build lock held; `db` is cfg.out resolved (os.path.realpath)."""
     from optwin.fingerprints.duckdb_store import (copy_for_write, fold_wal, is_disk_full, is_interrupt, remove_db_files,
                                                   swap_in, temp_path)
     from optwin.fingerprints.engines import run_shards
@@ -400,13 +404,13 @@ def _build_locked(cfg: BuildConfig, t0: float, on_start: Callable[[int, int], No
     from optwin.twin import TWIN_VERSION
 
     specs = plan_shards(cfg)
-    tmp = temp_path(cfg.out)
+    tmp = temp_path(db)
     try:
-        fold_wal(cfg.out)  # a WAL a dead writer left: refused now if it cannot be folded in, not after the shards ran
+        fold_wal(db)  # a WAL a dead writer left: refused now if it cannot be folded in, not after the shards ran
         manifest = load_or_write_manifest(cfg, specs, on_note)
-        saved = _saved_build(cfg.out, manifest["build_id"]) if cfg.resume else None
+        saved = _saved_build(db, manifest["build_id"]) if cfg.resume else None
         if saved is not None:  # killed after the swap, before the cleanup: the build is done
-            with open_store(cfg.out, read_only=True) as store:
+            with open_store(db, read_only=True) as store:
                 n_fp = len(store.fingerprints(manifest["build_id"]))
             _remove_work_dir(cfg.work_dir)
             return BuildResult(manifest["build_id"], cfg.out, int(saved["n_cases"] or 0), int(saved["n_replays"] or 0),
@@ -421,8 +425,8 @@ def _build_locked(cfg: BuildConfig, t0: float, on_start: Callable[[int, int], No
         for s in specs:
             with open(summary_path(cfg.work_dir, s.shard_id)) as f:
                 summaries.append(json.load(f))
-        if os.path.exists(cfg.out):
-            copy_for_write(cfg.out, tmp)
+        if os.path.exists(db):
+            copy_for_write(db, tmp)
         flags = {"ops": list(cfg.selected_ops()), "replays": cfg.n_replays, "cases": cfg.n_cases, "noise": cfg.noise,
                  "quick": cfg.quick, "engine": cfg.engine, "workers": cfg.n_workers, "slices": cfg.preset.slices,
                  "tolerances": cfg.tolerance_values(), "include_triton": cfg.include_triton}
@@ -437,7 +441,7 @@ def _build_locked(cfg: BuildConfig, t0: float, on_start: Callable[[int, int], No
             store.checkpoint()
         finally:
             store.close()
-        swap_in(tmp, cfg.out)
+        swap_in(tmp, db)
         _remove_work_dir(cfg.work_dir)
     except DatabaseError as e:  # name the target, not our private temporary copy
         raise DatabaseError(str(e).replace(tmp, cfg.out)) from None

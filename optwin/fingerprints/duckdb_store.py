@@ -362,25 +362,29 @@ def migrate_file(path: str) -> tuple[int, int]:
 
     if not os.path.exists(path):
         raise DatabaseError(f"no fingerprint database at {path}: run `optwin build`")
-    if not is_duckdb_file(path):  # checked here: the driver's own error would name the private copy
+    # Resolved once, as a build does: through a symlink the swap replaced the link with a plain file, leaving its
+    # target unmigrated, and the lock was another file than a build through the target's path takes.
+    real = os.path.realpath(path)
+    if not is_duckdb_file(real):  # checked here: the driver's own error would name the private copy
         raise DatabaseError(f"{path}: not a DuckDB file, so not a fingerprint database (left unchanged)")
-    with build_lock(path, "migrate"):
-        found = _file_version(path)
+    with build_lock(real, "migrate"):
+        found = _file_version(real, path)
         if found == migrations.SCHEMA_VERSION:
             return found, found
         if found is not None and found > migrations.SCHEMA_VERSION:
             raise SchemaVersionError(migrations.version_message(path, found))
-        return _migrate_copy(path)
+        return _migrate_copy(real, path)
 
 
-def _file_version(path: str) -> int | None:
-    """The schema version of the file at `path`, read through a read-only ATTACH (the file is not written)."""
+def _file_version(real: str, path: str) -> int | None:
+    """The schema version of the file at `real`, read through a read-only ATTACH (the file is not written);
+    errors name `path`, the name the user gave."""
     try:
         conn = duckdb.connect(":memory:")
     except duckdb.Error as e:
         raise _fail(e, path, "opening it") from None
     try:
-        conn.execute(f"ATTACH {_lit(path)} AS fp (TYPE duckdb, READ_ONLY)")
+        conn.execute(f"ATTACH {_lit(real)} AS fp (TYPE duckdb, READ_ONLY)")
         conn.execute("USE fp")
         return migrations.detect_version(conn, path)
     except duckdb.Error as e:
@@ -389,10 +393,11 @@ def _file_version(path: str) -> int | None:
         conn.close()
 
 
-def _migrate_copy(path: str) -> tuple[int, int]:
-    tmp = temp_path(path)
+def _migrate_copy(real: str, path: str) -> tuple[int, int]:
+    """Migrate a copy of `real` (the resolved file) and swap it in; errors name `path`."""
+    tmp = temp_path(real)
     try:
-        copy_for_write(path, tmp)
+        copy_for_write(real, tmp)
         try:
             conn = duckdb.connect(tmp)
         except duckdb.Error as e:
@@ -409,7 +414,7 @@ def _migrate_copy(path: str) -> tuple[int, int]:
             raise _fail(e, path, "migrating it") from None
         finally:
             conn.close()
-        swap_in(tmp, path)
+        swap_in(tmp, real)
         return result
     finally:
         remove_db_files(tmp)
