@@ -15,10 +15,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import shutil
+import sys
 import time
 import uuid
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import duckdb
 
@@ -279,6 +281,37 @@ def temp_path(path: str) -> str:
     return f"{path}.tmp-{uuid.uuid4().hex}"
 
 
+def remove_stale_copies(path: str) -> tuple[int, int]:
+    """Remove the private copies `<path>.tmp-<hex>` (with their `.wal` and DuckDB's `.tmp` spill directory) that a
+    build or migrate killed before its swap (kill -9, power loss) left beside `path`; returns (copies, bytes) removed.
+
+    Call it holding the build lock: a build or migrate holds the lock for its copy's whole life, so no live one owns
+    a copy found then. Left alone, every such kill leaked a full-size database copy that nothing removed."""
+    folder, base = os.path.split(path)
+    pattern = re.compile(re.escape(base) + r"\.tmp-[0-9a-f]+(\.wal|\.tmp)?")
+    copies = size = 0
+    for name in sorted(os.listdir(folder or ".")):
+        if not pattern.fullmatch(name):
+            continue
+        p = os.path.join(folder, name)
+        if os.path.isdir(p) and not os.path.islink(p):
+            shutil.rmtree(p, ignore_errors=True)
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            size += os.lstat(p).st_size
+            os.remove(p)
+            copies += not name.endswith((".wal", ".tmp"))
+    return copies, size
+
+
+def stale_copies_note(path: str, copies: int, size: int) -> str | None:
+    """The progress line for remove_stale_copies' result, None when nothing was removed."""
+    if not copies:
+        return None
+    what = "copy" if copies == 1 else "copies"
+    return f"removed {copies} leftover {what} of {path} ({size / 1e6:.1f} MB) left by killed builds or migrates"
+
+
 def remove_db_files(path: str) -> None:
     """Remove a database file and its WAL (either may be absent)."""
     for p in (path, path + ".wal"):
@@ -353,11 +386,13 @@ def is_duckdb_file(path: str) -> bool:
         return False
 
 
-def migrate_file(path: str) -> tuple[int, int]:
+def migrate_file(path: str, on_note: Callable[[str], None] | None = None) -> tuple[int, int]:
     """Upgrade `path` to the current schema on a private copy, then swap it in with os.replace.
 
     Holds the database's build lock (a build finishing meanwhile would otherwise be undone by the swap), and
-    leaves a file already at the current version alone: no copy, no swap."""
+    leaves a file already at the current version alone: no copy, no swap. Copies left by killed builds or migrates
+    are removed, and said so through on_note (default: a line on stderr, as `optwin migrate` prints nothing else
+    while it works)."""
     from optwin.fingerprints.build_lock import build_lock
 
     if not os.path.exists(path):
@@ -368,6 +403,9 @@ def migrate_file(path: str) -> tuple[int, int]:
     if not is_duckdb_file(real):  # checked here: the driver's own error would name the private copy
         raise DatabaseError(f"{path}: not a DuckDB file, so not a fingerprint database (left unchanged)")
     with build_lock(real, "migrate"):
+        note = stale_copies_note(path, *remove_stale_copies(real))
+        if note:
+            (on_note or (lambda line: print(line, file=sys.stderr)))(note)
         found = _file_version(real, path)
         if found == migrations.SCHEMA_VERSION:
             return found, found

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import abc
 import os
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 Rows = list[dict[str, Any]]
 
@@ -116,8 +116,9 @@ def open_store(path: str | os.PathLike, read_only: bool = True, create: bool = F
     return DuckDBStore(os.fspath(path), read_only=read_only, create=create)
 
 
-def migrate_database(path: str | os.PathLike) -> tuple[int, int]:
-    """Upgrade the database at `path` in place (atomically: on a copy swapped in). Returns (from, to)."""
+def migrate_database(path: str | os.PathLike, on_note: Callable[[str], None] | None = None) -> tuple[int, int]:
+    """Upgrade the database at `path` in place (atomically: on a copy swapped in). Returns (from, to). on_note gets
+    progress lines (copies left by killed builds removed); None prints them on stderr."""
     from optwin.fingerprints.duckdb_store import migrate_file
 
-    return migrate_file(os.fspath(path))
+    return migrate_file(os.fspath(path), on_note)
