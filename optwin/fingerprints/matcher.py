@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from optwin.catalog import CATALOG, check_variant_dtype, operator
-from optwin.errors import CatalogError, SketchError
+from optwin.errors import CatalogError, DatabaseError, SketchError
 from optwin.fingerprints.regions import Region, parse_region_key, region_features
 from optwin.fingerprints.regions import _BINNING  # noqa: PLC2701 (same package: the bin grid itself)
 from optwin.ingest.sketch import FEATURE_CAP, SIGNED_FEATURES, SKETCH_FEATURES, cap_features, validate_sketch
@@ -259,14 +259,61 @@ class TripleIndex:
         return tuple(max(self.probs[r][j] for r in regs) for j in range(len(self.fault_types)))
 
 
-def _blend(row: Mapping[str, Any], det_weight: float) -> float:
+def _blend(row: Mapping[str, Any], det_weight: float, source: str = "fingerprint rows") -> float:
     """A fingerprint row's probability: noisy replays blended with the deterministic emulation
-    (MatcherConfig.det_weight); rows of schema v1 files without det_faults keep the replays'."""
-    p = float(row["probability"])
+    (MatcherConfig.det_weight); rows of schema v1 files without det_faults keep the replays'.
+
+    The row's numbers are checked here, where they are read (DatabaseError naming the row, see from_rows):
+    `0 <= x <= hi` is False for NaN, so NaN is refused with the out-of-range values."""
+    p = row["probability"]
+    if type(p) is not float:  # DuckDB's DOUBLE; an int from a hand-made row is fine, NULL or text is not
+        if p is None:
+            raise _damaged(source, row, "probability is NULL")
+        if not _is_number(p):
+            raise _damaged(source, row, f"probability {p!r} is not a number")
+        p = float(p)
+    if not 0.0 <= p <= 1.0:
+        raise _damaged(source, row, f"probability {p!r} is not in [0, 1]")
     det, n = row.get("det_faults"), row.get("n_cases")
+    for name, v in (("n_cases", n), ("n_replays", row.get("n_replays"))):
+        if v is not None and not (_is_number(v) and v >= 0):
+            raise _damaged(source, row, f"{name} {v!r} is not a count (>= 0)")
+    if det is not None and not (_is_number(det) and 0 <= det <= (n or 0)):
+        raise _damaged(source, row, f"det_faults {det!r} is not a count of at most n_cases ({n!r})")
     if det is None or not n or det_weight <= 0:
         return p
     return det_weight * float(det) / float(n) + (1.0 - det_weight) * p
+
+
+# Why a row may name what this optwin does not know: said with every such error
+_NEWER = "the database may come from a newer optwin (upgrade optwin, or rebuild it with this one: `optwin build`)"
+
+
+def _damaged(source: str, row: Mapping[str, Any], what: str,
+             then: str = "the database is damaged: rebuild it with `optwin build`") -> DatabaseError:
+    """The one-line error for a bad fingerprint row: the file, the table, the row's key, what is wrong, what to do."""
+    key = "/".join(str(row.get(k)) for k in ("op", "variant", "dtype"))
+    build = row.get("build_id")
+    return DatabaseError(f"{source}: table fingerprints, row {key} region {row.get('region')!r} fault type "
+                         f"{row.get('fault_type')!r}{f' (build {build})' if build else ''}: {what}; {then}")
+
+
+def _is_number(v: Any) -> bool:
+    """An int or float (a DuckDB INTEGER/DOUBLE as Python gives it), not a bool or a text."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _checked_index(triple: tuple[Any, Any, Any], row: Mapping[str, Any], source: str) -> TripleIndex:
+    """_new_index for a triple read from the database: names it knows nothing of are a DatabaseError naming the
+    file and the row (checked once per triple, not per row)."""
+    for what, name in zip(("op", "variant", "dtype"), triple):
+        if not isinstance(name, str):
+            raise _damaged(source, row, f"{what} is {'NULL' if name is None else repr(name)}")
+    try:
+        check_variant_dtype(*triple)
+    except CatalogError as e:
+        raise _damaged(source, row, str(e), _NEWER) from None
+    return _new_index(triple)
 
 
 def _new_index(triple: Triple) -> TripleIndex:
@@ -328,40 +375,57 @@ class Matcher:
             elif any(str(b["build_id"]) == build_id for b in store.builds()):
                 bid, rows = build_id, store.fingerprints(build_id)
             else:
-                from optwin.errors import DatabaseError
-
                 raise DatabaseError(f"{db}: no build {build_id!r} (the newest is {bid})")
         finally:
             store.close()
-        m = cls.from_rows(rows, build_id=bid, config=config)
+        m = cls.from_rows(rows, build_id=bid, config=config, source=str(db))
         m.path = str(db)
         return m
 
     @classmethod
     def from_rows(cls, rows: Iterable[Mapping[str, Any]], build_id: str = "",
-                  config: MatcherConfig | None = None) -> "Matcher":
-        """Build the index from fingerprint rows (the `fingerprints` table's columns, as dicts)."""
+                  config: MatcherConfig | None = None, source: str = "fingerprint rows") -> "Matcher":
+        """Build the index from fingerprint rows (the `fingerprints` table's columns, as dicts).
+
+        Every row is checked as it is indexed (`source`, the file, names it in the error): a damaged row raises
+        one DatabaseError naming the table, the row's key and what is wrong, never a raw TypeError, and is never
+        served (a NaN or 7.0 probability would answer calls as if it were evidence). Bad rows are not skipped
+        and counted: the matcher already refuses a database it cannot interpret (another binning, below), the
+        sidecar keeps serving its previous index when a reload fails, and a skipped row would silently turn its
+        cell into an unreplayed one answered by its neighbours. The load is a loop over row dicts (the store's
+        contract), so the checks are a few comparisons inside that loop, not a second pass.
+        """
         index: dict[Triple, TripleIndex] = {}
         builds: dict[Triple, str] = {}
         pooled: dict[tuple[Triple, int, Region], list[float]] = {}  # marginal cells: [faults, trials, cases]
         stale: set[str] = set()  # ops (and their builds) whose rows were binned on other region features
         det_weight = (config or MatcherConfig()).det_weight
         for row in rows:
-            triple = (str(row["op"]), str(row["variant"]), str(row["dtype"]))
+            triple = (row["op"], row["variant"], row["dtype"])
             ti = index.get(triple)
             if ti is None:
-                ti = index[triple] = _new_index(triple)
+                ti = index[triple] = _checked_index(triple, row, source)
                 builds[triple] = str(row.get("build_id") or build_id)
-            region = parse_region_key(str(row["region"]))
+            key = row["region"]
+            try:
+                if type(key) is not str:  # NULL would parse as the empty region (no features)
+                    raise TypeError
+                region = parse_region_key(key)
+            except (ValueError, TypeError):
+                raise _damaged(source, row, "region is NULL" if key is None else
+                               f"region {key!r} is not a region key (integer bins joined by '|')") from None
             if len(region) != len(ti.features):
                 stale.add(f"{triple[0]} (build {builds[triple] or '?'})")  # another binning: not ours to interpret
                 continue
-            ft = str(row["fault_type"])
+            ft = row["fault_type"]
             if ft not in ti.fault_types:
-                continue
+                if ft is None:
+                    raise _damaged(source, row, "fault_type is NULL")
+                raise _damaged(source, row, f"unknown fault type {ft!r} for {triple[0]} (expected one of "
+                                            f"{', '.join(ti.fault_types)})", _NEWER)
             j = ti.fault_types.index(ft)
             probs = list(ti.probs.get(region, (0.0,) * len(ti.fault_types)))
-            probs[j] = p = _blend(row, det_weight)
+            probs[j] = p = _blend(row, det_weight, source)
             ti.probs[region] = tuple(probs)
             n_cases = int(row.get("n_cases") or 0)
             ti.n_cases[region] = max(ti.n_cases.get(region, 0), n_cases)
@@ -373,11 +437,9 @@ class Matcher:
                 acc[2] += n_cases
         if stale:
             # Answering from the rest would call those ops unbuilt (prior 0: never a warning).
-            from optwin.errors import DatabaseError
-
             ops = ", ".join(sorted(stale))
-            raise DatabaseError(f"{ops} binned on other region features than this optwin's (an older catalog): "
-                                "rebuild with `optwin build`")
+            raise DatabaseError(f"{source}: {ops} binned on other region features than this optwin's (an older "
+                                "catalog): rebuild with `optwin build`")
         for (triple, j, sub_region), (faults, trials, n_cases) in pooled.items():
             sub = index[triple].marginals[j][1]
             sub.probs[sub_region] = (faults / trials if trials else 0.0,)
@@ -581,8 +643,6 @@ def held_out_row(row: Mapping[str, Any]) -> dict[str, Any]:
 def _current_build_id(store: Any) -> str:
     bid = store.latest_build_id()
     if bid is None:
-        from optwin.errors import DatabaseError
-
         raise DatabaseError(f"the fingerprint database {store.path} holds no build: run `optwin build`")
     return str(bid)
 
