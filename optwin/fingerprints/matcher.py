@@ -52,6 +52,7 @@ replays (`MatcherConfig.det_weight`, schema v2's `det_faults`).
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 from collections.abc import Iterable, Mapping
@@ -66,6 +67,7 @@ from optwin.ingest.sketch import FEATURE_CAP, SIGNED_FEATURES, SKETCH_FEATURES, 
 
 Triple = tuple[str, str, str]
 _log2 = math.log2
+log = logging.getLogger("optwin.matcher")
 
 # Fault direction of each region feature: +1 when faults get more likely as it grows, -1 when
 # they get more likely as it shrinks (geodesic: the acos variant loses every digit for nearby
@@ -358,6 +360,19 @@ class Matcher:
         self.builds = builds or {t: build_id for t in index}  # the build each triple's fingerprints come from
         self.config = config or MatcherConfig()
         self.path = path
+        # build id -> the twin version (`builds.twin_version`) that replayed it, for each build served; filled by
+        # `open` (rows alone do not say). Fingerprints of other twins are still evidence, so they are served, but
+        # they describe numerics the current twins no longer model: `twin_version_mismatch` says so.
+        self.twin_versions: dict[str, str] = {}
+
+    @property
+    def twin_version_mismatch(self) -> bool:
+        """True when some served build was replayed by another twin version than this optwin's TWIN_VERSION."""
+        if not self.twin_versions:
+            return False
+        from optwin.twin import TWIN_VERSION  # torch is loaded already (the sketch needs it): no cost here
+
+        return any(v != TWIN_VERSION for v in self.twin_versions.values())
 
     # ------------------------------------------------------------------ construction
 
@@ -370,9 +385,10 @@ class Matcher:
         store = open_store(str(db), read_only=True)
         try:
             bid = _current_build_id(store)
+            twin = {str(b["build_id"]): str(b.get("twin_version") or "unknown") for b in store.builds()}
             if build_id is None:
                 rows = store.current_fingerprints()
-            elif any(str(b["build_id"]) == build_id for b in store.builds()):
+            elif build_id in twin:
                 bid, rows = build_id, store.fingerprints(build_id)
             else:
                 raise DatabaseError(f"{db}: no build {build_id!r} (the newest is {bid})")
@@ -380,6 +396,9 @@ class Matcher:
             store.close()
         m = cls.from_rows(rows, build_id=bid, config=config, source=str(db))
         m.path = str(db)
+        m.twin_versions = {b: twin.get(b, "unknown") for b in sorted(set(m.builds.values()) or {bid})}
+        if m.twin_version_mismatch:
+            _warn_twin_versions(m)
         return m
 
     @classmethod
@@ -638,6 +657,18 @@ def held_out_row(row: Mapping[str, Any]) -> dict[str, Any]:
             observed[ft] = None if det is None else float(bool(det))
     return {"op": row["op"], "variant": row["variant"], "dtype": row["dtype"],
             "sketch": json.loads(sk) if isinstance(sk, str) else sk, "observed": observed}
+
+
+def _warn_twin_versions(m: Matcher) -> None:
+    """Say once per load (through the optwin loggers, as the sidecar and monitor report) that some served
+    fingerprints were replayed by another twin version: `optwin build --ops` renews some ops and keeps the rest,
+    so one database can mix versions, and nothing else reads `builds.twin_version`."""
+    from optwin.twin import TWIN_VERSION
+
+    old = ", ".join(f"build {b} (twin version {v})" for b, v in m.twin_versions.items() if v != TWIN_VERSION)
+    log.warning("%s: serving fingerprints replayed by other twins than this optwin's (twin version %s): %s; they "
+                "are still served as evidence, but rebuild (`optwin build`) to replay them with the current twins",
+                m.path, TWIN_VERSION, old)
 
 
 def _current_build_id(store: Any) -> str:

@@ -7,7 +7,8 @@ Protocol (shared/spec/api.md, "Sidecar protocol"):
   params, t}; answers a list of {stream, warn, probability, known, eta_s} in the same order; a
   malformed record gets {"error": "..."} in its place and the rest are served.
 - GET /v1/warnings?since=SEQ: warnings (stream warning episodes) with seq > SEQ, oldest first.
-- GET /metrics: Prometheus text. GET /healthz: 200 {"status": "ok", "build_id": ...}.
+- GET /metrics: Prometheus text. GET /healthz: 200 {"status": "ok", "build_id": ..., "twin_versions": {build: twin
+  version}, "twin_version_mismatch": bool} (true: some fingerprints served come from another twin version).
 
 Why plain asyncio: the work per record is a few dict lookups (the matcher's index) and a short
 trend fit, so the server's cost is parsing. A hand-written HTTP/1.1 keep-alive loop over
@@ -402,6 +403,10 @@ class SidecarState:
             "# HELP optwin_sidecar_build_info The loaded fingerprint build.",
             "# TYPE optwin_sidecar_build_info gauge",
             f'optwin_sidecar_build_info{{build_id="{_label(self.matcher.build_id)}"}} 1',
+            "# HELP optwin_sidecar_twin_version_mismatch 1 when some served fingerprints were replayed by another "
+            "twin version than this optwin's (/healthz lists them).",
+            "# TYPE optwin_sidecar_twin_version_mismatch gauge",
+            f"optwin_sidecar_twin_version_mismatch {int(self.matcher.twin_version_mismatch)}",
             "# HELP optwin_sidecar_request_seconds Request handling time.",
             "# TYPE optwin_sidecar_request_seconds histogram",
         ]
@@ -830,7 +835,9 @@ class Sidecar:
             return await self._reply(writer, path, 200, st.prometheus(self.lag_s).encode(), keep, t0,
                                      ctype=b"text/plain; version=0.0.4")
         if path == "/healthz":
-            msg = json.dumps({"status": "ok", "build_id": st.matcher.build_id, "db": st.db}).encode()
+            m = st.matcher  # twin versions: fingerprints of older twins are served, and said so here
+            msg = json.dumps({"status": "ok", "build_id": m.build_id, "db": st.db, "twin_versions": m.twin_versions,
+                              "twin_version_mismatch": m.twin_version_mismatch}).encode()
             return await self._reply(writer, path, 200, msg, keep, t0)
         return await self._reply(writer, "other", 404, b'{"error": "not found"}', keep, t0)
 
