@@ -35,6 +35,7 @@ from optwin.fingerprints.build_lock import build_lock
 from optwin.fingerprints.shards import ShardSpec, shard_path, stable_hash, summary_path
 
 MANIFEST_VERSION = 1
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # builds.seed is a BIGINT
 
 
 @dataclass(frozen=True)
@@ -189,6 +190,9 @@ def validate_config(cfg: BuildConfig) -> None:
         raise OptwinError(f"unknown engine {cfg.engine!r}; expected one of {', '.join(ENGINES)}")
     if cfg.n_replays < 0 or cfg.n_cases < 1 or cfg.n_workers < 1:
         raise OptwinError("--replays must be >= 0, --cases and --workers >= 1")
+    if not SEED_MIN <= cfg.seed <= SEED_MAX:  # else every shard ran, then the gather failed on the BIGINT column
+        raise OptwinError(f"--seed {cfg.seed} is out of range: the database stores it as a 64-bit integer "
+                          f"({SEED_MIN} to {SEED_MAX})")
     resolve_tolerances(cfg.tolerances)  # unknown fields and bad values: one CatalogError line, as twin.run's
     if cfg.profile is not None:
         from optwin.fingerprints.sources import check_profile_sketches, profile_ops
