@@ -149,8 +149,9 @@ def write_db(path: str, seed: int = 0, build_id: str | None = None, cases: list[
                   [bid, op, variant, dtype, region, ft, a["n_cases"], a["n_replays"], a["n_faults"],
                    a["n_faults"] / a["n_replays"], lo, hi, json.dumps(a["lo"]), json.dumps(a["hi"]), a["det_faults"]])
     created = created_at or dt.datetime.now()
-    c.execute("INSERT INTO builds VALUES (?, ?, 'test', '1', ?, ?, NULL, ?, 'stochastic', 'local', ?, ?, 0.0)",
-              [bid, created, seed, json.dumps({"fixture": True}), REPLAYS, len(cases), len(cases) * REPLAYS])
+    # the replays above ran this optwin's twins: their version, so the matcher has no mismatch to warn of
+    c.execute("INSERT INTO builds VALUES (?, ?, 'test', ?, ?, ?, NULL, ?, 'stochastic', 'local', ?, ?, 0.0)",
+              [bid, created, twin.TWIN_VERSION, seed, json.dumps({"fixture": True}), REPLAYS, len(cases), len(cases) * REPLAYS])
     store.checkpoint()
     store.close()
     os.replace(tmp, path)
@@ -174,7 +175,9 @@ def cached_db(dst: str | None = None, seed: int = 0) -> str:
 
         from optwin.fingerprints.migrations import SCHEMA_VERSION
 
-        grid = repr(([(o.name, o.region_features) for o in CATALOG.values()], sorted(_BINNING.items()), SCHEMA_VERSION))
+        # and on the twins' version, which the build row records (a cache from older twins would warn)
+        grid = repr(([(o.name, o.region_features) for o in CATALOG.values()], sorted(_BINNING.items()), SCHEMA_VERSION,
+                     twin.TWIN_VERSION))
         key = hashlib.sha256(f.read() + str(seed).encode() + grid.encode()).hexdigest()[:16]
     cache = os.path.join(tempfile.gettempdir(), f"optwin-matcher-fixture-{key}.duckdb")
     if not os.path.exists(cache):
