@@ -30,6 +30,7 @@ from optwin.fingerprints.shards import SHARD_SCHEMA_SQL, is_held_out, stable_has
 from optwin.fingerprints.migrations import SCHEMA_VERSION
 from optwin.fingerprints.stats import wilson
 from optwin.fingerprints.store import open_store
+from optwin.twin import TWIN_VERSION
 
 _PA = {"BIGINT": pa.int64(), "INTEGER": pa.int32(), "VARCHAR": pa.string(), "BOOLEAN": pa.bool_(), "DOUBLE": pa.float64()}
 SHARD_SCHEMA = pa.schema([(c, _PA[t]) for c, t in SHARD_SCHEMA_SQL])
@@ -107,7 +108,7 @@ def make_db(path: Path, n_builds: int = 2, n_cases: int = 60) -> Path:
             flags = {"ops": sorted({t[0] for t in TRIPLES}), "replays": REPLAYS, "noise": "stochastic",
                      "quick": True, "engine": "local"}
             store.add_build({"build_id": f"build-{k}", "created_at": t0 + timedelta(hours=k),
-                             "code_version": f"test-{k}", "twin_version": "1", "seed": 100 + k,
+                             "code_version": f"test-{k}", "twin_version": TWIN_VERSION, "seed": 100 + k,
                              "flags": json.dumps(flags), "profile": None, "replays": REPLAYS, "noise": "stochastic",
                              "engine": "local", "duration_s": 1.5 * k}, [str(shard)])
             shard.unlink()

@@ -18,6 +18,7 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from optwin.twin import TWIN_VERSION
 from test_dashboard_fixture import direct, make_db, served
 
 APP = str(Path(__file__).resolve().parents[1] / "optwin" / "dashboard" / "app.py")
@@ -60,6 +61,24 @@ def test_overview_numbers_match_sql(db: Path) -> None:
     at.selectbox(key="build").set_value("build-1").run()
     cases1 = direct(db, "SELECT count(*) FROM cases WHERE build_id = 'build-1'")[0][0]
     assert metrics(at)["Cases"] == str(cases1) != str(cases)
+
+
+def test_a_build_of_other_twins_is_flagged_in_the_sidebar(db: Path, tmp_path: Path) -> None:
+    import shutil
+
+    import duckdb
+
+    assert not app(db).sidebar.warning  # the fixture's builds carry this optwin's twin version
+    old = tmp_path / "old.duckdb"
+    shutil.copyfile(db, old)
+    with duckdb.connect(str(old)) as conn:
+        conn.execute("UPDATE builds SET twin_version = '1' WHERE build_id = 'build-1'")
+    at = app(old)
+    assert not at.sidebar.warning  # build-2, the newest, is current
+    at.selectbox(key="build").set_value("build-1").run()
+    assert [w.value for w in at.sidebar.warning] == [
+        "build build-1 was replayed by twin version 1; this optwin's twins are version "
+        f"{TWIN_VERSION}: `optwin build` replays them anew"]
 
 
 def test_overview_shows_what_the_matcher_serves_after_a_build_of_some_ops(tmp_path: Path) -> None:

@@ -116,7 +116,22 @@ def page_context(required: bool = True) -> Context | None:
         "Build", ids, key="build", format_func=lambda b: f"{b} ({str(created[b])[:16]})",
         help="The newest build is the current one.",
     )
+    _twin_version_note(builds, build)
     return Context(path=path, identity=identity, build=build, builds=builds)
+
+
+def _twin_version_note(builds: Any, build: str) -> None:
+    """A sidebar warning when the picked build was replayed by other twins than this optwin's (as the matcher
+    logs for what it serves): its fingerprints are evidence of those twins' numerics, not of today's."""
+    from optwin.twin import TWIN_VERSION
+
+    if "twin_version" not in builds:
+        return
+    versions = builds.loc[builds["build_id"].astype(str) == build, "twin_version"]
+    got = None if versions.empty else versions.iloc[0]
+    if got is None or got != got or str(got) != TWIN_VERSION:
+        st.sidebar.warning(f"build {build} was replayed by twin version {got if got == got else 'unknown'}; this "
+                           f"optwin's twins are version {TWIN_VERSION}: `optwin build` replays them anew")
 
 
 def pick(label: str, options: list[Any], key: str, default: Any = None, **kw: Any) -> Any:
