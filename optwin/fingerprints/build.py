@@ -32,7 +32,7 @@ from typing import Any, Callable
 from optwin.catalog import all_triples, operator, resolve_tolerances
 from optwin.errors import DatabaseError, OptwinError, ProfileError
 from optwin.fingerprints.build_lock import build_lock
-from optwin.fingerprints.shards import ShardSpec, shard_path, stable_hash, summary_path
+from optwin.fingerprints.shards import ShardSpec, shard_done, shard_path, stable_hash, summary_path
 
 MANIFEST_VERSION = 1
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # builds.seed is a BIGINT
@@ -300,6 +300,25 @@ def landed_build(cfg: BuildConfig) -> str | None:
         return None
 
 
+def _shards_to_run(work_dir: str, specs: list[ShardSpec], on_note: Callable[[str], None] | None) -> list[ShardSpec]:
+    """The shards of `specs` without a finished, readable file pair in work_dir. A damaged pair (a zero-length or
+    cut file, as a crash can leave on a filesystem that lost unsynced data) is removed and run again, said in one
+    line: kept, it failed the gather, or the summary read, on every --resume."""
+    todo, damaged = [], []
+    for s in specs:
+        if os.path.lexists(shard_path(work_dir, s.shard_id)) and not shard_done(work_dir, s.shard_id):
+            damaged.append(s.shard_id)
+            for p in (shard_path(work_dir, s.shard_id), summary_path(work_dir, s.shard_id)):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(p)
+        if not os.path.lexists(shard_path(work_dir, s.shard_id)):
+            todo.append(s)
+    if damaged and on_note:
+        names = ", ".join(damaged[:3]) + (f" and {len(damaged) - 3} more" if len(damaged) > 3 else "")
+        on_note(f"--resume: {len(damaged)} finished shard(s) in {work_dir} have unreadable files and run again: {names}")
+    return todo
+
+
 def _remove_work_dir(work_dir: str) -> None:
     """Remove the work directory, its manifest last: a kill midway leaves a manifest that --resume recognises as a
     build already in the database (and finishes removing), never a partial shard set without one."""
@@ -422,7 +441,7 @@ def _build_locked(cfg: BuildConfig, t0: float, on_start: Callable[[int, int], No
             _remove_work_dir(cfg.work_dir)
             return BuildResult(manifest["build_id"], cfg.out, int(saved["n_cases"] or 0), int(saved["n_replays"] or 0),
                                n_fp, 0, len(specs), time.perf_counter() - t0, [], already_done=True)
-        todo = [s for s in specs if not os.path.exists(shard_path(cfg.work_dir, s.shard_id))]
+        todo = _shards_to_run(cfg.work_dir, specs, on_note)
         if on_start:
             on_start(len(specs), len(specs) - len(todo))
         t_run = time.perf_counter()

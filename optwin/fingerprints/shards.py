@@ -5,8 +5,9 @@
 `run_shard` is a plain top-level function of plain arguments, so the local process pool and Ray
 tasks run exactly the same code. It writes one Parquet file per shard (one row per case: the
 `cases` and `outcomes` columns of the database plus f0..f3, the region feature values) to a temporary
-name and os.replace()s it into place: a shard file either exists complete or not at all, which is
-what `--resume` relies on. A small JSON summary (counts, rejections, timing) is written first.
+name, fsyncs it and os.replace()s it into place: a shard file either exists complete or not at all, which is
+what `--resume` relies on (and checks: `shard_done`). A small JSON summary (counts, rejections, timing) is written
+first, the same way.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import math
 import os
 import time
+import uuid
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -138,13 +140,48 @@ def _jsonable(v: Any) -> Any:
 
 
 def _write_atomic(path: str, write) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
+    """Write `path` through a temporary file: fsynced before the rename, so a crash (power loss, a node going down)
+    cannot leave an empty or partial file under the final name (without the fsync, ext4 and others may commit the
+    rename before the data), and the directory fsynced after it, so the rename itself survives. The temporary name
+    is unique per call: the pid is not (Ray workers on several nodes, a pid reused after a kill)."""
+    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
     try:
         write(tmp)
+        _fsync(tmp)
         os.replace(tmp, path)
+        _fsync(os.path.dirname(path))
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_SUMMARY_KEYS = ("shard", "op", "variant", "dtype", "cases", "replays", "rejected", "faults")
+
+
+def shard_done(work_dir: str, shard_id: str) -> bool:
+    """True if the shard's summary and Parquet file are both there and readable: the summary a JSON object with
+    its keys, the Parquet file's footer readable with the summary's row count and the shard columns. A --resume
+    trusts only such a pair; a damaged one would fail the gather (or the summary read) on every --resume."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        with open(summary_path(work_dir, shard_id)) as f:
+            summary = json.load(f)
+        meta = pq.read_metadata(shard_path(work_dir, shard_id))
+    except (OSError, ValueError, pa.ArrowException):
+        return False
+    if not isinstance(summary, dict) or any(k not in summary for k in _SUMMARY_KEYS):
+        return False
+    return meta.num_rows == summary["cases"] and {c for c, _ in SHARD_SCHEMA_SQL} <= set(meta.schema.names)
 
 
 def _write_text(path: str, text: str) -> None:
