@@ -261,6 +261,10 @@ def load_or_write_manifest(cfg: BuildConfig, specs: list[ShardSpec],
                                       "to start over")
                 return manifest
     if os.path.exists(cfg.work_dir):  # not resuming, or nothing resumable: start over, no stale shards
+        if not cfg.resume and on_note:
+            note = _discard_note(cfg, key)
+            if note:
+                on_note(note)
         shutil.rmtree(cfg.work_dir)
     os.makedirs(os.path.join(cfg.work_dir, "shards"), exist_ok=True)
     manifest = {"version": MANIFEST_VERSION, "build_id": f"b{dt.datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:8]}",
@@ -268,6 +272,21 @@ def load_or_write_manifest(cfg: BuildConfig, specs: list[ShardSpec],
                 "plan": key, "shards": [s.shard_id for s in specs]}
     _write_json(path, manifest)
     return manifest
+
+
+def _discard_note(cfg: BuildConfig, key: dict[str, Any]) -> str | None:
+    """The line said when a build without --resume is about to delete an interrupted build's finished shards (an
+    hour of work, maybe): how many, and whether --resume would have kept them (the same plan) or not. None when
+    there are none, or when that build already reached the database (killed while removing its work directory)."""
+    folder = os.path.join(cfg.work_dir, "shards")
+    names = os.listdir(folder) if os.path.isdir(folder) else []
+    n = sum(1 for name in names if name.endswith(".parquet"))
+    if not n or landed_build(cfg) is not None:
+        return None
+    manifest = _read_manifest(cfg.work_dir) or {}
+    if manifest.get("version") == MANIFEST_VERSION and manifest.get("plan") == key:
+        return f"discarding {n} finished shard(s) of an interrupted build in {cfg.work_dir}: --resume would have kept them"
+    return f"discarding {n} finished shard(s) of an interrupted build with other options in {cfg.work_dir}"
 
 
 def _read_manifest(work_dir: str) -> dict[str, Any] | None:
