@@ -10,10 +10,14 @@ directory must be on a filesystem every node sees (shard files are written by th
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
+import signal
+import threading
+import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from optwin.fingerprints.shards import ShardSpec, run_shard
 
@@ -22,8 +26,6 @@ ENGINES = ("local", "ray")
 
 
 def _init_worker(parent: int) -> None:
-    import threading
-
     import torch
 
     torch.set_num_threads(1)
@@ -40,23 +42,83 @@ def _exit_with_parent(parent: int, every_s: float = 1.0) -> None:
     os._exit(1)
 
 
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held back within the block and delivered when it ends (to the handlers of before). Outside
+    the main thread nothing is held: Python delivers signals to the main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+    old = {s: signal.signal(s, lambda n, _f: got.append(n)) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
+        for n in dict.fromkeys(got):
+            signal.raise_signal(n)
+
+
+def _kill_pool(ex: ProcessPoolExecutor, procs: dict[int, Any]) -> None:
+    """Stop the pool now: drop the queued shards and kill the workers mid-shard. A shard file is written under a
+    temporary name and renamed, so a killed shard leaves no file and --resume runs it again. Waiting for the running
+    shards instead (shutdown(wait=True), and the interpreter's exit handlers, which join the pool's manager thread
+    and every child process) took minutes, and a second Ctrl-C during that wait left the builder hung in them.
+    Futures are cancelled by shutdown(cancel_futures=True), which also takes them off the pool's books: cancelled
+    by hand, the pool's manager thread later failed them as broken and died of InvalidStateError (a traceback)."""
+    manager = getattr(ex, "_executor_manager_thread", None)  # shutdown() forgets it: joined below
+    live = list(procs.values())
+    ex.shutdown(wait=False, cancel_futures=True)
+    for p in live:
+        with contextlib.suppress(Exception):  # already gone
+            p.kill()
+    deadline = time.monotonic() + 10.0
+    for p in live:  # reaped here, so multiprocessing's exit handler has none left to wait for
+        p.join(max(0.0, deadline - time.monotonic()))
+    if manager is not None:  # its workers dead, it fails their shards and ends: concurrent.futures' exit handler joins it
+        manager.join(max(0.0, deadline - time.monotonic()))
+
+
+def _stop_pool(ex: ProcessPoolExecutor, procs: dict[int, Any]) -> None:
+    """_kill_pool with SIGINT/SIGTERM held, so a second Ctrl-C cannot leave it half done; one that lands before the
+    hold is in place starts it again. A signal held during the kill is delivered once the workers are gone."""
+    done = False
+    while not done:
+        try:
+            with _signals_held():
+                _kill_pool(ex, procs)
+                done = True
+        except KeyboardInterrupt:
+            if done:
+                raise
+
+
 def run_local(specs: Sequence[ShardSpec], work_dir: str, workers: int, on_done: OnDone) -> None:
-    """Run shards on a spawn-context process pool of `workers` processes (fork is unsafe with torch threads)."""
+    """Run shards on a spawn-context process pool of `workers` processes (fork is unsafe with torch threads).
+    Interrupted (KeyboardInterrupt, or any error), the workers are killed, not waited for; the finished shards stay
+    for --resume."""
     if not specs:
         return
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=max(1, min(workers, len(specs))), mp_context=ctx,
-                             initializer=_init_worker, initargs=(os.getpid(),)) as ex:
-        pending = {ex.submit(run_shard, s.to_dict(), work_dir) for s in specs}
-        try:
-            while pending:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for f in done:
-                    on_done(f.result())
-        except BaseException:
-            for f in pending:
-                f.cancel()
-            raise
+    ex = ProcessPoolExecutor(max_workers=max(1, min(workers, len(specs))), mp_context=ctx,
+                             initializer=_init_worker, initargs=(os.getpid(),))
+    # The pool's own {pid: Process} (it starts them in submit): no public API names the workers, and they must be
+    # killed, not waited for, when the build stops.
+    procs: dict[int, Any] = ex._processes
+    try:
+        # held: a Ctrl-C raised inside submit could fall between a worker's start and its entry in procs (and
+        # leave it running)
+        with _signals_held():
+            pending = {ex.submit(run_shard, s.to_dict(), work_dir) for s in specs}
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for f in done:
+                on_done(f.result())
+    except BaseException:
+        _stop_pool(ex, procs)
+        raise
+    ex.shutdown(wait=True)
 
 
 def _package_root() -> str:
