@@ -94,3 +94,23 @@ def test_a_second_signal_while_the_build_stops_exits_promptly(tmp_path):
         assert not os.path.exists(out), i
         assert os.path.exists(os.path.join(out + ".work", "manifest.json")), i  # what --resume continues from
 
+
+def test_ctrl_c_as_the_pool_starts_prints_only_the_interrupted_line(tmp_path):
+    """Ctrl-C reaches the workers too. While they imported torch it printed their KeyboardInterrupt tracebacks, and
+    the builder's cancelled futures made the pool's manager thread die of InvalidStateError: ~65 lines before the
+    one that matters. Workers ignore SIGINT (the builder stops them) from their start, so nothing but the progress
+    line and the interrupted line is printed."""
+    for i, delay in enumerate((0.05, 0.8)):  # the workers spawning, then importing
+        out = str(tmp_path / f"fp{i}.duckdb")
+        p, kids = _start(out, cases=96)
+        try:
+            time.sleep(delay)
+            _send(p, signal.SIGINT, group=True)
+            _, err = p.communicate(timeout=30)
+        finally:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        assert p.returncode == 130, (i, p.returncode, err)
+        assert len(err.splitlines()) <= 3 and "interrupted:" in err and "Traceback" not in err, (i, err)
+        assert _wait(lambda: not any(_alive(k) for k in kids), 10.0), (i, [k for k in kids if _alive(k)])

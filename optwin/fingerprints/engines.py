@@ -26,6 +26,11 @@ ENGINES = ("local", "ray")
 
 
 def _init_worker(parent: int) -> None:
+    # Ctrl-C reaches the whole process group, workers included: the builder handles it (it kills its workers), so
+    # a worker must not die of it with a traceback of its own. It was started with SIGINT blocked (_signals_held),
+    # which covers its start-up imports, before this runs; from here it ignores SIGINT.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     import torch
 
     torch.set_num_threads(1)
@@ -44,16 +49,20 @@ def _exit_with_parent(parent: int, every_s: float = 1.0) -> None:
 
 @contextlib.contextmanager
 def _signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM held back within the block and delivered when it ends (to the handlers of before). Outside
+    """SIGINT and SIGTERM held back within the block and delivered when it ends (to the handlers of before). SIGINT
+    is also blocked in the OS, so a process started within inherits it blocked: a pool worker cannot be interrupted
+    before its initializer ignores SIGINT. (SIGTERM is not: the pool stops a broken pool's workers with it.) Outside
     the main thread nothing is held: Python delivers signals to the main thread only."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     got: list[int] = []
     old = {s: signal.signal(s, lambda n, _f: got.append(n)) for s in (signal.SIGINT, signal.SIGTERM)}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         for s, handler in old.items():
             signal.signal(s, signal.SIG_DFL if handler is None else handler)
         for n in dict.fromkeys(got):
@@ -108,7 +117,7 @@ def run_local(specs: Sequence[ShardSpec], work_dir: str, workers: int, on_done: 
     procs: dict[int, Any] = ex._processes
     try:
         # held: a Ctrl-C raised inside submit could fall between a worker's start and its entry in procs (and
-        # leave it running)
+        # leave it running); and the workers it starts inherit SIGINT blocked
         with _signals_held():
             pending = {ex.submit(run_shard, s.to_dict(), work_dir) for s in specs}
         while pending:
