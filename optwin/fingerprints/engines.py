@@ -17,8 +17,10 @@ import signal
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Iterator, Sequence
 
+from optwin.errors import OptwinError
 from optwin.fingerprints.shards import ShardSpec, run_shard
 
 OnDone = Callable[[dict[str, Any]], None]
@@ -103,10 +105,32 @@ def _stop_pool(ex: ProcessPoolExecutor, procs: dict[int, Any]) -> None:
                 raise
 
 
+def _worker_death(procs: dict[int, Any]) -> str:
+    """What killed the pool, from its workers' exit codes when it broke: the pool then sends SIGTERM to the others,
+    so a worker gone some other way is the one that died first. A dead worker's exitcode reads None for a moment
+    while the pool's manager thread reaps it (its waitpid takes the status), so it is looked at again briefly."""
+    deadline = time.monotonic() + 2.0
+    while True:
+        codes = {pid: p.exitcode for pid, p in list(procs.items())}
+        if any(c is not None for c in codes.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    dead = sorted(((c == -signal.SIGTERM, pid, c) for pid, c in codes.items() if c is not None))
+    if not dead:
+        return "a build worker died"
+    _, pid, code = dead[0]
+    if code == -signal.SIGKILL:
+        return f"a build worker (pid {pid}) was killed by SIGKILL, most likely by the out-of-memory killer (fewer --workers use less memory)"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"a build worker (pid {pid}) was killed by {signal.Signals(-code).name}"
+    return f"a build worker (pid {pid}) died (exit code {code})"
+
+
 def run_local(specs: Sequence[ShardSpec], work_dir: str, workers: int, on_done: OnDone) -> None:
     """Run shards on a spawn-context process pool of `workers` processes (fork is unsafe with torch threads).
-    Interrupted (KeyboardInterrupt, or any error), the workers are killed, not waited for; the finished shards stay
-    for --resume."""
+    Interrupted (KeyboardInterrupt, or any error), the workers are killed, not waited for; a worker that dies (the
+    OOM killer, kill -9) is one OptwinError line. Either way the finished shards stay for --resume."""
     if not specs:
         return
     ctx = multiprocessing.get_context("spawn")
@@ -124,6 +148,11 @@ def run_local(specs: Sequence[ShardSpec], work_dir: str, workers: int, on_done: 
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             for f in done:
                 on_done(f.result())
+    except BrokenProcessPool:
+        death = _worker_death(procs)
+        _stop_pool(ex, procs)
+        raise OptwinError(f"{death}: finished shards stay in {work_dir}, and the same command with --resume "
+                          "continues from them") from None
     except BaseException:
         _stop_pool(ex, procs)
         raise
@@ -174,6 +203,4 @@ def run_shards(engine: str, specs: Sequence[ShardSpec], work_dir: str, workers: 
     elif engine == "ray":
         run_ray(specs, work_dir, workers, on_done, address)
     else:
-        from optwin.errors import OptwinError
-
         raise OptwinError(f"unknown engine {engine!r}; expected one of {', '.join(ENGINES)}")
