@@ -218,8 +218,9 @@ CATALOG: dict[str, Operator] = {
             Variant("one-pass", "h = x.float(); m = mean(h); var = mean(h*h) - m*m; y = (h-m)*rsqrt(var+eps)*w+b fp32, rounded to dtype"),
             Variant("triton", "fp32 two-pass: m = tree-sum(h)/n; var = tree-sum(fma-folded (h-m)^2, 4 neighbours per fold)/n; "
                     "y = fma((h-m)*rsqrt(var+eps), w, b).to(dtype); rows > 65536: per-lane sums over 4096-wide "
-                    "chunks, rounded products, y = ((h-m)*r*w + b); rows of 8193..16384: Welford per lane over "
-                    "4096-wide pieces (fma updates, 1/count rounded once), a tree of Chan merges, y as above",
+                    "chunks, rounded products, y = ((h-m)*r*w + b); rows of 4096..65536 that a chunk of 4096, 2048 or "
+                    "1024 divides into at least 3 pieces: Welford per lane over the largest such chunk's pieces (fma "
+                    "updates, 1/count rounded once), a tree of Chan merges, y as above",
                     production=False),
         ),
         dtypes=_FLOATS,
