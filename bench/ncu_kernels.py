@@ -150,6 +150,7 @@ def main() -> None:
     dtypes = [getattr(torch, d) for d in os.environ.get("BENCH_DTYPES", "bfloat16").split(",")]
     launches = []  # (label, fn)
     for op, dt in [(op, dt) for op in ops for dt in dtypes]:
+        name = f"{op} {dt}" if len(dtypes) > 1 else op  # labels name the dtype where there are several
         g = torch.Generator().manual_seed(2)
         inp, params = OPS[op].make(shape, dt, dev, g)
         x2 = {k: (v.reshape(-1, v.shape[-1]) if k == "x" and op != "rope" else v) for k, v in inp.items()}
@@ -157,10 +158,10 @@ def main() -> None:
         buf = new_buffer(op, dev)
         if not smoke:
             comp = torch.compile(OPS[op].eager, dynamic=False)
-            launches.append((f"{op} {dt} torch.compile", lambda c=comp, i=inp, p=params: c(i, p)))
+            launches.append((f"{name} torch.compile", lambda c=comp, i=inp, p=params: c(i, p)))
         for cfg in [{}] + extra.get(op, []):  # the shipped launch, then BENCH_CONFIGS' overrides
             f, f0 = _sweep_launchers(op, x2, params, y, y0, cfg)
-            label = f"{op} {dt} ours" + (f" {cfg}" if cfg else "")
+            label = f"{name} ours" + (f" {cfg}" if cfg else "")
             launches.append((label, lambda f0=f0: f0(None)))
             launches.append((f"{label} +sketch", lambda f=f, b=buf: f(b)))
     for _, fn in launches:  # compile, autotune, allocate outside the range

@@ -63,6 +63,13 @@ def test_launch_list_without_gpu_runs_every_kernel_once_more_per_config():
     launches = [ln.split(": ", 1)[1] for ln in out.stdout.splitlines() if ln.startswith("launch ")]
     assert launches == ["rmsnorm ours", "rmsnorm ours +sketch", "rmsnorm ours {'num_warps': 2}",
                         "rmsnorm ours {'num_warps': 2} +sketch", "softmax ours", "softmax ours +sketch"]
+    # BENCH_DTYPES: the same launches per dtype, each label naming its dtype
+    env.update(BENCH_OPS="rmsnorm", BENCH_DTYPES="bfloat16,float16", BENCH_CONFIGS="{}")
+    out = subprocess.run([sys.executable, str(BENCH / "ncu_kernels.py"), "--smoke"], capture_output=True, text=True,
+                         env=env, check=True, timeout=300)
+    launches = [ln.split(": ", 1)[1] for ln in out.stdout.splitlines() if ln.startswith("launch ")]
+    assert launches == ["rmsnorm torch.bfloat16 ours", "rmsnorm torch.bfloat16 ours +sketch",
+                        "rmsnorm torch.float16 ours", "rmsnorm torch.float16 ours +sketch"]
 
 
 def test_attention_where_groups_instructions_by_how_often_they_ran():
