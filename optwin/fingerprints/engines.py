@@ -14,6 +14,7 @@ import contextlib
 import multiprocessing
 import os
 import signal
+import socket
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -165,9 +166,51 @@ def _package_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(optwin.__file__)))
 
 
+# Seconds an --address may take to accept a connection (OPTWIN_RAY_CONNECT_TIMEOUT_S overrides it).
+RAY_CONNECT_TIMEOUT_S = 20.0
+
+
+def _ray_connect_timeout() -> float:
+    value = os.environ.get("OPTWIN_RAY_CONNECT_TIMEOUT_S", "").strip()
+    try:
+        timeout_s = float(value) if value else RAY_CONNECT_TIMEOUT_S
+    except ValueError:
+        timeout_s = float("nan")
+    if not 0 < timeout_s < float("inf"):
+        raise OptwinError(f"OPTWIN_RAY_CONNECT_TIMEOUT_S={value!r}: expected a positive number of seconds")
+    return timeout_s
+
+
+def _probe_ray_address(address: str, timeout_s: float) -> None:
+    """Refuse an --address that nothing answers at, within timeout_s. ray.init retries an unreachable cluster for
+    minutes (20 attempts, each waiting out gRPC's connect and cluster-id timeouts), printing only warnings, and
+    its own timeouts are read from the environment when ray is imported: so a TCP connect first, to the address
+    Ray will use (it turns 127.0.0.1 and localhost into this node's IP). "auto" and "local" are left to ray.init,
+    which settles them at once."""
+    if address in ("auto", "local"):
+        return
+    target = address.removeprefix("ray://")
+    if target == address:
+        with contextlib.suppress(Exception):  # a Ray without it, or a host it cannot resolve: probe it as given
+            from ray._private.services import canonicalize_bootstrap_address
+
+            target = canonicalize_bootstrap_address(address) or address
+    host, sep, port = target.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise OptwinError(f"--address {address}: expected host:port, ray://host:port, auto or local")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        why = f"no answer in {timeout_s:g} s (OPTWIN_RAY_CONNECT_TIMEOUT_S sets the wait)" if isinstance(e, TimeoutError) \
+            else (e.strerror or str(e) or type(e).__name__)
+        seen = f" ({target})" if target != address else ""
+        raise OptwinError(f"cannot reach the Ray cluster at --address {address}{seen}: {why}") from None
+
+
 def run_ray(specs: Sequence[ShardSpec], work_dir: str, workers: int, on_done: OnDone,
             address: str | None = None) -> None:
-    """Run shards as Ray tasks: on the cluster at `address`, or a local one with num_cpus=workers."""
+    """Run shards as Ray tasks: on the cluster at `address`, or a local one with num_cpus=workers. An address that
+    cannot be reached is one OptwinError line, within OPTWIN_RAY_CONNECT_TIMEOUT_S (default 20 s)."""
     import ray
 
     started = False
@@ -175,7 +218,14 @@ def run_ray(specs: Sequence[ShardSpec], work_dir: str, workers: int, on_done: On
         env = {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [_package_root(), os.environ.get("PYTHONPATH")])),
                             "OMP_NUM_THREADS": "1"}}
         if address:
-            ray.init(address=address, runtime_env=env, log_to_driver=False)
+            _probe_ray_address(address, _ray_connect_timeout())
+            try:
+                ray.init(address=address, runtime_env=env, log_to_driver=False)
+            except (ConnectionError, RuntimeError, ValueError) as e:  # no cluster for "auto", a port that is no Ray
+                with contextlib.suppress(Exception):
+                    ray.shutdown()
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise OptwinError(f"cannot connect to the Ray cluster at --address {address}: {first}") from None
         else:
             ray.init(num_cpus=max(1, workers), include_dashboard=False, runtime_env=env, log_to_driver=False)
         started = True
