@@ -51,6 +51,7 @@ from optwin.ingest.generate import (
     make_rmsnorm,
     make_rope,
     make_softmax,
+    seed_words,
 )
 from optwin.ingest.sketch import SIGNED_FEATURES, SKETCH_FEATURES
 
@@ -364,12 +365,12 @@ def sample_inputs(op: str, dtype: str | torch.dtype, fitted: Fitted | OpFit, n_c
     if not fits:
         raise ProfileError(f"{op}: the profile holds no {op} calls to sample from")
     weights = np.array([f.n for f in fits], dtype=np.float64)
-    pick = np.random.default_rng([seed & 0xFFFFFFFF, 7]).choice(len(fits), size=n_cases, p=weights / weights.sum())
+    pick = np.random.default_rng([*seed_words(seed), 7]).choice(len(fits), size=n_cases, p=weights / weights.sum())
     draws: list[dict[str, float] | None] = [None] * n_cases
     for j, f in enumerate(fits):
         idx = np.flatnonzero(pick == j)
         if len(idx):
-            for i, d in zip(idx, f.draw(np.random.default_rng([seed & 0xFFFFFFFF, 11, j]), len(idx))):
+            for i, d in zip(idx, f.draw(np.random.default_rng([*seed_words(seed), 11, j]), len(idx))):
                 draws[i] = d
     out = []
     for i in range(n_cases):

@@ -19,6 +19,7 @@ matmul dims <= 256, geodesic n <= 512.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -82,9 +83,21 @@ def _check(op: str, dtype: str | torch.dtype) -> tuple[str, torch.dtype]:
     return name, torch_dtype(name)
 
 
+def seed_words(seed: int) -> list[int]:
+    """Generator entropy words of a seed, from all of its bits: seeds 0..2**32-1 are one word (the
+    streams they always drew); any other seed (negative, or 2**32 and up, which build accepts) is the
+    four 32-bit words of a hash of its signed bytes, a longer prefix, so it never lands on another
+    seed's stream (truncating to the low 32 bits made 2**32 replay seed 0 and -1 replay 2**32-1)."""
+    s = int(seed)
+    if 0 <= s < 2**32:
+        return [s]
+    digest = hashlib.blake2b(s.to_bytes(s.bit_length() // 8 + 1, "little", signed=True), digest_size=16).digest()
+    return [0x5EED] + [int(w) for w in np.frombuffer(digest, dtype="<u4")]
+
+
 def case_rng(seed: int, op: str, i: int, salt: int = 0) -> np.random.Generator:
     """Independent stream per (seed, op, case, salt): case i is the same whatever n_cases is."""
-    return np.random.default_rng([int(seed) & 0xFFFFFFFF, list(CATALOG).index(op), i, salt])
+    return np.random.default_rng([*seed_words(seed), list(CATALOG).index(op), i, salt])
 
 
 def loguniform(rng: np.random.Generator, lo: float, hi: float) -> float:
