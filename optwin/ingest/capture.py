@@ -14,7 +14,9 @@ Two interception paths, one per kind of call site:
   `F.rms_norm` -> rmsnorm "fp32-acc" (torch's fused kernel accumulates in fp32);
   `F.linear(x, W, b)` -> matmul "torch" with a = x.reshape(-1, in), b = W.T;
   `torch.matmul`/`@`/`mm` -> matmul "torch" when b is 2-D (a's leading dims folded into m;
-  batched products of two >2-D tensors are not catalog matmuls and are skipped).
+  batched products of two >2-D tensors are not catalog matmuls and are skipped);
+  `torch.addmm`/`Tensor.addmm` (transformers' Conv1D: GPT-2) -> matmul "torch" with a = mat1,
+  b = mat2 when alpha is 1 and beta 0 or 1 (the bias add is not modelled: see _addmm).
 * modules that optwin.kernels.patch swapped for our kernels -> their op's "triton" variant (rmsnorm,
   layernorm); under a monitor that takes fused sketches (optwin.kernels.sketch_sink) they, and the
   patched rotary, record nothing here: the kernel hands the monitor its own sketch.
@@ -462,6 +464,29 @@ def _linear(rec: Recorder, args: tuple, kwargs: dict) -> None:
     rec.record("matmul", "torch", lambda: {"a": x.reshape(-1, x.shape[-1]), "b": w.T}, dtype=_autocast_name(x, "matmul"))
 
 
+def _addmm(rec: Recorder, args: tuple, kwargs: dict) -> None:
+    """torch.addmm(input, mat1, mat2, *, beta=1, alpha=1) = beta * input + alpha * (mat1 @ mat2), and
+    Tensor.addmm (self is input): transformers' Conv1D (GPT-2, ImageGPT, DecisionTransformer) runs its
+    every projection through it, and 8 of a 2-layer GPT-2's 9 matmuls went unrecorded. Recorded as the
+    catalog matmul a @ b with a = mat1, b = mat2 when alpha == 1 and beta is 0 or 1: the GEMM is the
+    same, and the bias (beta=1) is added to the float32 accumulator in the GEMM's epilogue (cuBLASLt's
+    bias epilogue, or cuBLAS's beta * C) before the one rounding to the output dtype. Not modelled: that
+    addition itself (a bias that carries an output past the dtype's range, or cancels it); the sketch
+    describes the product only. Other alpha/beta scale the result, not a catalog param: skipped."""
+    a, b = _arg(args, kwargs, 1, "mat1"), _arg(args, kwargs, 2, "mat2")
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.ndim != 2 or b.ndim != 2:
+        return  # not a call addmm runs (it raises)
+    alpha, beta = kwargs.get("alpha", 1), kwargs.get("beta", 1)
+    if len(args) > 3 or not (_is_number(alpha, (1,)) and _is_number(beta, (0, 1))):
+        rec.skipped["matmul: addmm with alpha != 1 or beta not 0 or 1 (a scale is not a catalog param)"] += 1
+        return
+    rec.record("matmul", "torch", lambda: {"a": a, "b": b}, dtype=_autocast_name(a, "matmul"))
+
+
+def _is_number(v: Any, allowed: tuple[int, ...]) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v in allowed
+
+
 def _matmul(rec: Recorder, args: tuple, kwargs: dict) -> None:
     a = _arg(args, kwargs, 0, "input")
     b = _arg(args, kwargs, 1, "other", kwargs.get("mat2"))
@@ -480,6 +505,9 @@ TARGETS: tuple[Target, ...] = (
     *(Target(owner, name, "matmul", _matmul)
       for owner, name in ((torch, "matmul"), (torch.Tensor, "matmul"), (torch.Tensor, "__matmul__"),
                           (torch, "mm"), (torch.Tensor, "mm"))),
+    # not addmm_ (no transformers model calls it, and a monitor's float32 rerun of an in-place call would
+    # write a copy) nor bmm/baddbmm (batched products: not catalog matmuls, as in _matmul)
+    *(Target(owner, "addmm", "matmul", _addmm) for owner in (torch, torch.Tensor)),
 )
 
 
