@@ -55,9 +55,11 @@ def capture_command(
 
     from optwin.ingest.capture import capture
     from optwin.ingest.models import ModelError, default_texts, load_model, read_texts
+    from optwin.ingest.profile import check_profile_target
 
     console = Console(stderr=True)
     check_out_dir(out)  # before the model loads and the capture runs, not after
+    check_profile_target(out)  # writing replaces the directory: refuse one holding other files now, not after the capture
     if texts is not None:
         if not texts.is_file():
             raise ModelError(f"--texts {texts}: no such file")

@@ -4,9 +4,8 @@
 
 A profile is a directory:
 
-* ``profile.json``: format tag and version, model, creation time, library versions, the
-  capture's sampling settings, call and sample counts, skipped calls by reason. Written last, so
-  a directory without it is an interrupted write.
+* ``profile.json``: format tag and version, a random profile id, model, creation time, library
+  versions, the capture's sampling settings, call and sample counts, skipped calls by reason.
 * ``sketches.parquet`` (polars): one row per call: op, variant, dtype, stream, call_index (int64),
   t (float64 seconds since the capture began), params (JSON text) and one float64 column per
   sketch feature (the union over ops; null where a feature is not the op's).
@@ -15,15 +14,28 @@ A profile is a directory:
   safetensors key of each of its inputs ("s<id>/<input name>"). No pickle anywhere.
 
 Missing, truncated or corrupt files raise `ProfileError` with one line naming the file.
+
+Writes are whole: `write_profile` fills a hidden sibling directory (``.<name>.tmp-*``) and then
+swaps it in for ``<name>`` in one rename (Linux renameat2 RENAME_EXCHANGE; elsewhere the old
+directory is renamed aside first, so for an instant there is none). Two captures racing to the
+same directory therefore never mix files: the last one to finish wins, whole, and the other's
+profile is discarded. A reader that meets a swap mid-read (profile.json's id changed under it)
+reads again; a `Profile` whose directory was replaced since it was read refuses to load samples
+from the new one. An existing directory is replaced only when it holds profile files alone.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import errno
 import json
 import math
 import os
 import platform
+import shutil
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
@@ -87,12 +99,52 @@ def _versions() -> dict[str, str]:
 
 
 def write_profile(path: str | Path, rec: "Recorder", model: str = "", extra: dict[str, Any] | None = None) -> Path:
-    """Write a Recorder's calls and samples as a profile directory (created if needed)."""
+    """Write a Recorder's calls and samples as a profile directory, replacing an older profile there whole.
+
+    The files go to a hidden sibling directory first, which is then swapped in (module docstring), so
+    a reader or a second writer never sees a half-written or mixed profile."""
+    out = Path(path)
+    target = Path(os.path.realpath(out))  # a symlinked --out: replace the directory it names, not the link
+    check_profile_target(out)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Same directory as the target: the final rename must not cross file systems.
+    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    os.mkdir(tmp)
+    try:
+        _write_files(tmp, rec, model, extra)
+        _swap_in(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+PROFILE_FILES = frozenset({META_FILE, SKETCH_FILE, TENSOR_FILE, INDEX_FILE, META_FILE + ".tmp"})
+
+
+def check_profile_target(out: str | Path) -> None:
+    """ProfileError unless `out` is absent, empty or a profile directory: writing replaces the whole
+    directory, so one holding anything else (--out . by mistake) is refused, not deleted."""
+    out = Path(out)
+    if not os.path.lexists(out):
+        return
+    if not out.is_dir():
+        raise ProfileError(f"{out}: exists and is not a directory; a profile is a directory")
+    try:
+        foreign = sorted(e.name for e in os.scandir(out) if e.name not in PROFILE_FILES)
+    except OSError as e:
+        raise ProfileError(f"{out}: cannot list it ({e.strerror or e})") from None
+    if foreign:
+        raise ProfileError(f"{out}: holds {', '.join(foreign[:3])}{' ...' if len(foreign) > 3 else ''} besides "
+                           "profile files; writing a profile replaces the directory: choose a new or empty one")
+
+
+def _write_files(out: Path, rec: "Recorder", model: str, extra: dict[str, Any] | None) -> None:
     from safetensors.torch import save_file
 
-    out = Path(path)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / META_FILE).unlink(missing_ok=True)  # profile.json is the completion marker: drop it first
+    # Ties the files to each other: a reader checks it did not change mid-read, a Profile that its
+    # tensors file is still the one it read.
+    profile_id = uuid.uuid4().hex
     records = rec.records()
     sketch_frame(records).write_parquet(out / SKETCH_FILE)
     tensors: dict[str, torch.Tensor] = {}
@@ -104,11 +156,12 @@ def write_profile(path: str | Path, rec: "Recorder", model: str = "", extra: dic
             tensors[keys[name]] = t
         index.append({"id": i, "op": s.op, "variant": s.variant, "dtype": s.dtype, "stream": s.stream,
                       "call_index": s.call_index, "shape_class": s.shape_class, "params": s.params, "tensors": keys})
-    save_file(tensors, str(out / TENSOR_FILE), metadata={"format": FORMAT})
-    (out / INDEX_FILE).write_text(json.dumps({"version": FORMAT_VERSION, "samples": index}, indent=1))
+    save_file(tensors, str(out / TENSOR_FILE), metadata={"format": FORMAT, "profile_id": profile_id})
+    (out / INDEX_FILE).write_text(json.dumps({"version": FORMAT_VERSION, "profile_id": profile_id, "samples": index},
+                                             indent=1))
     st = rec.settings
     meta = {
-        "format": FORMAT, "version": FORMAT_VERSION, "model": model,
+        "format": FORMAT, "version": FORMAT_VERSION, "profile_id": profile_id, "model": model,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(rec.started)),
         "versions": _versions(),
         "sampling": {"sample_rate": st.sample_rate, "capacity": st.capacity, "seed": st.seed,
@@ -116,10 +169,59 @@ def write_profile(path: str | Path, rec: "Recorder", model: str = "", extra: dic
         "n_calls": len(records), "n_samples": len(index), "skipped": dict(rec.skipped),
         **(extra or {}),
     }
-    tmp = out / (META_FILE + ".tmp")
-    tmp.write_text(json.dumps(meta, indent=1, default=str))
-    os.replace(tmp, out / META_FILE)
-    return out
+    (out / META_FILE).write_text(json.dumps(meta, indent=1, default=str))
+
+
+_RENAME_EXCHANGE, _AT_FDCWD = 2, -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two existing paths (Linux renameat2). False where the call or the file system
+    lacks it, or `b` vanished meanwhile; the caller falls back to renaming."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOENT, errno.EPERM, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _swap_in(tmp: Path, target: Path) -> None:
+    """Put the finished directory `tmp` at `target`, replacing what is there; loops while another
+    writer's rename gets in between (each pass either lands ours or sees theirs landed)."""
+    while True:
+        try:
+            os.rename(tmp, target)  # target absent or an empty directory: done in one step
+            return
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+        if _exchange(tmp, target):
+            shutil.rmtree(tmp, ignore_errors=True)  # tmp now holds the replaced profile
+            return
+        # No atomic exchange: rename the old profile aside, ours in, then drop the old one. A reader
+        # in between finds no directory (an error, never a mixed profile).
+        aside = target.parent / f".{target.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        try:
+            os.rename(target, aside)
+        except FileNotFoundError:
+            continue
+        try:
+            os.rename(tmp, target)
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                with contextlib.suppress(OSError):
+                    os.rename(aside, target)  # put the old profile back rather than leave none
+                raise
+            shutil.rmtree(aside, ignore_errors=True)  # another writer's landed meanwhile: it wins, try again
+            continue
+        shutil.rmtree(aside, ignore_errors=True)
+        return
 
 
 @dataclass
@@ -159,11 +261,17 @@ class Profile:
         from safetensors import SafetensorError, safe_open
 
         entry = self.index[i]
+        t_path = self.path / TENSOR_FILE
         try:
-            with safe_open(str(self.path / TENSOR_FILE), framework="pt") as f:
+            with safe_open(str(t_path), framework="pt") as f:
+                pid = self.meta.get("profile_id")
+                if pid is not None and (f.metadata() or {}).get("profile_id") != pid:
+                    # Samples are read lazily from the path: another capture may have replaced the directory.
+                    raise ProfileError(f"{t_path}: written by another capture since this profile was read "
+                                       "(the directory was replaced): read the profile again")
                 inputs = {name: f.get_tensor(key) for name, key in entry["tensors"].items()}
         except (SafetensorError, OSError) as e:
-            raise ProfileError(f"{self.path / TENSOR_FILE}: cannot read sample {i}: {str(e).splitlines()[0]}") from None
+            raise ProfileError(f"{t_path}: cannot read sample {i}: {str(e).splitlines()[0]}") from None
         return Case(inputs, dict(entry.get("params") or {}), f"profile-tensor:{entry.get('stream', '')}")
 
     def samples(self, op: str | None = None, variant: str | None = None, dtype: str | None = None) -> list[Case]:
@@ -189,11 +297,38 @@ def _read_json(path: Path) -> Any:
         raise _fail(path, f"not valid JSON ({str(e).splitlines()[0]})") from None
 
 
+def _profile_id(root: Path) -> str | None:
+    try:
+        meta = json.loads((root / META_FILE).read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return meta.get("profile_id") if isinstance(meta, dict) else None
+
+
 def read_profile(path: str | Path) -> Profile:
-    """Read and check a profile directory; ProfileError (one line) when anything is missing or corrupt."""
+    """Read and check a profile directory; ProfileError (one line) when anything is missing or corrupt.
+
+    The files are read one by one; if profile.json's id changed meanwhile, a capture replaced the
+    directory mid-read and what was read may mix two profiles, so it is read again."""
+    root = Path(path)
+    for _ in range(5):
+        before = _profile_id(root)
+        try:
+            p = _read_profile_once(root)
+        except ProfileError:
+            if before is not None and _profile_id(root) != before:
+                continue
+            raise
+        if p.meta.get("profile_id") == before == _profile_id(root):
+            return p
+        if before is None and p.meta.get("profile_id") is None:
+            return p  # written before profiles had ids: nothing to compare
+    raise ProfileError(f"{root}: replaced by other captures during each of 5 reads; read it when they finish")
+
+
+def _read_profile_once(root: Path) -> Profile:
     import polars as pl
 
-    root = Path(path)
     if not root.is_dir():
         raise ProfileError(f"no profile directory at {root}: run `optwin capture --out {root}`")
     meta = _read_json(root / META_FILE)
