@@ -13,7 +13,9 @@ A profile is a directory:
   lists each sample (op, variant, dtype, stream, call_index, shape_class, params) and the
   safetensors key of each of its inputs ("s<id>/<input name>"). No pickle anywhere.
 
-Missing, truncated or corrupt files raise `ProfileError` with one line naming the file.
+Missing, truncated or corrupt files raise `ProfileError` with one line naming the file. profile.json
+holds a sha256 of each data file (``checksums``), checked on read; profiles written before it had
+them are read without that check.
 
 Writes are whole: `write_profile` fills a hidden sibling directory (``.<name>.tmp-*``) and then
 swaps it in for ``<name>`` in one rename (Linux renameat2 RENAME_EXCHANGE; elsewhere the old
@@ -29,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import hashlib
 import json
 import math
 import os
@@ -119,6 +122,7 @@ def write_profile(path: str | Path, rec: "Recorder", model: str = "", extra: dic
     return out
 
 
+DATA_FILES = (SKETCH_FILE, TENSOR_FILE, INDEX_FILE)
 PROFILE_FILES = frozenset({META_FILE, SKETCH_FILE, TENSOR_FILE, INDEX_FILE, META_FILE + ".tmp"})
 
 
@@ -137,6 +141,14 @@ def check_profile_target(out: str | Path) -> None:
     if foreign:
         raise ProfileError(f"{out}: holds {', '.join(foreign[:3])}{' ...' if len(foreign) > 3 else ''} besides "
                            "profile files; writing a profile replaces the directory: choose a new or empty one")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def _write_files(out: Path, rec: "Recorder", model: str, extra: dict[str, Any] | None) -> None:
@@ -168,6 +180,9 @@ def _write_files(out: Path, rec: "Recorder", model: str, extra: dict[str, Any] |
                      "ops": list(st.ops) if st.ops is not None else None},
         "n_calls": len(records), "n_samples": len(index), "skipped": dict(rec.skipped),
         **(extra or {}),
+        # sha256 of each data file: a flipped bit in a float is still a valid parquet/safetensors file,
+        # and only this tells the reader the values are not the ones captured.
+        "checksums": {name: _sha256(out / name) for name in DATA_FILES},
     }
     (out / META_FILE).write_text(json.dumps(meta, indent=1, default=str))
 
@@ -258,7 +273,7 @@ class Profile:
 
     def sample(self, i: int) -> Case:
         """Raw inputs of sample i as a Case (family "profile-tensor:<stream>")."""
-        from safetensors import SafetensorError, safe_open
+        from safetensors import safe_open
 
         entry = self.index[i]
         t_path = self.path / TENSOR_FILE
@@ -270,8 +285,10 @@ class Profile:
                     raise ProfileError(f"{t_path}: written by another capture since this profile was read "
                                        "(the directory was replaced): read the profile again")
                 inputs = {name: f.get_tensor(key) for name, key in entry["tensors"].items()}
-        except (SafetensorError, OSError) as e:
-            raise ProfileError(f"{t_path}: cannot read sample {i}: {str(e).splitlines()[0]}") from None
+        except (ProfileError, KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # noqa: BLE001  SafetensorError, OSError, or a Rust panic (PanicException)
+            raise ProfileError(f"{t_path}: cannot read sample {i}: {_first_line(e)}") from None
         return Case(inputs, dict(entry.get("params") or {}), f"profile-tensor:{entry.get('stream', '')}")
 
     def samples(self, op: str | None = None, variant: str | None = None, dtype: str | None = None) -> list[Case]:
@@ -282,6 +299,11 @@ class Profile:
     def summary(self) -> dict[str, Any]:
         return {"model": self.meta.get("model"), "calls": self.sketches.height, "samples": len(self.index),
                 "triples": self.triples(), "streams": len(self.streams())}
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0][:160] if lines else ''}"
 
 
 def _fail(path: Path, why: str) -> ProfileError:
@@ -341,8 +363,11 @@ def _read_profile_once(root: Path) -> Profile:
         raise _fail(sk_path, "missing")
     try:
         df = pl.read_parquet(sk_path)
-    except Exception as e:  # noqa: BLE001  polars/arrow raise several classes for corrupt files
-        raise _fail(sk_path, f"corrupt or truncated parquet ({type(e).__name__}: {str(e).splitlines()[0][:160]})") from None
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # noqa: BLE001  polars raises several classes for corrupt files, and on some
+        # (a flipped bit in a page header) panics in Rust: pyo3's PanicException derives from BaseException.
+        raise _fail(sk_path, f"corrupt or truncated parquet ({_first_line(e)})") from None
     missing = [c for c in BASE_COLUMNS + ALL_FEATURES if c not in df.columns]
     if missing:
         raise _fail(sk_path, f"missing columns {', '.join(missing)} (written by an older optwin whose sketch "
@@ -354,11 +379,35 @@ def _read_profile_once(root: Path) -> Profile:
     if unknown:
         raise _fail(sk_path, f"unknown operators {', '.join(map(str, unknown))}")
     index = _read_index(root)
+    _verify_checksums(root, meta)  # after the checks above, whose messages say more than "checksum"
     return Profile(root, meta, df, index)
 
 
+def _verify_checksums(root: Path, meta: dict[str, Any]) -> None:
+    """Each data file against the sha256 profile.json holds. Profiles written before optwin recorded
+    checksums have none and are read unverified (a flipped bit there can pass as a changed value)."""
+    sums = meta.get("checksums")
+    if sums is None:
+        return
+    if not isinstance(sums, dict):
+        raise _fail(root / META_FILE, f"'checksums' is a {type(sums).__name__}, not an object")
+    for name in DATA_FILES:
+        want, f = sums.get(name), root / name
+        if not isinstance(want, str):
+            raise _fail(root / META_FILE, f"no sha256 checksum for {name}")
+        try:
+            got = _sha256(f)
+        except FileNotFoundError:
+            raise _fail(f, "missing (profile.json holds its checksum)") from None
+        except OSError as e:
+            raise _fail(f, f"unreadable ({e.strerror or e})") from None
+        if got != want:
+            raise _fail(f, f"sha256 checksum {got[:16]}... differs from profile.json's {want[:16]}...: "
+                           "the file is corrupt or was changed since the capture")
+
+
 def _read_index(root: Path) -> list[dict[str, Any]]:
-    from safetensors import SafetensorError, safe_open
+    from safetensors import safe_open
 
     t_path, i_path = root / TENSOR_FILE, root / INDEX_FILE
     if not t_path.exists() and not i_path.exists():
@@ -372,8 +421,10 @@ def _read_index(root: Path) -> list[dict[str, Any]]:
         with safe_open(str(t_path), framework="pt") as f:
             keys = set(f.keys())
             shapes = {k: f.get_slice(k).get_shape() for k in keys}
-    except (SafetensorError, OSError, ValueError) as e:
-        raise _fail(t_path, f"corrupt or truncated safetensors ({str(e).splitlines()[0][:160]})") from None
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # noqa: BLE001  SafetensorError, OSError, ValueError, or a Rust panic
+        raise _fail(t_path, f"corrupt or truncated safetensors ({_first_line(e)})") from None
     for s in idx["samples"]:  # each entry's form first: the tensor lookups below index into it
         t = s.get("tensors") if isinstance(s, dict) else None
         if (not isinstance(s, dict) or s.get("op") not in CATALOG or not isinstance(t, dict)
