@@ -8,9 +8,12 @@ print(om.monitor(m, db='fingerprints.duckdb'))"
     mon.warnings            # the warning events so far (also on logging 'optwin.monitor')
 
 Interception reuses the capture hooks of optwin.ingest.capture (softmax, layer_norm, rms_norm, sdpa,
-linear/matmul wrapped while the monitor runs, optwin.ingest.intercept; module hooks for
+linear/matmul/addmm wrapped while the monitor runs, optwin.ingest.intercept; module hooks for
 RMSNorm/T5LayerNorm modules; wrapped HF eager attention and rotary functions), with a Recorder whose
-`record` checks the call instead of storing it. Each call site is a stream ("<module path>:<op>") with its own forecaster and dynamic
+`record` checks the call instead of storing it. Unlike a capture, the monitor leaves torch's MHA fast
+path on (nn.MultiheadAttention / nn.TransformerEncoderLayer in eval without autograd: fused C++ that none
+of those wrappers sees); its calls are counted in `stats.skipped` and, by op and reason, in the
+recorder's `skipped`, not checked. Each call site is a stream ("<module path>:<op>") with its own forecaster and dynamic
 sampling (optwin.fingerprints.sampling): unsampled calls cost a counter increment, not a sketch.
 
 Policies:
@@ -77,7 +80,7 @@ class FaultPredicted(OptwinError):
 class MonitorStats:
     calls: int = 0  # catalog calls seen
     checked: int = 0  # sampled, sketched and assessed
-    skipped: int = 0  # sketch refused the call (shapes), or dtype outside the catalog
+    skipped: int = 0  # sketch refused the call (shapes), dtype outside the catalog, or inside torch's MHA fast path
     queued: int = 0  # device sketches waiting for their event (CUDA, warn policy)
     fallbacks: int = 0
     raised: int = 0
@@ -138,6 +141,12 @@ class _MonitorRecorder(_cap.Recorder):
             t[1:2].fill_(base)
             self._rope_tail = (key, t)
         return self._rope_tail[1]
+
+    def skip(self, reason: str, n: int = 1) -> None:
+        # calls the monitor cannot see (torch's MHA fast path, see capture._FASTPATH_CALLS) count in
+        # stats.skipped too, where a monitor's user looks first
+        super().skip(reason, n)
+        self.mon.stats.skipped += n
 
     def record(self, op: str, variant: str, inputs: _cap.Inputs, params: dict[str, Any] | None = None,
                dtype: str | None = None, stream: str | None = None) -> None:

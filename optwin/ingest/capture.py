@@ -27,6 +27,14 @@ Two interception paths, one per kind of call site:
   `eager_attention_forward` (HF eager attention) -> attention "math" (q, k, v after repeat_kv);
   `apply_rotary_pos_emb` -> rope "fp32-angles" (HF builds cos/sin from fp32 angles).
 
+nn.MultiheadAttention / nn.TransformerEncoderLayer: in eval without autograd (no_grad, inference_mode)
+torch runs them through a fused C++ fast path that calls none of the functions above. A capture turns
+that path off while it runs (torch.backends.mha.set_fastpath_enabled(False), process-wide, the previous
+setting restored when the last capture stops), so they run their Python slow path and their F.linear,
+sdpa and F.layer_norm calls are recorded: the capture records MHA's slow path, which computes the same
+ops as the fast path but not with the same fused kernels. A monitor leaves the fast path on and counts
+its calls in `skipped` (see _FASTPATH_CALLS).
+
 Rope in transformers 5.x Llama: `LlamaRotaryEmbedding.forward(x, position_ids)` returns (cos, sin)
 for all layers once per forward and never sees q/k; `apply_rotary_pos_emb(q, k, cos, sin)` sees q/k
 but not the positions. So a forward hook on the rotary module remembers position_ids and the base
@@ -217,8 +225,14 @@ class Recorder:
         return threading.get_ident() == self.owner
 
     def watches(self, op: str) -> bool:
-        """Whether calls of `op` are recorded (the capture's `ops`)."""
-        return self.settings.ops is None or op in self.settings.ops
+        """Whether calls of `op` are recorded (the capture's `ops`); for "a|b" (a fused torch call that
+        runs several ops, see _fastpath), whether any of them is."""
+        ops = self.settings.ops
+        return ops is None or op in ops or ("|" in op and any(o in ops for o in op.split("|")))
+
+    def skip(self, reason: str, n: int = 1) -> None:
+        """Count `n` calls in `skipped` under "op: reason" (a monitor also counts them in its stats)."""
+        self.skipped[reason] += n
 
     @property
     def stream(self) -> str:
@@ -495,6 +509,27 @@ def _matmul(rec: Recorder, args: tuple, kwargs: dict) -> None:
     rec.record("matmul", "torch", lambda: {"a": a.reshape(-1, a.shape[-1]), "b": b}, dtype=_autocast_name(a, "matmul"))
 
 
+# torch's fused fast path of nn.MultiheadAttention and nn.TransformerEncoderLayer (eval, no autograd:
+# no_grad or inference_mode, which is how `optwin capture` runs models), with the catalog calls each one
+# runs inside C++: none of them reaches the functions above. A capture turns the fast path off for its
+# duration (_fastpath_off), so these run only under a monitor, which leaves production's fast path on
+# and counts them in `skipped`. Recording them would take the projections' outputs, which the call
+# computes inside; a monitor that recomputed them would double the layer's cost on every sampled call.
+_FASTPATH_CALLS = {
+    "_native_multi_head_attention": {"attention": 1, "matmul": 2},  # in_proj, out_proj
+    "_transformer_encoder_layer_fwd": {"attention": 1, "matmul": 4, "layernorm": 2},  # + linear1/2, norm1/2
+}
+
+
+def _fastpath(name: str) -> Callable[[Recorder, tuple, dict], None]:
+    def count(rec: Recorder, args: tuple, kwargs: dict) -> None:
+        for op, n in _FASTPATH_CALLS[name].items():
+            if rec.watches(op):
+                rec.skip(f"{op}: inside torch.{name} (torch's MHA fast path; a capture turns it off, a monitor "
+                         "does not)", n)
+    return count
+
+
 # The torch functions the capture intercepts (optwin.ingest.intercept), with the op each records.
 TARGETS: tuple[Target, ...] = (
     *(Target(owner, "softmax", "softmax", _softmax) for owner in (F, torch, torch.Tensor)),
@@ -508,6 +543,8 @@ TARGETS: tuple[Target, ...] = (
     # not addmm_ (no transformers model calls it, and a monitor's float32 rerun of an in-place call would
     # write a copy) nor bmm/baddbmm (batched products: not catalog matmuls, as in _matmul)
     *(Target(owner, "addmm", "matmul", _addmm) for owner in (torch, torch.Tensor)),
+    *(Target(torch, name, "|".join(calls), _fastpath(name)) for name, calls in _FASTPATH_CALLS.items()
+      if hasattr(torch, name)),
 )
 
 
@@ -830,6 +867,38 @@ def _unpatch_transformers(leases: list[_Lease]) -> None:
                 del shared.wrapper.__optwin_capture__
 
 
+# The capture's hold on torch.backends.mha's fast-path switch (process-wide, like the switch): the first
+# capture to start saves the switch and turns it off, the last to stop, in whatever order they stop,
+# puts the saved value back.
+_FASTPATH_OFF = {"users": 0, "before": True}
+
+
+def _fastpath_off() -> None:
+    """Turn torch's MHA fast path off while a capture runs: nn.MultiheadAttention and
+    nn.TransformerEncoderLayer in eval without autograd then run their Python slow path
+    (F.multi_head_attention_forward: F.linear, sdpa, F.layer_norm), which the capture records; on the fast
+    path a TransformerEncoder recorded 4 of its 8 matmuls and none of its attention, a bare
+    MultiheadAttention nothing. The slow path computes the same ops (not bit-identical kernels)."""
+    mha = getattr(torch.backends, "mha", None)
+    if mha is None or not hasattr(mha, "set_fastpath_enabled"):  # older torch: the monitor's count remains
+        return
+    with _SHARED_LOCK:
+        if _FASTPATH_OFF["users"] == 0:
+            _FASTPATH_OFF["before"] = mha.get_fastpath_enabled()
+            mha.set_fastpath_enabled(False)
+        _FASTPATH_OFF["users"] += 1
+
+
+def _fastpath_restore() -> None:
+    mha = getattr(torch.backends, "mha", None)
+    if mha is None or not hasattr(mha, "set_fastpath_enabled"):
+        return
+    with _SHARED_LOCK:
+        _FASTPATH_OFF["users"] -= 1
+        if _FASTPATH_OFF["users"] == 0:
+            mha.set_fastpath_enabled(_FASTPATH_OFF["before"])
+
+
 @contextmanager
 def capture(model: nn.Module | None = None, *, sample_rate: float = 0.0, capacity: int = 4, seed: int = 0,
             ops: tuple[str, ...] | list[str] | None = None,
@@ -851,10 +920,12 @@ def capture(model: nn.Module | None = None, *, sample_rate: float = 0.0, capacit
     rec = Recorder(CaptureSettings(sample_rate, capacity, seed, tuple(ops) if ops is not None else None))
     handles = _install_module_hooks(rec, model, dict(module_variants or {})) if model is not None else []
     undo = _patch_transformers(rec)
+    _fastpath_off()
     try:
         with intercept.active(_Interceptor(rec), watched_targets(rec)):
             yield rec
     finally:
+        _fastpath_restore()
         for h in handles:
             h.remove()
         _unpatch_transformers(undo)
