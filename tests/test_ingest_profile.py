@@ -60,6 +60,12 @@ def _copy(src: Path, dst: Path) -> Path:
     return dst
 
 
+def _edit_index(d: Path, change) -> None:  # noqa: ANN001
+    idx = json.loads((d / "tensors_index.json").read_text())
+    change(idx)
+    (d / "tensors_index.json").write_text(json.dumps(idx))
+
+
 def _truncate(f: Path) -> None:
     data = f.read_bytes()
     f.write_bytes(data[: len(data) // 2])
@@ -73,16 +79,25 @@ def _truncate(f: Path) -> None:
     (lambda d: (d / "sketches.parquet").unlink(), "sketches.parquet: missing"),
     (lambda d: _truncate(d / "tensors.safetensors"), "tensors.safetensors: corrupt or truncated safetensors"),
     (lambda d: (d / "tensors.safetensors").write_bytes(b""), "tensors.safetensors: corrupt"),
-    (lambda d: (d / "tensors_index.json").write_text('{"samples": [{"op": "softmax", "tensors": {"x": "nope"}}]}'),
+    (lambda d: (d / "tensors_index.json").write_text('{"version": 1, "samples": [{"op": "softmax", "tensors": {"x": "nope"}}]}'),
      "missing tensors nope"),
     (lambda d: (d / "tensors_index.json").write_text("[1, 2"), "tensors_index.json: not valid JSON"),
-    (lambda d: (d / "tensors_index.json").write_text('{"samples": [{"op": "softmax", "tensors": ["x"]}]}'),
+    (lambda d: (d / "tensors_index.json").write_text('{"version": 1, "samples": [{"op": "softmax", "tensors": ["x"]}]}'),
      "malformed sample entry"),  # a list of tensors (an AttributeError before)
-    (lambda d: (d / "tensors_index.json").write_text('{"samples": [{"op": "softmax", "tensors": {"x": 3}}]}'),
+    (lambda d: (d / "tensors_index.json").write_text('{"version": 1, "samples": [{"op": "softmax", "tensors": {"x": 3}}]}'),
      "malformed sample entry"),  # a key that is no name (a TypeError before)
     (lambda d: (d / "tensors_index.json").write_text(
-        '{"samples": [{"op": "softmax", "tensors": {"x": "nope"}, "params": [1]}]}'), "malformed sample entry"),
+        '{"version": 1, "samples": [{"op": "softmax", "tensors": {"x": "nope"}, "params": [1]}]}'), "malformed sample entry"),
     (lambda d: pl.read_parquet(d / "sketches.parquet").head(5).write_parquet(d / "sketches.parquet"), "truncated"),
+    (lambda d: _edit_index(d, lambda i: i.update(version=2)), r"tensors_index.json: index format version 2; this optwin reads 1"),
+    (lambda d: _edit_index(d, lambda i: i.pop("version")), r"tensors_index.json: index format version None"),
+    (lambda d: _edit_index(d, lambda i: i["samples"][0]["tensors"].pop(next(iter(i["samples"][0]["tensors"])))),
+     r"tensors_index.json: sample 0 \(\w+\) has tensors .*; \w+ takes "),  # an input short: every build case failed
+    (lambda d: (d / "tensors_index.json").write_text('{"version": 1, "samples": [{"id": 7, "op": "layernorm", '
+                                                     '"tensors": {"x": "s0/x", "weight": "s0/w"}}]}'),
+     "sample 7 \\(layernorm\\) has tensors weight, x; layernorm takes x, weight, bias"),
+    (lambda d: _edit_index(d, lambda i: i["samples"][0]["tensors"].update(extra="s0/x")),
+     r"tensors_index.json: sample 0 \(\w+\) has tensors .*extra"),
     (lambda d: pl.read_parquet(d / "sketches.parquet").drop("max_pos").write_parquet(d / "sketches.parquet"),
      "missing columns max_pos .*capture the profile again"),
 ])

@@ -415,6 +415,8 @@ def _read_index(root: Path) -> list[dict[str, Any]]:
     idx = _read_json(i_path)
     if not isinstance(idx, dict) or not isinstance(idx.get("samples"), list):
         raise _fail(i_path, "expected an object with a 'samples' list")
+    if idx.get("version") != FORMAT_VERSION:
+        raise _fail(i_path, f"index format version {idx.get('version')!r}; this optwin reads {FORMAT_VERSION}")
     if not t_path.is_file():
         raise _fail(t_path, "missing (the index lists samples)")
     try:
@@ -431,6 +433,12 @@ def _read_index(root: Path) -> list[dict[str, Any]]:
                 or not all(isinstance(k, str) and isinstance(v, str) for k, v in t.items())
                 or not isinstance(s.get("params") or {}, dict)):
             raise _fail(i_path, f"malformed sample entry {str(s)[:80]}")
+        # The names must be the op's inputs exactly: a build replays each sample through the op, and one
+        # lacking an input (layernorm without bias) was rejected case by case, silently, exit 0.
+        want = CATALOG[s["op"]].input_names()
+        if set(t) != set(want):
+            raise _fail(i_path, f"sample {s.get('id', '?')!s:.20} ({s['op']}) has tensors {', '.join(sorted(t)) or 'none'}; "
+                                f"{s['op']} takes {', '.join(want)}")
     need = {k for s in idx["samples"] for k in s["tensors"].values()}
     absent = sorted(need - keys)
     if absent:
