@@ -21,7 +21,9 @@ generate.make_<op> constructors, which hit the fault-driving features exactly (b
 dtype). Shapes that are not region features are capped for the CPU twin (rows/m/n <= 64, batch <= 2,
 heads <= 4, seq_q <= 64, geodesic n <= 512); region-feature shapes (hidden, n, d, seq_k, k) are kept.
 `peaked_frac` (the fraction of low-entropy rows): attention aims at it by rescaling query rows within
-the drawn norms (generate._aim_peaked_frac); softmax reproduces it through the drawn row ranges.
+the drawn norms (generate._aim_peaked_frac); softmax by the spread of each row's scores, apart from
+its range (generate._softmax_rows: a finite mask value such as finfo.min or -1e9 widens the range,
+not the scores), and hits min_row_max as well.
 Not aimed at: attention's `max_score` (the largest q.k): it follows from the drawn norms and
 directions, so a profile-sample build places attention's nonfinite cells where its samples land, not
 where the captured calls were (the default sweep's aligned and large-score families cover the range).
@@ -321,7 +323,12 @@ def _build(op: str, t: torch.dtype, f: dict[str, float], rng: np.random.Generato
         full_frac = masked / rows
         mask = "padding" if f["masked_frac"] > full_frac + 0.02 else "none"
         return make_softmax(rng, t, rows=rows, n=_i(f["n"]), family=fam, max=f["max"],
-                            max_row_range=max(f["max_row_range"], 0.0), mask=mask, masked_rows=masked)
+                            max_row_range=max(f["max_row_range"], 0.0), mask=mask, masked_rows=masked,
+                            # Clipped into [min, max], not redrawn: captured calls often have
+                            # min_row_max == max or == min (one row; rows at a finite mask value),
+                            # and rejecting the jittered draws past them would thin those modes.
+                            min_row_max=min(max(f["min_row_max"], f["min"]), f["max"]), min=f["min"], rms=f["rms"],
+                            peaked_frac=f["peaked_frac"])
     if op == "rope":
         return make_rope(rng, t, seq=_i(f["seq"], hi=CAP_ROWS), heads=_i(f["heads"], hi=4), d=2 * _i(f["d"] / 2),
                          family=fam, max_pos=_i(f["max_pos"], lo=0), absmax=max(f["absmax"], 1e-30), base=max(f["base"], 2.0))

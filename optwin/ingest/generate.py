@@ -237,8 +237,13 @@ def _mask(rng: np.random.Generator, kind: str, rows: int, n: int, masked_rows: i
 
 
 def make_softmax(rng: np.random.Generator, dtype: torch.dtype, *, rows: int, n: int, family: str, max: float,
-                 max_row_range: float, mask: str = "none", masked_rows: int = 0) -> Case:
-    """x [rows, n] with largest finite value `max` and widest row range `max_row_range`."""
+                 max_row_range: float, mask: str = "none", masked_rows: int = 0, min_row_max: float | None = None,
+                 min: float | None = None, rms: float | None = None, peaked_frac: float | None = None) -> Case:
+    """x [rows, n] with largest finite value `max` and widest row range `max_row_range`.
+
+    With min_row_max (what fit.sample_inputs passes), the rows are built as a captured call's are
+    (_softmax_rows): that, min and peaked_frac are aimed at too, and a far-off `min` is a finite mask
+    value (finfo.min, -1e9) shared by every row, kept apart from the unmasked scores' spread."""
     m = _mask(rng, mask, rows, n, masked_rows)
     z = values(rng, family, (rows, n))
     zm = np.where(m, np.nan, z)
@@ -248,13 +253,146 @@ def make_softmax(rng: np.random.Generator, dtype: torch.dtype, *, rows: int, n: 
         lo, hi = np.nanmin(zm, -1, keepdims=True), np.nanmax(zm, -1, keepdims=True)  # (rows, 1)
     span = np.where(np.isfinite(hi - lo) & (hi - lo > 0), hi - lo, 1.0)
     unit = np.where(m, 0.0, (z - np.nan_to_num(hi)) / span)  # each live row spans [-1, 0] (or is constant)
+    tag = family + ("" if mask == "none" else f"+{mask}") + ("+masked-rows" if masked_rows else "")
+    if min_row_max is not None:
+        x, filled = _softmax_rows(rng, m, unit, max, max_row_range, min_row_max, max - max_row_range if min is None else min,
+                                  rms, peaked_frac)
+        return Case({"x": to_tensor(x, dtype)}, {}, tag + ("+finite-mask" if filled else ""))
     ranges = max_row_range * rng.uniform(0.2, 1.0, size=(rows, 1))
     tops = max - np.abs(rng.normal(0, 0.1 * max_row_range + 1e-3, size=(rows, 1)))
     first = int(np.flatnonzero(live)[0]) if live.any() else 0
     ranges[first], tops[first] = max_row_range, max  # one row carries both targets exactly
     x = np.where(m, -np.inf, unit * ranges + tops)
-    tag = family + ("" if mask == "none" else f"+{mask}") + ("+masked-rows" if masked_rows else "")
     return Case({"x": to_tensor(x, dtype)}, {}, tag)
+
+
+# A drawn max_row_range this close to max - min says every row reaches the same low value: a finite
+# mask (captured calls have it exactly; copula draws only nearly). Unmasked rows, whose lows differ,
+# sit near 0.85..0.9 of it (the row with the max rarely holds the min too).
+SHARED_LOW = 0.98
+
+
+def _entropy(x: np.ndarray) -> np.ndarray:
+    """Softmax entropy (nats) per row of x (rows, n), -inf masked, every row with a finite entry."""
+    mx = np.max(x, axis=-1, keepdims=True)
+    e = np.exp(x - mx)  # (rows, n), 0 where masked
+    s = e.sum(-1)
+    t = np.where(e > 0, e * np.where(np.isfinite(x), x - mx, 0.0), 0.0).sum(-1)
+    return np.log(s) - t / s
+
+
+def _softmax_rows(rng: np.random.Generator, m: np.ndarray, unit: np.ndarray, top: float, max_row_range: float,
+                  min_row_max: float, low: float, rms: float | None, peaked_frac: float | None) -> tuple[np.ndarray, bool]:
+    """Rows (-inf where m) of: a top t_i, a share of entries at a low l_i, and the unmasked scores
+    t_i + w_i * unit in between. Exact: max (one row's top), min_row_max (another row's top, or a
+    row constant at the finite mask), max_row_range (the max row's range), min; peaked_frac is aimed
+    at through the widths w_i (a row's entropy falls as its scores spread).
+
+    A finite mask (max_row_range ~ max - min): every row's low is `low`, on a share of its entries
+    that matches rms (the mask value dominates it), and when min_row_max is the mask value, some rows
+    are that value throughout (padded queries). Widths start from the scores' own scale, about |max|,
+    never from the mask's range, which would make every row peaked."""
+    from optwin.catalog import DEFAULT_TOLERANCES
+
+    rows, n = m.shape
+    live = np.flatnonzero(~m.all(-1))
+    x = np.full((rows, n), -np.inf)
+    if not len(live):
+        return x, False
+    max_row_range = max(max_row_range, 0.0)
+    low = min(low, top)
+    shared = top - low > 0 and max_row_range >= SHARED_LOW * (top - low)
+    first = int(live[0])  # carries max and max_row_range
+    others = live[1:]
+    const = np.zeros(rows, dtype=bool)
+    if shared and len(others) and min_row_max <= low + 1e-6 * max(abs(low), 1.0):
+        # Rows at the mask value throughout; how many: rms ~ |low| sqrt(share of entries at low).
+        share = float(np.clip((rms / low) ** 2, 0.0, 1.0)) if rms is not None and low != 0 else 0.5
+        k = int(np.clip(round(len(live) * share * rng.uniform(0.3, 0.9)), 1, len(others)))
+        const[rng.choice(others, size=k, replace=False)] = True
+    # Tops within [min_row_max, max]: the max row, a row at min_row_max, the rest between.
+    tmin = top if const.any() else min(min_row_max, top)
+    tops = np.full(rows, top)
+    free = np.flatnonzero(~const & ~m.all(-1))
+    free = free[free != first]
+    if len(free):
+        tops[free] = rng.uniform(tmin, top, size=len(free))
+        if not const.any():
+            tops[free[0]] = tmin
+    # Lows: the max row reaches max - max_row_range; shared: every row reaches the mask value.
+    if shared:
+        lows = np.full(rows, low)
+    else:
+        lows = tops - max_row_range * rng.uniform(0.2, 1.0, size=rows)
+        if len(free):
+            lows[free[0]] = max(low, tops[free[0]] - max_row_range)  # carries min when it can
+    lows = np.clip(lows, np.maximum(low, tops - max_row_range), tops)
+    lows[first] = top - max_row_range
+    ranges = tops - lows
+    # Share of a row's finite entries at its low: one entry, or for a mask what rms says.
+    fin = ~m
+    nfin = fin.sum(-1)
+    share = 1.0 / np.maximum(nfin, 1)
+    if shared and rms is not None and low != 0:
+        total = float(np.clip((rms / low) ** 2, 0.0, 1.0)) * fin.sum()  # entries at the mask value
+        rest = max(total - (nfin * const).sum(), 0.0) / max(float(nfin[~const].sum()), 1.0)
+        share = np.maximum(share, np.minimum(rest, (nfin - 2) / np.maximum(nfin, 1)))
+    at_low = fin & (rng.random((rows, n)) < share[:, None])
+    # Keep each row's top entry (unit 0) off the low; make sure a row with a range has a low entry.
+    at_low &= unit < 0
+    need = (ranges > 0) & ~at_low.any(-1) & (nfin >= 2)
+    for r in np.flatnonzero(need):
+        cand = np.flatnonzero(fin[r] & (unit[r] < 0))
+        if len(cand):
+            at_low[r, cand[int(np.argmin(unit[r, cand]))]] = True
+    scale = max(abs(top), abs(tmin - top) if not shared else 0.0, 1.0)
+    widths = ranges.copy() if not shared else np.minimum(ranges, 1.5 * scale)
+
+    gaps = np.zeros(rows)  # sharpened rows: every score but the top moved this far down
+
+    def build(w: np.ndarray, idx: np.ndarray, g: np.ndarray | None = None) -> np.ndarray:
+        body = tops[idx, None] + w[:, None] * unit[idx] - (gaps[idx] if g is None else g)[:, None] * (unit[idx] < 0)
+        return np.where(m[idx], -np.inf, np.where(at_low[idx], lows[idx, None], np.maximum(body, lows[idx, None])))
+
+    if peaked_frac is not None:
+        thr = DEFAULT_TOLERANCES.low_entropy_nats
+        adj = live[~const[live] & (nfin[live] >= 2) & (ranges[live] > 0)]
+        h = _entropy(build(widths[adj], adj)) if len(adj) else np.zeros(0)
+        fixed = int((nfin[live] == 1).sum())  # one finite entry: always peaked
+        want = int(round(float(peaked_frac) * len(live))) - fixed
+        peaked = adj[h < thr]
+        if len(peaked) > want:  # flatten some: narrower scores until the entropy clears the threshold
+            sel = rng.permutation(peaked)[: len(peaked) - max(want, 0)]
+            lo_w, hi_w = np.zeros(len(sel)), widths[sel].copy()
+            for _ in range(40):
+                mid = (lo_w + hi_w) / 2
+                ok = _entropy(build(mid, sel)) >= thr + 0.1
+                lo_w, hi_w = np.where(ok, mid, lo_w), np.where(ok, hi_w, mid)
+            widths[sel] = lo_w
+        elif len(peaked) < want:  # sharpen some: a low up to max_row_range away, scores spread toward it
+            flat = adj[h >= thr]
+            kept = lows.copy()
+            lows[flat] = np.maximum(low, tops[flat] - max_row_range) if not shared else lows[flat]
+            ranges[flat] = tops[flat] - lows[flat]
+
+            def sharp(sv: np.ndarray, idx: np.ndarray) -> np.ndarray:  # sv in [0, 1]; 1: all but the top at the low
+                return _entropy(build(widths[idx] + sv * (ranges[idx] - widths[idx]), idx, sv * ranges[idx]))
+
+            can = flat[sharp(np.ones(len(flat)), flat) < thr - 0.1] if len(flat) else flat
+            sel = rng.permutation(can)[: want - len(peaked)]
+            back = np.setdiff1d(flat, sel)  # rows left flat keep their own low
+            lows[back] = kept[back]
+            ranges = tops - lows
+            lo_s, hi_s = np.zeros(len(sel)), np.ones(len(sel))
+            for _ in range(40):
+                mid = (lo_s + hi_s) / 2
+                ok = sharp(mid, sel) < thr - 0.1
+                lo_s, hi_s = np.where(ok, lo_s, mid), np.where(ok, mid, hi_s)
+            widths[sel] += hi_s * (ranges[sel] - widths[sel])
+            gaps[sel] = hi_s * ranges[sel]
+    x[live] = build(widths[live], live)
+    x[const] = np.where(m[const], -np.inf, low)
+    return x, shared
 
 
 def make_rope(rng: np.random.Generator, dtype: torch.dtype, *, seq: int, heads: int, d: int, family: str,
