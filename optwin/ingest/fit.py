@@ -19,7 +19,9 @@ Model, per (op, variant, dtype):
 `sample_inputs(op, dtype, fitted, n_cases, seed)` draws feature vectors and builds tensors with the
 generate.make_<op> constructors, which hit the fault-driving features exactly (before the cast to
 dtype). Shapes that are not region features are capped for the CPU twin (rows/m/n <= 64, batch <= 2,
-heads <= 4, seq_q <= 64, geodesic n <= 512); region-feature shapes (hidden, n, d, seq_k, k) are kept.
+heads <= 4, geodesic n <= 512); region-feature shapes (hidden, n, d, seq_k, k) are kept. Attention
+keeps causal and, for causal or self-attention calls, seq_q == seq_k (up to 2048 tokens, with fewer
+batches and heads); cross-attention caps seq_q at 64.
 `peaked_frac` (the fraction of low-entropy rows): attention aims at it by rescaling query rows within
 the drawn norms (generate._aim_peaked_frac); softmax by the spread of each row's scores, apart from
 its range (generate._softmax_rows: a finite mask value such as finfo.min or -1e9 widens the range,
@@ -69,6 +71,8 @@ TAIL_Q = 0.9  # the GPD tail starts at this quantile
 SMOOTH_H = 0.1  # bandwidth of the empirical copula, in normal-score units
 MIN_TAIL = 20  # exceedances needed to fit a tail
 CAP_ROWS = 64
+CAP_SELF_SEQ = 2048  # causal / self-attention samples keep seq_q == seq_k up to this many tokens
+MAX_SCORES = 2**21  # attention samples drop batch, then heads, while batch*heads*seq_q*seq_k exceeds this
 
 # Region features the constructors do not aim at (see the module docstring).
 UNTARGETED_FEATURES: frozenset[str] = frozenset({"max_score", "rms_sep_deg"})
@@ -160,6 +164,9 @@ class OpFit:
     corr: np.ndarray  # copula correlation, features in SKETCH_FEATURES[op] order
     structure: dict[str, Any] = field(default_factory=dict)
     scores: np.ndarray | None = None  # (n, features) normal scores of the captured rows
+    # Attention: which captured rows have seq_q == seq_k (self-attention). Ties are ranked at random
+    # per feature, so the copula alone draws the two apart; draw() sets them equal again.
+    same_seq: np.ndarray | None = None
 
     def draw(self, rng: np.random.Generator, n: int, method: str = "empirical") -> list[dict[str, float]]:
         """n feature vectors. method "empirical": smoothed empirical copula (a captured row's normal
@@ -170,13 +177,16 @@ class OpFit:
 
         names = list(self.features)
         out = np.empty((n, len(names)))
+        src = np.full(n, -1)  # captured row each vector was drawn around (-1: Gaussian copula)
         todo = np.arange(n)
         for _ in range(20):
             k = len(todo)
             if method == "gaussian" or self.scores is None or len(self.scores) < 3:
                 z = rng.multivariate_normal(np.zeros(len(names)), self.corr, size=k, method="eigh")
+                src[todo] = -1
             else:
-                rows = self.scores[rng.integers(len(self.scores), size=k)]
+                src[todo] = rng.integers(len(self.scores), size=k)
+                rows = self.scores[src[todo]]
                 z = (rows + SMOOTH_H * rng.standard_normal(rows.shape)) / math.sqrt(1 + SMOOTH_H**2)
             u = ndtr(z)
             out[todo] = np.column_stack([self.features[nm].ppf(u[:, j]) for j, nm in enumerate(names)])
@@ -184,6 +194,9 @@ class OpFit:
             todo = todo[~ok]
             if not len(todo):
                 break
+        if self.same_seq is not None and len(self.same_seq):
+            same = np.where(src >= 0, self.same_seq[np.maximum(src, 0)], rng.random(n) < self.same_seq.mean())
+            out[same, names.index("seq_q")] = out[same, names.index("seq_k")]
         return [dict(zip(names, map(float, row))) for row in out]
 
     def summary(self) -> dict[str, Any]:
@@ -262,7 +275,8 @@ def fit_op(op: str, variant: str, dtype: str, frame: "pl.DataFrame", seed: int =
         c = c / np.outer(d, d)
     else:
         c = np.eye(len(names))
-    return OpFit(op, variant, dtype, len(data), feats, c, _structure(op, cols), z)
+    same = cols["seq_q"] == cols["seq_k"] if op == "attention" else None
+    return OpFit(op, variant, dtype, len(data), feats, c, _structure(op, cols), z, same)
 
 
 @dataclass
@@ -333,13 +347,20 @@ def _build(op: str, t: torch.dtype, f: dict[str, float], rng: np.random.Generato
         return make_rope(rng, t, seq=_i(f["seq"], hi=CAP_ROWS), heads=_i(f["heads"], hi=4), d=2 * _i(f["d"] / 2),
                          family=fam, max_pos=_i(f["max_pos"], lo=0), absmax=max(f["absmax"], 1e-30), base=max(f["base"], 2.0))
     if op == "attention":
-        seq_k = _i(f["seq_k"])
-        # Captured causal attention is self-attention (seq_q == seq_k); the copula draws the two
-        # separately, and a mismatch silently turned causal calls into non-causal ones.
-        wants_causal = f["causal"] >= 0.5
-        seq_q = seq_k if wants_causal and seq_k <= CAP_ROWS else _i(f["seq_q"], hi=CAP_ROWS)
-        causal = wants_causal and seq_q == seq_k
-        return make_attention(rng, t, batch=_i(f["batch"], hi=2), heads=_i(f["heads"], hi=4), seq_q=seq_q, seq_k=seq_k,
+        seq_k, seq_q = _i(f["seq_k"]), _i(f["seq_q"])
+        # The twins' causal mask is top-left aligned (sdpa's is_causal: query i sees keys 0..i), so a
+        # causal call with fewer queries than keys would see only the first keys: causal calls (and
+        # self-attention, seq_q == seq_k) keep every query, up to CAP_SELF_SEQ; cross-attention keeps
+        # seq_k and at most CAP_ROWS queries (rows are independent there).
+        causal = f["causal"] >= 0.5
+        if causal or seq_q == seq_k:
+            seq_q = seq_k = min(seq_k, CAP_SELF_SEQ) if causal or seq_k <= CAP_SELF_SEQ else seq_k
+        if seq_q != seq_k:
+            seq_q = min(seq_q, CAP_ROWS)
+        batch, heads = _i(f["batch"], hi=2), _i(f["heads"], hi=4)
+        while batch * heads * seq_q * seq_k > MAX_SCORES and batch * heads > 1:  # the twin's float64 scores
+            batch, heads = (1, heads) if batch > 1 else (batch, heads - 1)
+        return make_attention(rng, t, batch=batch, heads=heads, seq_q=seq_q, seq_k=seq_k,
                               d=_i(f["d"]), family=fam, score_bound=max(f["score_bound"], 1e-30),
                               absmax=max(f["absmax"], 1e-30), causal=causal, v_scale=max(f["v_absmax"], 1e-30) / 3.0,
                               peaked_frac=f["peaked_frac"])
