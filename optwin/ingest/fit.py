@@ -330,7 +330,8 @@ def _build(op: str, t: torch.dtype, f: dict[str, float], rng: np.random.Generato
     fam = "normal"
     if op == "rmsnorm":
         return make_rmsnorm(rng, t, rows=_i(f["rows"], hi=CAP_ROWS), hidden=_i(f["hidden"]), family=fam,
-                            absmax=max(f["absmax"], 1e-30), max_row_rms=f["max_row_rms"], weight_absmax=max(f["weight_absmax"], 1e-30))
+                            absmax=max(f["absmax"], 1e-30), max_row_rms=f["max_row_rms"], weight_absmax=max(f["weight_absmax"], 1e-30),
+                            rms=f["rms"])
     if op == "softmax":
         rows = _i(f["rows"], hi=CAP_ROWS)
         masked = min(_i(f["masked_rows"], lo=0), rows)

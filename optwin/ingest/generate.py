@@ -208,10 +208,48 @@ def rows_with(rng: np.random.Generator, family: str, shape: tuple[int, ...], max
 # ----------------------------------------------------------------------------- constructors
 
 
+def outlier_channel_rows(rng: np.random.Generator, rows: int, hidden: int, absmax: float, max_row_rms: float,
+                         rms: float) -> np.ndarray | None:
+    """x [rows, hidden] whose outliers sit in 1-4 channels shared by every row, as in LLM activations:
+    max|x| = absmax and max row rms = max_row_rms exactly, overall rms aimed at `rms`. None when
+    absmax/rms is no more than normal values' own tail gives (no outlier channels to model)."""
+    k = min(int(rng.integers(1, 5)), hidden // 4)
+    if k < 1 or rms <= 0 or absmax / rms <= 1.5 * math.sqrt(2 * math.log(max(rows * hidden, 2))):
+        return None
+    ch = rng.choice(hidden, size=k, replace=False)
+    bulk = np.setdiff1d(np.arange(hidden), ch)
+    s = np.concatenate([[1.0], rng.uniform(0.5, 1.0, size=k - 1)])  # channel scales; ch[0] holds absmax
+    budget = hidden * max_row_rms**2 / absmax**2  # sum of s^2 that keeps the top row's rms at max_row_rms
+    if k > 1 and (s * s).sum() > budget:
+        s[1:] *= math.sqrt(max(budget - 1.0, 0.0) / (s[1:] ** 2).sum())
+    # The top row (absmax, max_row_rms); every other row is it scaled by c <= 1, so their rms
+    # follow from the c's, set so that the overall rms is `rms`.
+    var = max(hidden * max_row_rms**2 - absmax**2 * (s * s).sum(), 0.0) / len(bulk)
+    c = rng.uniform(0.3, 1.0, size=rows)
+    r0 = int(rng.integers(rows))
+    others = np.arange(rows) != r0
+    want = max(rows * rms**2 / max_row_rms**2 - 1.0, 0.0)  # sum of the other rows' c^2
+    for _ in range(8):  # rescale, clip at 1: converges in a few rounds
+        c[others] = np.minimum(c[others] * math.sqrt(want / max((c[others] ** 2).sum(), 1e-300)), 1.0)
+    c[r0] = 1.0
+    z = rng.standard_normal((rows, len(bulk)))
+    z /= np.sqrt((z * z).mean(1, keepdims=True))  # unit rms per row
+    x = np.empty((rows, hidden))
+    x[:, bulk] = np.clip(z * math.sqrt(var), -absmax, absmax) * c[:, None]
+    x[:, ch] = absmax * s * rng.choice([-1.0, 1.0], size=(rows, k)) * c[:, None]
+    return x
+
+
 def make_rmsnorm(rng: np.random.Generator, dtype: torch.dtype, *, rows: int, hidden: int, family: str,
-                 absmax: float, max_row_rms: float | None = None, weight_absmax: float | None = None) -> Case:
-    """x [rows, hidden] with max|x| = absmax (and max row rms = max_row_rms when given)."""
-    if max_row_rms is None:
+                 absmax: float, max_row_rms: float | None = None, weight_absmax: float | None = None,
+                 rms: float | None = None) -> Case:
+    """x [rows, hidden] with max|x| = absmax (and max row rms = max_row_rms when given). With rms too
+    (profile samples), outliers far above rms sit in channels shared by every row
+    (outlier_channel_rows), not in one random row and channel."""
+    x = None if max_row_rms is None or rms is None else outlier_channel_rows(rng, rows, hidden, absmax, max_row_rms, rms)
+    if x is not None:
+        family = f"{family}+outlier-channels"
+    elif max_row_rms is None:
         z = _nonzero(values(rng, family, (rows, hidden)))
         x = z * (absmax / np.abs(z).max())
     else:  # both targets exact where feasible: rms <= absmax <= sqrt(hidden) rms
