@@ -371,7 +371,8 @@ def _build(op: str, t: torch.dtype, f: dict[str, float], rng: np.random.Generato
         ca = max(f["const_absmax"], 0.0)
         return make_layernorm(rng, t, rows=rows, hidden=_i(f["hidden"], lo=2), family=fam,
                               max_mean_over_std=max(f["max_mean_over_std"], 0.0), absmax=max(f["absmax"], 1e-30),
-                              const_rows=0 if ca == 0 else rows if f["max_mean_over_std"] <= 0 else 1, const_absmax=ca)
+                              const_rows=0 if ca == 0 else rows if f["max_mean_over_std"] <= 0 else 1, const_absmax=ca,
+                              weight_absmax=max(f["weight_absmax"], 0.0), bias_absmax=max(f["bias_absmax"], 0.0))
     if op == "geodesic":
         mn = max(f["min_sep_deg"], 1e-12)
         return make_geodesic(rng, t, n=_i(f["n"], lo=3, hi=MAX_POINTS), family="random", min_sep_deg=mn,

@@ -527,7 +527,8 @@ def make_attention(rng: np.random.Generator, dtype: torch.dtype, *, batch: int, 
 
 
 def make_layernorm(rng: np.random.Generator, dtype: torch.dtype, *, rows: int, hidden: int, family: str,
-                   max_mean_over_std: float, absmax: float, const_rows: int = 0, const_absmax: float = 0.0) -> Case:
+                   max_mean_over_std: float, absmax: float, const_rows: int = 0, const_absmax: float = 0.0,
+                   weight_absmax: float | None = None, bias_absmax: float | None = None) -> Case:
     """x [rows, hidden]: row i = mu_i + sigma_i z_i (z standardized); row 0 has |mu|/sigma = the target
     ratio and max|x| = absmax exactly; the other rows stay below both.
 
@@ -535,7 +536,8 @@ def make_layernorm(rng: np.random.Generator, dtype: torch.dtype, *, rows: int, h
     ±const_absmax and the others at 0.3..1 of it (sketch const_absmax; the ratio target then holds
     over the rows left, and absmax is the larger of the two targets). Row 0 stays non-constant
     unless every row is constant. Constant rows are drawn after everything else, so a case with
-    them shares its other rows with the same case without them."""
+    them shares its other rows with the same case without them. weight_absmax / bias_absmax, when
+    given, are max|weight| and max|bias| exactly (the same draws, rescaled)."""
     z = values(rng, family, (rows, hidden))
     z = z - z.mean(-1, keepdims=True)
     sd = z.std(-1, keepdims=True)  # population std
@@ -551,6 +553,10 @@ def make_layernorm(rng: np.random.Generator, dtype: torch.dtype, *, rows: int, h
     x = x[perm]
     w = 1.0 + 0.2 * rng.standard_normal(hidden)
     b = 0.1 * rng.standard_normal(hidden)
+    if weight_absmax is not None:
+        w *= weight_absmax / max(np.abs(w).max(), 1e-300)
+    if bias_absmax is not None:
+        b *= bias_absmax / max(np.abs(b).max(), 1e-300)
     shape = _leading(rng, rows)
     if const_rows > 0 and const_absmax > 0:
         k = min(int(const_rows), rows)
