@@ -369,10 +369,18 @@ def _build(op: str, t: torch.dtype, f: dict[str, float], rng: np.random.Generato
         # A profile holds the largest constant row only: one such row, or every row when no row varies.
         rows = _i(f["rows"], hi=CAP_ROWS)
         ca = max(f["const_absmax"], 0.0)
-        return make_layernorm(rng, t, rows=rows, hidden=_i(f["hidden"], lo=2), family=fam,
+        hidden = _i(f["hidden"], lo=2)
+        # absmax/rms beyond what normal rows' own tails give: outlier channels (shared by every row),
+        # sized so the absmax row alone has ~0.8 of the ratio (the rms aim shrinks the other rows).
+        tails = 1.5 * math.sqrt(2 * math.log(max(rows * hidden, 2)))
+        target = f["absmax"] / f["rms"] if f["rms"] > 0 else 0.0
+        r0 = max(f["max_mean_over_std"], 0.0)
+        zmax = 0.8 * target * math.sqrt(r0 * r0 + 1) - r0 if target > tails else None
+        return make_layernorm(rng, t, rows=rows, hidden=hidden, family=fam, zmax=zmax if zmax and zmax > tails else None,
                               max_mean_over_std=max(f["max_mean_over_std"], 0.0), absmax=max(f["absmax"], 1e-30),
                               const_rows=0 if ca == 0 else rows if f["max_mean_over_std"] <= 0 else 1, const_absmax=ca,
-                              weight_absmax=max(f["weight_absmax"], 0.0), bias_absmax=max(f["bias_absmax"], 0.0))
+                              weight_absmax=max(f["weight_absmax"], 0.0), bias_absmax=max(f["bias_absmax"], 0.0),
+                              rms=f["rms"])
     if op == "geodesic":
         mn = max(f["min_sep_deg"], 1e-12)
         return make_geodesic(rng, t, n=_i(f["n"], lo=3, hi=MAX_POINTS), family="random", min_sep_deg=mn,

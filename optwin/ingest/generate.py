@@ -528,7 +528,8 @@ def make_attention(rng: np.random.Generator, dtype: torch.dtype, *, batch: int, 
 
 def make_layernorm(rng: np.random.Generator, dtype: torch.dtype, *, rows: int, hidden: int, family: str,
                    max_mean_over_std: float, absmax: float, const_rows: int = 0, const_absmax: float = 0.0,
-                   weight_absmax: float | None = None, bias_absmax: float | None = None) -> Case:
+                   weight_absmax: float | None = None, bias_absmax: float | None = None, rms: float | None = None,
+                   zmax: float | None = None) -> Case:
     """x [rows, hidden]: row i = mu_i + sigma_i z_i (z standardized); row 0 has |mu|/sigma = the target
     ratio and max|x| = absmax exactly; the other rows stay below both.
 
@@ -537,8 +538,18 @@ def make_layernorm(rng: np.random.Generator, dtype: torch.dtype, *, rows: int, h
     over the rows left, and absmax is the larger of the two targets). Row 0 stays non-constant
     unless every row is constant. Constant rows are drawn after everything else, so a case with
     them shares its other rows with the same case without them. weight_absmax / bias_absmax, when
-    given, are max|weight| and max|bias| exactly (the same draws, rescaled)."""
+    given, are max|weight| and max|bias| exactly (the same draws, rescaled). rms: the other rows are
+    scaled down (each keeps its |mean|/std) so that the overall rms comes near it. zmax: 1-4
+    channels, the same in every row, stand out of the normal rows so that a standardized row's
+    largest |z| is about zmax (outlier channels: absmax/rms far above normal tails)."""
     z = values(rng, family, (rows, hidden))
+    if zmax is not None and hidden >= 8:
+        zmax = min(zmax, 0.95 * math.sqrt(hidden))
+        k = max(1, min(int(rng.integers(1, 5)), int(hidden / zmax**2 - 1e-9)))
+        amp = zmax * math.sqrt((hidden - k) / (hidden - zmax**2 * k))  # channel size giving max |z| ~ zmax
+        ch = rng.choice(hidden, size=k, replace=False)
+        z[:, ch] = amp * rng.uniform(0.8, 1.0, size=(rows, k)) * rng.choice([-1.0, 1.0], size=(rows, k))
+        family = f"{family}+outlier-channels"
     z = z - z.mean(-1, keepdims=True)
     sd = z.std(-1, keepdims=True)  # population std
     z = np.where(sd > 0, z / np.where(sd > 0, sd, 1), rng.choice([-1.0, 1.0], size=z.shape))
@@ -549,6 +560,13 @@ def make_layernorm(rng: np.random.Generator, dtype: torch.dtype, *, rows: int, h
     # max |mu + sigma z| is exactly amax only if the largest |z| has the sign of mu: pick the sign so.
     sign = np.sign(np.take_along_axis(z, np.abs(z).argmax(-1)[:, None], -1))
     x = sign * ratio * sigma + sigma * z
+    if rms is not None and rows > 1:
+        ms = (x * x).mean(-1)  # (rows,)
+        c = np.ones(rows)
+        want = max(rows * rms**2 - ms[0], 0.0)  # what the other rows' mean squares must sum to
+        for _ in range(8):  # rescale, clip at 1 (rows stay below row 0's absmax): a few rounds converge
+            c[1:] = np.minimum(c[1:] * math.sqrt(want / max((ms[1:] * c[1:] ** 2).sum(), 1e-300)), 1.0)
+        x = x * c[:, None]
     perm = rng.permutation(rows)
     x = x[perm]
     w = 1.0 + 0.2 * rng.standard_normal(hidden)
