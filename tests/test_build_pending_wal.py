@@ -9,7 +9,6 @@ not match") after a build that had reported success.
 
 from __future__ import annotations
 
-import datetime
 import os
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import pytest
 from optwin.errors import DatabaseError
 from optwin.fingerprints.build import BuildConfig, build
 from optwin.fingerprints.store import migrate_database, open_store
+from _small_db import small_database
 
 # A writer that commits a builds row and dies: no close, no checkpoint, so the row lives only in the WAL.
 _DIE_WITH_WAL = ("import duckdb, os, sys\n"
@@ -28,15 +28,6 @@ _DIE_WITH_WAL = ("import duckdb, os, sys\n"
                  "c.execute(\"SET wal_autocheckpoint = '1TB'\")\n"
                  "c.execute(\"INSERT INTO builds (build_id, created_at) VALUES ('in-wal', TIMESTAMP '2020-01-01')\")\n"
                  "os._exit(0)\n")
-
-
-def _database(path: str, version: int | None = None) -> None:
-    with open_store(path, read_only=False, create=True) as s:
-        s.add_build({"build_id": "first", "created_at": datetime.datetime(2019, 1, 1), "seed": 0, "flags": "{}",
-                     "replays": 0, "noise": "none", "engine": "local", "duration_s": 0.0}, [])
-    if version is not None:
-        with duckdb.connect(path) as c:
-            c.execute("UPDATE schema_meta SET value = ? WHERE key = 'schema_version'", [str(version)])
 
 
 def _leave_pending_wal(path: str) -> None:
@@ -51,7 +42,7 @@ def _build_ids(path: str) -> set[str]:
 
 def test_a_build_keeps_the_rows_of_a_pending_wal_and_leaves_no_stale_wal(tmp_path):
     out = str(tmp_path / "fp.duckdb")
-    _database(out)
+    small_database(out)
     _leave_pending_wal(out)
     bid = build(BuildConfig(out=out, ops=("geodesic",), cases=4, replays=1, workers=1)).build_id
     assert not os.path.exists(out + ".wal")
@@ -62,7 +53,7 @@ def test_a_build_keeps_the_rows_of_a_pending_wal_and_leaves_no_stale_wal(tmp_pat
 
 def test_migrate_keeps_the_rows_of_a_pending_wal_and_leaves_no_stale_wal(tmp_path):
     path = str(tmp_path / "v2.duckdb")
-    _database(path, version=2)
+    small_database(path, version=2)
     _leave_pending_wal(path)
     assert migrate_database(path) == (2, 3)
     assert not os.path.exists(path + ".wal")
@@ -82,7 +73,7 @@ def test_a_wal_that_cannot_be_folded_in_is_refused_before_any_work(tmp_path):
     old, cur = str(tmp_path / "v2.duckdb"), str(tmp_path / "fp.duckdb")
     runs = {old: lambda: migrate_database(old), cur: lambda: build(BuildConfig(out=cur, ops=("geodesic",), cases=2))}
     for path, run in runs.items():
-        _database(path, version=2 if path == old else None)
+        small_database(path, version=2 if path == old else None)
         _leave_pending_wal(path)
         reader = subprocess.Popen([sys.executable, "-c", _HOLD_READ_ONLY, path], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, text=True)

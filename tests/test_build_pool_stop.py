@@ -10,30 +10,9 @@ import signal
 import subprocess
 import sys
 import time
+from _procs import alive, children, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _children(pid: int) -> set[int]:
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-    return {int(p) for p in out.split()}
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def _wait(cond, timeout_s: float) -> bool:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return cond()
 
 
 def _start(out: str, cases: int) -> tuple[subprocess.Popen, set[int]]:
@@ -43,9 +22,9 @@ def _start(out: str, cases: int) -> tuple[subprocess.Popen, set[int]]:
     p = subprocess.Popen([sys.executable, "-m", "optwin.fingerprints.cli", "build", "--ops", "layernorm", "--cases",
                           str(cases), "--replays", "4", "--workers", "2", "--out", out], cwd=ROOT, env=env,
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    assert _wait(lambda: len(_children(p.pid)) >= 3 or p.poll() is not None, 120.0)
+    assert wait_for(lambda: len(children(p.pid)) >= 3 or p.poll() is not None, 120.0)
     assert p.poll() is None, p.communicate()
-    return p, _children(p.pid)
+    return p, children(p.pid)
 
 
 def _cpu_s(pid: int) -> float:
@@ -75,7 +54,7 @@ def test_a_second_signal_while_the_build_stops_exits_promptly(tmp_path):
         p, kids = _start(out, cases=512)  # a shard takes ~30 s
         try:
             # busy: the workers are into their shards (their imports take ~1.2 s of CPU), as in the hang reported
-            assert not busy or _wait(lambda: sum(_cpu_s(k) > 2.0 for k in kids) >= 2 or p.poll() is not None, 60.0)
+            assert not busy or wait_for(lambda: sum(_cpu_s(k) > 2.0 for k in kids) >= 2 or p.poll() is not None, 60.0)
             _send(p, sig, group)
             t0 = time.monotonic()
             time.sleep(gap)
@@ -90,7 +69,7 @@ def test_a_second_signal_while_the_build_stops_exits_promptly(tmp_path):
         # handlers gone), ends the process by that signal: prompt either way.
         assert p.returncode in (130, -signal.SIGINT, -signal.SIGTERM), (i, p.returncode, err)
         assert took < 15 and "interrupted" in err, (i, took, err)
-        assert _wait(lambda: not any(_alive(k) for k in kids), 10.0), (i, [k for k in kids if _alive(k)])
+        assert wait_for(lambda: not any(alive(k) for k in kids), 10.0), (i, [k for k in kids if alive(k)])
         assert not os.path.exists(out), i
         assert os.path.exists(os.path.join(out + ".work", "manifest.json")), i  # what --resume continues from
 
@@ -113,4 +92,4 @@ def test_ctrl_c_as_the_pool_starts_prints_only_the_interrupted_line(tmp_path):
                 p.wait()
         assert p.returncode == 130, (i, p.returncode, err)
         assert len(err.splitlines()) <= 3 and "interrupted:" in err and "Traceback" not in err, (i, err)
-        assert _wait(lambda: not any(_alive(k) for k in kids), 10.0), (i, [k for k in kids if _alive(k)])
+        assert wait_for(lambda: not any(alive(k) for k in kids), 10.0), (i, [k for k in kids if alive(k)])

@@ -9,10 +9,8 @@ the target's own path was not refused.
 
 from __future__ import annotations
 
-import datetime
 import os
 
-import duckdb
 import pytest
 
 from optwin.errors import OptwinError
@@ -20,21 +18,13 @@ from optwin.fingerprints.build import BuildConfig, build
 from optwin.fingerprints.build_lock import build_lock
 from optwin.fingerprints.migrations import SCHEMA_VERSION
 from optwin.fingerprints.store import migrate_database, open_store
-
-
-def _database(path: str, version: int | None = None) -> None:
-    with open_store(path, read_only=False, create=True) as s:
-        s.add_build({"build_id": "first", "created_at": datetime.datetime(2019, 1, 1), "seed": 0, "flags": "{}",
-                     "replays": 0, "noise": "none", "engine": "local", "duration_s": 0.0}, [])
-    if version is not None:
-        with duckdb.connect(path) as c:
-            c.execute("UPDATE schema_meta SET value = ? WHERE key = 'schema_version'", [str(version)])
+from _small_db import small_database
 
 
 def _linked(tmp_path, version: int | None = None) -> tuple[str, str]:
     (tmp_path / "data").mkdir()
     real, link = str(tmp_path / "data" / "real.duckdb"), str(tmp_path / "link.duckdb")
-    _database(real, version)
+    small_database(real, version)
     os.symlink(os.path.join("data", "real.duckdb"), link)  # relative, as `ln -s data/real.duckdb link.duckdb`
     return real, link
 

@@ -20,19 +20,12 @@ import pytest
 
 from test_dashboard_browser import ROOT, _free_port
 from test_dashboard_fixture import make_db
+from _procs import alive
 
 
 def _healthy(port: int) -> bool:
     try:
         return urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=1).status == 200
-    except OSError:
-        return False
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
     except OSError:
         return False
 
@@ -57,7 +50,7 @@ def _start(db: Path, tmp_path: Path) -> tuple[subprocess.Popen, int, int]:
 def _gone(pid: int, port: int, within_s: float) -> bool:
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
-        if not _alive(pid) and not _healthy(port):
+        if not alive(pid) and not _healthy(port):
             return True
         time.sleep(0.1)
     return False
@@ -80,5 +73,5 @@ def test_stopping_the_command_stops_streamlit(tmp_path: Path, sig: signal.Signal
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        if _alive(child):
+        if alive(child):
             os.kill(child, signal.SIGKILL)

@@ -14,6 +14,7 @@ import pytest
 from _matcher_fixture import cached_db
 from optwin.fingerprints.client import HTTP
 from optwin.fingerprints.sidecar import SidecarConfig, SidecarThread
+from _procs import wait_for
 
 REQ = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"  # ~2.5 KB answers
 # 2 s: long enough that a slow CI machine fills its sockets (and reads a refused body) before the timeout acts
@@ -27,15 +28,6 @@ linux_only = pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="rea
 @pytest.fixture(scope="module")
 def db(tmp_path_factory) -> str:
     return cached_db(str(tmp_path_factory.mktemp("fp") / "fp.duckdb"))
-
-
-def _wait(cond, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def _tcp_held(port: int, socks: list[socket.socket]) -> int:
@@ -72,7 +64,7 @@ def test_pipelined_requests_whose_answers_are_never_read_are_cut_off(db):
                 time.sleep(0)  # let the server thread run
             socks.append(s)
         assert _tcp_held(addr[1], socks) == 3
-        assert _wait(lambda: _tcp_held(addr[1], socks) == 0, 15.0), _tcp_held(addr[1], socks)
+        assert wait_for(lambda: _tcp_held(addr[1], socks) == 0, 15.0), _tcp_held(addr[1], socks)
         assert sc.state.metrics.connections == 0
         assert HTTP(sc.url).request("GET", "/healthz")[0] == 200
         for s in socks:
@@ -96,7 +88,7 @@ def test_a_burst_then_silence_without_reading_is_closed_after_the_timeout(db, tm
             s.sendall(REQ * ((kernel + (512 << 10)) // one))  # ~0.5 MB left in the server's own buffer
             time.sleep(0.2)
             assert _unix_held(path) == 1
-            assert _wait(lambda: _unix_held(path) == 0, 12.0)  # 2 s idle timeout + 2 s to flush, then dropped
+            assert wait_for(lambda: _unix_held(path) == 0, 12.0)  # 2 s idle timeout + 2 s to flush, then dropped
             assert sc.state.metrics.connections == 0
         assert HTTP(sc.url).request("GET", "/healthz")[0] == 200
 
