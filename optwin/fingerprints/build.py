@@ -32,7 +32,7 @@ from typing import Any, Callable
 from optwin.catalog import all_triples, operator, resolve_tolerances
 from optwin.errors import DatabaseError, OptwinError, ProfileError
 from optwin.fingerprints.build_lock import build_lock
-from optwin.fingerprints.shards import ShardSpec, shard_done, shard_path, stable_hash, summary_path
+from optwin.fingerprints.shards import ShardSpec, _write_atomic, shard_done, shard_path, stable_hash, summary_path
 
 MANIFEST_VERSION = 1
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # builds.seed is a BIGINT
@@ -230,14 +230,13 @@ def plan_shards(cfg: BuildConfig) -> list[ShardSpec]:
 
 
 def _write_json(path: str, obj: Any) -> None:
-    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-    try:
+    # The shards' one durable writer: the manifest needs the same fsync, or a power loss can leave it empty and the
+    # next --resume, finding it unreadable, deletes the fsynced shards with the work directory.
+    def write(tmp: str) -> None:
         with open(tmp, "w") as f:
             json.dump(obj, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+
+    _write_atomic(path, write)
 
 
 def load_or_write_manifest(cfg: BuildConfig, specs: list[ShardSpec],
