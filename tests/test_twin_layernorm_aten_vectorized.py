@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from optwin import twin
-from optwin.twin import TWIN_VERSION, layernorm
+from optwin.twin import layernorm
 from optwin.twin.numerics import Numerics
 
 F = np.float32
@@ -134,8 +134,8 @@ def test_constant_rows() -> None:
     res = twin.run("layernorm", "torch", "float32", inp)
     assert torch.equal(res.emulated, torch.full((1, n), float(y[0]), dtype=torch.float64))
     assert res.faults["precision_loss"]
-    m_old, _ = layernorm.rowwise_welford(Numerics(), inp["x"].double())
-    assert m_old.item() == float(cf)
+    m_rowwise, _ = layernorm.rowwise_welford(Numerics(), inp["x"].double())
+    assert m_rowwise.item() == float(cf)
 
 
 def _ops_reduce(val, acc):  # WelfordOps::reduce
@@ -226,14 +226,11 @@ def test_rowwise_nonfinite_rows_propagate() -> None:
 
 
 @pytest.mark.parametrize("noise", ["stochastic", "mca", "order"])
-def test_noise_modes_spread_the_vectorized_model(noise: str) -> None:
-    inp = _case(1000, torch.float32, seed=9)
+@pytest.mark.parametrize("n", [1000, 1001])  # the vectorized kernel's model, the rowwise one's
+def test_noise_modes_spread_the_aten_models(noise: str, n: int) -> None:
+    inp = _case(n, torch.float32, seed=9)
     inp["x"] = inp["x"][:2]  # the random and the ill-conditioned row
     res = twin.run("layernorm", "torch", "float32", inp, noise=noise, replays=8, seed=1, keep_replays=True)
     assert res.replays.unique(dim=0).shape[0] > 1
     # the replays stay near the emulated output (the ill-conditioned row amplifies a mean's ulp ~1e4-fold)
     assert (res.replays - res.emulated).abs().max().item() < 1e-2
-
-
-def test_twin_version_bumped_for_the_rowwise_model() -> None:
-    assert TWIN_VERSION == "4"

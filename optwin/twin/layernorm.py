@@ -55,8 +55,8 @@ def _lane_constant(num: Numerics, v: torch.Tensor, like: torch.Tensor) -> torch.
 def _thread_states(num: Numerics, h: torch.Tensor, threads: int, vec: int = 1,
                    divide: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each of `threads` threads' Welford state (mean (..., threads), m2 (..., threads), count (threads,))
-    after its online updates over its elements in order: thread t reads runs of `vec` consecutive elements
-    at t, t + threads, ... (in runs). Every op in fp32; the update `delta = h - mean; mean += delta / count;
+    after its online updates over its elements in order: thread t reads the runs of `vec` consecutive
+    elements numbered t, t + threads, ... Every op in fp32; the update `delta = h - mean; mean += delta / count;
     m2 += delta * (h - mean)` with m2's add of a product one FMA, and the mean's as the kernel writes it:
     fma(delta, fp32(1/count), mean) (one rounding), or with `divide` an IEEE division then an add."""
     n = h.shape[-1]
@@ -92,7 +92,7 @@ def welford(num: Numerics, h: torch.Tensor, lanes: int) -> tuple[torch.Tensor, t
     n = h.shape[-1]
     h, lanes = _order_noise(num, h, lanes)
     mean, m2, cnt = _thread_states(num, h, max(1, min(lanes, n)))
-    while mean.shape[-1] > 1:  # tree of merges (warp shuffles, then across warps)
+    while mean.shape[-1] > 1:  # the kernel's halving tree of merges over its lanes
         if mean.shape[-1] % 2:
             mean, m2 = (torch.nn.functional.pad(t, (0, 1)) for t in (mean, m2))
             cnt = torch.nn.functional.pad(cnt, (0, 1))
@@ -193,8 +193,7 @@ def vectorized_welford(num: Numerics, h: torch.Tensor, threads: int = ATEN_THREA
     - across warps (`for (int offset = blockDim.y/2; offset > 0; offset /= 2)`): warp y < offset merges
       warp y + offset's lane-0 state the same way;
     - `wd.sigma2/float(N)`, correctly rounded.
-    Under noise "order" the elements are permuted at random (per replay and row) and the thread count
-    drawn from {32, ..., 1024}, as num.sum does."""
+    Noise "order": _order_noise."""
     n = h.shape[-1]
     h, threads = _order_noise(num, h, threads)
     mean, m2, cnt = _thread_states(num, h, threads, vec=ATEN_VEC)
@@ -234,9 +233,12 @@ def rowwise_welford(num: Numerics, h: torch.Tensor, threads: int = ATEN_ROWWISE_
       blockDim.x)`): `delta = data - mean; new_mean = mean + delta / new_nf; m2 + delta * (data -
       new_mean)` (the division IEEE and not fused; the last add of a product one FMA);
     - _warps_then_block with _welford_ops_combine; project: `m2 / nf`, correctly rounded.
-    Noise "order" as vectorized_welford."""
+    Noise "order" as vectorized_welford. Threads past the row's n hold empty states, which `combine` returns
+    around unchanged, so a row narrower than the block runs on the next power of two >= n threads (at least a
+    warp) with the same bits and a fraction of the work (n = 30: 32 lanes, not 512)."""
     n = h.shape[-1]
     h, threads = _order_noise(num, h, threads)
+    threads = min(threads, max(ATEN_WARP, 1 << max(n - 1, 0).bit_length()))
     mean, m2, cnt = _thread_states(num, h, threads, divide=True)
     mean, m2 = _warps_then_block(num, (mean, m2, cnt), _welford_ops_combine)
     return mean, num.round(m2 / n, F32)  # (..., 1) each
