@@ -12,6 +12,7 @@ first, the same way.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -149,7 +150,13 @@ def _write_atomic(path: str, write) -> None:
         write(tmp)
         _fsync(tmp)
         os.replace(tmp, path)
-        _fsync(os.path.dirname(path))
+        try:
+            _fsync(os.path.dirname(path))
+        except OSError as e:
+            # Some filesystems (FUSE, some network ones, where Ray work dirs live) refuse to fsync a directory; the
+            # rename is done by then, and failing every shard over it would leave no build at all.
+            if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+                raise
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
