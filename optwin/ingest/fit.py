@@ -72,7 +72,10 @@ SMOOTH_H = 0.1  # bandwidth of the empirical copula, in normal-score units
 MIN_TAIL = 20  # exceedances needed to fit a tail
 CAP_ROWS = 64
 CAP_SELF_SEQ = 2048  # causal / self-attention samples keep seq_q == seq_k up to this many tokens
-MAX_SCORES = 2**21  # attention samples drop batch, then heads, while batch*heads*seq_q*seq_k exceeds this
+# Attention samples drop batch, then heads, while batch*heads*seq_q*seq_k exceeds this. Not a hard
+# bound: one head of a capped self-attention is CAP_SELF_SEQ**2 = 4.2M scores (34 MB of float64),
+# and cross-attention's CAP_ROWS * seq_k grows with seq_k.
+MAX_SCORES = 2**21
 
 # Region features the constructors do not aim at (see the module docstring).
 UNTARGETED_FEATURES: frozenset[str] = frozenset({"max_score", "rms_sep_deg"})
@@ -354,8 +357,8 @@ def _build(op: str, t: torch.dtype, f: dict[str, float], rng: np.random.Generato
         # self-attention, seq_q == seq_k) keep every query, up to CAP_SELF_SEQ; cross-attention keeps
         # seq_k and at most CAP_ROWS queries (rows are independent there).
         causal = f["causal"] >= 0.5
-        if causal or seq_q == seq_k:
-            seq_q = seq_k = min(seq_k, CAP_SELF_SEQ) if causal or seq_k <= CAP_SELF_SEQ else seq_k
+        if causal or seq_q == seq_k:  # non-causal too: a 32k-token encoder call left whole is ~8 GB a case
+            seq_q = seq_k = min(seq_k, CAP_SELF_SEQ)
         if seq_q != seq_k:
             seq_q = min(seq_q, CAP_ROWS)
         batch, heads = _i(f["batch"], hi=2), _i(f["heads"], hi=4)
