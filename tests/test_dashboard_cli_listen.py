@@ -29,7 +29,7 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("address,port,reason", [
     ("10.255.255.1", None, "Cannot assign requested address"),  # no interface here has it
-    ("notahost.invalid", None, "Name or service not known"),  # .invalid never resolves (RFC 2606)
+    ("notahost.invalid", None, ""),  # .invalid never resolves (RFC 2606); the resolver's words vary
     ("127.0.0.1", "busy", "Address already in use"),  # a port this test holds
 ])
 def test_an_address_it_cannot_listen_on_is_one_line(db: Path, address: str, port: str | None, reason: str) -> None:
@@ -43,4 +43,6 @@ def test_an_address_it_cannot_listen_on_is_one_line(db: Path, address: str, port
                             "--port", str(n)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2, r.stderr[-2000:]
     # exactly one line: Streamlit never started (it would have logged, or raised, first)
-    assert r.stderr.splitlines() == [f"error: cannot listen on tcp://{address}:{n}: {reason}"], r.stderr[-2000:]
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: cannot listen on tcp://{address}:{n}: ") \
+        and lines[0].endswith(reason), r.stderr[-2000:]

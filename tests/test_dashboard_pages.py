@@ -79,6 +79,14 @@ def test_a_build_of_other_twins_is_flagged_in_the_sidebar(db: Path, tmp_path: Pa
     assert [w.value for w in at.sidebar.warning] == [
         "build build-1 was replayed by twin version 1; this optwin's twins are version "
         f"{TWIN_VERSION}: `optwin build` replays them anew"]
+    unknown = tmp_path / "unknown.duckdb"  # builds without a version (every row NULL: None, not NaN)
+    shutil.copyfile(db, unknown)
+    with duckdb.connect(str(unknown)) as conn:
+        conn.execute("UPDATE builds SET twin_version = NULL")
+    at = app(unknown)
+    assert [w.value for w in at.sidebar.warning] == [
+        "build build-2 was replayed by twin version unknown; this optwin's twins are version "
+        f"{TWIN_VERSION}: `optwin build` replays them anew"]
 
 
 def test_overview_shows_what_the_matcher_serves_after_a_build_of_some_ops(tmp_path: Path) -> None:

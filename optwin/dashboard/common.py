@@ -129,9 +129,11 @@ def _twin_version_note(builds: Any, build: str) -> None:
         return
     versions = builds.loc[builds["build_id"].astype(str) == build, "twin_version"]
     got = None if versions.empty else versions.iloc[0]
-    if got is None or got != got or str(got) != TWIN_VERSION:
-        st.sidebar.warning(f"build {build} was replayed by twin version {got if got == got else 'unknown'}; this "
-                           f"optwin's twins are version {TWIN_VERSION}: `optwin build` replays them anew")
+    # NULL reads as None, NaN or pd.NA depending on its column's other rows: all are "unknown" (as the matcher says)
+    label = got if isinstance(got, str) and got else "unknown"
+    if label != TWIN_VERSION:
+        st.sidebar.warning(f"build {build} was replayed by twin version {label}; this optwin's twins are version "
+                           f"{TWIN_VERSION}: `optwin build` replays them anew")
 
 
 def pick(label: str, options: list[Any], key: str, default: Any = None, **kw: Any) -> Any:
