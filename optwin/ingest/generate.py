@@ -208,6 +208,11 @@ def rows_with(rng: np.random.Generator, family: str, shape: tuple[int, ...], max
 # ----------------------------------------------------------------------------- constructors
 
 
+# Least scale the rms aims give a row: when the top row alone already passes the rms target, the aim
+# would scale every other row to 0 (all-zero rows; constant rows for layernorm), which no capture had.
+C_FLOOR = 0.1
+
+
 def outlier_channel_rows(rng: np.random.Generator, rows: int, hidden: int, absmax: float, max_row_rms: float,
                          rms: float) -> np.ndarray | None:
     """x [rows, hidden] whose outliers sit in 1-4 channels shared by every row, as in LLM activations:
@@ -229,8 +234,8 @@ def outlier_channel_rows(rng: np.random.Generator, rows: int, hidden: int, absma
     r0 = int(rng.integers(rows))
     others = np.arange(rows) != r0
     want = max(rows * rms**2 / max_row_rms**2 - 1.0, 0.0)  # sum of the other rows' c^2
-    for _ in range(8):  # rescale, clip at 1: converges in a few rounds
-        c[others] = np.minimum(c[others] * math.sqrt(want / max((c[others] ** 2).sum(), 1e-300)), 1.0)
+    for _ in range(8):  # rescale, clip to [C_FLOOR, 1]: converges in a few rounds
+        c[others] = np.clip(c[others] * math.sqrt(want / max((c[others] ** 2).sum(), 1e-300)), C_FLOOR, 1.0)
     c[r0] = 1.0
     z = rng.standard_normal((rows, len(bulk)))
     z /= np.sqrt((z * z).mean(1, keepdims=True))  # unit rms per row
@@ -564,8 +569,8 @@ def make_layernorm(rng: np.random.Generator, dtype: torch.dtype, *, rows: int, h
         ms = (x * x).mean(-1)  # (rows,)
         c = np.ones(rows)
         want = max(rows * rms**2 - ms[0], 0.0)  # what the other rows' mean squares must sum to
-        for _ in range(8):  # rescale, clip at 1 (rows stay below row 0's absmax): a few rounds converge
-            c[1:] = np.minimum(c[1:] * math.sqrt(want / max((ms[1:] * c[1:] ** 2).sum(), 1e-300)), 1.0)
+        for _ in range(8):  # rescale, clip to [C_FLOOR, 1] (rows stay below row 0's absmax): a few rounds converge
+            c[1:] = np.clip(c[1:] * math.sqrt(want / max((ms[1:] * c[1:] ** 2).sum(), 1e-300)), C_FLOOR, 1.0)
         x = x * c[:, None]
     perm = rng.permutation(rows)
     x = x[perm]
