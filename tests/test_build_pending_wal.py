@@ -19,6 +19,7 @@ import pytest
 
 from optwin.errors import DatabaseError
 from optwin.fingerprints.build import BuildConfig, build
+from optwin.fingerprints.duckdb_store import fold_wal
 from optwin.fingerprints.store import migrate_database, open_store
 from _small_db import small_database
 
@@ -91,3 +92,24 @@ def test_a_wal_that_cannot_be_folded_in_is_refused_before_any_work(tmp_path):
             reader.wait(timeout=30)
     assert migrate_database(old) == (2, 3)  # the reader is gone: now the fold works
     assert _build_ids(old) == {"first", "in-wal"}
+
+
+def _damage_wal(path: str) -> None:
+    """Flip 64 bytes in the middle of a real pending WAL: DuckDB's checksum refuses it ("Corrupt WAL file")."""
+    wal = open(path + ".wal", "rb").read()
+    mid = len(wal) // 2
+    open(path + ".wal", "wb").write(wal[:mid] + bytes(b ^ 0xFF for b in wal[mid:mid + 64]) + wal[mid + 64:])
+
+
+def test_a_damaged_wal_is_not_blamed_on_other_programs(tmp_path):
+    """Only a lock conflict is answered with 'close the programs using it': for a damaged WAL that advice sent the
+    user hunting for programs that were not there. One line naming the database and the driver's reason."""
+    path = str(tmp_path / "fp.duckdb")
+    small_database(path)
+    _leave_pending_wal(path)
+    _damage_wal(path)
+    with pytest.raises(DatabaseError) as e:
+        fold_wal(path)  # what build (under its lock) and migrate call before copying the database
+    msg = str(e.value)
+    assert "\n" not in msg and "close the programs" not in msg, msg
+    assert msg.startswith(f"{path}: ") and "folding in its write-ahead log" in msg and "Corrupt WAL" in msg, msg

@@ -343,8 +343,17 @@ def fold_wal(path: str) -> None:
         if not isinstance(e, duckdb.Error):
             raise
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if not _is_lock_conflict(first):  # a damaged WAL, a full disk, a newer format: closing programs won't help
+            raise driver_error(e, path, "folding in its write-ahead log") from None
         raise DatabaseError(f"{path}: cannot open it read-write to fold in its write-ahead log {wal} ({first}); "
                             "close the programs using it and run again (nothing was changed)") from None
+
+
+def _is_lock_conflict(first: str) -> bool:
+    """True for DuckDB's 'Could not set lock on file ...: Conflicting lock is held' (another program has the file
+    open); not a bare "lock" substring, which "block" in a corruption message would match."""
+    low = first.lower()
+    return "could not set lock" in low or "conflicting lock" in low
 
 
 def copy_for_write(src: str, dst: str) -> None:
