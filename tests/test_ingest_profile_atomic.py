@@ -18,7 +18,7 @@ from optwin.ingest.capture import Recorder, capture
 from optwin.ingest.profile import write_profile
 
 # Two captures told apart by every file: row width (sketch numel, sample shape), call count, model.
-SHAPES = {"A": (512, 1024), "B": (4, 8)}
+SHAPES = {"A": (64, 128), "B": (4, 8)}  # A small: every write and read hashes it
 CALLS = {"A": 12, "B": 7}
 
 
