@@ -30,3 +30,10 @@ class DatabaseError(OptwinError):
 
 class SchemaVersionError(DatabaseError):
     """The database's schema version is not the one this code reads: run `optwin migrate`."""
+
+
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message, for the one-line errors above; the exception's type name when the
+    message is empty (a bare OSError(), a driver error with no text)."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

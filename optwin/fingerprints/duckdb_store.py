@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import duckdb
 
-from optwin.errors import DatabaseError, SchemaVersionError
+from optwin.errors import DatabaseError, SchemaVersionError, first_line
 from optwin.fingerprints import aggregate, migrations
 from optwin.fingerprints.migrations.v0001_initial import TABLES
 from optwin.fingerprints.store import FingerprintStore, Rows
@@ -54,7 +54,7 @@ def _fail(e: BaseException, path: str, what: str) -> BaseException:
 
 
 def driver_error(e: BaseException, path: str, what: str) -> DatabaseError:
-    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    first = first_line(e)
     if is_disk_full(e):
         return DatabaseError(f"{path}: disk full while {what}: free space and run again (`optwin build --resume` keeps finished shards)")
     if "lock" in first.lower():
@@ -342,7 +342,7 @@ def fold_wal(path: str) -> None:
             raise KeyboardInterrupt from None
         if not isinstance(e, duckdb.Error):
             raise
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = first_line(e)
         if not _is_lock_conflict(first):  # a damaged WAL, a full disk, a newer format: closing programs won't help
             raise driver_error(e, path, "folding in its write-ahead log") from None
         raise DatabaseError(f"{path}: cannot open it read-write to fold in its write-ahead log {wal} ({first}); "

@@ -21,7 +21,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Iterator, Sequence
 
-from optwin.errors import OptwinError
+from optwin.errors import OptwinError, first_line
 from optwin.fingerprints.shards import ShardSpec, run_shard
 
 OnDone = Callable[[dict[str, Any]], None]
@@ -224,7 +224,7 @@ def run_ray(specs: Sequence[ShardSpec], work_dir: str, workers: int, on_done: On
             except (ConnectionError, RuntimeError, ValueError) as e:  # no cluster for "auto", a port that is no Ray
                 with contextlib.suppress(Exception):
                     ray.shutdown()
-                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                first = first_line(e)
                 raise OptwinError(f"cannot connect to the Ray cluster at --address {address}: {first}") from None
         else:
             ray.init(num_cpus=max(1, workers), include_dashboard=False, runtime_env=env, log_to_driver=False)

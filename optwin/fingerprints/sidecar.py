@@ -50,7 +50,7 @@ from typing import Any, AsyncIterator
 from urllib.parse import parse_qs
 
 from optwin.catalog import CATALOG
-from optwin.errors import OptwinError
+from optwin.errors import OptwinError, first_line
 from optwin.fingerprints.forecast import ForecastConfig, Stream
 from optwin.fingerprints.matcher import Matcher, MatcherConfig, fast_validate_sketch
 
@@ -231,7 +231,7 @@ class SidecarState:
             return self._observe(rec, time.monotonic() if now is None else now)
         except (OptwinError, ValueError, TypeError, KeyError, OverflowError) as e:
             self.metrics.records_error += 1
-            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+            msg = first_line(e)
             return {"error": msg[:300]}
 
     def _observe(self, rec: Any, now: float) -> dict[str, Any]:
@@ -348,7 +348,7 @@ class SidecarState:
             self._sig = sig
             self.metrics.reloads_failed += 1
             log.error("reload of %s failed, still serving build %s: %s", self.db, self.matcher.build_id,
-                      str(e).splitlines()[0] if str(e) else type(e).__name__)
+                      first_line(e))
             return None
         self._sig = sig
         return m
