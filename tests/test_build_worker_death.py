@@ -12,22 +12,23 @@ import subprocess
 import sys
 import time
 
+from _procs import children
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARGS = ["--ops", "matmul", "--cases", "160", "--replays", "2", "--workers", "2"]  # 12 shards of ~1.5 s
 
 
 def _pool_workers(pid: int) -> list[int]:
     """The builder's pool workers: its spawned children, less multiprocessing's resource tracker."""
-    kids = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
     out = []
-    for k in kids:
+    for k in sorted(children(pid)):
         try:
             with open(f"/proc/{k}/cmdline", "rb") as f:
                 cmd = f.read()
         except FileNotFoundError:
             continue
         if b"spawn_main" in cmd and b"resource_tracker" not in cmd:
-            out.append(int(k))
+            out.append(k)
     return out
 
 
