@@ -87,3 +87,19 @@ def test_migrate_removes_copies_left_by_killed_builds_and_says_so(tmp_path):
     assert migrate_database(out, on_note=notes.append) == (3, 3)
     assert _copies(tmp_path) == [] and len(notes) == 1 and notes[0].startswith(f"removed 1 leftover copy of {out} (")
     assert migrate_database(out, on_note=notes.append) == (3, 3) and len(notes) == 1  # nothing left: nothing said
+
+
+def test_migrate_says_nothing_by_default_and_its_command_says_it_on_stderr(tmp_path, capfd):
+    """The library prints nothing unasked (a service calling migrate_database got lines on its stderr); the
+    `optwin migrate` command shows the note on stderr, its result on stdout."""
+    out = str(tmp_path / "fp.duckdb")
+    _database(out)
+    shutil.copyfile(out, out + ".tmp-0123abcd")  # what a killed build leaves: a copy under a private name
+    assert migrate_database(out) == (3, 3)
+    assert _copies(tmp_path) == [] and capfd.readouterr().err == ""
+    shutil.copyfile(out, out + ".tmp-4567cdef")
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-m", "optwin.fingerprints.cli", "migrate", out], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and _copies(tmp_path) == [], r.stderr
+    assert r.stderr.startswith(f"removed 1 leftover copy of {out} (") and r.stdout.strip().endswith("version 3"), r

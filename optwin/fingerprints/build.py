@@ -439,7 +439,7 @@ def _build_locked(cfg: BuildConfig, t0: float, on_start: Callable[[int, int], No
                   on_note: Callable[[str], None] | None = None, *, db: str) -> BuildResult:
     """build's steps, with the database's build lock held; `db` is cfg.out resolved (os.path.realpath)."""
     from optwin.fingerprints.duckdb_store import (copy_for_write, fold_wal, is_disk_full, is_interrupt, remove_db_files,
-                                                  remove_stale_copies, stale_copies_note, swap_in, temp_path)
+                                                  remove_stale_copies, swap_in, temp_path)
     from optwin.fingerprints.engines import run_shards
     from optwin.fingerprints.store import open_store
     from optwin.twin import TWIN_VERSION
@@ -447,9 +447,7 @@ def _build_locked(cfg: BuildConfig, t0: float, on_start: Callable[[int, int], No
     specs = plan_shards(cfg)
     tmp = temp_path(db)
     try:
-        note = stale_copies_note(cfg.out, *remove_stale_copies(db))  # under the lock: no live build owns them
-        if note and on_note:
-            on_note(note)
+        remove_stale_copies(db, on_note, shown_as=cfg.out)  # under the lock: no live build owns them
         fold_wal(db)  # a WAL a dead writer left: refused now if it cannot be folded in, not after the shards ran
         manifest = load_or_write_manifest(cfg, specs, on_note)
         saved = _saved_build(db, manifest["build_id"]) if cfg.resume else None

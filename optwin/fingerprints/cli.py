@@ -115,7 +115,8 @@ def migrate_command(db: str = typer.Argument(..., help="Fingerprint database to 
     """Upgrade a fingerprint database to this optwin's schema version (atomically)."""
     from optwin.fingerprints.store import migrate_database
 
-    before, after = migrate_database(db)
+    # The library says nothing by default; the command shows its progress lines on stderr (stdout keeps the result).
+    before, after = migrate_database(db, on_note=lambda line: typer.echo(line, err=True))
     if before == after:
         typer.echo(f"{db}: already at schema version {after}")
     else:

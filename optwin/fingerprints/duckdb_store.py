@@ -17,7 +17,6 @@ import errno
 import os
 import re
 import shutil
-import sys
 import time
 import uuid
 from typing import Any, Callable, Iterable, Sequence
@@ -281,9 +280,10 @@ def temp_path(path: str) -> str:
     return f"{path}.tmp-{uuid.uuid4().hex}"
 
 
-def remove_stale_copies(path: str) -> tuple[int, int]:
+def remove_stale_copies(path: str, on_note: Callable[[str], None] | None = None, shown_as: str | None = None) -> None:
     """Remove the private copies `<path>.tmp-<hex>` (with their `.wal` and DuckDB's `.tmp` spill directory) that a
-    build or migrate killed before its swap (kill -9, power loss) left beside `path`; returns (copies, bytes) removed.
+    build or migrate killed before its swap (kill -9, power loss) left beside `path`, and say so through on_note
+    (one line naming `shown_as`, the name the user gave; nothing when none was found or on_note is None).
 
     Call it holding the build lock: a build or migrate holds the lock for its copy's whole life, so no live one owns
     a copy found then. Left alone, every such kill leaked a full-size database copy that nothing removed."""
@@ -301,15 +301,10 @@ def remove_stale_copies(path: str) -> tuple[int, int]:
             size += os.lstat(p).st_size
             os.remove(p)
             copies += not name.endswith((".wal", ".tmp"))
-    return copies, size
-
-
-def stale_copies_note(path: str, copies: int, size: int) -> str | None:
-    """The progress line for remove_stale_copies' result, None when nothing was removed."""
-    if not copies:
-        return None
-    what = "copy" if copies == 1 else "copies"
-    return f"removed {copies} leftover {what} of {path} ({size / 1e6:.1f} MB) left by killed builds or migrates"
+    if copies and on_note:
+        what = "copy" if copies == 1 else "copies"
+        on_note(f"removed {copies} leftover {what} of {shown_as or path} ({size / 1e6:.1f} MB) left by killed builds "
+                "or migrates")
 
 
 def remove_db_files(path: str) -> None:
@@ -400,8 +395,7 @@ def migrate_file(path: str, on_note: Callable[[str], None] | None = None) -> tup
 
     Holds the database's build lock (a build finishing meanwhile would otherwise be undone by the swap), and
     leaves a file already at the current version alone: no copy, no swap. Copies left by killed builds or migrates
-    are removed, and said so through on_note (default: a line on stderr, as `optwin migrate` prints nothing else
-    while it works)."""
+    are removed, and said so through on_note (default: nothing; `optwin migrate` passes one that writes stderr)."""
     from optwin.fingerprints.build_lock import build_lock
 
     if not os.path.exists(path):
@@ -412,9 +406,7 @@ def migrate_file(path: str, on_note: Callable[[str], None] | None = None) -> tup
     if not is_duckdb_file(real):  # checked here: the driver's own error would name the private copy
         raise DatabaseError(f"{path}: not a DuckDB file, so not a fingerprint database (left unchanged)")
     with build_lock(real, "migrate"):
-        note = stale_copies_note(path, *remove_stale_copies(real))
-        if note:
-            (on_note or (lambda line: print(line, file=sys.stderr)))(note)
+        remove_stale_copies(real, on_note, shown_as=path)
         found = _file_version(real, path)
         if found == migrations.SCHEMA_VERSION:
             return found, found

@@ -118,7 +118,7 @@ def open_store(path: str | os.PathLike, read_only: bool = True, create: bool = F
 
 def migrate_database(path: str | os.PathLike, on_note: Callable[[str], None] | None = None) -> tuple[int, int]:
     """Upgrade the database at `path` in place (atomically: on a copy swapped in). Returns (from, to). on_note gets
-    progress lines (copies left by killed builds removed); None prints them on stderr."""
+    progress lines (copies left by killed builds removed); None says nothing."""
     from optwin.fingerprints.duckdb_store import migrate_file
 
     return migrate_file(os.fspath(path), on_note)
