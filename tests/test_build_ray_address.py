@@ -35,3 +35,21 @@ def test_an_address_nothing_listens_at_is_one_error_line_at_once(tmp_path):
 
     r, _ = _build(tmp_path, "127.0.0.1:1", OPTWIN_RAY_CONNECT_TIMEOUT_S="soon")
     assert r.returncode == 2 and "error: OPTWIN_RAY_CONNECT_TIMEOUT_S='soon'" in r.stderr, r.stderr
+
+
+def test_a_bad_address_is_refused_before_the_work_directory_is_made(tmp_path, monkeypatch):
+    """The probe ran inside run_shards, after the lock, the WAL fold and the manifest write: a refused address
+    left <out>.work/manifest.json behind (and a later build without --resume said it was discarding a build)."""
+    import pytest
+
+    from optwin.errors import OptwinError
+    from optwin.fingerprints.build import BuildConfig, build
+
+    out = str(tmp_path / "fp.duckdb")
+    cfg = BuildConfig(out=out, engine="ray", address="127.0.0.1:1", ops=("geodesic",), cases=2, replays=1)
+    with pytest.raises(OptwinError, match="--address 127.0.0.1:1"):
+        build(cfg)
+    monkeypatch.setenv("OPTWIN_RAY_CONNECT_TIMEOUT_S", "soon")
+    with pytest.raises(OptwinError, match="OPTWIN_RAY_CONNECT_TIMEOUT_S='soon'"):
+        build(cfg)
+    assert os.listdir(tmp_path) == []  # no work directory, no lock file, no database

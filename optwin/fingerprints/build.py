@@ -406,13 +406,18 @@ def check_out(out: str) -> None:
 
 
 def check_inputs(cfg: BuildConfig) -> None:
-    """Everything that can be refused before work starts: options, profile, --out, the target's schema version."""
+    """Everything that can be refused before work starts: options, profile, --out, the target's schema version, a
+    Ray --address that nothing answers at."""
     from optwin.fingerprints.store import open_store
 
     validate_config(cfg)
     check_out(cfg.out)
     if os.path.exists(cfg.out):
         open_store(cfg.out, read_only=True).close()
+    if cfg.engine == "ray" and cfg.address:
+        from optwin.fingerprints.engines import check_ray_address
+
+        check_ray_address(cfg.address)
 
 
 def build(cfg: BuildConfig, on_start: Callable[[int, int], None] | None = None,

@@ -207,10 +207,17 @@ def _probe_ray_address(address: str, timeout_s: float) -> None:
         raise OptwinError(f"cannot reach the Ray cluster at --address {address}{seen}: {why}") from None
 
 
+def check_ray_address(address: str) -> None:
+    """Refuse an unreachable --address (or a bad OPTWIN_RAY_CONNECT_TIMEOUT_S) with one OptwinError line, within
+    OPTWIN_RAY_CONNECT_TIMEOUT_S (default 20 s). build's check_inputs calls it, before the lock and the work
+    directory: run from run_ray, a bad address left <out>.work/manifest.json behind."""
+    _probe_ray_address(address, _ray_connect_timeout())
+
+
 def run_ray(specs: Sequence[ShardSpec], work_dir: str, workers: int, on_done: OnDone,
             address: str | None = None) -> None:
-    """Run shards as Ray tasks: on the cluster at `address`, or a local one with num_cpus=workers. An address that
-    cannot be reached is one OptwinError line, within OPTWIN_RAY_CONNECT_TIMEOUT_S (default 20 s)."""
+    """Run shards as Ray tasks: on the cluster at `address` (checked first by check_ray_address), or a local one
+    with num_cpus=workers."""
     import ray
 
     started = False
@@ -218,7 +225,6 @@ def run_ray(specs: Sequence[ShardSpec], work_dir: str, workers: int, on_done: On
         env = {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [_package_root(), os.environ.get("PYTHONPATH")])),
                             "OMP_NUM_THREADS": "1"}}
         if address:
-            _probe_ray_address(address, _ray_connect_timeout())
             try:
                 ray.init(address=address, runtime_env=env, log_to_driver=False)
             except (ConnectionError, RuntimeError, ValueError) as e:  # no cluster for "auto", a port that is no Ray
