@@ -187,3 +187,25 @@ def test_a_chunked_body_without_the_token_is_refused_and_dropped(tmp_path):
                       + chunked(b" " * (1 << 20), [1 << 18, 1 << 19]))
             replies = split_replies(read_all(s))
     assert [r[0] for r in replies] == [401] and b"Connection: close" in replies[0][1]
+
+
+@pytest.mark.parametrize("lengths", [(b"2", b"%d"), (b"%d, 2",)])
+def test_different_content_lengths_are_refused_and_closed(server, lengths):
+    """Two Content-Length values (two fields, or one list): the last one was taken, so a proxy in front that took
+    the first framed another body than this server read. RFC 9112 6.3: 400 and close; nothing after is served."""
+    data = body_of("cl")
+    fields = b"".join(b"Content-Length: %s\r\n" % (v % len(data) if b"%d" in v else v) for v in lengths)
+    with connect(server) as s:
+        s.sendall(b"POST /v1/observe HTTP/1.1\r\nHost: x\r\n%s\r\n%s" % (fields, data)
+                  + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        replies = split_replies(read_all(s))
+    assert [r[0] for r in replies] == [400] and "conflicting Content-Length" in json.loads(replies[0][2])["error"]
+
+
+def test_the_same_content_length_repeated_is_folded(server):
+    data = body_of("same")
+    with connect(server) as s:
+        s.sendall(b"POST /v1/observe HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\nContent-Length: %d, %d\r\n"
+                  b"Connection: close\r\n\r\n%s" % (len(data), len(data), len(data), data))
+        replies = split_replies(read_all(s))
+    assert [r[0] for r in replies] == [200] and json.loads(replies[0][2])[0]["stream"] == "same"

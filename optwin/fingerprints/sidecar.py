@@ -724,6 +724,12 @@ class Sidecar:
                 k, v = k.strip().lower(), v.strip()
                 if k == "transfer-encoding" and k in headers:  # a list split over lines is one list (RFC 9110 5.3)
                     v = headers[k] + "," + v
+                if k == "content-length":
+                    # Repeated (over lines, or as a list) with one value it may be folded to it; with different
+                    # values the body's end is unknown, a 400 and a close (RFC 9112 6.3 item 5). Keeping the last
+                    # one, as before, read a body another parser in front may have framed differently.
+                    vals = {x.strip() for x in v.split(",")} | ({headers[k]} if k in headers else set())
+                    v = vals.pop() if len(vals) == 1 else ",".join(sorted(vals))
                 headers[k] = v
         except ValueError:
             return await self._reply(writer, "other", 400, b'{"error": "malformed request line"}', False, t0)
@@ -754,6 +760,9 @@ class Sidecar:
                 # chunked body is read as a next request.
                 keep = False
         else:
+            if "," in headers.get("content-length", ""):
+                return await self._reply(writer, path, 400, b'{"error": "conflicting Content-Length values"}', False,
+                                         t0)
             try:
                 length = int(headers.get("content-length", "0"))
                 if length < 0:
