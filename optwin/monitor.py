@@ -369,8 +369,7 @@ class Monitor:
             with torch.no_grad():
                 names, values = sketch_tensor(op, inputs, params)
         except Exception as e:  # noqa: BLE001  the sketch refused the call: count, never break the model
-            rec.skipped[f"{op}: {type(e).__name__}: {str(e)[:120]}"] += 1
-            self.stats.skipped += 1
+            rec.skip(f"{op}: {type(e).__name__}: {str(e)[:120]}")  # counts in stats.skipped too
             return
         finally:
             rec.suppress -= 1
@@ -381,8 +380,7 @@ class Monitor:
         params: dict[str, Any] = {}
         if s.op == "rope":  # from HF's tables: the positions and base come from the rotary module
             if rec.last_positions is None:
-                rec.skipped["rope: positions unknown (no rotary-embedding module ran)"] += 1
-                self.stats.skipped += 1
+                rec.skip("rope: positions unknown (no rotary-embedding module ran)")  # counts in stats.skipped too
                 return
             base = rec.last_base or 10000.0
             with torch.no_grad():

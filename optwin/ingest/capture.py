@@ -294,7 +294,7 @@ class Recorder:
             return
         cap = self.settings.max_calls
         if cap is not None and len(self._pending) >= cap:  # before any work: a full capture costs a count
-            self.skipped[f"{op}: past max_calls={cap} (the capture keeps its first max_calls calls)"] += 1
+            self.skip(f"{op}: past max_calls={cap} (the capture keeps its first max_calls calls)")
             return
         if callable(inputs):
             inputs = inputs()
@@ -315,7 +315,7 @@ class Recorder:
             with autocast_dtype.off(main.device.type):  # the sketch's own maths stays float32/64
                 _, values = sketch_tensor(op, inputs, params, cache=self._weights)
         except Exception as e:  # noqa: BLE001  a capture must never break the model it watches
-            self.skipped[f"{op}: {type(e).__name__}: {str(e)[:120]}"] += 1
+            self.skip(f"{op}: {type(e).__name__}: {str(e)[:120]}")
             return
         finally:
             local.suppress -= 1
@@ -409,7 +409,7 @@ def _default_scale(rec: Recorder, scale: Any, d: int) -> bool:
     would replay such cases at 1/sqrt(d), so the fingerprints stay honest only while the catalog has none."""
     if scale is None or (isinstance(scale, (int, float)) and math.isclose(scale, 1.0 / math.sqrt(max(d, 1)), rel_tol=1e-6)):
         return True
-    rec.skipped["attention: softmax scale other than 1/sqrt(d) (not a catalog param)"] += 1
+    rec.skip("attention: softmax scale other than 1/sqrt(d) (not a catalog param)")
     global _SCALE_WARNED
     if not _SCALE_WARNED:
         _SCALE_WARNED = True
@@ -423,7 +423,7 @@ def _sdpa(rec: Recorder, args: tuple, kwargs: dict) -> None:
     mask = _arg(args, kwargs, 3, "attn_mask")
     is_causal = bool(_arg(args, kwargs, 5, "is_causal", False))
     if q.ndim != 4:
-        rec.skipped[f"attention: sdpa with {q.ndim}-D q"] += 1
+        rec.skip(f"attention: sdpa with {q.ndim}-D q")
         return
     if not _default_scale(rec, kwargs.get("scale"), q.shape[-1]):  # keyword-only in sdpa
         return
@@ -466,7 +466,7 @@ def _layer_norm(rec: Recorder, args: tuple, kwargs: dict) -> None:
     x = _arg(args, kwargs, 0, "input")
     shape = _arg(args, kwargs, 1, "normalized_shape")
     if len(tuple(shape)) != 1:
-        rec.skipped["layernorm: normalized over more than the last dim"] += 1
+        rec.skip("layernorm: normalized over more than the last dim")
         return
     rec.record("layernorm", "torch", _layernorm_inputs(x, _arg(args, kwargs, 2, "weight"), _arg(args, kwargs, 3, "bias")),
                dtype=_autocast_name(x, "layernorm"))
@@ -476,7 +476,7 @@ def _rms_norm(rec: Recorder, args: tuple, kwargs: dict) -> None:
     x = _arg(args, kwargs, 0, "input")
     shape = _arg(args, kwargs, 1, "normalized_shape")
     if len(tuple(shape)) != 1:
-        rec.skipped["rmsnorm: normalized over more than the last dim"] += 1
+        rec.skip("rmsnorm: normalized over more than the last dim")
         return
     rec.record("rmsnorm", "fp32-acc", _rmsnorm_inputs(x, _arg(args, kwargs, 2, "weight")))
 
@@ -503,7 +503,7 @@ def _addmm(rec: Recorder, args: tuple, kwargs: dict) -> None:
         return  # not a call addmm runs (it raises)
     alpha, beta = kwargs.get("alpha", 1), kwargs.get("beta", 1)
     if len(args) > 3 or not (_is_number(alpha, (1,)) and _is_number(beta, (0, 1))):
-        rec.skipped["matmul: addmm with alpha != 1 or beta not 0 or 1 (a scale is not a catalog param)"] += 1
+        rec.skip("matmul: addmm with alpha != 1 or beta not 0 or 1 (a scale is not a catalog param)")
         return
     rec.record("matmul", "torch", lambda: {"a": a, "b": b}, dtype=_autocast_name(a, "matmul"))
 
@@ -592,7 +592,7 @@ class _Interceptor:
             except self.passes:
                 raise
             except Exception as e:  # noqa: BLE001  never break the model
-                rec.skipped[f"{target.name}: {type(e).__name__}"] += 1
+                rec.skip(f"{target.name}: {type(e).__name__}")
             if rec.action is None:  # no policy verdict on this call (always, in a capture): as is
                 return proceed(args, kwargs)
             return self.run(args, kwargs, proceed)
@@ -756,7 +756,7 @@ def _record_rope(rec: Recorder, orig: Callable, q, k, cos, sin, *args, **kwargs)
     unsq = kwargs.get("unsqueeze_dim", args[1] if len(args) > 1 else 1)
     pos = rec.last_positions
     if pos is None or q.ndim != 4:
-        rec.skipped["rope: positions unknown (no rotary-embedding module ran)"] += 1
+        rec.skip("rope: positions unknown (no rotary-embedding module ran)")
     elif rec.watches("rope"):  # record() would drop both calls; the stream's frame walk need not run
         params = {"base": rec.last_base or 10000.0}
         site = rec.stream
