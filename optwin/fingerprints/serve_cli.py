@@ -60,7 +60,7 @@ def serve_command(
             raise InputError(f"--warnings-jsonl {warnings_jsonl}: {e.strerror or e}") from None
     cfg = SidecarConfig(max_records_per_s=max_records_per_s, max_streams=max_streams, stream_ttl_s=stream_ttl_s)
     typer.echo(f"optwin serve: loading {db}", err=True)
-    serve(db, listen=listen, token=token, warnings_jsonl=warnings_jsonl, config=cfg)
+    serve(db, listen=listen, token=token, warnings_jsonl=warnings_jsonl, config=cfg, checked=True)
 
 
 def _standalone() -> None:

@@ -894,10 +894,13 @@ class Sidecar:
 
 
 def serve(db: str, listen: str = "tcp://127.0.0.1:8765", token: str | None = None,
-          warnings_jsonl: str | None = None, config: SidecarConfig | None = None) -> None:
-    """Run the sidecar until interrupted (the `optwin serve` command)."""
+          warnings_jsonl: str | None = None, config: SidecarConfig | None = None, *, checked: bool = False) -> None:
+    """Run the sidecar until interrupted (the `optwin serve` command). checked: the caller has just run
+    check_listen itself (`optwin serve`, before its database checks), so the unix socket is not cleared, bound and
+    removed a second time."""
     address = parse_listen(listen)
-    check_listen(address, token)  # before the database loads, which can take a while
+    if not checked:
+        check_listen(address, token)  # before the database loads, which can take a while
     state = SidecarState(db, config=config, warnings_jsonl=warnings_jsonl)
     sidecar = Sidecar(state, address, token=token)
     try:
