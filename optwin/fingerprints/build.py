@@ -424,7 +424,9 @@ def build(cfg: BuildConfig, on_start: Callable[[int, int], None] | None = None,
           on_shard: Callable[[dict[str, Any]], None] | None = None,
           on_note: Callable[[str], None] | None = None, *, checked: bool = False) -> BuildResult:
     """Run a whole build (see the module docstring). Callbacks feed the progress display:
-    on_start(total_shards, already_done), on_shard(summary), on_note(line) (a --resume with nothing to resume).
+    on_start(total_shards, already_done), on_shard(summary), on_note(line): what the build did unasked (a
+    --resume with nothing to resume, an interrupted build's shards discarded, damaged shards run again, copies
+    left by killed builds removed).
     checked: the caller has just run check_inputs(cfg) itself (`optwin build`, to print its error before the
     progress display), so it is not run again: it reads the profile's sketches, which is not free."""
     t0 = time.perf_counter()
