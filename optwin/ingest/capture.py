@@ -62,7 +62,10 @@ float64 tensor, the call's labels), and records() adds about 1.4 KB a call more 
 keeps the first max_calls calls and counts the rest in `skipped`; raw samples are bounded apart from
 that by `capacity` per shape class.
 
-Capturing never changes outputs: handlers only read inputs, then call the original function.
+Handlers only read inputs, then call the original function, so a captured call returns what it would
+uncaptured, with one exception: while a capture runs, nn.MultiheadAttention / nn.TransformerEncoderLayer
+in eval without autograd take their slow path (above), whose outputs may differ from the fast path's in
+the last bits. The switch is process-wide: models in other threads run the slow path meanwhile too.
 A call the sketch cannot take (unexpected shapes) is counted in `Recorder.skipped`, never raised.
 """
 
