@@ -86,13 +86,25 @@ def test_nested_captures_restore_the_fast_path_switch_in_any_order() -> None:
     mha = torch.backends.mha
     before = mha.get_fastpath_enabled()
     outer, inner = capture(), capture()
-    outer.__enter__()
-    inner.__enter__()
-    assert mha.get_fastpath_enabled() is False
-    outer.__exit__(None, None, None)  # the outer one stops first: the inner one still needs it off
-    assert mha.get_fastpath_enabled() is False
-    inner.__exit__(None, None, None)
-    assert mha.get_fastpath_enabled() is before
+    running = []  # entered and not yet stopped: a failed assert stops them below
+    try:
+        outer.__enter__()
+        running.append(outer)
+        inner.__enter__()
+        running.append(inner)
+        assert mha.get_fastpath_enabled() is False
+        running.remove(outer)
+        outer.__exit__(None, None, None)  # the outer one stops first: the inner one still needs it off
+        assert mha.get_fastpath_enabled() is False
+        running.remove(inner)
+        inner.__exit__(None, None, None)
+        assert mha.get_fastpath_enabled() is before
+    finally:
+        # the switch is process-wide: left off (or a capture's wrappers left in place), it would change
+        # every later test in this process
+        for c in reversed(running):
+            c.__exit__(None, None, None)
+        mha.set_fastpath_enabled(before)
 
 
 @pytest.fixture(scope="module")
