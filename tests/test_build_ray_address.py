@@ -19,7 +19,7 @@ def _build(tmp_path, address: str, **env_extra: str) -> tuple[subprocess.Complet
     t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "optwin.fingerprints.cli", "build", "--engine", "ray", "--address",
                         address, "--ops", "geodesic", "--cases", "2", "--replays", "1", "--out", out], cwd=ROOT,
-                       env=env, capture_output=True, text=True, timeout=60)
+                       env=env, capture_output=True, text=True, timeout=120)
     return r, time.monotonic() - t0
 
 
@@ -30,7 +30,9 @@ def test_an_address_nothing_listens_at_is_one_error_line_at_once(tmp_path):
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert r.returncode == 2 and len(errors) == 1, r.stderr
     assert "--address 127.0.0.1:1" in errors[0] and "Ray cluster" in errors[0], errors
-    assert took < 30 and "Traceback" not in r.stderr
+    # Well under ray.init's retries (> 150 s); the time includes interpreter start and `import ray` on a loaded
+    # 2-core machine, hence the margin.
+    assert took < 60 and "Traceback" not in r.stderr
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".lock")]
 
     r, _ = _build(tmp_path, "127.0.0.1:1", OPTWIN_RAY_CONNECT_TIMEOUT_S="soon")
