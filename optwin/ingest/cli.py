@@ -46,6 +46,9 @@ def capture_command(
     sample_rate: Annotated[float, typer.Option(min=0.0, max=1.0, help="probability a call's tensors are offered to the reservoir")] = 0.05,
     capacity: Annotated[int, typer.Option(min=0, help="raw calls kept per (op, variant, dtype, shape class)")] = 4,
     seed: Annotated[int, typer.Option(help="reservoir seed")] = 0,
+    max_calls: Annotated[Optional[int], typer.Option(
+        help="record only the first N calls, count the rest as skipped (bounds memory on long runs; default: all)",
+        metavar="N")] = None,
 ) -> None:
     """Run a PyTorch model under the capture hooks and write an input profile."""
     import torch
@@ -53,11 +56,14 @@ def capture_command(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
+    from optwin.errors import OptwinError
     from optwin.ingest.capture import capture
     from optwin.ingest.models import ModelError, default_texts, load_model, read_texts
     from optwin.ingest.profile import check_profile_target
 
     console = Console(stderr=True)
+    if max_calls is not None and max_calls < 1:  # capture() raises a ValueError too, but only after the model loads
+        raise OptwinError(f"--max-calls must be a whole number >= 1, got {max_calls}")
     check_out_dir(out)  # before the model loads and the capture runs, not after
     check_profile_target(out)  # writing replaces the directory: refuse one holding other files now, not after the capture
     if texts is not None:
@@ -71,7 +77,8 @@ def capture_command(
     with console.status(f"loading {model}"):
         lm = load_model(model)
     batches = list(lm.batches(items, batch_size))
-    with torch.no_grad(), capture(lm.module, sample_rate=sample_rate, capacity=capacity, seed=seed) as rec:
+    with torch.no_grad(), capture(lm.module, sample_rate=sample_rate, capacity=capacity, seed=seed,
+                                  max_calls=max_calls) as rec:
         with Progress(TextColumn("capture {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console) as bar:
             task = bar.add_task(lm.name, total=len(batches))
