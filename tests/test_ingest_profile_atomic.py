@@ -62,7 +62,12 @@ def test_racing_writers_leave_one_whole_profile_and_readers_never_see_a_mix(tmp_
     def reader() -> None:
         try:
             while not stop.is_set():
-                w = _whole(out)
+                try:
+                    w = _whole(out)
+                except ProfileError as e:  # outrun by back-to-back writes: a clean refusal, never a mix
+                    if "during each of 5 reads" not in str(e):
+                        raise
+                    w = "refused"
                 seen[w] = seen.get(w, 0) + 1
         except BaseException as e:  # noqa: BLE001
             errors.append(e)
@@ -78,7 +83,7 @@ def test_racing_writers_leave_one_whole_profile_and_readers_never_see_a_mix(tmp_
     stop.set()
     r.join(60)
     assert not errors, repr(errors[0])
-    assert sum(seen.values()) > 0
+    assert seen.get("A", 0) + seen.get("B", 0) > 0, seen
     _whole(out)  # the last writer's profile, whole
     # Nothing left behind: no temporary or set-aside directories next to the profile.
     assert sorted(x.name for x in tmp_path.iterdir()) == ["prof"]
