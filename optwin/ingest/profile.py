@@ -177,7 +177,7 @@ def _write_files(out: Path, rec: "Recorder", model: str, extra: dict[str, Any] |
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(rec.started)),
         "versions": _versions(),
         "sampling": {"sample_rate": st.sample_rate, "capacity": st.capacity, "seed": st.seed,
-                     "ops": list(st.ops) if st.ops is not None else None},
+                     "ops": list(st.ops) if st.ops is not None else None, "max_calls": st.max_calls},
         "n_calls": len(records), "n_samples": len(index), "skipped": dict(rec.skipped),
         **(extra or {}),
         # sha256 of each data file: a flipped bit in a float is still a valid parquet/safetensors file,
