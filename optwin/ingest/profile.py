@@ -285,9 +285,11 @@ class Profile:
                     raise ProfileError(f"{t_path}: written by another capture since this profile was read "
                                        "(the directory was replaced): read the profile again")
                 inputs = {name: f.get_tensor(key) for name, key in entry["tensors"].items()}
-        except (ProfileError, KeyboardInterrupt, SystemExit):
+        except ProfileError:
             raise
         except BaseException as e:  # noqa: BLE001  SafetensorError, OSError, or a Rust panic (PanicException)
+            if not _file_fault(e):
+                raise
             raise ProfileError(f"{t_path}: cannot read sample {i}: {_first_line(e)}") from None
         return Case(inputs, dict(entry.get("params") or {}), f"profile-tensor:{entry.get('stream', '')}")
 
@@ -304,6 +306,15 @@ class Profile:
 def _first_line(e: BaseException) -> str:
     lines = str(e).strip().splitlines()
     return f"{type(e).__name__}: {lines[0][:160] if lines else ''}"
+
+
+def _file_fault(e: BaseException) -> bool:
+    """Whether a reader's exception can be blamed on the file: any Exception but MemoryError (the
+    machine's state, not the file's), and a Rust panic in polars or safetensors, which pyo3 raises as
+    PanicException, a BaseException. Not KeyboardInterrupt, SystemExit or GeneratorExit."""
+    if isinstance(e, MemoryError):
+        return False
+    return isinstance(e, Exception) or any(c.__name__ == "PanicException" for c in type(e).__mro__)
 
 
 def _fail(path: Path, why: str) -> ProfileError:
@@ -363,10 +374,10 @@ def _read_profile_once(root: Path) -> Profile:
         raise _fail(sk_path, "missing")
     try:
         df = pl.read_parquet(sk_path)
-    except (KeyboardInterrupt, SystemExit):
-        raise
     except BaseException as e:  # noqa: BLE001  polars raises several classes for corrupt files, and on some
-        # (a flipped bit in a page header) panics in Rust: pyo3's PanicException derives from BaseException.
+        # (a flipped bit in a page header) panics in Rust (_file_fault).
+        if not _file_fault(e):
+            raise
         raise _fail(sk_path, f"corrupt or truncated parquet ({_first_line(e)})") from None
     missing = [c for c in BASE_COLUMNS + ALL_FEATURES if c not in df.columns]
     if missing:
@@ -423,9 +434,9 @@ def _read_index(root: Path) -> list[dict[str, Any]]:
         with safe_open(str(t_path), framework="pt") as f:
             keys = set(f.keys())
             shapes = {k: f.get_slice(k).get_shape() for k in keys}
-    except (KeyboardInterrupt, SystemExit):
-        raise
     except BaseException as e:  # noqa: BLE001  SafetensorError, OSError, ValueError, or a Rust panic
+        if not _file_fault(e):
+            raise
         raise _fail(t_path, f"corrupt or truncated safetensors ({_first_line(e)})") from None
     for s in idx["samples"]:  # each entry's form first: the tensor lookups below index into it
         t = s.get("tensors") if isinstance(s, dict) else None
