@@ -35,7 +35,7 @@ def test_profile_round_trip(profile_dir: Path) -> None:
     assert set(p.triples()) == {("attention", "math", "float32"), ("matmul", "torch", "float32"),
                                 ("rmsnorm", "fp32-acc", "float32"), ("rope", "fp32-angles", "float32")}
     assert p.sketches.height == 2 * 26 and p.meta["n_calls"] == 52 and p.meta["model"] == "llama-tiny-eager"
-    assert p.meta["sampling"] == {"sample_rate": 1.0, "capacity": 2, "seed": 1, "ops": None}
+    assert p.meta["sampling"] == {"sample_rate": 1.0, "capacity": 2, "seed": 1, "ops": None, "max_calls": None}
     assert "torch" in p.meta["versions"] and p.meta["created_at"].endswith("Z")
     assert p.streams("attention") == ["model.layers.0.self_attn", "model.layers.1.self_attn"]
     assert p.sketches["call_index"].to_list() == list(range(52))
