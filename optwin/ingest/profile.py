@@ -37,6 +37,7 @@ import math
 import os
 import platform
 import shutil
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -112,13 +113,20 @@ def write_profile(path: str | Path, rec: "Recorder", model: str = "", extra: dic
     target.parent.mkdir(parents=True, exist_ok=True)
     # Same directory as the target: the final rename must not cross file systems.
     tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    os.mkdir(tmp)
+    try:
+        os.mkdir(tmp)
+    except OSError as e:
+        raise ProfileError(f"{out}: cannot write beside it in {target.parent} ({e.strerror or e})") from None
     try:
         _write_files(tmp, rec, model, extra)
-        _swap_in(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    try:
+        _swap_in(tmp, target)
+    except OSError as e:  # the capture is whole in tmp: keep it, it may have taken hours
+        raise ProfileError(f"{out}: cannot rename the written profile into place ({e.strerror or e}); "
+                           f"it is whole at {tmp}") from None
     return out
 
 
@@ -141,6 +149,18 @@ def check_profile_target(out: str | Path) -> None:
     if foreign:
         raise ProfileError(f"{out}: holds {', '.join(foreign[:3])}{' ...' if len(foreign) > 3 else ''} besides "
                            "profile files; writing a profile replaces the directory: choose a new or empty one")
+    # The new profile is written beside `out` and renamed over it: that needs a writable parent on the
+    # same file system. A docker -v mount point fails both, and would fail after the capture ran.
+    target = Path(os.path.realpath(out))
+    try:
+        if os.stat(target).st_dev != os.stat(target.parent).st_dev:
+            raise ProfileError(f"{out}: a mount point; a profile is written beside its directory and renamed "
+                               f"into place, which cannot cross file systems: use a directory inside it, e.g. {out / 'profile'}")
+        # A probe, not os.access: that says yes to root on read-only mounts.
+        os.rmdir(tempfile.mkdtemp(prefix=f".{target.name}.probe-", dir=target.parent))
+    except OSError as e:
+        raise ProfileError(f"{out}: cannot write beside it in {target.parent} ({e.strerror or e}); a profile is "
+                           f"written there and renamed into place: use a directory inside it, e.g. {out / 'profile'}") from None
 
 
 def _sha256(path: Path) -> str:
