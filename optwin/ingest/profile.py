@@ -23,7 +23,8 @@ directory is renamed aside first, so for an instant there is none). Two captures
 same directory therefore never mix files: the last one to finish wins, whole, and the other's
 profile is discarded. A reader that meets a swap mid-read (profile.json's id changed under it)
 reads again; a `Profile` whose directory was replaced since it was read refuses to load samples
-from the new one. An existing directory is replaced only when it holds profile files alone.
+from the new one. An existing directory is replaced only when it holds profile files alone. A
+write killed midway leaves its hidden directory; the next write of that profile removes it.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import ctypes
 import errno
 import hashlib
 import json
+import logging
 import math
 import os
 import platform
@@ -55,6 +57,8 @@ if TYPE_CHECKING:
     import polars as pl
 
     from optwin.ingest.capture import Recorder
+
+log = logging.getLogger("optwin.ingest.profile")
 
 FORMAT = "optwin-profile"
 FORMAT_VERSION = 1
@@ -111,6 +115,7 @@ def write_profile(path: str | Path, rec: "Recorder", model: str = "", extra: dic
     target = Path(os.path.realpath(out))  # a symlinked --out: replace the directory it names, not the link
     check_profile_target(out)
     target.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_tmp(target)
     # Same directory as the target: the final rename must not cross file systems.
     tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
@@ -128,6 +133,40 @@ def write_profile(path: str | Path, rec: "Recorder", model: str = "", extra: dic
         raise ProfileError(f"{out}: cannot rename the written profile into place ({e.strerror or e}); "
                            f"it is whole at {tmp}") from None
     return out
+
+
+STALE_TMP_S = 3600.0
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        return True  # someone else's live process
+    except (ProcessLookupError, OverflowError, ValueError):
+        return False
+    return True
+
+
+def _remove_stale_tmp(target: Path) -> None:
+    """Remove `.<name>.tmp-<pid>-*` directories a killed write left beside `target`: those without
+    profile.json (written last, so never a whole profile) whose writer is gone from this machine's
+    process table or that are over an hour old. A whole one (a failed rename's, named in its error) stays."""
+    prefix = f".{target.name}.tmp-"
+    try:
+        entries = [e for e in os.scandir(target.parent) if e.name.startswith(prefix) and e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return
+    for e in entries:
+        try:
+            pid = int(e.name[len(prefix):].split("-", 1)[0])
+            age = time.time() - e.stat(follow_symlinks=False).st_mtime
+        except (ValueError, OSError):
+            continue  # not a name this module makes
+        if os.path.lexists(os.path.join(e.path, META_FILE)) or (_pid_alive(pid) and age < STALE_TMP_S):
+            continue
+        shutil.rmtree(e.path, ignore_errors=True)
+        log.warning("removed %s: an unfinished profile write (writer pid %d gone or %.0f s old)", e.path, pid, age)
 
 
 DATA_FILES = (SKETCH_FILE, TENSOR_FILE, INDEX_FILE)
