@@ -13,6 +13,7 @@ import os
 
 import duckdb
 
+from _durable import watch_durable_writes
 from optwin.fingerprints import shards
 from optwin.fingerprints.build import BuildConfig, build, plan_shards
 from optwin.fingerprints.shards import run_shard, shard_path, summary_path
@@ -72,25 +73,14 @@ def test_resume_runs_shards_with_zero_length_files_again_and_says_so(tmp_path):
 def test_shard_files_are_fsynced_before_their_rename(tmp_path, monkeypatch):
     """The data reaches the disk before the file gets its final name (the order that makes a crash leave either
     no file or the whole file), and no temporary file is left."""
-    events: list[tuple[str, str]] = []
-    real_fsync, real_open, real_replace = os.fsync, os.open, os.replace
-    names: dict[int, str] = {}
-
-    def opened(path, flags, *a, **k):
-        fd = real_open(path, flags, *a, **k)
-        names[fd] = os.fspath(path)
-        return fd
-
-    monkeypatch.setattr(shards.os, "open", opened)
-    monkeypatch.setattr(shards.os, "fsync", lambda fd: (events.append(("fsync", names.get(fd, "?"))), real_fsync(fd)))
-    monkeypatch.setattr(shards.os, "replace", lambda a, b: (events.append(("replace", os.fspath(a))),
-                                                            real_replace(a, b)))
+    events = watch_durable_writes(monkeypatch, shards)
     spec = plan_shards(BuildConfig(**ARGS))[0]
     run_shard(spec.to_dict(), str(tmp_path))
-    replaced = [p for e, p in events if e == "replace"]
+    replaced = [e[1] for e in events if e[0] == "replace"]
     assert len(replaced) == 2  # the summary, then the Parquet file
     for tmp in replaced:
-        assert events.index(("fsync", tmp)) < events.index(("replace", tmp))
-        assert ("fsync", os.path.dirname(tmp)) in events[events.index(("replace", tmp)):]
+        at = next(i for i, e in enumerate(events) if e[:2] == ("replace", tmp))
+        assert events.index(("fsync", tmp)) < at
+        assert ("fsync", os.path.dirname(tmp)) in events[at:]
     assert sorted(os.listdir(tmp_path / "shards")) == sorted(
         os.path.basename(p) for p in (shard_path(str(tmp_path), spec.shard_id), summary_path(str(tmp_path), spec.shard_id)))
