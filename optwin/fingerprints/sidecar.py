@@ -84,7 +84,7 @@ log = logging.getLogger("optwin.sidecar")
 _INF = math.inf
 _LAT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0)
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
-            411: "Length Required", 500: "Internal Server Error", 413: "Payload Too Large", 431: "Request Header Fields Too Large",
+            500: "Internal Server Error", 413: "Payload Too Large", 431: "Request Header Fields Too Large",
             501: "Not Implemented", 503: "Service Unavailable"}
 
 # A chunk-size line (RFC 9112 7.1): hex digits, then extensions (";name=value", optionally after spaces), which are
