@@ -143,6 +143,8 @@ def main() -> None:
     smoke = "--smoke" in sys.argv
     dev = "cpu" if smoke else "cuda"
     shape = (8, 300) if smoke else (4096, 16384)
+    if os.environ.get("BENCH_SHAPE"):  # BENCH_SHAPE=8192x8192 (rope: seq x heads x d, e.g. 16384x32x128)
+        shape = tuple(int(v) for v in os.environ["BENCH_SHAPE"].split("x"))
     ops = os.environ.get("BENCH_OPS", "rmsnorm,layernorm,softmax,rope").split(",")
     # more launches per op, as bench/norm_chunks.py takes them: BENCH_CONFIGS='{"rmsnorm": [{"num_warps": 32}]}'
     extra = json.loads(os.environ.get("BENCH_CONFIGS") or "{}")
