@@ -18,8 +18,10 @@ import torch
 
 from optwin.kernels._common import (
     PREFETCH,
+    PREFETCH_ON_DEVICE,
     TUNED_BY_ELEMENT,
     bulk_row_bytes,
+    depth_on,
     launch_config,
     prefetch_bytes,
 )
@@ -48,6 +50,19 @@ def test_prefetch_is_only_for_measured_launches():
     # 16-bit rows: layernorm lost without the sketch at every width; rmsnorm but at rows of 4096
     assert not any(not sketch for op, b, esize, sketch in PREFETCH
                    if esize == 2 and (op == "layernorm" or (op, b) == ("rmsnorm", 16384)))
+
+
+def test_a_gpu_with_its_own_timings_takes_its_own_depths():
+    # the H100 lost with layernorm's sketched prefetch at every row length (fp16 4096x16384 +5 % against +1 %);
+    # the H200 keeps the table's half wave, and the H100 the table's other launches
+    h100, h200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
+    for b in (4096, 8192, 16384):
+        assert depth_on(h100, ("layernorm", b, 2, True)) == 0
+        assert depth_on(h200, ("layernorm", b, 2, True)) == PREFETCH[("layernorm", b, 2, True)] > 0
+        assert depth_on("", ("layernorm", b, 2, True)) == PREFETCH[("layernorm", b, 2, True)]
+    assert depth_on(h100, ("softmax", 16384, 2, True)) == PREFETCH[("softmax", 16384, 2, True)] == 1
+    assert depth_on(h100, ("layernorm", 16384, 4, True)) == 0  # in neither table
+    assert all(k in PREFETCH for table in PREFETCH_ON_DEVICE.values() for k in table)  # overrides, never additions
 
 
 def test_float32_rows_take_their_own_measured_launch():

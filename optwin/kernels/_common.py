@@ -259,6 +259,39 @@ PREFETCH: dict[tuple[str, int, int, bool], float] = {
     **{(op, b, 4, sk): 1 for op in ("softmax", "rmsnorm") for b in (8192, 16384) for sk in (False, True)},
 }
 
+# Where a GPU's own timings disagree with PREFETCH (tuned on the H200): its name's part -> entries that replace
+# PREFETCH's on it. H100 80GB HBM3 (2.86 TB/s copy; stop 47, bench/results/ln_prefetch_h100_s47.md): layernorm's
+# sketched Welford launch, µs L2 flushed / CUDA graph with the sketch, the table's depth -> none (without the sketch):
+#   4096x16384 bf16 96.1 / 93.4 -> 96.2-97.0 / 93.6-93.7 (95.9 / 93.0), fp16 100.1-100.7 / 97.3-97.5 -> 96.0-96.2 /
+#   93.3-93.4 (95.2 / 92.4); 8192x8192 bf16 97.9 / 95.0 -> 96.0 / 93.0 (94.6 / 91.8), fp16 97.5 / 94.9 -> 95.2 / 92.8;
+#   16384x4096 bf16 106.7 / 103.8 -> 95.9 / 92.6 (95.4 / 92.0), fp16 110.5 / 106.4 -> 96.1 / 92.9 (95.4 / 92.9).
+# A quarter wave lost too (4096x16384 fp16 96.3 / 93.8), and at 2048x32768, which has none, 114.9 -> 132.3.
+PREFETCH_ON_DEVICE: dict[str, dict[tuple[str, int, int, bool], float]] = {
+    "H100": {("layernorm", b, 2, True): 0 for b in (4096, 8192, 16384)},
+}
+_DEVICE_NAMES: dict[int, str] = {}
+
+
+def prefetch_depth(op: str, block: int, x2: torch.Tensor, sketch: bool) -> float:
+    """PREFETCH's depth for the launch (op, BLOCK, x2's element size, sketch) on x2's GPU, after that GPU's
+    PREFETCH_ON_DEVICE entries; 0 off the GPU's table."""
+    name = ""
+    if x2.device.type == "cuda":
+        idx = x2.device.index if x2.device.index is not None else torch.cuda.current_device()
+        if idx not in _DEVICE_NAMES:
+            _DEVICE_NAMES[idx] = torch.cuda.get_device_name(idx)
+        name = _DEVICE_NAMES[idx]
+    return depth_on(name, (op, block, x2.element_size(), sketch))
+
+
+def depth_on(device_name: str, key: tuple[str, int, int, bool]) -> float:
+    """The prefetch depth of the launch key on the GPU named device_name ("" off the GPU)."""
+    for part, table in PREFETCH_ON_DEVICE.items():
+        if part in device_name and key in table:
+            return table[key]
+    return PREFETCH.get(key, 0)
+
+
 # Loop stages of the sketched launch where they differ from TUNED's (stages only change how far loads
 # run ahead, never y). layernorm with the FMA-folded variance and FMA epilogue (stop 14), H200 at
 # 4096x16384 bf16, µs without / with the sketch: 2 stages 86.4 / 79.7, 1 stage 79.6 / 84.8
@@ -439,13 +472,13 @@ def bulk_row_bytes(base: int, row_stride_bytes: int, row_bytes: int) -> int:
 def prefetch_args(op: str, block: int, x2: torch.Tensor, sketch: bool, grid: int, key: tuple[Any, ...],
                   depth: float | None = None, window: bool = False) -> dict[str, int]:
     """The PF_BYTES / pf_ahead arguments of a kernel that calls prefetch_row, for the launch (op, BLOCK,
-    x2's element size, sketch) of PREFETCH, or `depth` steps ahead (the bench's sweep): rows ahead of a
+    x2's element size, sketch) of prefetch_depth, or `depth` steps ahead (the bench's sweep): rows ahead of a
     persistent program's own rows (grid < rows), or, with a program per row, the row a program that
     many waves later reads (a wave: as many programs as the occupancy of `key` keeps resident; a
     fraction of a wave is the bench's). window: the kernel asks from each row's 16-byte boundary
     (prefetch_bytes)."""
     if depth is None:
-        depth = PREFETCH.get((op, block, x2.element_size(), sketch), 0)
+        depth = prefetch_depth(op, block, x2, sketch)
     n_rows = x2.shape[0]
     nbytes = prefetch_bytes(x2, window) if depth > 0 else 0
     ahead = max(1, round(depth * (grid if grid < n_rows else resident_programs(key, x2.device))))
