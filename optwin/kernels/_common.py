@@ -275,21 +275,31 @@ _DEVICE_NAMES: dict[int, str] = {}
 def prefetch_depth(op: str, block: int, x2: torch.Tensor, sketch: bool) -> float:
     """PREFETCH's depth for the launch (op, BLOCK, x2's element size, sketch) on x2's GPU, after that GPU's
     PREFETCH_ON_DEVICE entries; 0 off the GPU's table."""
-    name = ""
-    if x2.device.type == "cuda":
-        idx = x2.device.index if x2.device.index is not None else torch.cuda.current_device()
-        if idx not in _DEVICE_NAMES:
-            _DEVICE_NAMES[idx] = torch.cuda.get_device_name(idx)
-        name = _DEVICE_NAMES[idx]
-    return depth_on(name, (op, block, x2.element_size(), sketch))
+    return depth_on(device_name(x2.device), (op, block, x2.element_size(), sketch))
 
 
-def depth_on(device_name: str, key: tuple[str, int, int, bool]) -> float:
-    """The prefetch depth of the launch key on the GPU named device_name ("" off the GPU)."""
-    for part, table in PREFETCH_ON_DEVICE.items():
-        if part in device_name and key in table:
-            return table[key]
-    return PREFETCH.get(key, 0)
+def depth_on(name: str, key: tuple[str, int, int, bool]) -> float:
+    """The prefetch depth of the launch key on the GPU named `name` ("" off the GPU)."""
+    return tuned_on(name, PREFETCH_ON_DEVICE, PREFETCH, key, 0)
+
+
+def tuned_on(name: str, per_device: dict[str, dict[Any, Any]], table: dict[Any, Any], key: Any, default: Any) -> Any:
+    """A tuning table's entry for key on the GPU named `name`: the entry of the first per_device table whose
+    name part is in `name`, else table's, else default."""
+    for part, own in per_device.items():
+        if part in name and key in own:
+            return own[key]
+    return table.get(key, default)
+
+
+def device_name(device: torch.device) -> str:
+    """The CUDA device's name (cached; "" off the GPU): the tuning tables' per-device entries are keyed by it."""
+    if device.type != "cuda":
+        return ""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _DEVICE_NAMES:
+        _DEVICE_NAMES[idx] = torch.cuda.get_device_name(idx)
+    return _DEVICE_NAMES[idx]
 
 
 # Loop stages of the sketched launch where they differ from TUNED's (stages only change how far loads

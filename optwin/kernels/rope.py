@@ -49,6 +49,7 @@ from optwin.kernels._common import (
     cdiv,
     check_device,
     check_rows,
+    device_name,
     finite_lanes,
     lane_max,
     lane_shape,
@@ -61,6 +62,7 @@ from optwin.kernels._common import (
     reset_workspace,
     sketch_sum_max,
     store_common_features,
+    tuned_on,
 )
 from optwin.kernels.launch_plan import Plan, kept, plan, run
 from optwin.kernels.production import rope_inv_freq
@@ -308,8 +310,18 @@ def _check_tile(x: torch.Tensor) -> None:
 # Issue #6 (bench/results/sketch_lanes_h200_s11b.md): with lane accumulators the sketch runs at the
 # no-sketch launch, 8 warps and 2 programs per SM: 79.0/85.0 µs (per-element accumulators at 16
 # warps, 1 program per SM: 91.8).
+# H100 (stop 47, bench/results/rope_tiles_h100_s47.md, three rounds): the sketched launch at 32 heads a tile and 4
+# warps (per-element accumulators) against 128 heads, 8 warps and lane accumulators, µs L2 flushed / CUDA graph:
+# 4096x128x128 bf16 102.0-102.7 / 94.4-94.5 against 101.7-102.6 / 100.6-101.1 (no sketch 99.1-99.6 / 96.0-96.2),
+# fp16 102.0-102.8 / 94.4 against 101.8-102.2 / 101.2; 16384x32x128 bf16 102.0-102.1 / 93.7-93.8 against 100.3-100.8
+# / 100.1-100.3 (no sketch 98.7-99.6 / 96.7-97.1), fp16 100.3-101.0 / 99.2-99.6 against 100.3-100.5 / 100.0-100.4.
+# Back to back (serving's CUDA graphs) the sketched launch became faster than the one without the sketch.
+# ROPE_TUNED stays the H200's: the tiles were not timed there.
 ROPE_TUNED: dict[tuple[int, int, bool], tuple[int, int, int]] = {(128, 64, False): (128, 8, 1),
                                                                  (128, 64, True): (128, 8, 1)}
+ROPE_TUNED_ON_DEVICE: dict[str, dict[tuple[int, int, bool], tuple[int, int, int]]] = {
+    "H100": {(128, 64, True): (32, 4, 1), (32, 64, True): (32, 4, 1)},
+}
 # Sketch accumulators per lane ([LANES, KEEP] registers) instead of per tile element (2 x 16
 # registers at 16 warps, 2 x 32 at 8), at the launches listed in ROPE_MAXNREG (measured); elsewhere
 # per element, as before. KEEP sets the independent add/max chains per thread: one chain per lane
@@ -327,12 +339,13 @@ AHEAD = False
 
 
 def rope_config(heads: int, d: int, sketch: bool, block_h: int | None = None, num_warps: int | None = None,
-                stages: int | None = None) -> tuple[int, int, int, int]:
-    """(BLOCK_H, BLOCK_D, num_warps, stages): ROPE_TUNED, else all heads in one tile with warps by
-    tile size; the arguments override (the bench's sweep)."""
+                stages: int | None = None, device: str = "") -> tuple[int, int, int, int]:
+    """(BLOCK_H, BLOCK_D, num_warps, stages): ROPE_TUNED (after the GPU named `device`'s ROPE_TUNED_ON_DEVICE
+    entries), else all heads in one tile with warps by tile size; the arguments override (the bench's sweep)."""
     full_h, block_d = next_pow2(heads), next_pow2(d // 2)
     tile = full_h * block_d * 2
-    bh, w, st = ROPE_TUNED.get((full_h, block_d, sketch), (full_h, 16 if tile >= 8192 else 8 if tile >= 2048 else 4, 1))
+    bh, w, st = tuned_on(device, ROPE_TUNED_ON_DEVICE, ROPE_TUNED, (full_h, block_d, sketch),
+                         (full_h, 16 if tile >= 8192 else 8 if tile >= 2048 else 4, 1))
     bh = min(block_h or bh, full_h)
     return bh, block_d, num_warps or w, stages or st
 
@@ -390,7 +403,7 @@ def _rope_plan(x4: torch.Tensor, sketch: bool, tables: bool, base: float, block_
     blocks, the trig scratch's floats, base's float64 bits)."""
     _check_tile(x4)
     batch, seq, heads, d = x4.shape
-    block_h, block_d, warps, st = rope_config(heads, d, sketch, block_h, num_warps, stages)
+    block_h, block_d, warps, st = rope_config(heads, d, sketch, block_h, num_warps, stages, device_name(x4.device))
     n_hb = cdiv(heads, block_h)
     measured = (block_h, block_d, warps) in ROPE_MAXNREG
     lacc = (LANE_ACC and measured if lane_acc is None else lane_acc) and sketch
