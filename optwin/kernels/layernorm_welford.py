@@ -402,7 +402,7 @@ def _welford_launch(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, 
     """_layernorm_welford_kernel: a program per row (and the finisher with the sketch), the row length
     compiled in (one kernel per hidden size, as torch.compile specializes). poll: rows whose records
     the finisher reads at once (a power of two; tests put flagged rows across its boundaries); prefetch:
-    waves of programs ahead whose rows go to the L2 first (_common.PREFETCH); packed: max |x| on 16-bit
+    waves of programs ahead whose rows go to the L2 first (_common.prefetch_depth); packed: max |x| on 16-bit
     element pairs (default for 16-bit x) or on the float32 values; timestamps: int64 (2 * n_rows + polls + 1,)
     for PROBE 131072's globaltimer stamps (bench/finisher_timeline.py); maxnreg: registers a thread (0:
     the compiler's) instead of WELFORD_REG_CAP's; defer (with buf None): the sketch wanted, its records
