@@ -11,7 +11,8 @@ Noise modes (one input -> a distribution of outcomes, R replays batched in a lea
 - `stochastic`: stochastic rounding at every rounded operation: round up with probability equal to
   the distance from the lower neighbour in ulps. Only the two neighbours are ever picked.
 - `mca`: Monte-Carlo arithmetic in Verificarlo's random-rounding mode: the exact result is perturbed
-  by `2^(e - t) * xi`, xi ~ U(-1/2, 1/2), e the exponent of the result, t the virtual precision
+  by `2^(e - t) * xi`, xi ~ U(-1/2, 1/2), e the exponent of the result (held at the format's smallest
+  normal's for a subnormal result, whose spacing is fixed), t the virtual precision
   (the format's precision by default), and then rounded to nearest in the format, which keeps
   overflow and underflow physical. A result already representable at precision t is not perturbed.
 - `order`: every reduction takes a random order (a random permutation of its elements) and a random
@@ -348,15 +349,22 @@ def perturb_mca(x: torch.Tensor, f: Format | str, gen: torch.Generator | ReplayD
     whose spacing stops shrinking below its smallest normal) is left as it is, as Verificarlo's RR
     mode does (interflop_mca.c: `mode == rr && _IS_REPRESENTABLE(x, t)`): an exact result has no
     rounding error to randomize (perturbing it would move an exact 1024.0 to 1023.5 in float16 a
-    quarter of the time). NaN, inf and 0 pass through; the draw is made for every element either way."""
+    quarter of the time). NaN, inf and 0 pass through; the draw is made for every element either way.
+
+    Below the format's smallest normal the exponent is held at the format's emin (e_x = emin + 1), as
+    the format's spacing is: a subnormal result is perturbed by up to half the subnormal ulp at
+    precision t (2^(emin - t + 1) / 2), not by half an ulp of its own float64 exponent, which is
+    far under the grid and rounded straight back off (no spread at all where fp16 softmax outputs
+    fell below 2^-14). Normal results keep e_x, so their replays stay what they were."""
     f = fmt(f)
     t = f.p if t is None else t
     x = x.to(torch.float64)
     a = x.abs()
     _, e = torch.frexp(a)  # |x| = m 2^e, m in [0.5, 1): Verificarlo's e_x
+    e = torch.clamp(e, min=f.emin + 1)  # subnormals share the spacing at emin (see above)
     xi = _uniform(gen, tuple(x.shape), x.device) - 0.5
     noise = torch.ldexp(xi, (e - t).to(torch.int64))
-    scaled = torch.ldexp(a, -(torch.clamp(e - 1, min=f.emin) - (t - 1)))  # |x| in units of the grid's spacing
+    scaled = torch.ldexp(a, -((e - 1) - (t - 1)))  # |x| in units of the grid's spacing
     inexact = scaled != torch.floor(scaled)  # False for NaN and inf too (they keep x below)
     return torch.where(torch.isfinite(x) & (x != 0) & inexact, x + noise, x)
 
@@ -438,7 +446,10 @@ class Numerics:
             return round_stochastic(x, f, self.draws, self.ftz)
         if self.noise == "mca":
             t = f.p if self.mca_precision is None else self.mca_precision
-            return round_nearest(perturb_mca(x, f, self.draws, t), f, self.ftz)
+            out = round_nearest(perturb_mca(x, f, self.draws, t), f, self.ftz)
+            # A subnormal's perturbation can carry it across zero (|noise| up to half the subnormal
+            # ulp): it rounds to a zero, which keeps x's sign as rounding x itself would.
+            return torch.where(out == 0, torch.copysign(torch.zeros_like(out), x), out)
         if f.torch_dtype is not None and f.name in ("float32", "float16", "bfloat16") and not self.ftz:
             # Fast path, bit-identical to round_nearest for values already representable in float32
             # (every twin intermediate): the hardware cast is correctly rounded from float32.
