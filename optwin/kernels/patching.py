@@ -106,7 +106,7 @@ def _computes(original: Callable[[], Any], reference: Callable[[], Any], rtol: f
 
 
 def _rms_eps(m: nn.Module) -> float | None:
-    """The module's epsilon; None where it takes the input dtype's (torch.nn.RMSNorm(eps=None))."""
+    """The module's epsilon; None where torch picks it (torch.nn.RMSNorm(eps=None): float32's for our dtypes)."""
     eps = getattr(m, "variance_epsilon", getattr(m, "eps", 1e-6))
     return None if eps is None else float(eps)
 
@@ -215,7 +215,10 @@ def _rmsnorm_forward(handle: Patch, m: nn.Module) -> Callable[[torch.Tensor], to
         # float64 models keep their own code (the kernels are fp32 inside), and so do calls that need gradients
         if hidden_states.dtype not in DTYPES or _needs_grad(hidden_states, w):
             return type(m).forward(m, hidden_states)
-        eps = torch.finfo(hidden_states.dtype).eps if eps_set is None else eps_set  # torch.nn.RMSNorm's default
+        # torch.nn.RMSNorm(eps=None) takes the epsilon of its computation dtype, float32 for half-precision
+        # inputs too (torch's _fused_rms_norm decomposition), not the input dtype's: bf16's 2**-7 would swamp
+        # the mean square of small activations
+        eps = torch.finfo(torch.float32).eps if eps_set is None else eps_set
         y = _launch(handle, "rmsnorm", hidden_states.dtype,
                     lambda sk: rmsnorm(hidden_states, w.to(hidden_states.dtype), eps, sketch=sk))
         return y.to(torch.promote_types(hidden_states.dtype, w.dtype))  # HF: weight * h.to(input dtype)
