@@ -13,9 +13,10 @@ Only what computes Llama's maths is swapped, checked when patching: an *RMSNorm 
 must give what the kernel computes on a float32 probe (GemmaRMSNorm's x * (1 + w) does not, and keeps its own
 forward); a modeling module's apply_rotary_pos_emb must rotate a probe as rotate_half does (interleaved or
 sectioned rotaries keep theirs); its eager_attention_forward must have Llama's signature (Gemma2's softcap, or
-sinks, keep theirs). The kernels have no backward: a call that needs gradients (grad enabled and an input or
-weight that requires grad) runs the model's own code, so run inference under torch.no_grad() or
-torch.inference_mode() to use them. Module globals are shared by every model of that modeling module: while a
+sinks, keep theirs). Calls the kernels cannot take run the model's own code: float64 inputs, and tensors off CUDA
+(a CPU model, CPU-offloaded layers; CPU is taken under TRITON_INTERPRET=1). The kernels have no backward: a call
+that needs gradients (grad enabled and an input or weight that requires grad) runs the model's own code, so run
+inference under torch.no_grad() or torch.inference_mode() to use them. Module globals are shared by every model of that modeling module: while a
 patch holds, other models of the same family run the kernels too. A module or global already patched by a live
 handle is left to it (a second patch of one model is empty), so undoing in any order restores the original.
 
@@ -33,6 +34,7 @@ watch goes unseen.
 from __future__ import annotations
 
 import inspect
+import os
 import sys
 import warnings
 from collections import Counter
@@ -89,6 +91,15 @@ def _hold(handle: Patch, obj: object, name: str) -> bool:
 def _needs_grad(*tensors: Any) -> bool:
     """The kernels have no backward: a call that autograd would record runs the model's own code."""
     return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
+def _off_device(*tensors: Any) -> bool:
+    """The kernels run on CUDA tensors, or on CPU ones under TRITON_INTERPRET=1 (tests): a call on another
+    device (a CPU model, CPU-offloaded layers, meta tensors) runs the model's own code rather than failing.
+    Read per call, as the kernels' check_device reads it."""
+    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    return any(isinstance(t, torch.Tensor) and not (t.device.type == "cuda" or (interpret and t.device.type == "cpu"))
+               for t in tensors)
 
 
 def _computes(original: Callable[[], Any], reference: Callable[[], Any], rtol: float = 1e-3) -> bool:
@@ -213,7 +224,8 @@ def _rmsnorm_forward(handle: Patch, m: nn.Module) -> Callable[[torch.Tensor], to
     def forward(hidden_states: torch.Tensor) -> torch.Tensor:
         w = m.weight
         # float64 models keep their own code (the kernels are fp32 inside), and so do calls that need gradients
-        if hidden_states.dtype not in DTYPES or _needs_grad(hidden_states, w):
+        # or whose tensors the kernels cannot reach
+        if hidden_states.dtype not in DTYPES or _needs_grad(hidden_states, w) or _off_device(hidden_states, w):
             return type(m).forward(m, hidden_states)
         # torch.nn.RMSNorm(eps=None) takes the epsilon of its computation dtype, float32 for half-precision
         # inputs too (torch's _fused_rms_norm decomposition), not the input dtype's: bf16's 2**-7 would swamp
@@ -228,7 +240,7 @@ def _rmsnorm_forward(handle: Patch, m: nn.Module) -> Callable[[torch.Tensor], to
 
 def _layernorm_forward(handle: Patch, m: nn.LayerNorm) -> Callable[[torch.Tensor], torch.Tensor]:
     def forward(x: torch.Tensor) -> torch.Tensor:
-        if x.dtype not in DTYPES or _needs_grad(x, m.weight, m.bias):
+        if x.dtype not in DTYPES or _needs_grad(x, m.weight, m.bias) or _off_device(x, m.weight, m.bias):
             return type(m).forward(m, x)
         bias = m.bias.to(x.dtype) if m.bias is not None else None  # nn.LayerNorm(bias=False)
         # defer: where the launch runs a program per row (hidden sizes of the Welford launch), its finisher runs
@@ -244,7 +256,7 @@ def _rotary(handle: Patch, original: Callable[..., Any]) -> Callable[..., Any]:
         unsqueeze_dim = kwargs.get("unsqueeze_dim", args[-1] if args else 1)
         if (unsqueeze_dim != 1 or cos.ndim != 3 or q.ndim != 4 or q.dtype not in DTYPES
                 or cos.shape[-1] != q.shape[-1]  # not the kernel's (partial rotary: the model's own code)
-                or _needs_grad(q, k, cos, sin)):
+                or _needs_grad(q, k, cos, sin) or _off_device(q, k, cos, sin)):
             return original(q, k, cos, sin, *args, **kwargs)
         # variant: HF's tables are fp32 angles cast to dtype, rope's fault driver; only the final
         # combine differs (fp32, one rounding, where HF rounds each product): fp32-angles, as capture names it
@@ -262,7 +274,7 @@ def _eager_attention(handle: Patch, mod: ModuleType) -> Callable[..., Any]:
     original = mod.eager_attention_forward
 
     def eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-        if (query.dtype not in DTYPES or _needs_grad(query, key, value)
+        if (query.dtype not in DTYPES or _needs_grad(query, key, value) or _off_device(query, key, value)
                 or any(kwargs.get(k) is not None for k in _EAGER_UNSUPPORTED)):
             return original(module, query, key, value, attention_mask, scaling, dropout=dropout, **kwargs)
         key_states = repeat_kv(key, module.num_key_value_groups)  # (B, H, S, D)
