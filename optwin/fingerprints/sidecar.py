@@ -241,13 +241,13 @@ class SidecarState:
         key = (name, op, variant, dtype)
         try:
             s = self.streams.get(key)  # hit: the names were checked when the stream was created
-        except TypeError:  # a list or object among the names cannot be a key: _new_stream says which field
+        except TypeError:  # a list or object among the names cannot be a key: _check_names says which field
             s = None
         if s is None:
-            s = self._new_stream(key, rec)
-        else:
-            self.streams.move_to_end(key)
-        s.seen = now
+            _check_names(key)
+        # The whole record is checked before its stream is created or touched: a rejected record that created its
+        # stream first evicted a valid stream at max_streams (erasing its history and warning state) and left junk
+        # streams in the table and the optwin_sidecar_streams gauge.
         params = rec.get("params")
         if params is not None and type(params) is not dict:
             raise ValueError("record field 'params' must be a JSON object")
@@ -258,23 +258,22 @@ class SidecarState:
             raise ValueError("record field 't' must be a finite number of seconds")
         elif not -_INF < t < _INF:
             raise ValueError("record field 't' must be a finite number of seconds")
+        t = float(t)
         sk = fast_validate_sketch(op, rec.get("sketch"))
-        r = s.observe_valid(sk, float(t))
+        if s is None:
+            s = self._new_stream(key)
+        else:
+            self.streams.move_to_end(key)
+        s.seen = now
+        r = s.observe_valid(sk, t)
         self.metrics.records_ok += 1
         if r.raised:
             self._warn(s, r)
         return {"stream": name, "warn": r.warn, "probability": r.probability, "known": r.known, "eta_s": r.eta_s}
 
-    def _new_stream(self, key: tuple, rec: dict[str, Any]) -> _SidecarStream:
+    def _new_stream(self, key: tuple) -> _SidecarStream:
+        """A stream for a record already checked whole (_observe), evicting the least recently seen at the cap."""
         name, op, variant, dtype = key
-        for field, v in (("stream", name), ("op", op), ("variant", variant), ("dtype", dtype)):
-            if not isinstance(v, str) or not v:
-                raise ValueError(f"record field {field!r} must be a non-empty string")
-        if len(name) > 512:
-            raise ValueError("record field 'stream' is longer than 512 characters")
-        if op not in CATALOG:
-            raise ValueError(f"unknown operator {op!r}; expected one of {', '.join(CATALOG)}")
-        fast_validate_sketch(op, rec.get("sketch"))  # a bad first record must not create the stream
         s = _SidecarStream(self.matcher, name, op, variant, dtype, config=self.forecast)  # CatalogError on bad names
         # only a valid record evicts: refusing new streams at the cap (as before) starved every new call site for
         # the life of the process while streams quiet for hours were kept
@@ -423,6 +422,18 @@ class SidecarState:
         if self._jsonl is not None:
             self._jsonl.close()
             self._jsonl = None
+
+
+def _check_names(key: tuple) -> None:
+    """ValueError naming the field unless a record's stream names can make a new stream."""
+    name, op = key[0], key[1]
+    for field, v in zip(("stream", "op", "variant", "dtype"), key):
+        if not isinstance(v, str) or not v:
+            raise ValueError(f"record field {field!r} must be a non-empty string")
+    if len(name) > 512:
+        raise ValueError("record field 'stream' is longer than 512 characters")
+    if op not in CATALOG:
+        raise ValueError(f"unknown operator {op!r}; expected one of {', '.join(CATALOG)}")
 
 
 class _SidecarStream(Stream):
