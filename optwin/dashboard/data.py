@@ -155,6 +155,12 @@ class DashboardData:
         df = self._df("builds")
         return df.sort_values(["created_at", "build_id"], ascending=False, kind="stable").reset_index(drop=True)
 
+    def build_flags(self, build: str) -> dict[str, Any]:
+        """The options a build recorded (builds.flags: ops, replays, tolerances ...), {} when unreadable."""
+        b = self._df("builds")
+        flags = b.loc[b["build_id"].astype(str) == str(build), "flags"]
+        return _json(flags.iloc[0]) if len(flags) else {}
+
     def current_build(self) -> str | None:
         with self._lock:
             return self._store.latest_build_id()

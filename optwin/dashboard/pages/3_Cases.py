@@ -68,4 +68,4 @@ with right:
         col.metric(name, f"{row.get(name):.3g}" if row.get(name) is not None else "n/a")
 
 st.markdown("**Reproduce** (copy and run):")
-st.code(reproduce_snippet(row), language="python")
+st.code(reproduce_snippet(row, ctx.q("build_flags", ctx.build)), language="python")
