@@ -227,13 +227,18 @@ def _rmsnorm_forward(handle: Patch, m: nn.Module) -> Callable[[torch.Tensor], to
         # or whose tensors the kernels cannot reach
         if hidden_states.dtype not in DTYPES or _needs_grad(hidden_states, w) or _off_device(hidden_states, w):
             return type(m).forward(m, hidden_states)
+        # a weight wider than the input (HF's float32 q/k norms under autocast, _keep_in_fp32_modules) multiplies
+        # in its own precision: HF gives weight * h.to(input dtype) in float32, where the kernel would round the
+        # weight and the product to the input dtype (up to 1 % off): the model's code keeps HF's result
+        if torch.promote_types(hidden_states.dtype, w.dtype) != hidden_states.dtype:
+            return type(m).forward(m, hidden_states)
         # torch.nn.RMSNorm(eps=None) takes the epsilon of its computation dtype, float32 for half-precision
         # inputs too (torch's _fused_rms_norm decomposition), not the input dtype's: bf16's 2**-7 would swamp
         # the mean square of small activations
         eps = torch.finfo(torch.float32).eps if eps_set is None else eps_set
         y = _launch(handle, "rmsnorm", hidden_states.dtype,
-                    lambda sk: rmsnorm(hidden_states, w.to(hidden_states.dtype), eps, sketch=sk))
-        return y.to(torch.promote_types(hidden_states.dtype, w.dtype))  # HF: weight * h.to(input dtype)
+                    lambda sk: rmsnorm(hidden_states, w.to(hidden_states.dtype), eps, sketch=sk))  # w: exact
+        return y  # the input's dtype, HF's weight * h.to(input dtype) with a weight no wider than h
 
     return forward
 
