@@ -23,7 +23,11 @@ def generator_of(source: str | None, family: str | None) -> str | None:
         return None
     # boundary_sweep tags its families "boundary:<family>"
     return "boundary_sweep" if (family or "").startswith("boundary:") else "default_sweep"
-    return None
+
+
+def params_json(text: Any) -> str:
+    """The case's stored params column (JSON text), or "{}" when the row has none."""
+    return text if isinstance(text, str) and text.strip() else "{}"
 
 
 def reproduce_snippet(case: dict[str, Any], flags: Mapping[str, Any] | None = None) -> str:
@@ -57,7 +61,11 @@ def reproduce_snippet(case: dict[str, Any], flags: Mapping[str, Any] | None = No
             f"# this case came from a captured profile (source {case.get('source')!r}, shard {case.get('shard')!r}):",
             "# load its tensors from that profile; the sketch it matched is",
             f"# {case.get('sketch')}",
-            "inputs, params = ..., {}",
+            "inputs = ...",
+            # the stored params (causal attention, a model's rope base ...) are part of the case: the
+            # defaults would replay another computation. JSON text, so json.loads gives them back exactly.
+            "import json",
+            f"params = json.loads({params_json(case.get('params'))!r})  # the case's stored params",
         ]
     if isinstance(tol, Mapping) and tol:
         head.append(f"tolerances = {dict(sorted(tol.items()))!r}  # the build's (its flags)")
