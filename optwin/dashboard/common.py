@@ -151,12 +151,21 @@ def pick_triple(ctx: Context, prefix: str) -> tuple[str, str, str, Any]:
     """Operator, variant and dtype pickers over the triples this build covers, in the first three
     of four columns; returns (op, variant, dtype, fourth column). Stops the page when the build has
     no fingerprints or nothing is picked."""
-    from optwin.catalog import operator
+    from optwin.catalog import CATALOG, operator
 
     triples = ctx.q("triples", ctx.build)
     if triples.empty:
         st.info(f"build {ctx.build} has no fingerprints")
         st.stop()
+    # a database written by an optwin with more operators: this one has no spec (variants, region
+    # features) to show theirs by, so they are left out, said once, instead of failing the page
+    unknown = sorted(set(triples["op"]) - set(CATALOG))
+    if unknown:
+        st.info(f"not shown: operator{'s' if len(unknown) > 1 else ''} {', '.join(map(str, unknown))} of build "
+                f"{ctx.build}, unknown to this optwin (its catalog: {', '.join(CATALOG)})")
+        triples = triples[triples["op"].isin(list(CATALOG))]
+        if triples.empty:
+            st.stop()
     c1, c2, c3, c4 = st.columns(4)
     with c1:
         op = pick("Operator", sorted(triples["op"].unique()), f"{prefix}_op")
