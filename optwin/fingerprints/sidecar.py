@@ -535,6 +535,16 @@ def _clear_stale_socket(path: str) -> None:
     raise ListenError(f"{path}: another server is listening there (another sidecar?)")
 
 
+# A field name (RFC 9110 5.1, 5.6.2: token) and what a field value must not hold (5.5); Content-Length's digits (8.6).
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_CTL = re.compile(r"[\r\n\x00]")
+_DIGITS = re.compile(r"[0-9]+")
+
+
+class _BadHead(ValueError):
+    """A request head that must be refused with 400 and a close (the message is the answer's error)."""
+
+
 class _BadFraming(Exception):
     """A request body whose chunked framing is broken: answered with `code` and this message, then closed."""
 
@@ -731,17 +741,32 @@ class Sidecar:
             method, target, version = lines[0].split(" ", 2)
             headers = {}
             for ln in lines[1:]:
-                k, _, v = ln.partition(":")
-                k, v = k.strip().lower(), v.strip()
+                k, sep, v = ln.partition(":")
+                # Strict field lines (RFC 9112 5): a name that is a token right before the colon, values without
+                # CR, LF or NUL, no obs-fold continuation line (5.2). Each was taken before by a lenient reading
+                # ("Content-Length : 5", a folded " Transfer-Encoding: chunked" line) that another parser in
+                # front may read differently, which is how a body's end comes to be disputed (request smuggling).
+                if ln[:1] in (" ", "\t"):
+                    raise _BadHead("obsolete line folding in request head")
+                if not sep or not _TOKEN.fullmatch(k):
+                    raise _BadHead(f"malformed header line {ln[:60]!r}")
+                if _CTL.search(v):
+                    raise _BadHead(f"header {k[:60]!r}: CR, LF or NUL in its value")
+                k, v = k.lower(), v.strip(" \t")  # OWS is spaces and tabs only
                 if k == "transfer-encoding" and k in headers:  # a list split over lines is one list (RFC 9110 5.3)
                     v = headers[k] + "," + v
                 if k == "content-length":
+                    # digits only (RFC 9110 8.6): int() also takes "+5", "1_0" and non-ASCII digits
+                    if not all(_DIGITS.fullmatch(x.strip(" \t")) for x in v.split(",")):
+                        raise _BadHead("bad Content-Length")
                     # Repeated (over lines, or as a list) with one value it may be folded to it; with different
                     # values the body's end is unknown, a 400 and a close (RFC 9112 6.3 item 5). Keeping the last
                     # one, as before, read a body another parser in front may have framed differently.
                     vals = {x.strip() for x in v.split(",")} | ({headers[k]} if k in headers else set())
                     v = vals.pop() if len(vals) == 1 else ",".join(sorted(vals))
                 headers[k] = v
+        except _BadHead as e:
+            return await self._reply(writer, "other", 400, json.dumps({"error": str(e)}).encode(), False, t0)
         except ValueError:
             return await self._reply(writer, "other", 400, b'{"error": "malformed request line"}', False, t0)
         keep = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
