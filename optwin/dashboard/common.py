@@ -23,7 +23,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from optwin.dashboard.data import DashboardData, file_identity, open_data
+from optwin.dashboard.data import SERVED, DashboardData, file_identity, open_data
 from optwin.errors import OptwinError
 
 
@@ -105,18 +105,27 @@ def page_context(required: bool = True) -> Context | None:
             st.stop()
         return None
     ids = [str(b) for b in builds["build_id"]]
+    created = dict(zip(ids, builds["created_at"]))
+    served_from = _cached(path, identity, "served_builds", ())
+    if len(served_from) > 1:
+        # after a build of some ops the newest build is not the whole state: the matcher serves each triple
+        # from the newest build that replayed it, and that is what the pages show unless a build is picked
+        ids = [SERVED, *ids]
     picked, was_newest = st.session_state.get("build"), st.session_state.get("_build_newest")
     # a rebuild may drop the picked build; one who watched the current build follows it to the new one
     if picked not in ids or (picked == was_newest and ids[0] != was_newest):
         st.session_state["build"] = ids[0]
     st.session_state["_build_newest"] = ids[0]
-    created = dict(zip(ids, builds["created_at"]))
     st.sidebar.caption(f"database: `{path}`")
     build = st.sidebar.selectbox(
-        "Build", ids, key="build", format_func=lambda b: f"{b} ({str(created[b])[:16]})",
-        help="The newest build is the current one.",
+        "Build", ids, key="build",
+        format_func=lambda b: (f"what the matcher serves: newest build of each operator ({', '.join(served_from)})"
+                               if b == SERVED else f"{b} ({str(created[b])[:16]})"),
+        help="The current state: what the matcher serves, each op/variant/dtype from the newest build that "
+             "replayed it (the newest build when it replayed everything).",
     )
-    _twin_version_note(builds, build)
+    for b in (served_from if build == SERVED else [build]):
+        _twin_version_note(builds, b)
     return Context(path=path, identity=identity, build=build, builds=builds)
 
 

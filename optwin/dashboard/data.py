@@ -117,6 +117,11 @@ class CaseDetail:
     params: dict[str, Any]
 
 
+# A pseudo build id: per (op, variant, dtype), the newest build that replayed it, which is what the
+# matcher serves. After a build of some ops (`optwin build --ops X` into an existing file) the newest
+# build holds only those ops; this is the state the live matcher and sidecar answer from.
+SERVED = "(served by the matcher)"  # not an optwin build id (b<time>-<hash>)
+
 _OUTCOME_COLS = ("replays", "noise", "det_nonfinite", "det_precision_loss", "det_low_entropy", "n_nonfinite",
                  "n_precision_loss", "n_low_entropy", "det_rel_error", "err_q50", "err_q90", "err_max")
 
@@ -161,6 +166,26 @@ class DashboardData:
         flags = b.loc[b["build_id"].astype(str) == str(build), "flags"]
         return _json(flags.iloc[0]) if len(flags) else {}
 
+    def served_builds(self) -> list[str]:
+        """The builds the matcher serves some triple from, newest first (more than one after a partial build)."""
+        order = [str(b) for b in self.builds()["build_id"]]
+        got = set(self.served()["build_id"].astype(str))
+        return [b for b in order if b in got]
+
+    def _rows(self, method: str, build: str, **kw: Any) -> pd.DataFrame:
+        """Rows of one store table for a build, or for SERVED each served triple's rows from the build the
+        matcher serves it from (`outcomes` has no op column: join it to `cases` on (build_id, case_id))."""
+        if build != SERVED:
+            return self._df(method, build_id=build, **kw)
+        key = self.served()[["op", "variant", "dtype", "build_id"]]
+        parts = [self._df(method, build_id=b, **kw) for b in key["build_id"].unique()]
+        if not parts:
+            return self._df(method, build_id=build, **kw)  # no rows, the table's columns
+        df = pd.concat(parts, ignore_index=True)
+        if "op" not in df:
+            return df
+        return df.merge(key, on=["op", "variant", "dtype", "build_id"], how="inner")
+
     def current_build(self) -> str | None:
         with self._lock:
             return self._store.latest_build_id()
@@ -180,9 +205,15 @@ class DashboardData:
     # --- overview -----------------------------------------------------------------------------
 
     def _cases_outcomes(self, build: str) -> pd.DataFrame:
-        cases = self._df("cases", build_id=build)[["case_id", "op", "variant", "dtype", "region", "held_out"]]
-        outs = self._df("outcomes", build_id=build)
-        return cases.merge(outs.drop(columns=["build_id"]), on="case_id", how="left")
+        cases = self._rows("cases", build)[["build_id", "case_id", "op", "variant", "dtype", "region", "held_out"]]
+        outs = self._outcomes_of(cases)
+        return cases.merge(outs, on=["build_id", "case_id"], how="left")
+
+    def _outcomes_of(self, cases: pd.DataFrame, case_ids: Sequence[int] | None = None) -> pd.DataFrame:
+        """Outcome rows of the builds in `cases` (optionally only `case_ids`); merge on (build_id, case_id):
+        a case id recurs in builds of one seed."""
+        parts = [self._df("outcomes", build_id=str(b), case_ids=case_ids) for b in cases["build_id"].unique()]
+        return pd.concat(parts, ignore_index=True) if parts else self._df("outcomes", build_id=SERVED)
 
     def ops_covered(self, build: str) -> pd.DataFrame:
         """Per op/variant/dtype: cases, held-out cases, replays, regions."""
@@ -198,7 +229,7 @@ class DashboardData:
     def totals(self, build: str) -> dict[str, int]:
         """Counts for the overview's headline numbers."""
         df = self._cases_outcomes(build)
-        fp = self._df("fingerprints", build_id=build)
+        fp = self._rows("fingerprints", build)
         return {
             "cases": len(df),
             "ops": int(df["op"].nunique()),
@@ -210,7 +241,7 @@ class DashboardData:
     def fault_totals(self, build: str) -> pd.DataFrame:
         """Per fault type: cases whose deterministic emulation faults, faulting replays, and the
         cases where the type applies (low_entropy only for softmax and attention)."""
-        o = self._df("outcomes", build_id=build)
+        o = self._cases_outcomes(build)
         rows = []
         for ft in FAULT_TYPES:
             det = o[f"det_{ft}"]
@@ -223,14 +254,14 @@ class DashboardData:
 
     def triples(self, build: str) -> pd.DataFrame:
         """The (op, variant, dtype) triples the build fingerprinted."""
-        fp = self._df("fingerprints", build_id=build)
+        fp = self._rows("fingerprints", build)
         return fp[["op", "variant", "dtype"]].drop_duplicates().sort_values(["op", "variant", "dtype"]).reset_index(drop=True)
 
     def fingerprints(self, build: str, op: str, variant: str | None = None, dtype: str | None = None,
                      fault_type: str | None = None) -> pd.DataFrame:
         """Fingerprint rows of one op (optionally one variant/dtype/fault type), with bin columns and the
         matcher's served probability (`p_matcher`; `probability` is the replays' fault rate)."""
-        df = self._df("fingerprints", build_id=build, op=op, variant=variant, dtype=dtype)
+        df = self._rows("fingerprints", build, op=op, variant=variant, dtype=dtype)
         df["p_matcher"] = served_probability(df)
         if fault_type is not None:
             df = df[df["fault_type"] == fault_type].reset_index(drop=True)
@@ -240,20 +271,21 @@ class DashboardData:
 
     def _case_rows(self, build: str, case_ids: Sequence[int]) -> pd.DataFrame:
         ids = [int(i) for i in case_ids]
-        cases = self._df("cases", build_id=build, case_ids=ids)
-        outs = self._df("outcomes", build_id=build, case_ids=ids)
-        return cases.merge(outs[["case_id", *_OUTCOME_COLS]], on="case_id", how="left")
+        cases = self._rows("cases", build, case_ids=ids)
+        outs = self._outcomes_of(cases, ids)
+        return cases.merge(outs[["build_id", "case_id", *_OUTCOME_COLS]], on=["build_id", "case_id"], how="left")
 
     def representatives(self, build: str, op: str, variant: str, dtype: str,
                         fault_type: str | None = None) -> pd.DataFrame:
         """Representative failing cases of one triple, worst relative error first."""
-        reps = self._df("representatives", build_id=build, op=op, variant=variant, dtype=dtype, fault_type=fault_type)
+        reps = self._rows("representatives", build, op=op, variant=variant, dtype=dtype, fault_type=fault_type)
         cols = ["case_id", "fault_type", "region", "rel_error", "source", "family", "seed", "case_index", "shard",
                 "replays", "err_q50", "err_q90", "err_max"]
         if reps.empty:
             return pd.DataFrame(columns=cols)
         info = self._case_rows(build, reps["case_id"].unique().tolist()).drop(columns=["region"])
-        df = reps[["case_id", "fault_type", "region", "rel_error"]].merge(info, on="case_id", how="left")
+        df = reps[["build_id", "case_id", "fault_type", "region", "rel_error"]].merge(info, on=["build_id", "case_id"],
+                                                                                      how="left")
         return df.sort_values(["rel_error", "case_id"], ascending=[False, True], na_position="last")[cols].reset_index(drop=True)
 
     def case(self, build: str, case_id: int) -> CaseDetail | None:
@@ -266,10 +298,22 @@ class DashboardData:
 
     # --- compare ------------------------------------------------------------------------------
 
+    def replayed(self, build: str) -> pd.DataFrame:
+        """The (op, variant, dtype) triples a build replayed (has cases of), whether or not it fingerprinted them."""
+        cases = self._df("cases", build_id=build)
+        return cases[["op", "variant", "dtype"]].drop_duplicates().reset_index(drop=True)
+
+    def _not_replayed_by(self, df: pd.DataFrame, build: str) -> pd.Series:
+        """Per row of `df`, True where `build` did not replay the row's (op, variant, dtype)."""
+        got = self.replayed(build).assign(_in=True)
+        return df[["op", "variant", "dtype"]].merge(got, on=["op", "variant", "dtype"], how="left")["_in"].isna().to_numpy()
+
     def compare(self, build_a: str, build_b: str, op: str | None = None) -> pd.DataFrame:
-        """Fingerprints of two builds side by side: status new / removed / changed / same. p_matcher_* is what the
-        matcher serves for the cell (`served_probability`), p_replays_* the noisy replays' fault rate;
-        delta = p_matcher_b - p_matcher_a. Changed: either probability differs."""
+        """Fingerprints of two builds side by side: status new / removed / not rebuilt / changed / same. p_matcher_*
+        is what the matcher serves for the cell (`served_probability`), p_replays_* the noisy replays' fault rate;
+        delta = p_matcher_b - p_matcher_a. Changed: either probability differs. Not rebuilt: only in A, of a
+        triple B did not replay (a build of some ops, `optwin build --ops X`): B left it as it was, and the
+        matcher still serves it from an older build; "removed" is for triples B replayed without that cell."""
         key = ["op", "variant", "dtype", "region", "fault_type"]
         keep = [*key, "p_matcher", "p_replays", "n_replays"]
 
@@ -280,6 +324,7 @@ class DashboardData:
         df = side(build_a).merge(side(build_b), on=key, how="outer", suffixes=("_a", "_b"), indicator=True)
         df["delta"] = df["p_matcher_b"] - df["p_matcher_a"]
         status = df["_merge"].map({"left_only": "removed", "right_only": "new", "both": "same"}).astype(str)
+        status = status.where(~((status == "removed") & self._not_replayed_by(df, build_b)), "not rebuilt")
         changed = (status == "same") & (_differ(df["p_matcher_a"], df["p_matcher_b"])
                                         | _differ(df["p_replays_a"], df["p_replays_b"]))
         df["status"] = status.where(~changed, "changed")
@@ -290,13 +335,16 @@ class DashboardData:
                                         "n_replays_a", "n_replays_b", "status"]].reset_index(drop=True)
 
     def region_changes(self, build_a: str, build_b: str) -> pd.DataFrame:
-        """Regions (op/variant/dtype/region) present in only one of the two builds."""
+        """Regions (op/variant/dtype/region) present in only one of the two builds; those only in A of a triple
+        B did not replay are "not rebuilt", not removed (as in `compare`)."""
         key = ["op", "variant", "dtype", "region"]
         a = self._df("fingerprints", build_id=build_a)[key].drop_duplicates()
         b = self._df("fingerprints", build_id=build_b)[key].drop_duplicates()
         df = a.merge(b, on=key, how="outer", indicator=True)
         df = df[df["_merge"] != "both"]
         df.insert(0, "status", df.pop("_merge").map({"left_only": "removed", "right_only": "new"}).astype(str))
+        df["status"] = df["status"].where(~((df["status"] == "removed") & self._not_replayed_by(df, build_b)),
+                                          "not rebuilt")
         return df.sort_values(["status", *key]).reset_index(drop=True)
 
 

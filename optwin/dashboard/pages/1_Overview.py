@@ -11,6 +11,7 @@ import altair as alt
 import streamlit as st
 
 from optwin.dashboard.common import page_context
+from optwin.dashboard.data import SERVED
 
 st.title("Overview")
 ctx = page_context()
@@ -27,12 +28,13 @@ cols[4].metric("Regions", totals["regions"])
 st.subheader("Builds")
 st.caption("Provenance of every build in this file, newest first; the newest is the current build.")
 st.dataframe(ctx.builds.drop(columns=["flags"]), hide_index=True, key="ov_builds")
-row = ctx.builds[ctx.builds["build_id"] == ctx.build].iloc[0]
-with st.expander(f"Flags of build {ctx.build}"):
-    try:
-        st.json(json.loads(row["flags"] or "{}"))
-    except (TypeError, json.JSONDecodeError):
-        st.code(str(row["flags"]))
+for b in (ctx.q("served_builds") if ctx.build == SERVED else [ctx.build]):
+    row = ctx.builds[ctx.builds["build_id"] == b].iloc[0]
+    with st.expander(f"Flags of build {b}"):
+        try:
+            st.json(json.loads(row["flags"] or "{}"))
+        except (TypeError, json.JSONDecodeError):
+            st.code(str(row["flags"]))
 
 served = ctx.q("served")
 if served["build_id"].nunique() > 1:  # a build of some ops left others' older fingerprints current

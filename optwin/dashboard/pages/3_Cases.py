@@ -68,4 +68,5 @@ with right:
         col.metric(name, f"{row.get(name):.3g}" if row.get(name) is not None else "n/a")
 
 st.markdown("**Reproduce** (copy and run):")
-st.code(reproduce_snippet(row, ctx.q("build_flags", ctx.build)), language="python")
+# the case's own build: under "served" the picked build is not one build
+st.code(reproduce_snippet(row, ctx.q("build_flags", row.get("build_id") or ctx.build)), language="python")

@@ -3,7 +3,8 @@
     streamlit run optwin/dashboard/app.py -- --db fingerprints.duckdb   (page "Compare builds")
 
 Fingerprints are matched on (op, variant, dtype, region, fault type): present in both (changed or
-same probability), only in B (new) or only in A (removed). p_matcher_* is the probability the matcher serves for
+same probability), only in B (new) or only in A (removed; "not rebuilt" when B did not replay that
+op/variant/dtype at all: a build of some ops leaves the others as they were, served from an older build). p_matcher_* is the probability the matcher serves for
 the cell (replays blended with the deterministic emulation, data.served_probability), p_replays_* the noisy
 replays' fault rate alone; delta = p_matcher_B - p_matcher_A.
 """
@@ -16,7 +17,7 @@ from optwin.dashboard import charts
 from optwin.dashboard.common import page_context, pick
 
 ALL = "all operators"
-STATUSES = ["changed", "new", "removed", "same"]
+STATUSES = ["changed", "new", "removed", "not rebuilt", "same"]
 
 st.title("Compare builds")
 ctx = page_context()
@@ -39,13 +40,13 @@ with c3:
 diff = diff_all if op == ALL else diff_all[diff_all["op"] == op]
 
 counts = diff["status"].value_counts()
-m = st.columns(5)
+m = st.columns(6)
 for col, s in zip(m, STATUSES):
     col.metric(f"Fingerprints {s}", int(counts.get(s, 0)))
 regions = ctx.q("region_changes", a, b)
 if op != ALL:
     regions = regions[regions["op"] == op]
-m[4].metric("Regions new / removed", f"{int((regions.status == 'new').sum())} / {int((regions.status == 'removed').sum())}")
+m[5].metric("Regions new / removed", f"{int((regions.status == 'new').sum())} / {int((regions.status == 'removed').sum())}")
 
 shown = st.multiselect("Show", STATUSES, default=["changed", "new", "removed"], key="cmp_status")
 min_delta = st.slider("Minimum |delta| (the matcher's probability) for changed fingerprints", 0.0, 1.0, 0.0, 0.01, key="cmp_min_delta")
