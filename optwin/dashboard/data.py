@@ -216,15 +216,20 @@ class DashboardData:
         return pd.concat(parts, ignore_index=True) if parts else self._df("outcomes", build_id=SERVED)
 
     def ops_covered(self, build: str) -> pd.DataFrame:
-        """Per op/variant/dtype: cases, held-out cases, replays, regions."""
+        """Per op/variant/dtype: cases, held-out cases, replays, and regions with fingerprints (as the Regions
+        headline and the Explorer count them: fingerprints are made of the non-held-out cases only, so a
+        region only held-out cases fall in has none)."""
         df = self._cases_outcomes(build)
         cols = ["op", "variant", "dtype", "n_cases", "n_held_out", "n_replays", "n_regions"]
         if df.empty:
             return pd.DataFrame(columns=cols)
-        g = df.groupby(["op", "variant", "dtype"], as_index=False, sort=True).agg(
-            n_cases=("case_id", "size"), n_held_out=("held_out", "sum"),
-            n_replays=("replays", "sum"), n_regions=("region", "nunique"))
-        return g.astype({"n_held_out": "int64", "n_replays": "int64"})[cols]
+        triple = ["op", "variant", "dtype"]
+        g = df.groupby(triple, as_index=False, sort=True).agg(
+            n_cases=("case_id", "size"), n_held_out=("held_out", "sum"), n_replays=("replays", "sum"))
+        fp = self._rows("fingerprints", build)
+        regions = fp.groupby(triple, as_index=False).agg(n_regions=("region", "nunique"))
+        g = g.merge(regions, on=triple, how="left").fillna({"n_regions": 0})
+        return g.astype({"n_held_out": "int64", "n_replays": "int64", "n_regions": "int64"})[cols]
 
     def totals(self, build: str) -> dict[str, int]:
         """Counts for the overview's headline numbers."""
