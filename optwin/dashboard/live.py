@@ -205,3 +205,11 @@ def table(warnings: list[dict[str, Any]]) -> pd.DataFrame:
         })
     cols = ["run", "seq", "t", "stream", "op", "variant", "dtype", "risk", "fault_type", "eta_s", "known", "reason"]
     return pd.DataFrame(rows, columns=cols)
+
+
+def latest_per_stream(df: pd.DataFrame) -> pd.DataFrame:
+    """Each stream's newest warning (by run, then seq) as a whole row. Not groupby().last(): that takes each
+    column's last non-null value, so a newest warning without a forecast (eta_s None) would show an older
+    warning's eta next to its own risk and reason, a row no warning ever had."""
+    out = df.sort_values(["run", "seq"], kind="stable").drop_duplicates("stream", keep="last")
+    return out.sort_values("stream", kind="stable").reset_index(drop=True)

@@ -59,7 +59,7 @@ def _view() -> None:
         st.caption(f"no warnings from {url} yet")
         return
     st.altair_chart(charts.live_risk(df.dropna(subset=["risk"])), width="stretch")
-    latest = df.sort_values(["run", "seq"]).groupby("stream", as_index=False).last()
+    latest = live.latest_per_stream(df)
     st.markdown("**Per stream, latest** (eta_s: forecast seconds until the stream reaches a fault region)")
     st.dataframe(latest[["stream", "run", "op", "variant", "dtype", "t", "risk", "fault_type", "eta_s", "reason"]],
                  hide_index=True)
