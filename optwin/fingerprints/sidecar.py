@@ -40,6 +40,7 @@ import logging
 import math
 import os
 import re
+import signal
 import socket
 import stat
 import threading
@@ -642,6 +643,12 @@ class Sidecar:
         self.ready = threading.Event()
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        # connection tasks -> whether a request is being served on them (its head has arrived): on shutdown idle
+        # connections close at once and busy ones finish their request first (aclose)
+        self._conns: dict[asyncio.Task, bool] = {}
+        self._closing = False
+        self._sock_ino: int | None = None  # the unix socket file this server bound, removed by aclose
+        self._signal: str | None = None
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -650,6 +657,7 @@ class Sidecar:
             if self.address.kind == "unix":
                 _clear_stale_socket(self.address.path)
                 self._server = await asyncio.start_unix_server(self._client, path=self.address.path, limit=1 << 16)
+                self._sock_ino = os.stat(self.address.path).st_ino
             else:
                 self._server = await asyncio.start_server(self._client, self.address.host, self.address.port,
                                                           limit=1 << 16, backlog=1024, reuse_address=True)
@@ -665,18 +673,49 @@ class Sidecar:
     async def serve_forever(self) -> None:
         await self.start()
         assert self._stop is not None
+        if self._signal is not None:  # came while start() was binding
+            self._stop.set()
         await self._stop.wait()
         await self.aclose()
+        if self._signal is not None:
+            log.info("optwin sidecar stopped on %s", self._signal)
+
+    def on_signal(self, sig: signal.Signals) -> None:
+        """A stop signal's handler (loop.add_signal_handler): stop as stop() does, and say which signal it was."""
+        self._signal = sig.name
+        if self._stop is not None:
+            self._stop.set()
 
     async def aclose(self) -> None:
+        """Stop accepting, close idle connections, let requests in flight finish (for up to request_timeout_s, at
+        most 5 s) and answer with Connection: close, then remove the unix socket file this server bound."""
+        self._closing = True
         for t in self._tasks:
             t.cancel()
         if self._server is not None:
             self._server.close()
+        busy = []
+        for task, serving in list(self._conns.items()):
+            if serving:
+                busy.append(task)
+            else:
+                task.cancel()  # waiting for a next request that will not be served
+        if busy:
+            _, late = await asyncio.wait(busy, timeout=min(self.state.cfg.request_timeout_s, 5.0))
+            for task in late:
+                task.cancel()
+        if self._server is not None:
             try:
                 await asyncio.wait_for(self._server.wait_closed(), 1.0)
             except (asyncio.TimeoutError, Exception):
                 pass
+        if self._sock_ino is not None:
+            try:  # only the file this server bound: another server may have replaced it since
+                if os.stat(self.address.path).st_ino == self._sock_ino:
+                    os.unlink(self.address.path)
+            except OSError:
+                pass
+            self._sock_ino = None
         self.state.close()
 
     def stop(self) -> None:
@@ -707,8 +746,10 @@ class Sidecar:
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.state.metrics.connections += 1
+        task = asyncio.current_task()
         try:
-            while True:
+            while not self._closing:
+                self._conns[task] = False
                 try:
                     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.state.cfg.request_timeout_s)
                 except (asyncio.IncompleteReadError, asyncio.TimeoutError):
@@ -717,6 +758,7 @@ class Sidecar:
                     await self._send(writer, 431, b'{"error": "request head too large"}', close=True)
                     self.state.metrics.request("other", 431, 0.0)
                     return
+                self._conns[task] = True
                 t0 = time.perf_counter()
                 try:
                     keep = await self._request(head, reader, writer, t0)
@@ -733,6 +775,7 @@ class Sidecar:
         except (ConnectionError, asyncio.CancelledError, asyncio.IncompleteReadError):
             return
         finally:
+            self._conns.pop(task, None)
             await self._close(writer)
             self.state.metrics.connections -= 1
 
@@ -925,6 +968,7 @@ class Sidecar:
 
     async def _reply(self, writer: asyncio.StreamWriter, path: str, code: int, body: bytes, keep: bool, t0: float,
                      ctype: bytes = b"application/json", extra: bytes = b"") -> bool:
+        keep = keep and not self._closing  # shutting down: this answer is the connection's last
         await self._send(writer, code, body, close=not keep, ctype=ctype, extra=extra)
         self.state.metrics.request(path if path in ("/v1/observe", "/v1/warnings", "/metrics", "/healthz") else "other",
                                    code, time.perf_counter() - t0)
@@ -957,9 +1001,24 @@ def serve(db: str, listen: str = "tcp://127.0.0.1:8765", token: str | None = Non
     state = SidecarState(db, config=config, warnings_jsonl=warnings_jsonl)
     sidecar = Sidecar(state, address, token=token)
     try:
-        asyncio.run(sidecar.serve_forever())
-    except KeyboardInterrupt:
+        asyncio.run(_serve_until_signalled(sidecar))
+    except KeyboardInterrupt:  # Ctrl-C while the database loads, before the handlers are in place
         pass
+
+
+async def _serve_until_signalled(sidecar: Sidecar) -> None:
+    """serve_forever, stopped by SIGTERM or SIGINT: a service manager's stop (systemd, docker and kubernetes send
+    SIGTERM) ends in aclose like Ctrl-C, where it killed the process, cutting answers in flight and leaving the
+    unix socket file behind. The main thread only: SidecarThread's loops cannot take signals."""
+    loop = asyncio.get_running_loop()
+    sigs = (signal.SIGTERM, signal.SIGINT)
+    for sig in sigs:
+        loop.add_signal_handler(sig, sidecar.on_signal, sig)
+    try:
+        await sidecar.serve_forever()
+    finally:
+        for sig in sigs:
+            loop.remove_signal_handler(sig)
 
 
 class SidecarThread:
