@@ -35,15 +35,23 @@ one = sel[sel.fault_type == fault]
 
 MATCHER = MatcherConfig()  # what the matcher serves and warns at, for the labels
 overall = pool(one.assign(all="all"), ["all"])
+# A build without noisy replays (`optwin build --replays 0`) counts each case's deterministic emulation as
+# its one "replay" (fingerprints.aggregate): its numbers are cases and emulation faults, and say so.
+made = ctx.builds.loc[ctx.builds["build_id"].astype(str).isin(set(one["build_id"].astype(str))), "replays"]
+emulated = len(made) > 0 and bool((made.fillna(0) == 0).all())
 m1, m2, m3, m4, m5 = st.columns(5)
 m1.metric("Regions", int(one["region"].nunique()))
-m2.metric("Replays", int(one["n_replays"].sum()))
-m3.metric("Faulting replays", int(one["n_faults"].sum()))
+m2.metric("Emulated cases" if emulated else "Replays", int(one["n_replays"].sum()),
+          help="Cases, each replayed once by the deterministic emulation: the build made no noisy replays "
+               "(--replays 0)." if emulated else "Noisy replays of the cases in these regions.")
+m3.metric("Faulting cases" if emulated else "Faulting replays", int(one["n_faults"].sum()))
 m4.metric("P(fault), matcher", f"{overall['p_matcher'].iloc[0]:.4f}" if len(overall) else "n/a",
           help="What the matcher serves, pooled over the regions: the replays' rate blended with the deterministic "
                f"emulation (det_weight {MATCHER.det_weight}). The sidecar warns at {MATCHER.threshold}.")
-m5.metric("P(fault), replays", f"{overall['probability'].iloc[0]:.4f}" if len(overall) else "n/a",
-          help="Faulting replays / replays: the noisy replays alone.")
+m5.metric("P(fault), emulation" if emulated else "P(fault), replays",
+          f"{overall['probability'].iloc[0]:.4f}" if len(overall) else "n/a",
+          help="Faulting cases / cases of the deterministic emulation: the build made no noisy replays "
+               "(--replays 0)." if emulated else "Faulting replays / replays: the noisy replays alone.")
 if one.empty:
     st.info(f"no fingerprints for {op}/{variant}/{dtype} {fault} in build {ctx.build}")
     st.stop()

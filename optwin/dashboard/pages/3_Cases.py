@@ -27,7 +27,8 @@ if not (variant and dtype and fault):
     st.stop()
 
 reps = ctx.q("representatives", ctx.build, op, variant, dtype, None if fault == ALL else fault)
-st.metric("Representative failing cases", len(reps))
+# a case that is representative of several fault types has a row for each: count cases, not rows
+st.metric("Representative failing cases", int(reps["case_id"].nunique()))
 if reps.empty:
     st.info(f"no failing cases for {op}/{variant}/{dtype} ({fault}) in build {ctx.build}")
     st.stop()
