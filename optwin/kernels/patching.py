@@ -12,8 +12,8 @@ counts kernel launches per op, so a caller can see that the swap took effect.
 Only what computes Llama's maths is swapped, checked when patching: an *RMSNorm module or a LayerNorm subclass
 must give what the kernel computes on a float32 probe (GemmaRMSNorm's x * (1 + w) does not, and keeps its own
 forward); a modeling module's apply_rotary_pos_emb must rotate a probe as rotate_half does (interleaved or
-sectioned rotaries keep theirs); its eager_attention_forward must have Llama's signature (Gemma2's softcap, or
-sinks, keep theirs). Calls the kernels cannot take run the model's own code: float64 inputs, and tensors off CUDA
+sectioned rotaries keep theirs); its eager_attention_forward must have Llama's signature and compute Llama's
+attention on probes (Gemma2's softcap, or sinks passed or read from the module, keep theirs). Calls the kernels cannot take run the model's own code: float64 inputs, and tensors off CUDA
 (a CPU model, CPU-offloaded layers; CPU is taken under TRITON_INTERPRET=1). The kernels have no backward: a call
 that needs gradients (grad enabled and an input or weight that requires grad) runs the model's own code, so run
 inference under torch.no_grad() or torch.inference_mode() to use them. Module globals are shared by every model of that modeling module: while a
@@ -38,7 +38,8 @@ import os
 import sys
 import warnings
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -46,6 +47,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from optwin.ingest import intercept
 from optwin.kernels import sketch_sink
 from optwin.kernels._common import DTYPES
 from optwin.kernels.layernorm import layernorm
@@ -102,12 +104,26 @@ def _off_device(*tensors: Any) -> bool:
                for t in tensors)
 
 
+@contextmanager
+def _unwatched() -> Iterator[None]:
+    """Run a probe past this thread's captures and monitors: their wrappers of torch.matmul, F.softmax,
+    F.rms_norm ... would record the probe's calls as the model's (the wrappers run the original where the thread
+    has no interceptor)."""
+    stack = intercept._stack()
+    saved = stack[:]
+    stack.clear()
+    try:
+        yield
+    finally:
+        stack[:] = saved
+
+
 def _computes(original: Callable[[], Any], reference: Callable[[], Any], rtol: float = 1e-3) -> bool:
     """Whether a module or function gives the kernel's maths on a probe (any error: it does not)."""
     try:
         # the probe's float32 input beside a half-precision weight makes torch's own norms warn of the mismatch:
         # the probe's business, not the caller's
-        with torch.no_grad(), warnings.catch_warnings():
+        with torch.no_grad(), warnings.catch_warnings(), _unwatched():
             warnings.simplefilter("ignore")
             got, want = original(), reference()
             pairs = list(zip(got, want)) if isinstance(want, tuple) else [(got, want)]
@@ -164,11 +180,52 @@ _EAGER_PARAMS = ("module", "query", "key", "value", "attention_mask", "scaling",
 _EAGER_UNSUPPORTED = ("softcap", "sinks", "s_aux", "attn_logit_softcapping")
 
 
-def _eager_like(fn: Callable[..., Any]) -> bool:
+def _llama_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scaling: float,
+                     groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF Llama's eager attention, op for op, as the replacement computes it around its softmax."""
+    k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)  # repeat_kv: (B, H, S, D)
+    w = torch.matmul(q, k.transpose(2, 3)) * scaling + mask  # (B, H, Sq, Sk)
+    w = nn.functional.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(w, v).transpose(1, 2).contiguous(), w
+
+
+def _eager_computes(fn: Callable[..., Any], groups: int | None) -> bool:
+    """fn computes Llama's eager attention on a probe whose module has `groups` query heads per key/value head (None:
+    a module without num_key_value_groups and as many key/value heads as query heads), in float32 (the maths, to a
+    tolerance) and in bfloat16 (the same ops: bit for bit, so a softmax rounded otherwise fails)."""
+    stub = nn.Module().eval()
+    if groups is not None:
+        stub.num_key_value_groups = groups
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 3, 8, generator=g)  # (B, H, S, D)
+    k, v = (torch.randn(1, 4 // (groups or 1), 3, 8, generator=g) for _ in range(2))  # (B, H / groups, S, D)
+    mask = torch.full((3, 3), torch.finfo(torch.float32).min).triu(1)[None, None]  # (1, 1, Sq, Sk): causal, HF's
+    if not _computes(lambda: tuple(fn(stub, q, k, v, mask, 0.35, dropout=0.0)),
+                     lambda: _llama_attention(q, k, v, mask, 0.35, groups or 1)):
+        return False
+    qb, kb, vb = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    mb = torch.full((3, 3), torch.finfo(torch.bfloat16).min, dtype=torch.bfloat16).triu(1)[None, None]
     try:
-        return tuple(inspect.signature(fn).parameters) == _EAGER_PARAMS
+        with torch.no_grad(), _unwatched():
+            got, want = fn(stub, qb, kb, vb, mb, 0.35, dropout=0.0), _llama_attention(qb, kb, vb, mb, 0.35, groups or 1)
+        return all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    except Exception:  # noqa: BLE001  as _computes: not ours to replace
+        return False
+
+
+def _eager_like(fn: Callable[..., Any]) -> bool:
+    """fn has Llama's signature and computes Llama's eager attention, probed on a grouped-query module (Llama's) or
+    on one without num_key_value_groups (Idefics3's vision attention, which repeats nothing): the replacement
+    repeats by getattr(module, "num_key_value_groups", 1). A module attribute fn reads beyond those and training
+    (GPT-OSS's module.sinks), another softmax or another scaling rule fails the probes and keeps the model's code.
+    A monitor's or capture's wrapper is probed through (__wrapped__): the probe must not be recorded as a call."""
+    try:
+        if tuple(inspect.signature(fn).parameters) != _EAGER_PARAMS:
+            return False
     except (TypeError, ValueError):
         return False
+    fn = inspect.unwrap(fn)
+    return _eager_computes(fn, 2) or _eager_computes(fn, None)
 
 
 def _watched_before_the_call(fn: Callable[..., Any]) -> bool:
@@ -279,11 +336,16 @@ def _eager_attention(handle: Patch, mod: ModuleType) -> Callable[..., Any]:
     original = mod.eager_attention_forward
 
     def eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-        if (query.dtype not in DTYPES or _needs_grad(query, key, value) or _off_device(query, key, value)
+        # scaling=None: functions that default it (Evolla's) compute it themselves; ours multiplies by it
+        if (query.dtype not in DTYPES or scaling is None or _needs_grad(query, key, value)
+                or _off_device(query, key, value)
                 or any(kwargs.get(k) is not None for k in _EAGER_UNSUPPORTED)):
             return original(module, query, key, value, attention_mask, scaling, dropout=dropout, **kwargs)
-        key_states = repeat_kv(key, module.num_key_value_groups)  # (B, H, S, D)
-        value_states = repeat_kv(value, module.num_key_value_groups)  # (B, H, S, D)
+        # modules without grouped-query heads (Idefics2's vision attention) have no num_key_value_groups: the
+        # functions that take them repeat nothing
+        groups = getattr(module, "num_key_value_groups", 1)
+        key_states = repeat_kv(key, groups)  # (B, H, S, D)
+        value_states = repeat_kv(value, groups)  # (B, H, S, D)
         attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling  # (B, H, Sq, Sk)
         if attention_mask is not None:
             attn_weights = attn_weights + attention_mask
