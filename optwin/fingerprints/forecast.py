@@ -34,7 +34,14 @@ A stream is one call site (a layer's norm, an attention block) observed over tim
 Time: `t` must grow per producer, but a stream may be fed by several (replicas on one sidecar, each
 posting batches), so calls arrive slightly out of order. A call up to `reorder_s` older than the
 newest one seen joins the window in time order (kept only if `min_spacing_s` from its neighbours);
-only a larger backwards step (a restarted producer's clock) clears the history.
+only a larger backwards step (a restarted producer's clock) starts a new history. Producers whose clocks
+differ by more than `reorder_s` (time.monotonic() on several hosts) keep a history each: the one left by
+a jump is parked (up to `clocks` per stream, ~5 KB each), and a later call at most `reorder_s` after a
+parked history's newest call, when the current one does not take it, goes on in that history. A parked
+history not taken up again within `clock_ttl_calls` calls is dropped, so a single producer's restart
+clears its history as before (the one difference: a pause that takes the restarted clock to just after
+where the earlier clock stopped, within those calls); `clocks=1` is the old behaviour exactly. Before,
+each alternation between such producers cleared the only history: no forecast ever.
 """
 
 from __future__ import annotations
@@ -60,6 +67,8 @@ class ForecastConfig:
     trend_z: float = 4.0  # Mann-Kendall |z| a feature's trend must reach (4.0: two-sided p ~6e-5 a refit)
     additive_ratio: float = 0.5  # additive model when its bin-scale residuals are <= this x the exponential's
     reorder_s: float = 10.0  # calls up to this much older than the newest join in order; older: a restart
+    clocks: int = 4  # histories a stream keeps for producers with clocks further apart than reorder_s
+    clock_ttl_calls: int = 256  # a parked history not taken up again within this many calls is dropped
     horizon_s: float = 30.0  # warn when a fault region is forecast within this many seconds
     lookahead_s: float = 300.0  # how far along the drift line eta is searched (eta None beyond)
     max_steps: int = 512  # cap on bin crossings per search
@@ -120,6 +129,8 @@ class Stream:
         self._cols: list[list[float]] = []  # per region feature, its bin coordinates over the window
         self._s: list[int] | None = []  # Mann-Kendall S per feature (None: to recount)
         self._t_new = -math.inf  # the newest call time seen (calls of several producers interleave)
+        # Histories of other clocks, most recently left first: [t_new, ts, cols, s, n_observed when left].
+        self._parked: list[list[Any]] = []
         self.warning = False
         self._calm = 0
         self.n_observed = 0
@@ -201,6 +212,8 @@ class Stream:
             cols[:] = [[] for _ in coords]
             self._s = [0] * len(coords)
         if t >= self._t_new:
+            if self._parked and t > self._t_new + self.cfg.reorder_s and self._switch_clock(t):
+                return self._remember(t, coords)
             self._t_new = t
             if ts and t - ts[-1] < gap:
                 return
@@ -211,7 +224,11 @@ class Stream:
                     s[i] += 2 * sum(map(x.__gt__, col)) - len(col) + col.count(x)  # (above) - (below)
                 col.append(x)
         elif t < self._t_new - self.cfg.reorder_s:
-            ts[:] = [t]
+            if self._switch_clock(t):
+                return self._remember(t, coords)
+            # a clock not seen before (another host) or a restarted one: a new history, the current one parked
+            self._park()
+            ts, cols = self._ts, self._cols = [t], [[] for _ in coords]
             for col, x in zip(cols, coords):
                 col[:] = [x]
             self._t_new, self._fc, self._s = t, None, [0] * len(coords)
@@ -232,6 +249,32 @@ class Stream:
                 if s is not None:
                     s[i] -= 2 * sum(map(x.__lt__, col)) - len(col) + col.count(x)
         self._gen += 1
+
+    def _park(self) -> None:
+        """Keep the current history aside (another producer's clock may come back to it)."""
+        if self.cfg.clocks > 1:
+            self._parked.insert(0, [self._t_new, self._ts, self._cols, self._s, self.n_observed])
+            del self._parked[self.cfg.clocks - 1:]
+
+    def _switch_clock(self, t: float) -> bool:
+        """Go on in the parked history whose clock t continues (its newest call at most reorder_s before t, the
+        latest if several), when the current history does not take t (a jump of more than reorder_s). False
+        (nothing changed) when none does: a restart or a new clock. One producer's calls arrive in its clock's
+        order (one sender thread per client), so a parked history is taken up only forward of its newest call:
+        a producer restarted with its clock from 0 again starts a new history, as before."""
+        oldest, r = self.n_observed - self.cfg.clock_ttl_calls, self.cfg.reorder_s
+        parked = self._parked = [p for p in self._parked if p[4] >= oldest]
+        best = None
+        for p in parked:
+            if 0.0 <= t - p[0] <= r and (best is None or p[0] > best[0]):
+                best = p
+        if best is None:
+            return False
+        parked.remove(best)
+        self._park()
+        self._t_new, self._ts, self._cols, self._s = best[:4]
+        self._fc = None  # fitted on the history left: refit on this one
+        return True
 
     # ------------------------------------------------------------------ trend and search
 
