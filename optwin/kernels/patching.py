@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import reprlib
 import sys
 import warnings
 from collections import Counter
@@ -47,6 +48,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from optwin.errors import InputError
 from optwin.ingest import intercept
 from optwin.kernels import sketch_sink
 from optwin.kernels._common import DTYPES
@@ -365,6 +367,9 @@ def _eager_attention(handle: Patch, mod: ModuleType) -> Callable[..., Any]:
 def patch(model: nn.Module, rmsnorm: bool = True, layernorm: bool = True, softmax: bool = True,
           rope: bool = True) -> Patch:
     """Swap the model's operators for our kernels; returns the undo handle."""
+    if not isinstance(model, nn.Module):  # a name or a tensor would fail deep inside as a bare AttributeError
+        shown = reprlib.repr(model).replace("\n", " ")  # one line, however long the object's repr
+        raise InputError(f"patch takes a torch.nn.Module (the model), got {type(model).__name__}: {shown}")
     handle = Patch()
     modeling: dict[str, ModuleType] = {}
     for m in model.modules():
