@@ -37,6 +37,7 @@ import inspect
 import os
 import reprlib
 import sys
+import types
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -237,9 +238,12 @@ def _watched_before_the_call(fn: Callable[..., Any]) -> bool:
 
 
 def _set_forward(handle: Patch, module: nn.Module, fwd: Callable[..., Any]) -> None:
+    """module.forward = fwd(module, ...) until undo. Bound as a method, not a closure over the module: a deepcopy of
+    the model rebinds it to the clone (copy's rule for methods), which fwd then runs with the clone's own code and
+    parameters, and pickling (torch.save(model)) stores getattr(module, "forward"), the class's forward on load."""
     had = "forward" in module.__dict__
     old = module.__dict__.get("forward")
-    module.forward = fwd  # instance attribute shadows the class's forward
+    module.forward = types.MethodType(fwd, module)  # instance attribute shadows the class's forward
 
     def restore() -> None:
         if had:
@@ -277,10 +281,12 @@ def _launch(handle: Patch, op: str, dtype: torch.dtype, run: Callable[[bool], tu
     return y
 
 
-def _rmsnorm_forward(handle: Patch, m: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+def _rmsnorm_forward(handle: Patch, m: nn.Module) -> Callable[[nn.Module, torch.Tensor], torch.Tensor]:
     eps_set = _rms_eps(m)
 
-    def forward(hidden_states: torch.Tensor) -> torch.Tensor:
+    def forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+        if self is not m:  # a deepcopy of the patched module: the patch (and its undo) is the original's
+            return type(self).forward(self, hidden_states)
         w = m.weight
         # float64 models keep their own code (the kernels are fp32 inside), and so do calls that need gradients
         # or whose tensors the kernels cannot reach
@@ -302,8 +308,10 @@ def _rmsnorm_forward(handle: Patch, m: nn.Module) -> Callable[[torch.Tensor], to
     return forward
 
 
-def _layernorm_forward(handle: Patch, m: nn.LayerNorm) -> Callable[[torch.Tensor], torch.Tensor]:
-    def forward(x: torch.Tensor) -> torch.Tensor:
+def _layernorm_forward(handle: Patch, m: nn.LayerNorm) -> Callable[[nn.Module, torch.Tensor], torch.Tensor]:
+    def forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        if self is not m:  # a deepcopy of the patched module: the patch (and its undo) is the original's
+            return type(self).forward(self, x)
         if x.dtype not in DTYPES or _needs_grad(x, m.weight, m.bias) or _off_device(x, m.weight, m.bias):
             return type(m).forward(m, x)
         bias = m.bias.to(x.dtype) if m.bias is not None else None  # nn.LayerNorm(bias=False)
