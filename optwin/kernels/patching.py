@@ -39,6 +39,7 @@ import reprlib
 import sys
 import types
 import warnings
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -79,17 +80,19 @@ class Patch:
         self.undo()
 
 
-# (id of the patched object, attribute) of every swap a live handle holds: a second patch leaves them alone
-_HELD: set[tuple[int, str]] = set()
+# the attributes of each patched object (a module, a modeling module) that a live handle holds: a second patch
+# leaves them alone. Weak keys: an entry goes with its object, where keying by id() let a freed model's entry
+# (a patch never undone) claim a new object that reused the id, leaving it unpatched.
+_HELD: weakref.WeakKeyDictionary[object, set[str]] = weakref.WeakKeyDictionary()
 
 
 def _hold(handle: Patch, obj: object, name: str) -> bool:
     """Claim obj.name for `handle` until its undo; False when another live handle holds it."""
-    key = (id(obj), name)
-    if key in _HELD:
+    names = _HELD.setdefault(obj, set())
+    if name in names:
         return False
-    _HELD.add(key)
-    handle._undo.append(lambda: _HELD.discard(key))
+    names.add(name)
+    handle._undo.append(lambda: names.discard(name))
     return True
 
 
