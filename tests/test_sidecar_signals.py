@@ -43,6 +43,19 @@ def read_until(s: socket.socket, marker: bytes) -> bytes:
     return out
 
 
+def answers(path: str) -> bool:
+    """Whether the server answers /healthz on path: the socket file alone is no sign, check_listen binds the path
+    for a moment before the database loads (and before the signal handlers are in place)."""
+    try:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(5)
+            s.connect(path)
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            return read_until(s, b"\r\n\r\n").startswith(b"HTTP/1.1 200")
+    except OSError:
+        return False
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_serve_stops_cleanly_on_a_signal(db, sig):
     d = tempfile.mkdtemp(prefix="owsig", dir="/tmp")  # a unix socket path must stay under ~100 bytes
@@ -51,7 +64,7 @@ def test_serve_stops_cleanly_on_a_signal(db, sig):
     proc = subprocess.Popen([sys.executable, "-m", "optwin.cli", "serve", "--db", db, "--listen", f"unix://{path}"],
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        assert wait_for(lambda: os.path.exists(path) or proc.poll() is not None, 60), "the server did not start"
+        assert wait_for(lambda: answers(path) or proc.poll() is not None, 60, step_s=0.1), "the server did not start"
         assert proc.poll() is None, proc.stderr.read()
         idle = socket.socket(socket.AF_UNIX)  # a keep-alive connection between requests: closed at once
         idle.connect(path)
