@@ -5,15 +5,16 @@ the monitor, which then computes no sketch of its own for those calls.
         model(**batch)      # the norms, softmax and rotary run our kernels; sampled calls launch with
                             # the sketch on and hand their buffer to `mon`
 
-A patched forward asks the innermost active sink whether this call should be sketched
-(`wants`: the monitor's per-stream sampling, so unsampled calls launch without the sketch) and, if
-so, hands it the buffer after the launch (`take`). Modules whose forward a patch swapped are listed
-in FUSED, so the capture hooks know that the module runs the `triton` variant and, under a sink,
-leave its sketch to the kernel. Pure Python: importing it imports neither triton nor the kernels.
+A patched forward asks the active sinks whether this call should be sketched (`wants`: each
+monitor's per-stream sampling, so unsampled calls launch without the sketch) and, if any does, hands
+the buffer to each that does after the launch (`take`). Modules whose forward a patch swapped are
+listed in FUSED, so the capture hooks know that the module runs the `triton` variant and, under a
+sink, leave its sketch to the kernel. Pure Python: importing it imports neither triton nor the kernels.
 """
 
 from __future__ import annotations
 
+import threading
 import weakref
 from typing import Any, Protocol
 
@@ -40,24 +41,64 @@ class Sink(Protocol):
         """The launch's sketch buffer (float64 on the device, still being written by the stream)."""
 
 
-_SINKS: list[Sink] = []
+class _Fanout:
+    """The sink patched kernels see while several are active: asks each one (innermost first) and hands
+    the buffer to every one that wants the call.
+
+    Asking only the innermost lost calls: its `wants` says None for another thread's call (each monitor
+    records only its own thread) and for an op outside its `ops`, while the other monitors' capture hooks
+    had already left that call's sketch to the kernel, so nobody sketched or counted it (a second
+    monitor, nested or in another thread, silently stopped the first one checking rmsnorm, rope and
+    softmax). Every sink is asked, not just the first that says yes, so each monitor counts and samples
+    its own calls whichever other monitors run. The sinks share the one buffer: the monitor only reads
+    it (rope's two tail features it writes are the same positions and base for monitors of one model)."""
+
+    __slots__ = ("sinks",)
+
+    def __init__(self, sinks: tuple[Sink, ...]) -> None:
+        self.sinks = sinks
+
+    def wants(self, op: str, variant: str, dtype: torch.dtype, suffix: str = "") -> Any:
+        taken = [(s, t) for s in self.sinks if (t := s.wants(op, variant, dtype, suffix)) is not None]
+        return taken or None
+
+    def take(self, token: Any, buf: torch.Tensor) -> None:
+        for sink, t in token:
+            sink.take(t, buf)
+
+
+# The active sinks, innermost last: a tuple replaced whole under _LOCK (monitors start and stop from
+# several threads; a kernel call reads a snapshot without the lock). _ACTIVE is what active() returns:
+# the lone sink itself (the common case costs no extra call), or a _Fanout over all of them.
+_LOCK = threading.Lock()
+_SINKS: tuple[Sink, ...] = ()
+_ACTIVE: Sink | None = None
+
+
+def _set(sinks: tuple[Sink, ...]) -> None:
+    global _SINKS, _ACTIVE
+    _SINKS = sinks
+    _ACTIVE = None if not sinks else sinks[0] if len(sinks) == 1 else _Fanout(sinks[::-1])
 
 
 def active() -> Sink | None:
-    """The innermost sink that takes fused sketches, or None (then patched calls never sketch)."""
-    return _SINKS[-1] if _SINKS else None
+    """The sink patched calls talk to, or None (then patched calls never sketch): the one active sink, or
+    with several, one that asks each of them (innermost first) and gives the buffer to all that want it."""
+    return _ACTIVE
 
 
 def push(sink: Sink) -> None:
-    _SINKS.append(sink)
+    with _LOCK:
+        _set(_SINKS + (sink,))
 
 
 def remove(sink: Sink) -> None:
     """Take `sink` off the stack (wherever it is: monitors may stop out of order)."""
-    for i in range(len(_SINKS) - 1, -1, -1):
-        if _SINKS[i] is sink:
-            del _SINKS[i]
-            return
+    with _LOCK:
+        for i in range(len(_SINKS) - 1, -1, -1):
+            if _SINKS[i] is sink:
+                _set(_SINKS[:i] + _SINKS[i + 1:])
+                return
 
 
 def fused_op(module: nn.Module) -> str | None:
