@@ -122,7 +122,7 @@ def test_torch_rms_norm_with_the_dtype_eps_and_a_2d_shape():
     with torch.no_grad():
         net[1].weight.uniform_(0.5, 1.5)
         ref = net(x)
-        with optwin.kernels.patch(net) as h:  # eps=None: the input dtype's machine epsilon, as torch's own
+        with optwin.kernels.patch(net) as h:  # eps=None: float32's machine epsilon for fp32/bf16/fp16 inputs, as torch's own
             got = net(x)
     assert h.calls == {"rmsnorm": 1}  # the 2-D normalized shape keeps torch's code
     assert torch.allclose(got, ref, atol=1e-5)
