@@ -205,6 +205,8 @@ class Recorder:
         self.started = time.time()
         self.last_positions: torch.Tensor | None = None
         self.last_base: float | None = None
+        self.last_rope_reason: str | None = None  # why the last rotary call's tables are not the catalog's
+        self._rope_checked: dict[int, tuple[Any, ...]] = {}  # id(rotary module) -> its inv_freq verdict (_rope_reason)
         self._records: list[dict[str, Any]] | None = None
         self._weights = _WEIGHTS  # weight statistics are reduced once, not on every call
         # True in a recorder that takes the fused sketches of patched kernels (optwin.monitor's, under
@@ -646,6 +648,45 @@ def _rope_base(mod: nn.Module) -> float | None:
     return None
 
 
+def _catalog_inv(base: float, n: int) -> torch.Tensor:
+    """The catalog's fp32-angles inverse frequencies for a head dim of 2n (optwin.catalog's rope)."""
+    d = 2 * n
+    return 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+
+
+def _rope_reason(rec: Recorder, mod: nn.Module, base: float | None) -> str | None:
+    """Why the rotary module's cos/sin are not the catalog's fp32-angles tables for (positions, base),
+    or None when they are. HF's scaled ropes (rope_type linear, llama3, yarn, dynamic, ...) change the
+    inverse frequencies and/or multiply cos/sin by attention_scaling: recorded with only the base, their
+    cos differed from the catalog's by up to 2.0. The inverse frequencies are checked against the
+    catalog's too (a rotary class without a rope_type that scales them); that check costs a sync, so
+    its verdict is kept while the buffer stays the same tensor, unmodified."""
+    rtype = getattr(mod, "rope_type", None)
+    if not isinstance(rtype, str):
+        rp = getattr(getattr(mod, "config", None), "rope_parameters", None)
+        rtype = rp.get("rope_type") if isinstance(rp, dict) else None
+    if rtype not in (None, "default"):
+        return f"rope: scaled rope_type {rtype} is not a catalog variant"
+    scaling = getattr(mod, "attention_scaling", 1.0)
+    if isinstance(scaling, (int, float)) and scaling != 1.0:
+        return f"rope: attention_scaling {scaling:g} is not a catalog variant"
+    if base is None:
+        return "rope: base unknown"
+    inv = getattr(mod, "inv_freq", None)
+    if not isinstance(inv, torch.Tensor) or inv.ndim != 1 or inv.numel() < 1:
+        return None  # nothing to check against: the base is all the module tells
+    key = id(mod)
+    seen = rec._rope_checked.get(key)
+    if seen is not None and seen[0] is inv and seen[1] == inv._version and seen[2] == base:
+        return seen[3]
+    ref = _catalog_inv(base, inv.numel())
+    # ulp-level differences (inv computed another way) pass; any scaling of the frequencies does not
+    ok = torch.allclose(inv.detach().float().cpu(), ref, rtol=2.0 ** -20, atol=0.0)
+    reason = None if ok else f"rope: inv_freq is not the catalog's for base {base:g}"
+    rec._rope_checked[key] = (inv, inv._version, base, reason)
+    return reason
+
+
 def _call_kind(m: nn.Module, kind: tuple[str, str] | None) -> tuple[str, str] | None:
     """The module's kind for this call: a module optwin.kernels.patch swapped runs the op's `triton`
     kernel (checked per call: a patch can come and go while the hooks stay)."""
@@ -692,6 +733,7 @@ def _install_module_hooks(rec: Recorder, model: nn.Module,
                 pos = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
                 rec.last_positions = pos if isinstance(pos, torch.Tensor) else None
                 rec.last_base = _rope_base(m)
+                rec.last_rope_reason = _rope_reason(rec, m, rec.last_base)
             local.suppress += 1
             local.stack[-1] = (path, m, True)
 
@@ -760,6 +802,8 @@ def _record_rope(rec: Recorder, orig: Callable, q, k, cos, sin, *args, **kwargs)
     pos = rec.last_positions
     if pos is None or q.ndim != 4:
         rec.skip("rope: positions unknown (no rotary-embedding module ran)")
+    elif rec.last_rope_reason is not None:
+        rec.skip(rec.last_rope_reason, 2)  # q and k
     elif rec.watches("rope"):  # record() would drop both calls; the stream's frame walk need not run
         params = {"base": rec.last_base or 10000.0}
         site = rec.stream
