@@ -443,6 +443,20 @@ def div_by_row(e, s):
         return e * r
 
 
+@triton.jit
+def store_cast(x, dtype: tl.constexpr):
+    """x (fp32) to the output's dtype, rounded to nearest even: `x.to(dtype)` on the GPU (its cvt rounds).
+    The interpreter truncates fp32 -> bf16 (every |y| <= |exact|: an RMSNorm's output RMS read 0.9972
+    for 0.99997), so there the bits are rounded first and the truncation is then exact; NaN keeps its
+    bits (rounding a NaN's payload up could carry into the sign)."""
+    if INTERPRET and dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return tl.where(x != x, x, bits.to(tl.float32, bitcast=True)).to(dtype)
+    else:
+        return x.to(dtype)
+
+
 # ------------------------------------------------------------------ L2 prefetch
 
 

@@ -65,7 +65,7 @@ import triton.language as tl
 
 from optwin.catalog import DEFAULT_TOLERANCES
 from optwin.errors import InputError
-from optwin.kernels._common import DTYPES, FMAX, INTERPRET, cdiv, check_device
+from optwin.kernels._common import DTYPES, FMAX, INTERPRET, cdiv, check_device, store_cast
 from optwin.kernels.attention_sketch import (
     RECORD_POLL_ROWS,
     RECORD_WORDS,
@@ -89,18 +89,6 @@ assert feature_names("attention") == (
     "score_bound", "v_absmax", "peaked_frac", "max_score")
 
 LAST_COMPILED: list = [None]  # the last launch's compiled kernel (the bench reads its registers)
-
-
-@triton.jit
-def _cast(x, dtype: tl.constexpr):
-    """x (fp32) to dtype, round to nearest even. The GPU's cvt does that; the interpreter truncates
-    fp32 -> bf16, so there the bits are rounded first (the truncation is then exact)."""
-    if INTERPRET and dtype == tl.bfloat16:
-        bits = x.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        return bits.to(tl.float32, bitcast=True).to(dtype)
-    else:
-        return x.to(dtype)
 
 
 @triton.jit
@@ -144,7 +132,7 @@ def _key_block(acc, l_i, m_i, t_i, q, K_blk, V_blk, sks, svs, start_n, offs_m, o
     else:
         v = tl.load(v_ptrs)
     if INTERPRET and v.dtype == tl.bfloat16:  # p still rounded to bf16 first
-        acc = tl.dot(_cast(p, v.dtype).to(tl.float32), v.to(tl.float32), acc)
+        acc = tl.dot(store_cast(p, v.dtype).to(tl.float32), v.to(tl.float32), acc)
     elif IEEE:
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
     else:
@@ -255,7 +243,7 @@ def _query_block(
             kk1, vv1, _ = load_kv_tile(K_blk, V_blk, sks, svs, j_lo + 1, offs_n, offs_d, k_end, D, BLOCK_N)
     y = acc / l_i[:, None]
     Y_blk = Y + b * syb + h * syh
-    tl.store(Y_blk + offs_m[:, None].to(tl.int64) * sys + offs_d[None, :], _cast(y, Y.dtype.element_ty),
+    tl.store(Y_blk + offs_m[:, None].to(tl.int64) * sys + offs_d[None, :], store_cast(y, Y.dtype.element_ty),
              mask=row_ok[:, None])
 
     if SKETCH:

@@ -70,6 +70,7 @@ from optwin.kernels._common import (
     persistent_grid,
     register_cap,
     rows_view,
+    store_cast,
     sum_squares,
 )
 from optwin.kernels.launch_plan import Plan, kept, plan, run
@@ -164,7 +165,7 @@ def _layernorm_kernel(
         w = tl.load(W_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
         b = tl.load(B_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
         y = tl.fma(d * rs, w, b)  # one rounding for the last product and the add
-        tl.store(Y_ptr + row * Y_row_stride + cols, y.to(Y_ptr.dtype.element_ty), mask=mask,
+        tl.store(Y_ptr + row * Y_row_stride + cols, store_cast(y, Y_ptr.dtype.element_ty), mask=mask,
                  eviction_policy="evict_first")  # write n
         if SKETCH:  # the per-row scalar work (sqrt, divide, float64 add) off each row's path
             sel = lane_id == k
@@ -276,7 +277,7 @@ def _layernorm_chunked_kernel(
             w = tl.load(W_ptr + c0 + cols, mask=cm, other=zero, eviction_policy="evict_last").to(tl.float32)
             b = tl.load(B_ptr + c0 + cols, mask=cm, other=zero, eviction_policy="evict_last").to(tl.float32)
             tl.store(Y_ptr + tl.cast(r, tl.int64) * Y_row_stride + c0 + cols,
-                     ((h - m) * rs * w + b).to(Y_ptr.dtype.element_ty), mask=cm, eviction_policy="evict_first")
+                     store_cast((h - m) * rs * w + b, Y_ptr.dtype.element_ty), mask=cm, eviction_policy="evict_first")
         if SKETCH:  # per row scalars from the op's own mean and variance
             sq = (var + m * m) * n_cols  # = sum h*h (positive terms, no cancellation)
             ok = sq <= FMAX  # every entry finite (NaN/±inf make m, var NaN)

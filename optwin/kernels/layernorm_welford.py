@@ -88,6 +88,7 @@ from optwin.kernels._common import (
     register_cap,
     release_flag,
     reset_workspace,
+    store_cast,
     store_common_features,
 )
 from optwin.kernels.fast_launch import launch
@@ -237,7 +238,7 @@ def _welford_normalize(X_row, W_ptr, B_ptr, Y_row, m, var, eps, N: tl.constexpr,
         h = tl.load(X_row + c0 + cols, mask=cm, other=0.0, eviction_policy="evict_first").to(tl.float32)
         w = tl.load(W_ptr + c0 + cols, mask=cm, other=0.0, eviction_policy="evict_last").to(tl.float32)
         b = tl.load(B_ptr + c0 + cols, mask=cm, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        tl.store(Y_row + c0 + cols, tl.fma((h - m) * rs, w, b).to(Y_row.dtype.element_ty), mask=cm,
+        tl.store(Y_row + c0 + cols, store_cast(tl.fma((h - m) * rs, w, b), Y_row.dtype.element_ty), mask=cm,
                  eviction_policy="evict_first")
 
 

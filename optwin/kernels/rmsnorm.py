@@ -74,6 +74,7 @@ from optwin.kernels._common import (
     register_cap,
     release_flag,
     rows_view,
+    store_cast,
     store_common_features,
     sum_and_max,
     sum_squares,
@@ -143,7 +144,7 @@ def _normalize_store(h, ss, W_ptr, Y_row, cols, mask, n_cols, eps):
     # the weight per row (L1/L2 hit): holding it in registers across rows halves occupancy
     w = tl.load(W_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
     y = h * rs * w  # (h*r)*w in fp32
-    tl.store(Y_row + cols, y.to(Y_row.dtype.element_ty), mask=mask, eviction_policy="evict_first")  # write n
+    tl.store(Y_row + cols, store_cast(y, Y_row.dtype.element_ty), mask=mask, eviction_policy="evict_first")  # write n
     return v
 
 
@@ -254,7 +255,7 @@ def _rmsnorm_rows_kernel(
             rs = tl.math.rsqrt(v + eps)
             w = tl.load(W_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
             y = h * rs * w
-            tl.store(Y_ptr + row * Y_row_stride + cols, y.to(Y_ptr.dtype.element_ty), mask=mask,
+            tl.store(Y_ptr + row * Y_row_stride + cols, store_cast(y, Y_ptr.dtype.element_ty), mask=mask,
                      eviction_policy="evict_first")
             if SKETCH:  # noqa: SIM102 - a constexpr branch
                 if not (ss <= FMAX):  # NaN/±inf (or h*h overflow): exact partials from a re-read, so h dies with y
@@ -357,7 +358,7 @@ def _rmsnorm_chunked_kernel(
                         eviction_policy="evict_first").to(tl.float32)
             w = tl.load(W_ptr + c0 + cols, mask=cm, other=None if CONST_N > 0 else 0.0,
                         eviction_policy="evict_last").to(tl.float32)
-            tl.store(Y_ptr + row * Y_row_stride + c0 + cols, (h * rs * w).to(Y_ptr.dtype.element_ty), mask=cm,
+            tl.store(Y_ptr + row * Y_row_stride + c0 + cols, store_cast(h * rs * w, Y_ptr.dtype.element_ty), mask=cm,
                      eviction_policy="evict_first")
         if SKETCH:
             p_amax, p_ms, p_sq, p_bad = _merge_row(p_amax, p_ms, p_sq, p_bad, ss, amax, v)

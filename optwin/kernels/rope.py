@@ -61,6 +61,7 @@ from optwin.kernels._common import (
     register_cap,
     reset_workspace,
     sketch_sum_max,
+    store_cast,
     store_common_features,
     tuned_on,
 )
@@ -236,8 +237,8 @@ def _rope_kernel(
         y1 = x1 * c1 - x2 * s1
         y2 = x2 * c2 + x1 * s2
         yp = Y_ptr + b * Y_batch_stride + s * Y_seq_stride + hs * Y_head_stride + js
-        tl.store(yp, y1.to(Y_ptr.dtype.element_ty), mask=mask, eviction_policy="evict_first")  # heads*d/2
-        tl.store(yp + half, y2.to(Y_ptr.dtype.element_ty), mask=mask, eviction_policy="evict_first")
+        tl.store(yp, store_cast(y1, Y_ptr.dtype.element_ty), mask=mask, eviction_policy="evict_first")  # heads*d/2
+        tl.store(yp + half, store_cast(y2, Y_ptr.dtype.element_ty), mask=mask, eviction_policy="evict_first")
         if SKETCH and not LANE_ACC:  # elementwise only; NaN/±inf poison v_sq: the exact path after the loop
             v_amax = tl.maximum(v_amax, tl.maximum(tl.abs(x1), tl.abs(x2)))
             v_sq += x1 * x1 + x2 * x2

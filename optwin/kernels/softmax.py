@@ -113,6 +113,7 @@ from optwin.kernels._common import (
     prefetch_row,
     register_cap,
     rows_view,
+    store_cast,
 )
 from optwin.kernels.launch_plan import Plan, kept, plan, run
 from optwin.kernels.packed16 import (
@@ -779,10 +780,10 @@ def _softmax_kernel(
                     ee, s, _ = _add_edge_sums(s, s, he, m)
             y = div_by_row(e, s)
             if WINDOW:
-                tl.store(Y_ptr + start + cols, y.to(Y_ptr.dtype.element_ty), mask=inner, eviction_policy="evict_first")
-                tl.store(Y_ptr + start + pos, div_by_row(ee, s).to(Y_ptr.dtype.element_ty), mask=edge)  # write n
+                tl.store(Y_ptr + start + cols, store_cast(y, Y_ptr.dtype.element_ty), mask=inner, eviction_policy="evict_first")
+                tl.store(Y_ptr + start + pos, store_cast(div_by_row(ee, s), Y_ptr.dtype.element_ty), mask=edge)  # write n
             else:
-                tl.store(Y_ptr + row * Y_row_stride + cols, y.to(Y_ptr.dtype.element_ty), mask=mask,
+                tl.store(Y_ptr + row * Y_row_stride + cols, store_cast(y, Y_ptr.dtype.element_ty), mask=mask,
                          eviction_policy="evict_first")  # write n
             if PROBE // 131072 % 2 == 1:  # the row's end (a ROWS program's is after its record store, below)
                 tl.store(T_ptr + n_rows + row, globaltimer(row))

@@ -53,6 +53,7 @@ from optwin.kernels._common import (
     next_pow2,
     note_occupancy,
     register_cap,
+    store_cast,
 )
 from optwin.kernels.fast_launch import launch
 from optwin.kernels.sketch_buffer import workspace
@@ -198,7 +199,7 @@ def _piece_out_kernel(
         cm = cols < n_cols
         h = tl.load(X_ptr + tl.cast(r, tl.int64) * X_row_stride + cols, mask=cm, other=-float("inf")).to(tl.float32)
         y = div_by_row(exp_ftz(h - m), s)
-        tl.store(Y_ptr + tl.cast(r, tl.int64) * Y_row_stride + cols, y.to(Y_ptr.dtype.element_ty), mask=cm)
+        tl.store(Y_ptr + tl.cast(r, tl.int64) * Y_row_stride + cols, store_cast(y, Y_ptr.dtype.element_ty), mask=cm)
         if SKETCH:
             if k == 0:
                 p_max, p_min, p_rng, p_rmx, p_sq, p_nf, p_neg, p_masked, p_elig, p_peak = _row_features(
