@@ -51,9 +51,9 @@ class Preset:
 PRESETS: dict[str, Preset] = {
     # Cases over replays: held-out inputs are judged by where they land in feature space, so the
     # cells need many distinct cases more than many noisy replays of each (the fault flags of one
-    # input rarely depend on the replay). Measured on 2 idle cores, all 47 triples: quick 96 x 4
-    # in 22 s (so quick is 192 x 4, ~45 s), full 384 x 8 in ~4.5 min (768 x 8 took 7.8 min and
-    # predicted no better on CPU-labelled held-out cases).
+    # input rarely depend on the replay). Measured on a quiet 2-core machine, all 47 triples:
+    # quick (192 x 4) 47 s wall, full (384 x 8) 128 s wall. 768 x 8 took ~1.7x as long as
+    # 384 x 8 in an earlier measurement and predicted no better on CPU-labelled held-out cases.
     "quick": Preset("quick", cases=192, replays=4, slices=1),
     "full": Preset("full", cases=384, replays=8, slices=2),
 }

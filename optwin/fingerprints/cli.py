@@ -40,6 +40,18 @@ def spread_values(args: list[str], option: str) -> list[str]:
     return out
 
 
+# Help of the options whose default is the preset's; format_help appends the presets' values.
+_PRESET_HELP = {"replays": "Noisy replays per case", "cases": "Cases per (op, dtype, source)"}
+
+
+def preset_defaults(field: str) -> str:
+    """`quick 192, full 384`: `field` of each build preset, read from build.PRESETS so the help cannot drift
+    from what a build uses (it did: the help said quick 32 cases while the preset held 192)."""
+    from optwin.fingerprints.build import PRESETS
+
+    return ", ".join(f"{p.name} {getattr(p, field)}" for p in PRESETS.values())
+
+
 class BuildCommand(TyperCommand):
     """`optwin build`, reading `--ops a b c` as `--ops a --ops b --ops c` (spec: `[--ops ...]`).
 
@@ -50,11 +62,19 @@ class BuildCommand(TyperCommand):
     def parse_args(self, ctx, args: list[str]) -> list[str]:  # noqa: ANN001 (click's Context)
         return super().parse_args(ctx, spread_values(args, "--ops"))
 
+    def format_help(self, ctx, formatter) -> None:  # noqa: ANN001 (click's Context and HelpFormatter)
+        # Filled in here, not in the typer.Option: build.py imports torch, and every optwin command imports this
+        # module, so the presets are read only when the help is shown.
+        for param in self.params:
+            if param.name in _PRESET_HELP:
+                param.help = f"{_PRESET_HELP[param.name]} (default: the preset's: {preset_defaults(param.name)})."
+        return super().format_help(ctx, formatter)
+
 
 def build_command(
     profile: Optional[str] = typer.Option(None, "--profile", help="Input profile (from `optwin capture`); default: the built-in sweep."),
     ops: Optional[List[str]] = typer.Option(None, "--ops", help="Operators to build: space- or comma-separated, or --ops repeated; default: all."),
-    replays: Optional[int] = typer.Option(None, "--replays", help="Noisy replays per case (default: preset: quick 16, full 32)."),
+    replays: Optional[int] = typer.Option(None, "--replays", help=_PRESET_HELP["replays"] + "."),
     out: str = typer.Option("fingerprints.duckdb", "--out", help="Database file (created or extended with a new build)."),
     engine: str = typer.Option("local", "--engine", help="local (process pool) or ray."),
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (default: a local cluster)."),
@@ -63,7 +83,7 @@ def build_command(
     seed: int = typer.Option(0, "--seed", help="Seed of every case generator and replay."),
     workers: Optional[int] = typer.Option(None, "--workers", help="Parallel workers (default: CPU cores)."),
     noise: str = typer.Option("stochastic", "--noise", help="Replay noise: stochastic, mca, order or none."),
-    cases: Optional[int] = typer.Option(None, "--cases", help="Cases per (op, dtype, source) (default: preset: quick 32, full 128)."),
+    cases: Optional[int] = typer.Option(None, "--cases", help=_PRESET_HELP["cases"] + "."),
 ) -> None:
     """Replay the twins over a profile or the default sweep and write the fault-fingerprint database."""
     from rich.console import Console
