@@ -206,7 +206,9 @@ class Recorder:
         self.last_positions: torch.Tensor | None = None
         self.last_base: float | None = None
         self.last_rope_reason: str | None = None  # why the last rotary call's tables are not the catalog's
-        self._rope_checked: dict[int, tuple[Any, ...]] = {}  # id(rotary module) -> its inv_freq verdict (_rope_reason)
+        self._rope_checked: dict[Any, tuple[Any, ...]] = {}  # (id(rotary module), layer type) -> inv_freq verdict (_rope_reason)
+        self._rope_pending: tuple[Any, str | None] | None = None  # the rotary call running (_keep_rope_table)
+        self._rope_tables: dict[Any, tuple[Any, ...]] = {}  # its tables: (cos, positions, base, reason)
         self._records: list[dict[str, Any]] | None = None
         self._weights = _WEIGHTS  # weight statistics are reduced once, not on every call
         # True in a recorder that takes the fused sketches of patched kernels (optwin.monitor's, under
@@ -636,13 +638,33 @@ def classify_module(mod: nn.Module) -> tuple[str, str] | None:
     return out
 
 
-def _rope_base(mod: nn.Module) -> float | None:
+def _rope_params(mod: nn.Module, layer_type: str | None) -> dict:
+    """The module's config rope_parameters for this call: Gemma3's are keyed by layer type
+    ({"sliding_attention": {...base 1e4}, "full_attention": {...base 1e6}})."""
+    rp = getattr(getattr(mod, "config", None), "rope_parameters", None)
+    if not isinstance(rp, dict):
+        return {}
+    if layer_type is not None:
+        return rp.get(layer_type) if isinstance(rp.get(layer_type), dict) else {}
+    return rp
+
+
+def _rope_inv(mod: nn.Module, layer_type: str | None) -> Any:
+    """The module's inverse frequencies for this call (Gemma3: one buffer per layer type)."""
+    return getattr(mod, f"{layer_type}_inv_freq" if layer_type is not None else "inv_freq", None)
+
+
+def _rope_base(mod: nn.Module, layer_type: str | None = None) -> float | None:
+    """The rotary module's base for a call with this layer_type (None: a module with one rope). A
+    module with ropes per layer type has no single rope_theta: its base comes from that type's
+    parameters or inverse frequencies, never from the config's top level (Gemma3 was recorded with
+    10000 for its full-attention layers, base 1e6)."""
     cfg = getattr(mod, "config", None)
-    rp = getattr(cfg, "rope_parameters", None) or {}
-    for v in (rp.get("rope_theta") if isinstance(rp, dict) else None, getattr(cfg, "rope_theta", None), getattr(mod, "base", None)):
+    top = (getattr(cfg, "rope_theta", None), getattr(mod, "base", None)) if layer_type is None else ()
+    for v in (_rope_params(mod, layer_type).get("rope_theta"), *top):
         if isinstance(v, (int, float)) and v > 1:
             return float(v)
-    inv = getattr(mod, "inv_freq", None)
+    inv = _rope_inv(mod, layer_type)
     if isinstance(inv, torch.Tensor) and inv.numel() > 1:  # inv[1] = base^(-2/d), d = 2 * len(inv)
         return float(inv[1].double() ** (-float(inv.numel())))
     return None
@@ -654,7 +676,7 @@ def _catalog_inv(base: float, n: int) -> torch.Tensor:
     return 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
 
 
-def _rope_reason(rec: Recorder, mod: nn.Module, base: float | None) -> str | None:
+def _rope_reason(rec: Recorder, mod: nn.Module, base: float | None, layer_type: str | None = None) -> str | None:
     """Why the rotary module's cos/sin are not the catalog's fp32-angles tables for (positions, base),
     or None when they are. HF's scaled ropes (rope_type linear, llama3, yarn, dynamic, ...) change the
     inverse frequencies and/or multiply cos/sin by attention_scaling: recorded with only the base, their
@@ -662,20 +684,21 @@ def _rope_reason(rec: Recorder, mod: nn.Module, base: float | None) -> str | Non
     catalog's too (a rotary class without a rope_type that scales them); that check costs a sync, so
     its verdict is kept while the buffer stays the same tensor, unmodified."""
     rtype = getattr(mod, "rope_type", None)
+    if isinstance(rtype, dict):  # per layer type (Gemma3)
+        rtype = rtype.get(layer_type)
     if not isinstance(rtype, str):
-        rp = getattr(getattr(mod, "config", None), "rope_parameters", None)
-        rtype = rp.get("rope_type") if isinstance(rp, dict) else None
+        rtype = _rope_params(mod, layer_type).get("rope_type")
     if rtype not in (None, "default"):
         return f"rope: scaled rope_type {rtype} is not a catalog variant"
-    scaling = getattr(mod, "attention_scaling", 1.0)
+    scaling = getattr(mod, "attention_scaling" if layer_type is None else f"{layer_type}_attention_scaling", 1.0)
     if isinstance(scaling, (int, float)) and scaling != 1.0:
         return f"rope: attention_scaling {scaling:g} is not a catalog variant"
     if base is None:
-        return "rope: base unknown"
-    inv = getattr(mod, "inv_freq", None)
+        return "rope: base unknown" if layer_type is None else f"rope: base unknown for layer type {layer_type}"
+    inv = _rope_inv(mod, layer_type)
     if not isinstance(inv, torch.Tensor) or inv.ndim != 1 or inv.numel() < 1:
         return None  # nothing to check against: the base is all the module tells
-    key = id(mod)
+    key = (id(mod), layer_type)
     seen = rec._rope_checked.get(key)
     if seen is not None and seen[0] is inv and seen[1] == inv._version and seen[2] == base:
         return seen[3]
@@ -731,9 +754,12 @@ def _install_module_hooks(rec: Recorder, model: nn.Module,
                            _layernorm_inputs(args[0], getattr(m, "weight", None), getattr(m, "bias", None)))
             elif op == "rope-tables":
                 pos = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
+                lt = kwargs.get("layer_type", args[2] if len(args) > 2 else None)
+                lt = lt if isinstance(lt, str) else None
                 rec.last_positions = pos if isinstance(pos, torch.Tensor) else None
-                rec.last_base = _rope_base(m)
-                rec.last_rope_reason = _rope_reason(rec, m, rec.last_base)
+                rec.last_base = _rope_base(m, lt)
+                rec.last_rope_reason = _rope_reason(rec, m, rec.last_base, lt)
+                rec._rope_pending = (m, lt)
             local.suppress += 1
             local.stack[-1] = (path, m, True)
 
@@ -741,6 +767,8 @@ def _install_module_hooks(rec: Recorder, model: nn.Module,
             if threading.get_ident() != rec.owner:
                 return
             local = rec._local
+            if rec._rope_pending is not None and rec._rope_pending[0] is m:
+                _keep_rope_table(rec, out)
             if local.stack and local.stack.pop()[2]:  # the pre-hook's own kind test, not repeated here
                 local.suppress -= 1
 
@@ -751,6 +779,17 @@ def _install_module_hooks(rec: Recorder, model: nn.Module,
 
 def _skip(*args: Any, **kwargs: Any) -> None:
     return None
+
+
+def _keep_rope_table(rec: Recorder, out: Any) -> None:
+    """Remember the (cos, sin) a rotary call returned with its positions, base and verdict, keyed by the
+    module and layer type: a model may build several tables before its layers run (Gemma3: one per
+    layer type), so apply_rotary_pos_emb finds its own by the cos it is handed, not the last one
+    built. Keeps the last table per key (the tensors stay referenced until replaced)."""
+    m, lt = rec._rope_pending
+    rec._rope_pending = None
+    if isinstance(out, tuple) and out and isinstance(out[0], torch.Tensor):
+        rec._rope_tables[(id(m), lt)] = (out[0], rec.last_positions, rec.last_base, rec.last_rope_reason)
 
 
 # ----------------------------------------------------------------------------- wrapped functions
@@ -799,13 +838,20 @@ def _record_rope(rec: Recorder, orig: Callable, q, k, cos, sin, *args, **kwargs)
     if rec.takes_fused and sketch_sink.fused_function(orig) == "rope":
         return
     unsq = kwargs.get("unsqueeze_dim", args[1] if len(args) > 1 else 1)
-    pos = rec.last_positions
+    pos, base, reason = rec.last_positions, rec.last_base, rec.last_rope_reason
+    for table in rec._rope_tables.values():  # the table this cos came from (Gemma3 builds one per layer type)
+        if table[0] is cos:
+            pos, base, reason = table[1:]
+            break
+    else:  # a cos made elsewhere: the last table's positions, unless tables of other bases were built too
+        if len({t[2] for t in rec._rope_tables.values()}) > 1:
+            reason = "rope: cos/sin from no known rotary table, and the tables' bases differ"
     if pos is None or q.ndim != 4:
         rec.skip("rope: positions unknown (no rotary-embedding module ran)")
-    elif rec.last_rope_reason is not None:
-        rec.skip(rec.last_rope_reason, 2)  # q and k
+    elif reason is not None or base is None:
+        rec.skip(reason or "rope: base unknown", 2)  # q and k
     elif rec.watches("rope"):  # record() would drop both calls; the stream's frame walk need not run
-        params = {"base": rec.last_base or 10000.0}
+        params = {"base": base}
         site = rec.stream
         for name, x in (("q", q), ("k", k)):
             rec.record("rope", "fp32-angles", functools.partial(_rope_inputs, x, pos, unsq), params,
