@@ -76,6 +76,7 @@ import inspect
 import logging
 import math
 import random
+import re
 import sys
 import threading
 import time
@@ -207,6 +208,7 @@ class Recorder:
         self.last_base: float | None = None
         self.last_rope_reason: str | None = None  # why the last rotary call's tables are not the catalog's
         self._rope_checked: dict[Any, tuple[Any, ...]] = {}  # (id(rotary module), layer type) -> inv_freq verdict (_rope_reason)
+        self._norm_weights: dict[int, tuple[Any, ...]] = {}  # id(norm module) -> (w, version, 1 + w) (_norm_weight)
         self._rope_pending: tuple[Any, str | None] | None = None  # the rotary call running (_keep_rope_table)
         self._rope_tables: dict[Any, tuple[Any, ...]] = {}  # its tables: (cos, positions, base, reason)
         self._records: list[dict[str, Any]] | None = None
@@ -638,6 +640,44 @@ def classify_module(mod: nn.Module) -> tuple[str, str] | None:
     return out
 
 
+# Norm classes whose forward scales by (1 + weight) (Gemma's RMSNorm: `output * (1.0 + self.weight.float())`,
+# weights initialised to zeros): class -> the dtype the sum is computed in (None: the weight's own), or
+# False for a plain `weight * x`.
+_NORM_OFFSET: dict[type, Any] = {}
+_OFFSET_RE = re.compile(r"1(?:\.0*)?\s*\+\s*self\.weight(\.float\(\)|\.to\(torch\.float32\))?")
+
+
+def _norm_offset(cls: type) -> Any:
+    if cls not in _NORM_OFFSET:
+        try:
+            src = inspect.getsource(cls.forward)
+        except (OSError, TypeError):
+            src = ""
+        m = _OFFSET_RE.search(src)
+        _NORM_OFFSET[cls] = False if m is None else (torch.float32 if m.group(1) else None)
+    return _NORM_OFFSET[cls]
+
+
+def _norm_weight(rec: Recorder, mod: nn.Module) -> torch.Tensor | None:
+    """The weight an RMSNorm module multiplies by: its `weight`, or for a Gemma-style norm computing
+    x * (1 + w) the effective 1 + w, in the dtype the module computes it in (Gemma3: float32). The raw w
+    (zeros at init) was recorded as the weight: weight_absmax 0.0 where the norm scales by 1.0. Kept per
+    module while the weight is the same tensor, unmodified."""
+    w = getattr(mod, "weight", None)
+    if not isinstance(w, torch.Tensor):
+        return None
+    off = _norm_offset(type(mod))
+    if off is False:
+        return w
+    seen = rec._norm_weights.get(id(mod))
+    if seen is not None and seen[0] is w and seen[1] == w._version:
+        return seen[2]
+    with torch.no_grad():
+        eff = 1.0 + (w.to(off) if off is not None else w)
+    rec._norm_weights[id(mod)] = (w, w._version, eff)
+    return eff
+
+
 def _rope_params(mod: nn.Module, layer_type: str | None) -> dict:
     """The module's config rope_parameters for this call: Gemma3's are keyed by layer type
     ({"sliding_attention": {...base 1e4}, "full_attention": {...base 1e6}})."""
@@ -748,7 +788,7 @@ def _install_module_hooks(rec: Recorder, model: nn.Module,
             op, variant = kind
             fused_here = variant == "triton" and rec.takes_fused  # the kernel hands its own sketch over
             if op == "rmsnorm" and args and not fused_here:
-                rec.record("rmsnorm", variant, _rmsnorm_inputs(args[0], getattr(m, "weight", None)))
+                rec.record("rmsnorm", variant, _rmsnorm_inputs(args[0], _norm_weight(rec, m)))
             elif op == "layernorm" and args and not fused_here:
                 rec.record("layernorm", variant,
                            _layernorm_inputs(args[0], getattr(m, "weight", None), getattr(m, "bias", None)))
