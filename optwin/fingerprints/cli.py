@@ -52,12 +52,20 @@ def preset_defaults(field: str) -> str:
     return ", ".join(f"{p.name} {getattr(p, field)}" for p in PRESETS.values())
 
 
+def split_values(values: list[str] | None) -> tuple[str, ...] | None:
+    """The values of a repeatable option, each of which may be comma-separated: `--ops a,b --ops c` -> (a, b, c).
+    None (not given) stays None; given but naming nothing (`--ops ""`, `--ops ,`) is an empty tuple, which the
+    commands refuse rather than read as "all"."""
+    return tuple(v.strip() for item in values for v in item.split(",") if v.strip()) if values else None
+
+
 class BuildCommand(TyperCommand):
     """`optwin build`, reading `--ops a b c` as `--ops a --ops b --ops c` (spec: `[--ops ...]`).
 
     A click option takes a fixed number of values, so `--ops matmul geodesic` left `geodesic` an unexpected extra
     argument. Rewriting the arguments before click parses them keeps --ops one ordinary repeatable option (its
-    help, its error messages, the comma form) and is unambiguous: build takes no positional arguments."""
+    help, its error messages, the comma form) and is unambiguous: build takes no positional arguments (nor does
+    validate, which reads --ops the same way)."""
 
     def parse_args(self, ctx, args: list[str]) -> list[str]:  # noqa: ANN001 (click's Context)
         return super().parse_args(ctx, spread_values(args, "--ops"))
@@ -91,8 +99,7 @@ def build_command(
     from optwin.fingerprints.build import BuildConfig, build, check_inputs
     from optwin.fingerprints.progress import BuildProgress, print_summary
 
-    # given but naming nothing (`--ops ""`, `--ops ,`) stays an empty tuple, which the checks refuse: not "all"
-    op_list = tuple(o.strip() for item in ops for o in item.split(",") if o.strip()) if ops else None
+    op_list = split_values(ops)  # an empty tuple (`--ops ""`) is refused by check_inputs
     cfg = BuildConfig(out=out, profile=profile, ops=op_list, replays=replays, cases=cases, noise=noise, engine=engine,
                       address=address, quick=quick, resume=resume, seed=seed, workers=workers)
     check_inputs(cfg)  # one `error:` line before any progress output (so build() is told not to check again)

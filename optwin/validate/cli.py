@@ -16,8 +16,20 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
+from typer.core import TyperCommand
 
 from optwin.errors import CatalogError, OptwinError
+
+
+class ValidateCommand(TyperCommand):
+    """`optwin validate`, reading --ops as `optwin build` does (`--ops a b c`, `--ops a,b`; the rewrite is
+    fingerprints.cli.spread_values). optwin/cli.py registers validate_command with this class."""
+
+    def parse_args(self, ctx, args: list[str]) -> list[str]:  # noqa: ANN001 (click's Context)
+        # imported here: the optwin.fingerprints package loads the matcher (torch), and this module loads only typer
+        from optwin.fingerprints.cli import spread_values
+
+        return super().parse_args(ctx, spread_values(args, "--ops"))
 
 
 def _write_json(obj: Any, path: Path) -> None:
@@ -66,7 +78,7 @@ def validate_command(
     collect_only: Optional[Path] = typer.Option(None, "--collect-only", help="GPU side only: write sketches, labels and traces to FILE"),
     labels: Optional[Path] = typer.Option(None, "--labels", help="CPU side only: score a FILE written by --collect-only"),
     seed: int = typer.Option(0, "--seed", help="held-out seed (offset by 10**6 from build seeds)"),
-    ops: Optional[list[str]] = typer.Option(None, "--ops", help="restrict to these operators (repeatable)"),
+    ops: Optional[list[str]] = typer.Option(None, "--ops", help="restrict to these operators: space- or comma-separated, or --ops repeated; default: all"),
     no_triton: bool = typer.Option(False, "--no-triton", help="skip our Triton kernels even where triton imports"),
     trace_calls: int = typer.Option(200, "--trace-calls", min=0, help="calls per drift trace (0: no traces)"),
     threshold: Optional[float] = typer.Option(None, "--threshold", min=0.0, max=1.0, help="matcher warn threshold (default: the matcher's)"),
@@ -78,6 +90,11 @@ def validate_command(
         raise CatalogError("--collect-only and --labels are the two halves of one run: give one of them")
     if collect_only is None and db is None:
         raise CatalogError("--db is required to score (only --collect-only runs without it)")
+    from optwin.fingerprints.cli import split_values
+
+    op_list = split_values(ops)
+    if op_list is not None and not op_list:
+        raise CatalogError("--ops names no operator: name some, or leave --ops out for all")
     if forecast not in ("default", "eager", "steady"):
         raise CatalogError(f"unknown forecast preset {forecast!r}; expected one of default, eager, steady")
     if db is not None and collect_only is None:
@@ -93,7 +110,7 @@ def validate_command(
 
         data = read_collected(labels)
     else:
-        data = _collect(device, cases, seed, list(ops) if ops else None, no_triton, trace_calls, max_seconds, collect_only)
+        data = _collect(device, cases, seed, list(op_list) if op_list else None, no_triton, trace_calls, max_seconds, collect_only)
         if collect_only is not None:
             from optwin.validate.collect import write_collected
 
