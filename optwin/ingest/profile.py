@@ -421,6 +421,10 @@ def read_profile(path: str | Path) -> Profile:
 def _read_profile_once(root: Path) -> Profile:
     import polars as pl
 
+    if root.is_file():  # telling to capture into a file's path would only meet capture's own refusal
+        if (root.parent / META_FILE).is_file():  # profile.json or another file of a profile: the usual slip
+            raise ProfileError(f"{root} is a file of the profile in {root.parent}: pass that directory")
+        raise ProfileError(f"{root} is a file, not a profile directory (`optwin capture --out DIR` writes one)")
     if not root.is_dir():
         raise ProfileError(f"no profile directory at {root}: run `optwin capture --out {root}`")
     meta = _read_json(root / META_FILE)
