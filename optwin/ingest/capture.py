@@ -852,9 +852,13 @@ def _mask_causal(mask: Any, seq_q: int, seq_k: int, module_causal: bool) -> bool
     return module_causal and 1 < seq_q == seq_k
 
 
-def _rope_inputs(x: torch.Tensor, pos: torch.Tensor, unsqueeze_dim: int) -> dict[str, torch.Tensor]:
-    """One of apply_rotary_pos_emb's q / k as the catalog's (b*s, h, d) x, with its (b*s,) positions."""
+def _rope_inputs(x: torch.Tensor, pos: torch.Tensor, unsqueeze_dim: int,
+                 dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """One of apply_rotary_pos_emb's q / k as the catalog's (b*s, h, d) x, with its (b*s,) positions;
+    x in `dtype`, the dtype the call computes in (a widening: exact)."""
     xs = x.transpose(1, 2) if unsqueeze_dim == 1 else x  # (b, s, h, d)
+    if dtype is not None and xs.dtype != dtype:
+        xs = xs.to(dtype)
     b, s, h, d = xs.shape
     p = pos.reshape(-1, pos.shape[-1]).expand(b, s).reshape(-1)  # (b*s,)
     return {"x": xs.reshape(b * s, h, d), "positions": p}
@@ -894,8 +898,12 @@ def _record_rope(rec: Recorder, orig: Callable, q, k, cos, sin, *args, **kwargs)
         params = {"base": base}
         site = rec.stream
         for name, x in (("q", q), ("k", k)):
-            rec.record("rope", "fp32-angles", functools.partial(_rope_inputs, x, pos, unsq), params,
-                       dtype=_dtype_name(x), stream=f"{site}:{name}")
+            # x * cos + rotate_half(x) * sin computes in the promotion of x's and the tables' dtypes: under
+            # autocast q is bfloat16 and cos/sin float32 (built from the float32 hidden states), so the
+            # call runs, and returns, float32; it was recorded as bfloat16
+            dt = torch.result_type(x, cos) if isinstance(cos, torch.Tensor) else x.dtype
+            rec.record("rope", "fp32-angles", functools.partial(_rope_inputs, x, pos, unsq, dt), params,
+                       dtype=_DTYPE_NAMES.get(dt) or str(dt).removeprefix("torch."), stream=f"{site}:{name}")
 
 
 _RECORD_FN: dict[str, Callable[..., None]] = {
