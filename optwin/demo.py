@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import re
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -342,6 +343,22 @@ def print_summary(result: DemoResult) -> None:
     typer.echo(f"explore the fingerprints: optwin dashboard --db {result.db}")  # one unwrapped line to copy
 
 
+def check_workdir(workdir: Path) -> None:
+    """Create --workdir (and what is missing above it) and make sure the demo can write in it, or raise one
+    OptwinError line naming the option: the OSError alone (`[Errno 17] File exists: optwin-demo`) said neither
+    which option was wrong nor why."""
+    from optwin.errors import OptwinError
+
+    if workdir.exists() and not workdir.is_dir():
+        raise OptwinError(f"--workdir {workdir} exists and is not a directory: remove it or pass another --workdir")
+    # Probe by making (and removing) a directory there: os.access says yes to root on read-only mounts and /proc.
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        os.rmdir(tempfile.mkdtemp(prefix=".optwin-probe-", dir=workdir))
+    except OSError as e:
+        raise OptwinError(f"--workdir {workdir}: cannot write there ({e.strerror or e})") from None
+
+
 def demo_command(
     workdir: Path = typer.Option(Path("optwin-demo"), "--workdir", help="where the database and the report go"),
     fast: bool = typer.Option(False, "--fast", help="a smaller model and build (tests, slow machines)"),
@@ -354,5 +371,6 @@ def demo_command(
         from dataclasses import replace
 
         cfg = replace(cfg, steps=steps)
+    check_workdir(workdir)
     result = run_demo(workdir, cfg, rebuild, echo=lambda m: typer.echo(m))
     print_summary(result)

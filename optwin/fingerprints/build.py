@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -399,8 +400,12 @@ def check_out(out: str) -> None:
         above = os.path.dirname(above)
     if not os.path.isdir(above):
         raise OptwinError(f"--out {out}: {above} is not a directory")
-    if not os.access(above, os.W_OK | os.X_OK):
-        raise OptwinError(f"--out {out}: cannot write in {above} (permission denied or read-only)")
+    # Probe by making (and removing) a directory there, as capture's --out check does: os.access says yes to root
+    # on read-only mounts and /proc, and the build's first write (`<out>.lock`) then failed with a bare OSError.
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".optwin-probe-", dir=above))
+    except OSError as e:
+        raise OptwinError(f"--out {out}: cannot write in {above} ({e.strerror or e})") from None
     if os.path.exists(path) and not os.access(path, os.W_OK):
         raise OptwinError(f"--out {out}: the file is not writable")
 
