@@ -209,6 +209,7 @@ class Recorder:
         self.last_rope_reason: str | None = None  # why the last rotary call's tables are not the catalog's
         self._rope_checked: dict[Any, tuple[Any, ...]] = {}  # (id(rotary module), layer type) -> inv_freq verdict (_rope_reason)
         self._norm_weights: dict[int, tuple[Any, ...]] = {}  # id(norm module) -> (w, version, 1 + w) (_norm_weight)
+        self._mask_seen: tuple[Any, ...] | None = None  # (attention mask, version, used keys) (_used_keys)
         self._rope_pending: tuple[Any, str | None] | None = None  # the rotary call running (_keep_rope_table)
         self._rope_tables: dict[Any, tuple[Any, ...]] = {}  # its tables: (cos, positions, base, reason)
         self._records: list[dict[str, Any]] | None = None
@@ -439,7 +440,12 @@ def _sdpa(rec: Recorder, args: tuple, kwargs: dict) -> None:
     if k.shape[1] != q.shape[1] and q.shape[1] % k.shape[1] == 0:  # GQA: expand kv heads (norms unchanged)
         rep = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-    causal = _sdpa_causal(rec, mask, is_causal, q.shape[2], k.shape[2])
+    n = None if is_causal else _used_keys(rec, mask, q.shape[2], k.shape[2])
+    if n is not None:  # the mask's used keys (a static cache's unwritten slots dropped), causal when seq_q == n
+        k, v = k[:, :, :n], v[:, :, :n]
+        causal = 1 < q.shape[2] == n
+    else:
+        causal = _sdpa_causal(rec, mask, is_causal, q.shape[2], k.shape[2])
     rec.record("attention", "sdpa", {"q": q, "k": k, "v": v}, {"causal": causal}, dtype=_autocast_name(q, "attention"))
 
 
@@ -852,6 +858,28 @@ def _mask_causal(mask: Any, seq_q: int, seq_k: int, module_causal: bool) -> bool
     return module_causal and 1 < seq_q == seq_k
 
 
+def _used_keys(rec: Recorder, mask: Any, seq_q: int, seq_k: int) -> int | None:
+    """n when an HF attention mask lets query row i see exactly the keys j <= n - seq_q + i, every
+    other key masked, in every batch row and head: causal, bottom-right aligned, over the first n keys,
+    the rest unused. A static KV cache passes all of its max_cache_len slots with the unwritten ones
+    masked: its prefill (12 queries, 14 slots) was recorded non-causal over 14 keys, its decode steps
+    over the empty slots too. None for any other mask (padding, sliding windows, additive biases).
+    The check syncs once per mask: every layer is handed the same tensor, whose verdict is kept."""
+    if not isinstance(mask, torch.Tensor) or mask.ndim != 4 or tuple(mask.shape[-2:]) != (seq_q, seq_k):
+        return None
+    seen = rec._mask_seen
+    if seen is not None and seen[0] is mask and seen[1] == mask._version:
+        return seen[2]
+    with torch.no_grad():
+        allowed = mask if mask.dtype == torch.bool else mask == 0
+        n = int(allowed[..., -1, :].sum(-1).max())
+        i = torch.arange(seq_q, device=mask.device)[:, None]
+        j = torch.arange(seq_k, device=mask.device)[None, :]
+        ok = seq_q <= n and bool((allowed == (j <= n - seq_q + i)).all())
+    rec._mask_seen = (mask, mask._version, n if ok else None)
+    return rec._mask_seen[2]
+
+
 def _rope_inputs(x: torch.Tensor, pos: torch.Tensor, unsqueeze_dim: int,
                  dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """One of apply_rotary_pos_emb's q / k as the catalog's (b*s, h, d) x, with its (b*s,) positions;
@@ -872,7 +900,14 @@ def _rope_inputs(x: torch.Tensor, pos: torch.Tensor, unsqueeze_dim: int,
 def _record_eager(rec: Recorder, orig: Callable, module, query, key, value, attention_mask, *args, **kwargs) -> None:  # noqa: ANN001
     if not _default_scale(rec, args[0] if args else kwargs.get("scaling"), query.shape[-1]):  # HF's `scaling`
         return
-    causal = _mask_causal(attention_mask, query.shape[2], key.shape[2], bool(getattr(module, "is_causal", False)))
+    seq_q, seq_k = query.shape[2], key.shape[2]
+    n = _used_keys(rec, attention_mask, seq_q, seq_k)
+    if n is not None and n < seq_k:  # unused (static cache) slots: the call attends over the first n keys only
+        key, value = key[:, :, :n], value[:, :, :n]
+    if n is not None:  # the mask itself says: causal over its used keys (top-left, as the sketch's) when seq_q == n
+        causal = 1 < seq_q == n
+    else:
+        causal = _mask_causal(attention_mask, seq_q, seq_k, bool(getattr(module, "is_causal", False)))
     rec.record("attention", "math", functools.partial(_attention_inputs, query, key, value), {"causal": causal},
                dtype=_autocast_name(query, "attention"))
 
