@@ -194,13 +194,28 @@ class SidecarClient:
     # ------------------------------------------------------------------ synchronous helpers
 
     def health(self) -> dict[str, Any]:
-        http = HTTP(str(self.http.address), timeout=self.http.timeout)
-        http.headers = dict(self.http.headers)
+        """GET /healthz on a connection of its own: `{"code": 200, "status": "ok", "build_id": ...}` from a ready
+        sidecar, `{"code": 401, "error": ...}` and the like from one that refuses. Like the rest of the client it
+        never raises (it is called from the model's process, e.g. to check before serving): a sidecar that cannot
+        be reached is `{"code": None, "status": "unreachable", "error": "<one line>"}`, and an answer that is not
+        a JSON object keeps its code with `"status": "error"`."""
+        address = str(self.http.address)
+        conn = HTTP(address, timeout=self.http.timeout)
+        conn.headers = dict(self.http.headers)
         try:
-            code, body = http.request("GET", "/healthz")
+            code, body = conn.request("GET", "/healthz")
+        except (OSError, http.client.HTTPException) as e:  # refused, timed out, reset, not HTTP at all
+            reason = getattr(e, "strerror", None) or str(e) or type(e).__name__
+            return {"code": None, "status": "unreachable", "error": f"cannot reach {address}: {reason}"}
         finally:
-            http.close()
-        return {"code": code, **json.loads(body)}
+            conn.close()
+        try:
+            answer = json.loads(body)
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):  # something other than optwin serve on that address
+            return {"code": code, "status": "error", "error": f"{address} answered /healthz with no JSON object"}
+        return {"code": code, **answer}
 
     # ------------------------------------------------------------------ sender thread
 
