@@ -63,3 +63,12 @@ def test_inverse_frequencies_other_than_the_catalogs_are_skipped() -> None:
         m(input_ids=ids)
     assert len([r for r in rec.records() if r["op"] == "rope"]) == 2  # the first forward's q and k
     assert dict(rec.skipped) == {"rope: inv_freq is not the catalog's for base 10000": 2}
+
+
+def test_a_model_cast_with_to_says_its_inv_freq_was_rounded() -> None:
+    # model.to(bfloat16) rounds the rotary's inv_freq buffer too, and HF builds the angles from it: the
+    # error grows with the position (head dim 32: cos off by 1.3e-3 at position 11, 0.36 by 2047)
+    m = _llama({"rope_type": "default", "rope_theta": 10000.0}).to(torch.bfloat16)
+    ropes, skipped = _run(m)
+    assert ropes == []
+    assert skipped == {"rope: inv_freq in bfloat16 (a model cast with .to()), not the catalog's float32": 2}

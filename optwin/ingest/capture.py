@@ -751,7 +751,12 @@ def _rope_reason(rec: Recorder, mod: nn.Module, base: float | None, layer_type: 
     ref = _catalog_inv(base, inv.numel())
     # ulp-level differences (inv computed another way) pass; any scaling of the frequencies does not
     ok = torch.allclose(inv.detach().float().cpu(), ref, rtol=2.0 ** -20, atol=0.0)
-    reason = None if ok else f"rope: inv_freq is not the catalog's for base {base:g}"
+    if ok:
+        reason = None
+    elif inv.dtype != torch.float32:  # model.to(half) rounds the buffer, and HF's angles come from the rounded one
+        reason = f"rope: inv_freq in {_dtype_name(inv)} (a model cast with .to()), not the catalog's float32"
+    else:
+        reason = f"rope: inv_freq is not the catalog's for base {base:g}"
     rec._rope_checked[key] = (inv, inv._version, base, reason)
     return reason
 
