@@ -15,6 +15,12 @@ from typing import Annotated, Optional
 
 import typer
 
+# The names load_model accepts, for --model's help (typed by hand, it lacked minilm-eager). The package
+# optwin.ingest already loads torch, and models.py adds nothing heavier at import (transformers loads per model).
+from optwin.ingest.models import _BUILTIN as _BUILTIN_MODELS
+
+MODEL_HELP = " | ".join([*_BUILTIN_MODELS, "PACKAGE.MODULE:FACTORY"])
+
 
 def check_out_dir(out: Path) -> None:
     """A --out the profile can be written to: a writable directory, or a path whose nearest existing parent is
@@ -38,7 +44,7 @@ def check_out_dir(out: Path) -> None:
 
 
 def capture_command(
-    model: Annotated[str, typer.Option(help="minilm | llama-tiny | llama-tiny-eager | PACKAGE.MODULE:FACTORY")],
+    model: Annotated[str, typer.Option(help=MODEL_HELP)],
     out: Annotated[Path, typer.Option(help="profile directory to write")],
     texts: Annotated[Optional[Path], typer.Option(help="text file, one input per line (default: Python's own docstrings)")] = None,
     max_texts: Annotated[int, typer.Option(min=1, help="use at most this many texts")] = 64,
