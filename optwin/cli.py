@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from typing import Any
 
 import typer
 
@@ -29,21 +30,31 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-# command name -> (module, function[, command class]). The modules import only typer at import time. A command
-# class (a typer.core.TyperCommand) is for a command that reads its arguments its own way (build: `--ops a b c`).
+# command name -> (module, function[, command class, as "module:Class" or a name in the module]). The modules import
+# only typer at import time. A command class (a typer.core.TyperCommand) is for a command that reads its arguments
+# its own way (build and validate: `--ops a b c`).
 COMMANDS: dict[str, tuple[str, ...]] = {
     "build": ("optwin.fingerprints.cli", "build_command", "BuildCommand"),
     "migrate": ("optwin.fingerprints.cli", "migrate_command"),
     "capture": ("optwin.ingest.cli", "capture_command"),
     "serve": ("optwin.fingerprints.serve_cli", "serve_command"),
     "dashboard": ("optwin.dashboard.cli", "dashboard_command"),
-    "validate": ("optwin.validate.cli", "validate_command"),
+    "validate": ("optwin.validate.cli", "validate_command", "optwin.fingerprints.cli:OpsCommand"),
     "demo": ("optwin.demo", "demo_command"),
 }
 
+def _command_class(module: Any, name: str | None) -> Any:
+    if name is None:
+        return None
+    if ":" in name:
+        module_name, name = name.split(":")
+        module = importlib.import_module(module_name)
+    return getattr(module, name)
+
+
 for _name, (_module, _func, *_cls) in COMMANDS.items():
     _mod = importlib.import_module(_module)
-    app.command(_name, cls=getattr(_mod, _cls[0]) if _cls else None)(getattr(_mod, _func))
+    app.command(_name, cls=_command_class(_mod, _cls[0] if _cls else None))(getattr(_mod, _func))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,43 +18,32 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# optwin/cli.py's registration of validate, with the command class this module gives it
-_WITH_CLASS = r"""
-import sys, typer
-from optwin.cli import run_app
-from optwin.validate.cli import ValidateCommand, validate_command
-app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-app.command("validate", cls=ValidateCommand)(validate_command)
-app.command("noop")(lambda: None)  # two commands: `validate` stays a subcommand
-run_app(app, sys.argv[1:])
-"""
-
 SMALL = ["--device", "cpu", "--cases", "1", "--trace-calls", "0", "--no-triton"]
 
 
-def _validate(args: list[str], entry: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "optwin.cli"] if entry == "optwin" else [sys.executable, "-c", _WITH_CLASS]
-    return subprocess.run([*cmd, "validate", *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
+def _validate(args: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "optwin.cli", "validate", *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
 
 
-@pytest.mark.parametrize("entry,ops", [
-    ("optwin", ["--ops", "geodesic,matmul"]),
-    ("optwin", ["--ops", "geodesic", "--ops", "matmul"]),  # the form that already worked still does
-    ("class", ["--ops", "geodesic", "matmul"]),
+@pytest.mark.parametrize("ops", [
+    ["--ops", "geodesic,matmul"],
+    ["--ops", "geodesic", "--ops", "matmul"],  # the form that already worked still does
+    ["--ops", "geodesic", "matmul"],
 ])
-def test_ops_forms_collect_both(tmp_path: Path, entry: str, ops: list[str]) -> None:
+def test_ops_forms_collect_both(tmp_path: Path, ops: list[str]) -> None:
     out = tmp_path / "gpu.json"
-    r = _validate([*SMALL, *ops, "--collect-only", str(out)], entry)
+    r = _validate([*SMALL, *ops, "--collect-only", str(out)])
     assert r.returncode == 0, r.stderr
     assert json.loads(out.read_text())["ops"] == ["geodesic", "matmul"]
 
 
-@pytest.mark.parametrize("entry,ops,msg", [
-    ("optwin", ["--ops", "geodesic,nosuch"], "error: unknown operator 'nosuch'; "),
-    ("class", ["--ops", "geodesic", "nosuch"], "error: unknown operator 'nosuch'; "),
-    ("optwin", ["--ops", ","], "error: --ops names no operator"),  # not read as "all"
+@pytest.mark.parametrize("ops,msg", [
+    (["--ops", "geodesic,nosuch"], "error: unknown operator 'nosuch'; "),
+    (["--ops", "geodesic", "nosuch"], "error: unknown operator 'nosuch'; "),
+    (["--ops", ","], "error: --ops names no operator"),  # not read as "all"
 ])
-def test_bad_ops_are_one_line(tmp_path: Path, entry: str, ops: list[str], msg: str) -> None:
-    r = _validate([*SMALL, *ops, "--collect-only", str(tmp_path / "gpu.json")], entry)
+def test_bad_ops_are_one_line(tmp_path: Path, ops: list[str], msg: str) -> None:
+    r = _validate([*SMALL, *ops, "--collect-only", str(tmp_path / "gpu.json")])
     assert r.returncode == 2 and r.stderr.startswith(msg) and r.stderr.count("\n") == 1, r.stderr
     assert not (tmp_path / "gpu.json").exists()

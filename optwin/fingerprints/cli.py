@@ -59,16 +59,19 @@ def split_values(values: list[str] | None) -> tuple[str, ...] | None:
     return tuple(v.strip() for item in values for v in item.split(",") if v.strip()) if values else None
 
 
-class BuildCommand(TyperCommand):
-    """`optwin build`, reading `--ops a b c` as `--ops a --ops b --ops c` (spec: `[--ops ...]`).
+class OpsCommand(TyperCommand):
+    """A command reading `--ops a b c` as `--ops a --ops b --ops c` (spec: `[--ops ...]`): build and validate.
 
     A click option takes a fixed number of values, so `--ops matmul geodesic` left `geodesic` an unexpected extra
     argument. Rewriting the arguments before click parses them keeps --ops one ordinary repeatable option (its
-    help, its error messages, the comma form) and is unambiguous: build takes no positional arguments (nor does
-    validate, which reads --ops the same way)."""
+    help, its error messages, the comma form) and is unambiguous: neither command takes positional arguments."""
 
     def parse_args(self, ctx, args: list[str]) -> list[str]:  # noqa: ANN001 (click's Context)
         return super().parse_args(ctx, spread_values(args, "--ops"))
+
+
+class BuildCommand(OpsCommand):
+    """`optwin build`: OpsCommand, its help's preset defaults filled in when shown."""
 
     def format_help(self, ctx, formatter) -> None:  # noqa: ANN001 (click's Context and HelpFormatter)
         # Filled in here, not in the typer.Option: build.py imports torch, and every optwin command imports this

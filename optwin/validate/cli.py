@@ -16,20 +16,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from typer.core import TyperCommand
 
 from optwin.errors import CatalogError, OptwinError
-
-
-class ValidateCommand(TyperCommand):
-    """`optwin validate`, reading --ops as `optwin build` does (`--ops a b c`, `--ops a,b`; the rewrite is
-    fingerprints.cli.spread_values). optwin/cli.py registers validate_command with this class."""
-
-    def parse_args(self, ctx, args: list[str]) -> list[str]:  # noqa: ANN001 (click's Context)
-        # imported here: the optwin.fingerprints package loads the matcher (torch), and this module loads only typer
-        from optwin.fingerprints.cli import spread_values
-
-        return super().parse_args(ctx, spread_values(args, "--ops"))
 
 
 def _write_json(obj: Any, path: Path) -> None:
