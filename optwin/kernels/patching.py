@@ -26,6 +26,9 @@ and the monitor computes no sketch of its own for the call. `handle.sketched` co
 Either order works when the two unwind in reverse (nested `with`): a patch applied under a running
 monitor replaces the monitor's rotary and attention wrappers (the attention "math" record goes with
 them; the softmax inside is monitored as softmax/triton), and a patch applied first is wrapped by it.
+They may unwind in any order too: undone under a monitor that wrapped its functions, the patch leaves
+the wrapper in place (those functions then run the model's code, which the monitor watches as without a
+patch), and undone after such a monitor stopped, it puts back transformers' own functions.
 Under a monitor whose policy acts before the call (fallback, raise) or under capture, the patch leaves
 their rotary and attention wrappers in place (those calls run the model's code, watched), so nothing they
 watch goes unseen.
@@ -52,6 +55,7 @@ from torch import nn
 
 from optwin.errors import InputError
 from optwin.ingest import intercept
+from optwin.ingest.capture import _SHARED_LOCK
 from optwin.kernels import sketch_sink
 from optwin.kernels._common import DTYPES
 from optwin.kernels.layernorm import layernorm
@@ -68,8 +72,12 @@ class Patch:
     calls: Counter = field(default_factory=Counter)
     sketched: Counter = field(default_factory=Counter)  # launches with the fused sketch (a monitor's samples)
     _undo: list[Callable[[], None]] = field(default_factory=list)
+    # False once undone: a patched function that something still calls (a running monitor's wrapper of it,
+    # see _set_global) then runs the code it replaced
+    _live: bool = True
 
     def undo(self) -> None:
+        self._live = False
         while self._undo:
             self._undo.pop()()
 
@@ -264,10 +272,39 @@ def _set_fused(handle: Patch, module: nn.Module, op: str, fwd: Callable[..., Any
     handle._undo.append(lambda: sketch_sink.FUSED.pop(module, None))
 
 
+def _shared(fn: Any) -> Any:
+    """The capture/monitor wrapper's shared state (optwin.ingest.capture._Shared) where fn is that wrapper,
+    else None (a function functools.wraps copied the attribute onto is not the wrapper)."""
+    shared = getattr(fn, "_optwin_shared", None)
+    return shared if shared is not None and shared.wrapper is fn else None
+
+
 def _set_global(handle: Patch, mod: ModuleType, name: str, value: Any) -> None:
+    """mod.name = value until undo. The undo cannot just put back what it found: captures and monitors start
+    and stop around the patch in any order, and their wrapper of the function is shared state
+    (optwin.ingest.capture._Shared: `orig` what it calls and what its last user's stop puts back, `users`
+    the starts still running). Setting back unconditionally overwrote a monitor started after the patch
+    (it saw no rope or attention for the rest of its run), and put back a monitor's wrapper whose users had
+    all stopped meanwhile (left installed for good, in place of transformers' function)."""
     old = getattr(mod, name)
     setattr(mod, name, value)
-    handle._undo.append(lambda: setattr(mod, name, old))
+
+    def restore() -> None:
+        with _SHARED_LOCK:
+            back = old
+            while (s := _shared(back)) is not None and not s.users:  # an idle wrapper: what it wraps
+                back = s.orig
+            cur = mod.__dict__.get(name)
+            s = _shared(cur)
+            if cur is value or (s is not None and s.orig is value and not s.users):
+                setattr(mod, name, back)
+            elif s is not None and s.orig is value:
+                # a running monitor or capture wrapped our function: its wrapper stays and our function, now
+                # undone, passes its calls to `back` (the handle's flag); its stop puts `back` in place
+                s.orig = back
+            # else something else replaced ours meanwhile (a user's monkeypatch): theirs stays
+
+    handle._undo.append(restore)
 
 
 def _launch(handle: Patch, op: str, dtype: torch.dtype, run: Callable[[bool], tuple[torch.Tensor, Any]],
@@ -329,7 +366,7 @@ def _layernorm_forward(handle: Patch, m: nn.LayerNorm) -> Callable[[nn.Module, t
 def _rotary(handle: Patch, original: Callable[..., Any]) -> Callable[..., Any]:
     def apply_rotary_pos_emb(q, k, cos, sin, *args: Any, **kwargs: Any):  # HF signature
         unsqueeze_dim = kwargs.get("unsqueeze_dim", args[-1] if args else 1)
-        if (unsqueeze_dim != 1 or cos.ndim != 3 or q.ndim != 4 or q.dtype not in DTYPES
+        if (not handle._live or unsqueeze_dim != 1 or cos.ndim != 3 or q.ndim != 4 or q.dtype not in DTYPES
                 or cos.shape[-1] != q.shape[-1]  # not the kernel's (partial rotary: the model's own code)
                 or _needs_grad(q, k, cos, sin) or _off_device(q, k, cos, sin)):
             return original(q, k, cos, sin, *args, **kwargs)
@@ -340,6 +377,8 @@ def _rotary(handle: Patch, original: Callable[..., Any]) -> Callable[..., Any]:
                      for name, x in (("q", q), ("k", k)))
 
     setattr(apply_rotary_pos_emb, sketch_sink.FUSED_ATTR, "rope")
+    # undone, it emits no sketch: a monitor's wrapper still calling it (_set_global) must sketch rope itself
+    handle._undo.append(lambda: delattr(apply_rotary_pos_emb, sketch_sink.FUSED_ATTR))
     return apply_rotary_pos_emb
 
 
@@ -350,7 +389,7 @@ def _eager_attention(handle: Patch, mod: ModuleType) -> Callable[..., Any]:
 
     def eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
         # scaling=None: functions that default it (Evolla's) compute it themselves; ours multiplies by it
-        if (query.dtype not in DTYPES or scaling is None or _needs_grad(query, key, value)
+        if (not handle._live or query.dtype not in DTYPES or scaling is None or _needs_grad(query, key, value)
                 or _off_device(query, key, value)
                 or any(kwargs.get(k) is not None for k in _EAGER_UNSUPPORTED)):
             return original(module, query, key, value, attention_mask, scaling, dropout=dropout, **kwargs)
