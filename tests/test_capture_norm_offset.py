@@ -9,9 +9,16 @@ the weight (weight_absmax 0.0 where the norm scales by 1.0), so the sketch descr
 from __future__ import annotations
 
 import torch
-from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
 
 from optwin.ingest.capture import capture
+
+# transformers' modeling modules import triton: imported inside the tests, so a later test module can still
+# set TRITON_INTERPRET=1 before triton's import (tests/_kernel_checks.py)
+
+
+def _tf():  # noqa: ANN202
+    import transformers
+    return transformers
 
 
 def _norm_records(m: torch.nn.Module) -> tuple[list[dict], list]:
@@ -23,10 +30,10 @@ def _norm_records(m: torch.nn.Module) -> tuple[list[dict], list]:
 
 def test_gemma_norm_records_one_plus_w_in_float32() -> None:
     torch.manual_seed(0)
-    cfg = Gemma3TextConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+    cfg = _tf().Gemma3TextConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                            num_attention_heads=2, num_key_value_heads=1, head_dim=32,
                            layer_types=["full_attention"], attn_implementation="eager")
-    m = Gemma3ForCausalLM(cfg).eval()
+    m = _tf().Gemma3ForCausalLM(cfg).eval()
     with torch.no_grad():
         for mod in m.modules():
             if type(mod).__name__ == "Gemma3RMSNorm":
@@ -45,9 +52,9 @@ def test_gemma_norm_records_one_plus_w_in_float32() -> None:
 
 def test_llama_norm_records_its_weight_as_is() -> None:
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+    cfg = _tf().LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                       num_attention_heads=2, num_key_value_heads=2)
-    m = LlamaForCausalLM(cfg).eval()
+    m = _tf().LlamaForCausalLM(cfg).eval()
     with torch.no_grad():
         m.model.norm.weight.uniform_(-3.0, 1.0)
     _, samples = _norm_records(m)

@@ -10,26 +10,33 @@ capture labelled the call bfloat16 (q's dtype) and the matcher assessed it again
 from __future__ import annotations
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from optwin.ingest.capture import capture
 
+# transformers' modeling modules import triton: imported inside the tests, so a later test module can still
+# set TRITON_INTERPRET=1 before triton's import (tests/_kernel_checks.py)
 
-def _llama(dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
+
+def _tf():  # noqa: ANN202
+    import transformers
+    return transformers
+
+
+def _llama(dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     """Built in `dtype` the way from_pretrained(dtype=...) builds it: the rotary inv_freq stays float32
     (model.to(dtype) would round it, and its rope is then not the catalog's: skipped)."""
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+    cfg = _tf().LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                       num_attention_heads=2, num_key_value_heads=2, attn_implementation="eager")
     before = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
-        return LlamaForCausalLM(cfg).eval()
+        return _tf().LlamaForCausalLM(cfg).eval()
     finally:
         torch.set_default_dtype(before)
 
 
-def _ropes(m: LlamaForCausalLM, autocast: bool):  # noqa: ANN202
+def _ropes(m: torch.nn.Module, autocast: bool):  # noqa: ANN202
     ids = torch.randint(1, 100, (1, 9), generator=torch.Generator().manual_seed(1))
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), \
             capture(m, sample_rate=1.0) as rec:

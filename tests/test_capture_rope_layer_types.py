@@ -11,20 +11,27 @@ table its cos came from.
 from __future__ import annotations
 
 import torch
-from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
 from optwin.ingest.capture import capture
 
+# transformers' modeling modules import triton: imported inside the tests, so a later test module can still
+# set TRITON_INTERPRET=1 before triton's import (tests/_kernel_checks.py)
 
-def _gemma(**rope: dict) -> Gemma3ForCausalLM:
+
+def _tf():  # noqa: ANN202
+    import transformers
+    return transformers
+
+
+def _gemma(**rope: dict) -> torch.nn.Module:
     torch.manual_seed(0)
-    cfg = Gemma3TextConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    cfg = _tf().Gemma3TextConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                            num_attention_heads=2, num_key_value_heads=1, head_dim=32, sliding_window=16,
                            layer_types=["sliding_attention", "full_attention"], attn_implementation="eager", **rope)
-    return Gemma3ForCausalLM(cfg).eval()
+    return _tf().Gemma3ForCausalLM(cfg).eval()
 
 
-def _ropes(m: Gemma3ForCausalLM):  # noqa: ANN202
+def _ropes(m: torch.nn.Module):  # noqa: ANN202
     with torch.no_grad(), capture(m) as rec:
         m(input_ids=torch.randint(1, 100, (1, 20), generator=torch.Generator().manual_seed(1)))
     return {(r["stream"], r["params"]["base"]) for r in rec.records() if r["op"] == "rope"}, dict(rec.skipped)

@@ -12,9 +12,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from optwin.ingest.capture import capture
+
+# transformers' modeling modules import triton: imported inside the tests, so a later test module can still
+# set TRITON_INTERPRET=1 before triton's import (tests/_kernel_checks.py)
+
+
+def _tf():  # noqa: ANN202
+    import transformers
+    return transformers
 
 SCALED = {
     "linear": {"rope_type": "linear", "factor": 8.0, "rope_theta": 10000.0},
@@ -25,15 +32,15 @@ SCALED = {
 }
 
 
-def _llama(rope: dict) -> LlamaForCausalLM:
+def _llama(rope: dict) -> torch.nn.Module:
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+    cfg = _tf().LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                       num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=4096,
                       rope_parameters=rope, attn_implementation="eager")
-    return LlamaForCausalLM(cfg).eval()
+    return _tf().LlamaForCausalLM(cfg).eval()
 
 
-def _run(m: LlamaForCausalLM):  # noqa: ANN202
+def _run(m: torch.nn.Module):  # noqa: ANN202
     with torch.no_grad(), capture(m) as rec:
         m(input_ids=torch.randint(1, 100, (1, 12), generator=torch.Generator().manual_seed(1)))
     return [r for r in rec.records() if r["op"] == "rope"], dict(rec.skipped)
