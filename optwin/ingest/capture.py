@@ -653,6 +653,13 @@ _NORM_OFFSET: dict[type, Any] = {}
 _OFFSET_RE = re.compile(r"1(?:\.0*)?\s*\+\s*self\.weight(\.float\(\)|\.to\(torch\.float32\))?")
 
 
+def _version(t: torch.Tensor) -> int | None:
+    """t's version counter, None for a tensor made under torch.inference_mode (it has none: `_version`
+    raises, and in a hook or wrapped function that broke the model's forward). The verdicts kept per
+    tensor below are then recomputed on every call, as WeightCache does."""
+    return None if t.is_inference() else t._version
+
+
 def _norm_offset(cls: type) -> Any:
     if cls not in _NORM_OFFSET:
         try:
@@ -675,12 +682,12 @@ def _norm_weight(rec: Recorder, mod: nn.Module) -> torch.Tensor | None:
     off = _norm_offset(type(mod))
     if off is False:
         return w
-    seen = rec._norm_weights.get(id(mod))
-    if seen is not None and seen[0] is w and seen[1] == w._version:
+    seen, v = rec._norm_weights.get(id(mod)), _version(w)
+    if seen is not None and seen[0] is w and v is not None and seen[1] == v:
         return seen[2]
     with torch.no_grad():
         eff = 1.0 + (w.to(off) if off is not None else w)
-    rec._norm_weights[id(mod)] = (w, w._version, eff)
+    rec._norm_weights[id(mod)] = (w, v, eff)
     return eff
 
 
@@ -745,8 +752,8 @@ def _rope_reason(rec: Recorder, mod: nn.Module, base: float | None, layer_type: 
     if not isinstance(inv, torch.Tensor) or inv.ndim != 1 or inv.numel() < 1:
         return None  # nothing to check against: the base is all the module tells
     key = (id(mod), layer_type)
-    seen = rec._rope_checked.get(key)
-    if seen is not None and seen[0] is inv and seen[1] == inv._version and seen[2] == base:
+    seen, v = rec._rope_checked.get(key), _version(inv)
+    if seen is not None and seen[0] is inv and v is not None and seen[1] == v and seen[2] == base:
         return seen[3]
     ref = _catalog_inv(base, inv.numel())
     # ulp-level differences (inv computed another way) pass; any scaling of the frequencies does not
@@ -757,7 +764,7 @@ def _rope_reason(rec: Recorder, mod: nn.Module, base: float | None, layer_type: 
         reason = f"rope: inv_freq in {_dtype_name(inv)} (a model cast with .to()), not the catalog's float32"
     else:
         reason = f"rope: inv_freq is not the catalog's for base {base:g}"
-    rec._rope_checked[key] = (inv, inv._version, base, reason)
+    rec._rope_checked[key] = (inv, v, base, reason)
     return reason
 
 
@@ -872,8 +879,8 @@ def _used_keys(rec: Recorder, mask: Any, seq_q: int, seq_k: int) -> int | None:
     The check syncs once per mask: every layer is handed the same tensor, whose verdict is kept."""
     if not isinstance(mask, torch.Tensor) or mask.ndim != 4 or tuple(mask.shape[-2:]) != (seq_q, seq_k):
         return None
-    seen = rec._mask_seen
-    if seen is not None and seen[0] is mask and seen[1] == mask._version:
+    seen, v = rec._mask_seen, _version(mask)
+    if seen is not None and seen[0] is mask and v is not None and seen[1] == v:
         return seen[2]
     with torch.no_grad():
         allowed = mask if mask.dtype == torch.bool else mask == 0
@@ -881,7 +888,7 @@ def _used_keys(rec: Recorder, mask: Any, seq_q: int, seq_k: int) -> int | None:
         i = torch.arange(seq_q, device=mask.device)[:, None]
         j = torch.arange(seq_k, device=mask.device)[None, :]
         ok = seq_q <= n and bool((allowed == (j <= n - seq_q + i)).all())
-    rec._mask_seen = (mask, mask._version, n if ok else None)
+    rec._mask_seen = (mask, v, n if ok else None)
     return rec._mask_seen[2]
 
 
