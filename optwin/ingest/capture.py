@@ -640,7 +640,8 @@ def classify_module(mod: nn.Module) -> tuple[str, str] | None:
             src = inspect.getsource(cls.forward)
         except (OSError, TypeError):
             src = ""
-        upcast = "float32" in src or ".float()" in src
+        # torch's F.rms_norm computes in float32 for 16-bit inputs (torch.nn.RMSNorm's whole forward): fp32-acc
+        upcast = "float32" in src or ".float()" in src or "rms_norm(" in src
         out = ("rmsnorm", "fp32-acc" if upcast else "native-dtype")
     _VARIANT_CACHE[cls] = out
     return out
