@@ -33,6 +33,16 @@ from optwin.ingest import sketch
 
 REPLAYS = 8
 
+# A healthy rmsnorm native-dtype float16 call's sketch: the sidecar tests' record payload.
+RMS_SKETCH = {"numel": 256.0, "rows": 4.0, "absmax": 3.0, "rms": 1.0, "nonfinite": 0.0, "hidden": 64.0,
+              "max_row_rms": 1.2, "weight_absmax": 1.0}
+
+
+def rms_record(stream: str, t: float = 0.0, **kw) -> dict:
+    """A sidecar record of RMS_SKETCH on `stream` at time t; kw adds or replaces fields."""
+    return {"stream": stream, "op": "rmsnorm", "variant": "native-dtype", "dtype": "float16", "sketch": RMS_SKETCH,
+            "t": t, **kw}
+
 
 def _rmsnorm_case(g: torch.Generator, absmax: float, hidden: int) -> dict[str, torch.Tensor]:
     x = torch.randn(4, hidden, generator=g, dtype=torch.float64)  # (4, hidden)

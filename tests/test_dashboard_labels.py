@@ -17,20 +17,21 @@ from test_dashboard_fixture import direct
 from test_dashboard_pages import app, metrics
 
 
-@pytest.fixture(scope="module")
-def emulation_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("rep0") / "fp.duckdb"
-    build(BuildConfig(out=str(out), ops=("geodesic",), quick=True, cases=8, replays=0, seed=1, workers=1,
+def _geodesic_db(tmp_path_factory: pytest.TempPathFactory, cases: int, replays: int) -> Path:
+    out = tmp_path_factory.mktemp(f"rep{replays}") / "fp.duckdb"
+    build(BuildConfig(out=str(out), ops=("geodesic",), quick=True, cases=cases, replays=replays, seed=1, workers=1,
                       include_triton=False))
     return out
+
+
+@pytest.fixture(scope="module")
+def emulation_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _geodesic_db(tmp_path_factory, cases=8, replays=0)
 
 
 @pytest.fixture(scope="module")
 def noisy_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("rep8") / "fp.duckdb"
-    build(BuildConfig(out=str(out), ops=("geodesic",), quick=True, cases=16, replays=8, seed=1, workers=1,
-                      include_triton=False))
-    return out
+    return _geodesic_db(tmp_path_factory, cases=16, replays=8)
 
 
 def test_explorer_on_a_build_without_replays_says_cases(emulation_db: Path) -> None:

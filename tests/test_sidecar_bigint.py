@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import json
 
-from _matcher_fixture import cached_db
+from _matcher_fixture import RMS_SKETCH as SK, cached_db
 from optwin.fingerprints.client import HTTP
 from optwin.fingerprints.sidecar import SidecarConfig, SidecarThread
 
-SK = {"numel": 256.0, "rows": 4.0, "absmax": 3.0, "rms": 1.0, "nonfinite": 0.0, "hidden": 64.0,
-      "max_row_rms": 1.2, "weight_absmax": 1.0}
 
 
 def rec(stream: str, t: str = "0.0", **extra: str) -> str:

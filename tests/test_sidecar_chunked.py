@@ -14,11 +14,9 @@ import urllib.request
 
 import pytest
 
-from _matcher_fixture import cached_db
+from _matcher_fixture import RMS_SKETCH as SK, cached_db
 from optwin.fingerprints.sidecar import SidecarConfig, SidecarThread
 
-SK = {"numel": 256.0, "rows": 4.0, "absmax": 3.0, "rms": 1.0, "nonfinite": 0.0, "hidden": 64.0,
-      "max_row_rms": 1.2, "weight_absmax": 1.0}
 # 64 KiB bodies at most, so an oversized body is cheap to send; the lag limit is lifted as in the other sidecar
 # tests (the server shares the GIL with the test); 2 s per request, for the stall test
 CFG = SidecarConfig(max_lag_s=60.0, max_body=64 << 10, max_discard=4 << 20, request_timeout_s=2.0)

@@ -14,11 +14,9 @@ import time
 
 import pytest
 
-from _matcher_fixture import cached_db
+from _matcher_fixture import RMS_SKETCH as SK, cached_db
 from optwin.fingerprints.client import HTTP, SidecarClient
 
-SK = {"numel": 256.0, "rows": 4.0, "absmax": 3.0, "rms": 1.0, "nonfinite": 0.0, "hidden": 64.0,
-      "max_row_rms": 1.2, "weight_absmax": 1.0}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -11,11 +11,9 @@ import socket
 
 import pytest
 
-from _matcher_fixture import cached_db
+from _matcher_fixture import RMS_SKETCH as SK, cached_db
 from optwin.fingerprints.sidecar import SidecarConfig, SidecarThread
 
-SK = {"numel": 256.0, "rows": 4.0, "absmax": 3.0, "rms": 1.0, "nonfinite": 0.0, "hidden": 64.0,
-      "max_row_rms": 1.2, "weight_absmax": 1.0}
 CFG = SidecarConfig(max_lag_s=60.0, request_timeout_s=2.0)  # the server shares the GIL with the test
 DATA = json.dumps([{"stream": "h", "op": "rmsnorm", "variant": "native-dtype", "dtype": "float16", "sketch": SK,
                     "t": 0.0}]).encode()

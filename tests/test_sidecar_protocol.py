@@ -18,12 +18,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from _matcher_fixture import cached_db
+from _matcher_fixture import RMS_SKETCH as SK, cached_db
 from optwin.fingerprints.client import HTTP, SidecarClient
 from optwin.fingerprints.sidecar import ListenError, SidecarConfig, SidecarThread, parse_listen
 
-SK = {"numel": 256.0, "rows": 4.0, "absmax": 3.0, "rms": 1.0, "nonfinite": 0.0, "hidden": 64.0,
-      "max_row_rms": 1.2, "weight_absmax": 1.0}
 HOT = dict(SK, absmax=600.0, rms=200.0, max_row_rms=250.0)
 
 

@@ -7,15 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from _matcher_fixture import cached_db
+from _matcher_fixture import RMS_SKETCH as SK, rms_record as rec, cached_db
 from optwin.fingerprints.sidecar import SidecarConfig, SidecarState
 
-SK = {"numel": 256.0, "rows": 4.0, "absmax": 3.0, "rms": 1.0, "nonfinite": 0.0, "hidden": 64.0,
-      "max_row_rms": 1.2, "weight_absmax": 1.0}
-
-
-def rec(stream: str, t: float = 0.0, **kw) -> dict:
-    return {"stream": stream, "op": "rmsnorm", "variant": "native-dtype", "dtype": "float16", "sketch": SK, "t": t, **kw}
 
 
 @pytest.fixture(scope="module")
