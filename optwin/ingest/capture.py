@@ -720,8 +720,26 @@ def _rope_base(mod: nn.Module, layer_type: str | None = None) -> float | None:
             return float(v)
     inv = _rope_inv(mod, layer_type)
     if isinstance(inv, torch.Tensor) and inv.numel() > 1:  # inv[1] = base^(-2/d), d = 2 * len(inv)
-        return float(inv[1].double() ** (-float(inv.numel())))
+        return _base_from_inv(inv)
     return None
+
+
+def _base_from_inv(inv: torch.Tensor) -> float:
+    """The base whose catalog inverse frequencies are this buffer. inv[1] ** -n amplifies inv[1]'s float32
+    rounding n times (head dim 128, base 1e4: 9999.978), and the catalog's table for that base is not the
+    buffer (_rope_reason skipped every such rope). The derived base rounded to the fewest significant
+    digits whose catalog table is the buffer (the check _rope_reason makes) is the base the module was
+    built with; none matching (frequencies scaled or not HF's formula) leaves the derived base, which
+    _rope_reason then rejects."""
+    derived = float(inv[1].double() ** (-float(inv.numel())))
+    if not math.isfinite(derived) or derived <= 0:
+        return derived
+    got = inv.detach().float().cpu()
+    for digits in range(1, 10):
+        cand = float(f"{derived:.{digits - 1}e}")
+        if torch.allclose(got, _catalog_inv(cand, inv.numel()), rtol=2.0 ** -20, atol=0.0):
+            return cand
+    return derived
 
 
 def _catalog_inv(base: float, n: int) -> torch.Tensor:
