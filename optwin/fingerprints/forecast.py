@@ -36,11 +36,12 @@ posting batches), so calls arrive slightly out of order. A call up to `reorder_s
 newest one seen joins the window in time order (kept only if `min_spacing_s` from its neighbours);
 only a larger backwards step (a restarted producer's clock) starts a new history. Producers whose clocks
 differ by more than `reorder_s` (time.monotonic() on several hosts) keep a history each: the one left by
-a jump is parked (up to `clocks` per stream, ~5 KB each), and a later call at most `reorder_s` after a
-parked history's newest call, when the current one does not take it, goes on in that history. A parked
-history not taken up again within `clock_ttl_calls` calls is dropped, so a single producer's restart
-clears its history as before (the one difference: a pause that takes the restarted clock to just after
-where the earlier clock stopped, within those calls); `clocks=1` is the old behaviour exactly. Before,
+a jump is parked (up to `clocks` per stream, ~5 KB each, with its fit), and a later call within `reorder_s`
+of a parked history's newest call (either side: a host's replicas interleave), when the current one does not
+take it, goes on in that history. A parked history not taken up again within `clock_ttl_calls` calls is
+dropped, so a single producer's restart clears its history as before (the one difference: a pause that takes
+the restarted clock to within `reorder_s` of where the earlier clock stopped, within those calls); `clocks=1`
+is the old behaviour exactly. Before,
 each alternation between such producers cleared the only history: no forecast ever.
 """
 
@@ -129,7 +130,8 @@ class Stream:
         self._cols: list[list[float]] = []  # per region feature, its bin coordinates over the window
         self._s: list[int] | None = []  # Mann-Kendall S per feature (None: to recount)
         self._t_new = -math.inf  # the newest call time seen (calls of several producers interleave)
-        # Histories of other clocks, most recently left first: [t_new, ts, cols, s, n_observed when left].
+        # Histories of other clocks, most recently left first: [t_new, ts, cols, s, n_observed when left, its fit and
+        # window generation (kept with it: producers alternating call by call would otherwise refit every call)].
         self._parked: list[list[Any]] = []
         self.warning = False
         self._calm = 0
@@ -253,27 +255,27 @@ class Stream:
     def _park(self) -> None:
         """Keep the current history aside (another producer's clock may come back to it)."""
         if self.cfg.clocks > 1:
-            self._parked.insert(0, [self._t_new, self._ts, self._cols, self._s, self.n_observed])
+            self._parked.insert(0, [self._t_new, self._ts, self._cols, self._s, self.n_observed, self._fc, self._gen])
             del self._parked[self.cfg.clocks - 1:]
 
     def _switch_clock(self, t: float) -> bool:
-        """Go on in the parked history whose clock t continues (its newest call at most reorder_s before t, the
-        latest if several), when the current history does not take t (a jump of more than reorder_s). False
-        (nothing changed) when none does: a restart or a new clock. One producer's calls arrive in its clock's
-        order (one sender thread per client), so a parked history is taken up only forward of its newest call:
-        a producer restarted with its clock from 0 again starts a new history, as before."""
+        """Go on in the parked history whose clock t continues (its newest call within reorder_s of t, either
+        side: replicas sharing a host's clock post interleaved, slightly out of order; the latest if several),
+        when the current history does not take t (more than reorder_s away). False (nothing changed) when none
+        does: a restart or a new clock. A producer restarted with its clock from 0 still starts a new history
+        unless an earlier clock stopped within reorder_s of 0."""
         oldest, r = self.n_observed - self.cfg.clock_ttl_calls, self.cfg.reorder_s
         parked = self._parked = [p for p in self._parked if p[4] >= oldest]
         best = None
         for p in parked:
-            if 0.0 <= t - p[0] <= r and (best is None or p[0] > best[0]):
+            if abs(t - p[0]) <= r and (best is None or p[0] > best[0]):
                 best = p
         if best is None:
             return False
         parked.remove(best)
         self._park()
         self._t_new, self._ts, self._cols, self._s = best[:4]
-        self._fc = None  # fitted on the history left: refit on this one
+        self._fc, self._gen = best[5], best[6]  # its own fit, valid while its window has not changed
         return True
 
     # ------------------------------------------------------------------ trend and search
