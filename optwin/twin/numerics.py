@@ -366,7 +366,12 @@ def perturb_mca(x: torch.Tensor, f: Format | str, gen: torch.Generator | ReplayD
     noise = torch.ldexp(xi, (e - t).to(torch.int64))
     scaled = torch.ldexp(a, -((e - 1) - (t - 1)))  # |x| in units of the grid's spacing
     inexact = scaled != torch.floor(scaled)  # False for NaN and inf too (they keep x below)
-    return torch.where(torch.isfinite(x) & (x != 0) & inexact, x + noise, x)
+    y = x + noise
+    # Held at the smallest spacing, a subnormal's noise can outweigh it (at t < p up to 2^(p-t-1) subnormal
+    # ulps): crossing zero would give a result of the other sign (a negative softmax probability), which no
+    # rounding of x gives. It stops at a zero of x's sign instead. A normal x's noise is below |x|: unchanged.
+    y = torch.where(y * x < 0, torch.copysign(torch.zeros_like(y), x), y)
+    return torch.where(torch.isfinite(x) & (x != 0) & inexact, y, x)
 
 
 def scalar32(v: float) -> float:
@@ -446,10 +451,7 @@ class Numerics:
             return round_stochastic(x, f, self.draws, self.ftz)
         if self.noise == "mca":
             t = f.p if self.mca_precision is None else self.mca_precision
-            out = round_nearest(perturb_mca(x, f, self.draws, t), f, self.ftz)
-            # A subnormal's perturbation can carry it across zero (|noise| up to half the subnormal
-            # ulp): it rounds to a zero, which keeps x's sign as rounding x itself would.
-            return torch.where(out == 0, torch.copysign(torch.zeros_like(out), x), out)
+            return round_nearest(perturb_mca(x, f, self.draws, t), f, self.ftz)
         if f.torch_dtype is not None and f.name in ("float32", "float16", "bfloat16") and not self.ftz:
             # Fast path, bit-identical to round_nearest for values already representable in float32
             # (every twin intermediate): the hardware cast is correctly rounded from float32.
