@@ -651,7 +651,13 @@ def classify_module(mod: nn.Module) -> tuple[str, str] | None:
 # weights initialised to zeros): class -> the dtype the sum is computed in (None: the weight's own), or
 # False for a plain `weight * x`.
 _NORM_OFFSET: dict[type, Any] = {}
-_OFFSET_RE = re.compile(r"1(?:\.0*)?\s*\+\s*self\.weight(\.float\(\)|\.to\(torch\.float32\))?")
+# Both ends anchored: `1 + self.weight_scale` and `0.1 + self.weight` are not 1 + w, and neither is
+# `1 + self.weight * s` or `self.weight + 1e-6`; `self.weight + 1` is. The cast (group c1 or c2) says float32.
+_ONE = r"(?<![\w.])1(?:\.0*)?"
+_SELF_W = r"(?<![\w.])self\.weight(?:(?P<c{}>\.float\(\)|\.to\(torch\.float32\))|(?![\w.]))"
+_NOT_OPERAND = r"(?!\s*[*/@%])"  # the sum, not a product with the weight or the 1
+_OFFSET_RE = re.compile(rf"{_ONE}\s*\+\s*{_SELF_W.format(1)}{_NOT_OPERAND}"
+                        rf"|{_SELF_W.format(2)}\s*\+\s*{_ONE}(?![\w.]){_NOT_OPERAND}")
 
 
 def _version(t: torch.Tensor) -> int | None:
@@ -668,7 +674,7 @@ def _norm_offset(cls: type) -> Any:
         except (OSError, TypeError):
             src = ""
         m = _OFFSET_RE.search(src)
-        _NORM_OFFSET[cls] = False if m is None else (torch.float32 if m.group(1) else None)
+        _NORM_OFFSET[cls] = False if m is None else (torch.float32 if m.group("c1") or m.group("c2") else None)
     return _NORM_OFFSET[cls]
 
 
