@@ -447,12 +447,14 @@ def div_by_row(e, s):
 def store_cast(x, dtype: tl.constexpr):
     """x (fp32) to the output's dtype, rounded to nearest even: `x.to(dtype)` on the GPU (its cvt rounds).
     The interpreter truncates fp32 -> bf16 (every |y| <= |exact|: an RMSNorm's output RMS read 0.9972
-    for 0.99997), so there the bits are rounded first and the truncation is then exact; NaN keeps its
-    bits (rounding a NaN's payload up could carry into the sign)."""
+    for 0.99997) and re-normalises fp32 subnormals wrongly (0x0003048e became bf16 0x0040), so there the
+    bf16 bits are made by hand: the top 16 bits rounded to nearest even (a carry into the exponent is the
+    right rounding, up to inf), a NaN quieted rather than rounded (its payload could carry into the sign)."""
     if INTERPRET and dtype == tl.bfloat16:
         bits = x.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        return tl.where(x != x, x, bits.to(tl.float32, bitcast=True)).to(dtype)
+        top = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        top = tl.where(x != x, (bits >> 16) | 0x40, top)
+        return top.to(tl.uint16).to(dtype, bitcast=True)
     else:
         return x.to(dtype)
 
