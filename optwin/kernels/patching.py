@@ -286,8 +286,9 @@ def _set_global(handle: Patch, mod: ModuleType, name: str, value: Any) -> None:
     the starts still running). Setting back unconditionally overwrote a monitor started after the patch
     (it saw no rope or attention for the rest of its run), and put back a monitor's wrapper whose users had
     all stopped meanwhile (left installed for good, in place of transformers' function)."""
-    old = getattr(mod, name)
-    setattr(mod, name, value)
+    with _SHARED_LOCK:  # as restore: a monitor starting in another thread wraps what it reads under this lock
+        old = getattr(mod, name)
+        setattr(mod, name, value)
 
     def restore() -> None:
         with _SHARED_LOCK:
