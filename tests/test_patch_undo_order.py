@@ -97,3 +97,17 @@ def test_undo_leaves_a_replacement_made_after_the_patch(originals):
     handle.undo()
     assert M.apply_rotary_pos_emb is mine  # theirs stays; the global the patch still held is restored
     assert M.eager_attention_forward is originals["eager_attention_forward"]
+
+
+def test_undo_between_two_monitors_leaves_no_idle_wrapper_once_both_stop(db, originals):
+    # monitor 0, patch, monitor 1 (wraps the patch's function), undo (monitor 1's wrapper now falls back to
+    # monitor 0's, still in use), monitor 0 stops, monitor 1 stops: its stop put back monitor 0's idle wrapper
+    model = load_llama_tiny("eager").module
+    m0 = om.monitor(model, db=db, sampling="always").start()
+    h = optwin.kernels.patch(model)
+    m1 = om.monitor(model, db=db, sampling="always").start()
+    h.undo()
+    m0.stop()
+    m1.stop()
+    assert M.apply_rotary_pos_emb is originals["apply_rotary_pos_emb"]
+    assert M.eager_attention_forward is originals["eager_attention_forward"]

@@ -1072,6 +1072,14 @@ def _patch_transformers(rec: Recorder) -> list[_Lease]:
     return leases
 
 
+def unwrap_idle(fn: Any) -> Any:
+    """fn, or what it wraps where fn is a capture/monitor wrapper whose users have all stopped (and so on down):
+    the function to put back in a wrapper's place. Called under _SHARED_LOCK."""
+    while (shared := getattr(fn, "_optwin_shared", None)) is not None and shared.wrapper is fn and not shared.users:
+        fn = shared.orig
+    return fn
+
+
 def _unpatch_transformers(leases: list[_Lease]) -> None:
     """Give back the leases of one _patch_transformers. A wrapper whose last user this was gets its
     original back wherever it is still installed; where something else replaced it meanwhile (a kernel
@@ -1083,9 +1091,10 @@ def _unpatch_transformers(leases: list[_Lease]) -> None:
             shared.users = [u for u in shared.users if u is not lease]
             if shared.users:
                 continue
-            for mod, fname in shared.places:
+            back = unwrap_idle(shared.orig)  # what it wraps may itself be a wrapper stopped meanwhile (a patch's undo
+            for mod, fname in shared.places:  # pointed it there): never put back a wrapper nobody uses
                 if mod.__dict__.get(fname) is shared.wrapper:
-                    setattr(mod, fname, shared.orig)
+                    setattr(mod, fname, back)
             shared.places = []
             if hasattr(shared.wrapper, "__optwin_capture__"):
                 del shared.wrapper.__optwin_capture__

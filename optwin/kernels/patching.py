@@ -55,7 +55,7 @@ from torch import nn
 
 from optwin.errors import InputError
 from optwin.ingest import intercept
-from optwin.ingest.capture import _SHARED_LOCK
+from optwin.ingest.capture import _SHARED_LOCK, unwrap_idle
 from optwin.kernels import sketch_sink
 from optwin.kernels._common import DTYPES
 from optwin.kernels.layernorm import layernorm
@@ -292,9 +292,7 @@ def _set_global(handle: Patch, mod: ModuleType, name: str, value: Any) -> None:
 
     def restore() -> None:
         with _SHARED_LOCK:
-            back = old
-            while (s := _shared(back)) is not None and not s.users:  # an idle wrapper: what it wraps
-                back = s.orig
+            back = unwrap_idle(old)  # an idle wrapper: what it wraps
             cur = mod.__dict__.get(name)
             s = _shared(cur)
             if cur is value or (s is not None and s.orig is value and not s.users):
