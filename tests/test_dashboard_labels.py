@@ -61,3 +61,17 @@ def test_cases_counts_distinct_cases(noisy_db: Path) -> None:
 def test_explorer_on_a_build_with_replays_says_replays(noisy_db: Path) -> None:
     m = metrics(app(noisy_db, "pages/2_Operator_explorer.py"))
     assert {"Replays", "Faulting replays", "P(fault), replays"} <= set(m) and "Emulated cases" not in m
+
+
+def test_explorer_on_a_build_with_no_recorded_replay_count_says_replays(noisy_db: Path, tmp_path: Path) -> None:
+    # a build from before builds.replays existed (migrated: NULL) had noisy replays; NULL read as --replays 0
+    import shutil
+
+    import duckdb
+
+    db = tmp_path / "old.duckdb"
+    shutil.copy(noisy_db, db)
+    with duckdb.connect(str(db)) as con:
+        con.execute("UPDATE builds SET replays = NULL")
+    m = metrics(app(db, "pages/2_Operator_explorer.py"))
+    assert "Replays" in m and "Emulated cases" not in m

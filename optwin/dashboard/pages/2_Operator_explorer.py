@@ -38,7 +38,8 @@ overall = pool(one.assign(all="all"), ["all"])
 # A build without noisy replays (`optwin build --replays 0`) counts each case's deterministic emulation as
 # its one "replay" (fingerprints.aggregate): its numbers are cases and emulation faults, and say so.
 made = ctx.builds.loc[ctx.builds["build_id"].astype(str).isin(set(one["build_id"].astype(str))), "replays"]
-emulated = len(made) > 0 and bool((made.fillna(0) == 0).all())
+# a NULL count (a build from before the column, migrated) is unknown, not --replays 0
+emulated = len(made) > 0 and bool(made.notna().all() and (made == 0).all())
 m1, m2, m3, m4, m5 = st.columns(5)
 m1.metric("Regions", int(one["region"].nunique()))
 m2.metric("Emulated cases" if emulated else "Replays", int(one["n_replays"].sum()),
