@@ -1052,7 +1052,9 @@ class SidecarThread:
 
     def stop(self) -> None:
         self.sidecar.stop()
-        self._thread.join(5)
+        # aclose lets requests in flight finish (up to min(request_timeout_s, 5) s), then waits on the server's
+        # close (1 s) and closes the state: a shorter join returned with the database still open
+        self._thread.join(min(self.sidecar.state.cfg.request_timeout_s, 5.0) + 5.0)
 
     def __enter__(self) -> "SidecarThread":
         return self.start()
