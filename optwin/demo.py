@@ -25,7 +25,6 @@ import logging
 import math
 import os
 import re
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -348,15 +347,11 @@ def check_workdir(workdir: Path) -> None:
     OptwinError line naming the option: the OSError alone (`[Errno 17] File exists: optwin-demo`) said neither
     which option was wrong nor why."""
     from optwin.errors import OptwinError
+    from optwin.writable import check_writable_in
 
     if workdir.exists() and not workdir.is_dir():
         raise OptwinError(f"--workdir {workdir} exists and is not a directory: remove it or pass another --workdir")
-    # Probe by making (and removing) a directory there: os.access says yes to root on read-only mounts and /proc.
-    try:
-        workdir.mkdir(parents=True, exist_ok=True)
-        os.rmdir(tempfile.mkdtemp(prefix=".optwin-probe-", dir=workdir))
-    except OSError as e:
-        raise OptwinError(f"--workdir {workdir}: cannot write there ({e.strerror or e})") from None
+    check_writable_in("--workdir", workdir, workdir)
 
 
 def demo_command(

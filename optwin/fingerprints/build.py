@@ -24,7 +24,6 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from typing import Any, Callable
 
 from optwin.catalog import all_triples, operator, resolve_tolerances
 from optwin.errors import DatabaseError, OptwinError, ProfileError
+from optwin.writable import check_writable_in
 from optwin.fingerprints.build_lock import build_lock
 from optwin.fingerprints.shards import ShardSpec, _write_atomic, shard_done, shard_path, stable_hash, summary_path
 
@@ -395,17 +395,7 @@ def check_out(out: str) -> None:
     path = os.path.realpath(out)  # a symlink's target is what the build writes, in the target's directory
     if os.path.isdir(path):
         raise OptwinError(f"--out {out} is a directory: name the database file to write")
-    above = os.path.dirname(path)
-    while not os.path.lexists(above):
-        above = os.path.dirname(above)
-    if not os.path.isdir(above):
-        raise OptwinError(f"--out {out}: {above} is not a directory")
-    # Probe by making (and removing) a directory there, as capture's --out check does: os.access says yes to root
-    # on read-only mounts and /proc, and the build's first write (`<out>.lock`) then failed with a bare OSError.
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=".optwin-probe-", dir=above))
-    except OSError as e:
-        raise OptwinError(f"--out {out}: cannot write in {above} ({e.strerror or e})") from None
+    check_writable_in("--out", out, os.path.dirname(path))  # the build's first write is `<out>.lock` beside it
     if os.path.exists(path) and not os.access(path, os.W_OK):
         raise OptwinError(f"--out {out}: the file is not writable")
 

@@ -9,7 +9,6 @@ command, not at import time.
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -27,20 +26,12 @@ def check_out_dir(out: Path) -> None:
     one (write_profile creates the rest). optwin.fingerprints.build.check_out checks a database FILE and refuses
     a directory, which is what a profile is, so the walk is repeated here for a directory."""
     from optwin.errors import OptwinError
+    from optwin.writable import check_writable_in
 
     path = Path(os.path.abspath(out))
     if path.exists() and not path.is_dir():
         raise OptwinError(f"--out {out} exists and is not a directory")
-    above = path
-    while not os.path.lexists(above):
-        above = above.parent
-    if not above.is_dir():
-        raise OptwinError(f"--out {out}: {above} is not a directory")
-    # Probe by making (and removing) a directory there: os.access says yes to root on read-only mounts and /proc.
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=".optwin-probe-", dir=above))
-    except OSError as e:
-        raise OptwinError(f"--out {out}: cannot write in {above} ({e.strerror or e})") from None
+    check_writable_in("--out", out, path)
 
 
 def capture_command(
