@@ -379,19 +379,15 @@ class Monitor:
         """A patched kernel's sketch buffer (the features in ingest's order, float64 on the device)."""
         params: dict[str, Any] = {}
         if s.op == "rope":  # from HF's tables: the positions and base come from the rotary module
-            if rec.last_positions is None:
+            # capture's verdict on the rotary (a scaled rope_type, rounded frequencies, no base: not the catalog's
+            # rope), as the unpatched path skips
+            pos, base, reason = _cap.rope_table_of(rec, None)
+            if pos is None:
                 rec.skip("rope: positions unknown (no rotary-embedding module ran)")  # counts in stats.skipped too
                 return
-            # capture's verdict on the rotary (a scaled rope_type, rounded frequencies, no base: not the catalog's
-            # rope), as the unpatched path skips; the kernel is handed only cos/sin, so with tables of several
-            # bases (Gemma3: one per layer type) which one this call used is unknown
-            reason = rec.last_rope_reason
-            if reason is None and len({table[2] for table in rec._rope_tables.values()}) > 1:
-                reason = "rope: cos/sin from no known rotary table, and the tables' bases differ"
-            if reason is not None or rec.last_base is None:
+            if reason is not None or base is None:
                 rec.skip(reason or "rope: base unknown")
                 return
-            base = rec.last_base
             with torch.no_grad():
                 buf[8:10].copy_(rec.rope_tail(base))  # max_pos and base, device to device
             params = {"base": base}

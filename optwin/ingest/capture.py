@@ -949,19 +949,26 @@ def _record_eager(rec: Recorder, orig: Callable, module, query, key, value, atte
                dtype=_autocast_name(query, "attention"))
 
 
+def rope_table_of(rec: Recorder, cos: Any) -> tuple[Any, float | None, str | None]:
+    """(positions, base, skip reason or None) of the rotary table `cos` came from: a model may build several
+    before its layers run (Gemma3: one per layer type), found by the tensor itself. A cos made elsewhere (or None:
+    a patched kernel's call, handed only its sketch) takes the last table built, unless tables of other bases were
+    built too, when which one it used is unknown."""
+    for table in rec._rope_tables.values():
+        if cos is not None and table[0] is cos:
+            return table[1], table[2], table[3]
+    reason = rec.last_rope_reason
+    if reason is None and len({t[2] for t in rec._rope_tables.values()}) > 1:
+        reason = "rope: cos/sin from no known rotary table, and the tables' bases differ"
+    return rec.last_positions, rec.last_base, reason
+
+
 def _record_rope(rec: Recorder, orig: Callable, q, k, cos, sin, *args, **kwargs) -> None:  # noqa: ANN001
     # our patched rotary (optwin.kernels.patch) hands a monitor its fused sketch itself
     if rec.takes_fused and sketch_sink.fused_function(orig) == "rope":
         return
     unsq = kwargs.get("unsqueeze_dim", args[1] if len(args) > 1 else 1)
-    pos, base, reason = rec.last_positions, rec.last_base, rec.last_rope_reason
-    for table in rec._rope_tables.values():  # the table this cos came from (Gemma3 builds one per layer type)
-        if table[0] is cos:
-            pos, base, reason = table[1:]
-            break
-    else:  # a cos made elsewhere: the last table's positions, unless tables of other bases were built too
-        if len({t[2] for t in rec._rope_tables.values()}) > 1:
-            reason = "rope: cos/sin from no known rotary table, and the tables' bases differ"
+    pos, base, reason = rope_table_of(rec, cos)
     if pos is None or q.ndim != 4:
         rec.skip("rope: positions unknown (no rotary-embedding module ran)")
     elif reason is not None or base is None:
