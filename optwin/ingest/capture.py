@@ -1064,9 +1064,7 @@ def _patch_transformers(rec: Recorder) -> list[_Lease]:
                 fn = mod.__dict__.get(fname)
                 if not callable(fn):
                     continue
-                shared = getattr(fn, "_optwin_shared", None)
-                if shared is not None and shared.wrapper is not fn:  # functools.wraps copied it onto someone's wrapper of ours
-                    shared = None
+                shared = wrapper_state(fn)  # None too where functools.wraps copied it onto someone's wrapper of ours
                 if shared is None or not shared.users:
                     # the first user wraps; a wrapper of ours whose users all left while something else was
                     # installed over it, which then put it back, only passes calls through: wrap what it wraps
@@ -1079,10 +1077,17 @@ def _patch_transformers(rec: Recorder) -> list[_Lease]:
     return leases
 
 
+def wrapper_state(fn: Any) -> _Shared | None:
+    """The shared state of fn where fn is a capture/monitor wrapper, else None (a function functools.wraps copied
+    the attribute onto is not the wrapper)."""
+    shared = getattr(fn, "_optwin_shared", None)
+    return shared if shared is not None and shared.wrapper is fn else None
+
+
 def unwrap_idle(fn: Any) -> Any:
     """fn, or what it wraps where fn is a capture/monitor wrapper whose users have all stopped (and so on down):
     the function to put back in a wrapper's place. Called under _SHARED_LOCK."""
-    while (shared := getattr(fn, "_optwin_shared", None)) is not None and shared.wrapper is fn and not shared.users:
+    while (shared := wrapper_state(fn)) is not None and not shared.users:
         fn = shared.orig
     return fn
 

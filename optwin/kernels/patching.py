@@ -55,7 +55,7 @@ from torch import nn
 
 from optwin.errors import InputError
 from optwin.ingest import intercept
-from optwin.ingest.capture import _SHARED_LOCK, unwrap_idle
+from optwin.ingest.capture import _SHARED_LOCK, unwrap_idle, wrapper_state
 from optwin.kernels import sketch_sink
 from optwin.kernels._common import DTYPES
 from optwin.kernels.layernorm import layernorm
@@ -272,13 +272,6 @@ def _set_fused(handle: Patch, module: nn.Module, op: str, fwd: Callable[..., Any
     handle._undo.append(lambda: sketch_sink.FUSED.pop(module, None))
 
 
-def _shared(fn: Any) -> Any:
-    """The capture/monitor wrapper's shared state (optwin.ingest.capture._Shared) where fn is that wrapper,
-    else None (a function functools.wraps copied the attribute onto is not the wrapper)."""
-    shared = getattr(fn, "_optwin_shared", None)
-    return shared if shared is not None and shared.wrapper is fn else None
-
-
 def _set_global(handle: Patch, mod: ModuleType, name: str, value: Any) -> None:
     """mod.name = value until undo. The undo cannot just put back what it found: captures and monitors start
     and stop around the patch in any order, and their wrapper of the function is shared state
@@ -294,7 +287,7 @@ def _set_global(handle: Patch, mod: ModuleType, name: str, value: Any) -> None:
         with _SHARED_LOCK:
             back = unwrap_idle(old)  # an idle wrapper: what it wraps
             cur = mod.__dict__.get(name)
-            s = _shared(cur)
+            s = wrapper_state(cur)
             if cur is value or (s is not None and s.orig is value and not s.users):
                 setattr(mod, name, back)
             elif s is not None and s.orig is value:
