@@ -43,6 +43,7 @@ import re
 import signal
 import socket
 import stat
+import sys
 import threading
 import time
 from collections import OrderedDict, deque
@@ -472,6 +473,25 @@ def _file_sig(path: str) -> tuple[int, int, int] | None:
     return (st.st_ino, st.st_mtime_ns, st.st_size)
 
 
+def _socket_id(st: os.stat_result) -> tuple[int, int, int]:
+    """What tells one socket file from another at the same path: st_ino alone does not, as a filesystem (ext4, xfs)
+    hands a freed inode number to the next file it makes; st_dev names the filesystem, st_mtime_ns the moment the
+    file was made (or _own_socket's stamp)."""
+    return (st.st_dev, st.st_ino, st.st_mtime_ns)
+
+
+def _own_socket(path: str) -> tuple[int, int, int]:
+    """The _socket_id of the socket file just bound at path. Its mtime is first set to the clock's nanoseconds: file
+    timestamps may have the kernel's coarse tick (ms), which a file made in the same tick shares, the fine clock's
+    value no other file is made with. A filesystem that refuses the stamp keeps its own time."""
+    try:
+        now = time.time_ns()
+        os.utime(path, ns=(now, now), follow_symlinks=False)
+    except (OSError, NotImplementedError):
+        pass
+    return _socket_id(os.lstat(path))
+
+
 def _bind_error(address: Address, e: OSError) -> str:
     """One line naming the address and what the OS refused."""
     if isinstance(e, socket.gaierror):  # a host that does not resolve: its errno is negative (EAI_*), not an OS errno
@@ -647,7 +667,7 @@ class Sidecar:
         # connections close at once and busy ones finish their request first (aclose)
         self._conns: dict[asyncio.Task, bool] = {}
         self._closing = False
-        self._sock_ino: int | None = None  # the unix socket file this server bound, removed by aclose
+        self._sock_id: tuple[int, int, int] | None = None  # the unix socket file this server bound (_socket_id)
         self._signal: str | None = None
 
     async def start(self) -> None:
@@ -656,8 +676,11 @@ class Sidecar:
         try:
             if self.address.kind == "unix":
                 _clear_stale_socket(self.address.path)
-                self._server = await asyncio.start_unix_server(self._client, path=self.address.path, limit=1 << 16)
-                self._sock_ino = os.stat(self.address.path).st_ino
+                # asyncio (3.13+) would remove the file on close when its st_ino alone matches: aclose does it instead
+                kw = {"cleanup_socket": False} if sys.version_info >= (3, 13) else {}
+                self._server = await asyncio.start_unix_server(self._client, path=self.address.path, limit=1 << 16,
+                                                               **kw)
+                self._sock_id = _own_socket(self.address.path)
             else:
                 self._server = await asyncio.start_server(self._client, self.address.host, self.address.port,
                                                           limit=1 << 16, backlog=1024, reuse_address=True)
@@ -688,10 +711,23 @@ class Sidecar:
 
     async def aclose(self) -> None:
         """Stop accepting, close idle connections, let requests in flight finish (for up to request_timeout_s, at
-        most 5 s) and answer with Connection: close, then remove the unix socket file this server bound."""
+        most 5 s) and answer with Connection: close. The unix socket file this server bound is removed first, while it
+        still listens (and only if the file at the path is still that one): a new sidecar may take the address while
+        this one drains."""
         self._closing = True
         for t in self._tasks:
             t.cancel()
+        if self._sock_id is not None:
+            # Before the listener closes: while it is open it holds the file's inode, so no other file can have the
+            # same (st_dev, st_ino) yet. Once it closes (and the file is gone) the number is free for the next file
+            # made there, a restarted sidecar's socket included: removing the file after the drain below, by st_ino
+            # alone, used to remove that sidecar's socket.
+            try:
+                if _socket_id(os.lstat(self.address.path)) == self._sock_id:
+                    os.unlink(self.address.path)
+            except OSError:
+                pass
+            self._sock_id = None
         if self._server is not None:
             self._server.close()
         busy = []
@@ -709,13 +745,6 @@ class Sidecar:
                 await asyncio.wait_for(self._server.wait_closed(), 1.0)
             except (asyncio.TimeoutError, Exception):
                 pass
-        if self._sock_ino is not None:
-            try:  # only the file this server bound: another server may have replaced it since
-                if os.stat(self.address.path).st_ino == self._sock_ino:
-                    os.unlink(self.address.path)
-            except OSError:
-                pass
-            self._sock_ino = None
         self.state.close()
 
     def stop(self) -> None:
