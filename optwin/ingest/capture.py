@@ -66,7 +66,11 @@ Handlers only read inputs, then call the original function, so a captured call r
 uncaptured, with one exception: while a capture runs, nn.MultiheadAttention / nn.TransformerEncoderLayer
 in eval without autograd take their slow path (above), whose outputs may differ from the fast path's in
 the last bits. The switch is process-wide: models in other threads run the slow path meanwhile too.
-A call the sketch cannot take (unexpected shapes) is counted in `Recorder.skipped`, never raised.
+A call the sketch cannot take (unexpected shapes) is counted in `Recorder.skipped`, never raised; so
+is a handler's own failure (an exception in a module hook, a wrapped function's or an intercepted
+function's handler: "op: capture's handler failed in WHERE: Error", warned once per capture), after
+which the model's own call runs as it would uncaptured. Only a monitor's FaultPredicted (policy
+"raise") passes through on purpose.
 """
 
 from __future__ import annotations
@@ -220,6 +224,7 @@ class Recorder:
         # How the call being recorded runs: a monitor's policy sets "fallback" (float32) while recording
         # it, its interceptor's `run` reads it; a capture leaves it None. Reset by every intercepted call.
         self.action: str | None = None
+        self.handler_warned = False  # _handler_failed's one warning per recorder
 
     # -- context ------------------------------------------------------------------------------
 
@@ -408,6 +413,30 @@ def _softmax(rec: Recorder, args: tuple, kwargs: dict) -> None:
 
 log = logging.getLogger("optwin.ingest.capture")
 _SCALE_WARNED = False  # the one-time warning of _default_scale
+
+
+def _handler_failed(rec: Recorder, op: str, where: str, e: Exception, site: str = "") -> None:
+    """Count a capture handler's own failure (a bug, or a call it cannot digest) in `skipped` under
+    "op: capture's handler failed in WHERE: Error" and warn once per recorder (naming `site`, a module
+    path, which stays out of the key: one key per module would flood profile.json); the caller then
+    lets the model's call run as it would uncaptured. The wrapped transformers functions and the module
+    hooks let such errors out, and a capture broke the forward of the model it watched."""
+    rec.skip(f"{op}: capture's handler failed in {where}: {type(e).__name__}")
+    if not rec.handler_warned:
+        rec.handler_warned = True
+        log.warning("optwin: a capture handler failed in %s%s (%s: %s); the call ran uncaptured and is counted in "
+                    "skipped (further failures are counted, not warned)", where, f" of {site}" if site else "",
+                    type(e).__name__, str(e)[:200])
+
+
+def _passes(rec: Recorder) -> tuple[type[BaseException], ...]:
+    """The handler errors that propagate for `rec` (its interceptor's `passes`: a monitor's
+    FaultPredicted under policy "raise"), for the handlers outside the interceptor: module hooks and
+    wrapped functions. Looked up only once a handler has raised."""
+    for i in intercept.current():
+        if getattr(i, "rec", None) is rec:
+            return i.passes
+    return ()
 
 
 def _default_scale(rec: Recorder, scale: Any, d: int) -> bool:
@@ -607,7 +636,7 @@ class _Interceptor:
             except self.passes:
                 raise
             except Exception as e:  # noqa: BLE001  never break the model
-                rec.skip(f"{target.name}: {type(e).__name__}")
+                _handler_failed(rec, target.op, target.name, e)
             if rec.action is None:  # no policy verdict on this call (always, in a capture): as is
                 return proceed(args, kwargs)
             return self.run(args, kwargs, proceed)
@@ -808,6 +837,29 @@ def _hooked(mod: nn.Module, kind: tuple[str, str] | None) -> bool:
     return kind is not None or isinstance(mod, nn.LayerNorm) or name.endswith(("RMSNorm", "LayerNorm"))
 
 
+def _pre_record(rec: Recorder, m: nn.Module, kind: tuple[str, str], args: tuple, kwargs: dict) -> None:
+    """A hooked module's call, as its forward begins: record a norm, or remember a rotary module's
+    positions, base and verdict for the apply_rotary_pos_emb calls that use its table."""
+    op, variant = kind
+    fused_here = variant == "triton" and rec.takes_fused  # the kernel hands its own sketch over
+    if op == "rmsnorm" and args and not fused_here:
+        rec.record("rmsnorm", variant, _rmsnorm_inputs(args[0], _norm_weight(rec, m)))
+    elif op == "layernorm" and args and not fused_here:
+        rec.record("layernorm", variant,
+                   _layernorm_inputs(args[0], getattr(m, "weight", None), getattr(m, "bias", None)))
+    elif op == "rope-tables":
+        pos = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
+        lt = kwargs.get("layer_type", args[2] if len(args) > 2 else None)
+        lt = lt if isinstance(lt, str) else None
+        # A failure below leaves this verdict on the table the post-hook keeps, so this call's rope is skipped,
+        # never recorded with the base and verdict an earlier call left behind.
+        rec.last_rope_reason = "rope: the rotary module's hook failed (see skipped)"
+        rec._rope_pending = (m, lt)
+        rec.last_positions = pos if isinstance(pos, torch.Tensor) else None
+        rec.last_base = _rope_base(m, lt)
+        rec.last_rope_reason = _rope_reason(rec, m, rec.last_base, lt)
+
+
 def _install_module_hooks(rec: Recorder, model: nn.Module,
                           overrides: dict[Any, tuple[str, str]]) -> list[Any]:
     handles: list[Any] = []
@@ -823,26 +875,16 @@ def _install_module_hooks(rec: Recorder, model: nn.Module,
             local = rec._local  # this thread's suppress and stack (direct: the properties cost on every call)
             local.stack.append((path, m, False))  # True once this call holds a suppress count (post gives it back)
             kind = _call_kind(m, kind0)
-            if kind is None or local.suppress:
-                if kind is not None:
-                    local.suppress += 1
-                    local.stack[-1] = (path, m, True)
+            if kind is None:
                 return
-            op, variant = kind
-            fused_here = variant == "triton" and rec.takes_fused  # the kernel hands its own sketch over
-            if op == "rmsnorm" and args and not fused_here:
-                rec.record("rmsnorm", variant, _rmsnorm_inputs(args[0], _norm_weight(rec, m)))
-            elif op == "layernorm" and args and not fused_here:
-                rec.record("layernorm", variant,
-                           _layernorm_inputs(args[0], getattr(m, "weight", None), getattr(m, "bias", None)))
-            elif op == "rope-tables":
-                pos = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
-                lt = kwargs.get("layer_type", args[2] if len(args) > 2 else None)
-                lt = lt if isinstance(lt, str) else None
-                rec.last_positions = pos if isinstance(pos, torch.Tensor) else None
-                rec.last_base = _rope_base(m, lt)
-                rec.last_rope_reason = _rope_reason(rec, m, rec.last_base, lt)
-                rec._rope_pending = (m, lt)
+            if not local.suppress:
+                try:
+                    _pre_record(rec, m, kind, args, kwargs)
+                except Exception as e:  # noqa: BLE001  never break the model (a monitor's FaultPredicted passes)
+                    if isinstance(e, _passes(rec)):
+                        raise
+                    _handler_failed(rec, "rope" if kind[0] == "rope-tables" else kind[0], "a module's forward pre-hook",
+                                    e, path or type(m).__name__)
             local.suppress += 1
             local.stack[-1] = (path, m, True)
 
@@ -850,10 +892,14 @@ def _install_module_hooks(rec: Recorder, model: nn.Module,
             if threading.get_ident() != rec.owner:
                 return
             local = rec._local
-            if rec._rope_pending is not None and rec._rope_pending[0] is m:
-                _keep_rope_table(rec, out)
-            if local.stack and local.stack.pop()[2]:  # the pre-hook's own kind test, not repeated here
-                local.suppress -= 1
+            try:
+                if rec._rope_pending is not None and rec._rope_pending[0] is m:
+                    _keep_rope_table(rec, out)
+            except Exception as e:  # noqa: BLE001  never break the model
+                _handler_failed(rec, "rope", "a module's forward hook", e, path or type(m).__name__)
+            finally:  # the stack and suppress count stay balanced whatever failed
+                if local.stack and local.stack.pop()[2]:  # the pre-hook's own kind test, not repeated here
+                    local.suppress -= 1
 
         handles.append(mod.register_forward_pre_hook(eager_under_compile(pre, _skip), with_kwargs=True))
         handles.append(mod.register_forward_hook(eager_under_compile(post, _skip), with_kwargs=True, always_call=True))
@@ -989,6 +1035,7 @@ _RECORD_FN: dict[str, Callable[..., None]] = {
     "eager_attention_forward": _record_eager,
     "apply_rotary_pos_emb": _record_rope,
 }
+_RECORD_OP = {"eager_attention_forward": "attention", "apply_rotary_pos_emb": "rope"}  # for the skip counts
 
 
 def _here_recorders() -> list[Recorder]:
@@ -1025,6 +1072,7 @@ def _wrap_function(fname: str, orig: Callable, shared: _Shared) -> Callable:
     softmax call), then runs the original with all of them suppressed. Other threads pass through, and so
     does everyone once its last user left (a wrapper that something else put back after that)."""
     handler = _RECORD_FN[fname]
+    op = _RECORD_OP[fname]
 
     def run(*args: Any, **kwargs: Any) -> Any:
         recs = _here_recorders()
@@ -1032,7 +1080,12 @@ def _wrap_function(fname: str, orig: Callable, shared: _Shared) -> Callable:
             return orig(*args, **kwargs)
         for rec in recs:
             if rec._local.suppress == 0:
-                handler(rec, orig, *args, **kwargs)
+                try:
+                    handler(rec, orig, *args, **kwargs)
+                except Exception as e:  # noqa: BLE001  never break the model (a monitor's FaultPredicted passes)
+                    if isinstance(e, _passes(rec)):
+                        raise
+                    _handler_failed(rec, op, fname, e)
         for rec in recs:
             rec._local.suppress += 1
         try:
