@@ -5,15 +5,31 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 import streamlit as st
 
-from optwin.catalog import DEFAULT_TOLERANCES, operator
+from optwin.catalog import DEFAULT_TOLERANCES, Tolerances, operator, resolve_tolerances
 from optwin.dashboard import charts
 from optwin.dashboard.common import page_context, pick, pick_triple
 from optwin.dashboard.snippet import reproduce_snippet
+from optwin.errors import CatalogError
 
 ALL = "all fault types"
+
+
+def build_tolerances(flags: dict[str, Any], build: str) -> tuple[Tolerances, str | None]:
+    """The tolerances the build judged its faults with (its recorded flags), and None; or the defaults and why, when
+    it recorded none (databases from before builds recorded them) or ones that do not read."""
+    recorded = flags.get("tolerances")
+    if recorded is None:
+        return DEFAULT_TOLERANCES, f"build {build} recorded no tolerances (an older database)"
+    try:
+        return resolve_tolerances(recorded), None
+    except CatalogError as e:
+        return DEFAULT_TOLERANCES, f"build {build}'s recorded tolerances do not read ({e})"
+
 
 st.title("Cases")
 ctx = page_context()
@@ -60,14 +76,22 @@ with left:
                 f"{row.get('replays')} with noise `{row.get('noise')}`)")
     st.dataframe(pd.DataFrame([{"fault_type": k, "deterministic": v[0], "faulting_replays": v[1]} for k, v in flags.items()]),
                  hide_index=True, key="cs_faults")
+# the case's own build: under "served" the picked build is not one build, and builds may differ in tolerances
+case_build = str(row.get("build_id") or ctx.build)
+build_flags = ctx.q("build_flags", case_build)
 with right:
     st.markdown("**Replay error distribution** (relative error; red: precision_loss threshold)")
-    tau = DEFAULT_TOLERANCES.precision_tau(op, spec.out_dtype(dtype))
+    tol, fallback = build_tolerances(build_flags, case_build)
+    tau = tol.precision_tau(op, spec.out_dtype(dtype))
     st.altair_chart(charts.error_quantiles(row, tau), width="stretch")
+    if fallback is None:
+        st.caption(f"precision_loss threshold {tau:.3e}: build {case_build}'s tolerances")
+    else:  # the line may not be where the build put it: say so rather than draw the defaults as if they were its
+        st.warning(f"precision_loss threshold {tau:.3e}: the default tolerances, as {fallback}; the build may have "
+                   "judged its faults with others")
     q = st.columns(3)
     for col, name in zip(q, ("err_q50", "err_q90", "err_max")):
         col.metric(name, f"{row.get(name):.3g}" if row.get(name) is not None else "n/a")
 
 st.markdown("**Reproduce** (copy and run):")
-# the case's own build: under "served" the picked build is not one build
-st.code(reproduce_snippet(row, ctx.q("build_flags", row.get("build_id") or ctx.build)), language="python")
+st.code(reproduce_snippet(row, build_flags), language="python")
