@@ -466,31 +466,56 @@ def _sdpa(rec: Recorder, args: tuple, kwargs: dict) -> None:
         return
     if not _default_scale(rec, kwargs.get("scale"), q.shape[-1]):  # keyword-only in sdpa
         return
-    if k.shape[1] != q.shape[1] and q.shape[1] % k.shape[1] == 0:  # GQA: expand kv heads (norms unchanged)
-        rep = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
     n = None if is_causal else _used_keys(rec, mask, q.shape[2], k.shape[2])
     if n is not None:  # the mask's used keys (a static cache's unwritten slots dropped), causal when seq_q == n
         k, v = k[:, :, :n], v[:, :, :n]
-        causal = 1 < q.shape[2] == n
+        causal = _bottom_right(q.shape[2], n)
     else:
         causal = _sdpa_causal(rec, mask, is_causal, q.shape[2], k.shape[2])
+    if causal is None:
+        rec.skip(BOTTOM_RIGHT_SKIP)
+        return
+    if k.shape[1] != q.shape[1] and q.shape[1] % k.shape[1] == 0:  # GQA: expand kv heads (norms unchanged)
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
     rec.record("attention", "sdpa", {"q": q, "k": k, "v": v}, {"causal": causal}, dtype=_autocast_name(q, "attention"))
 
 
-def _sdpa_causal(rec: Recorder, mask: Any, is_causal: bool, seq_q: int, seq_k: int) -> bool:
+# A cached multi-token step (generate fed several new tokens, chunked prefill, speculative decoding's
+# verify): HF masks query i to keys j <= seq_k - seq_q + i, bottom-right aligned. The catalog's causal
+# flag is top-left (sdpa's is_causal: query i sees keys j <= i, optwin.twin.attention) and its attention
+# takes no mask, so no recorded case replays that call: recorded non-causal, its twin let every query see
+# every key (row 0 of a 3-token step on 8 cached tokens saw 11 keys where the model's saw 9), and causal
+# would let it see one. Such calls are skipped and counted under this reason.
+BOTTOM_RIGHT_SKIP = ("attention: cached multi-token step (causal mask bottom-right aligned, seq_q < seq_k): the "
+                     "catalog's causal is top-left and takes no mask")
+
+
+def _bottom_right(seq_q: int, seq_k: int) -> bool | None:
+    """The catalog's causal flag for attention masked causally bottom-right aligned (query i sees keys
+    j <= seq_k - seq_q + i): one query sees every key (False), as many queries as keys is the top-left
+    mask (True), and anything between has no catalog form (None: skip it, BOTTOM_RIGHT_SKIP)."""
+    if seq_q <= 1:
+        return False
+    return True if seq_q == seq_k else None
+
+
+def _sdpa_causal(rec: Recorder, mask: Any, is_causal: bool, seq_q: int, seq_k: int) -> bool | None:
     """Whether an sdpa call's scores are masked causally as the attention sketch models it (query i
-    sees keys j <= i, top-left aligned: sdpa's own is_causal, whatever seq_q and seq_k). HF passes
+    sees keys j <= i, top-left aligned: sdpa's own is_causal, whatever seq_q and seq_k); None where the
+    call's mask is causal bottom-right aligned with 1 < seq_q < seq_k (_bottom_right). HF passes
     is_causal=True without padding and, with padding, is_causal=False and an explicit mask that is
     causal plus padding; the attention module is not hooked (rec.module was None there, and a padded
     batch was recorded as non-causal), so the model's module is found by the stream's frame walk and
-    its is_causal read. Its mask is causal top-left only when seq_q == seq_k (a prefill): a cached
-    multi-token step's mask is bottom-right aligned, which the sketch's causal flag does not describe."""
+    its is_causal read. A causal module's mask is bottom-right aligned (a cached multi-token step's,
+    padding and all), which is the top-left flag only when seq_q == seq_k."""
     if is_causal:  # torch's mask, top-left even for one query row (it sees key 0 only)
         return True
-    if mask is None or seq_q <= 1 or seq_q != seq_k:
+    if mask is None or seq_q <= 1 or seq_q > seq_k:
         return False
-    return bool(getattr(rec.calling_module(), "is_causal", False))
+    if not getattr(rec.calling_module(), "is_causal", False):
+        return False
+    return _bottom_right(seq_q, seq_k)
 
 
 def _vec(t: torch.Tensor | None, n: int, like: torch.Tensor, fill: float) -> torch.Tensor:
@@ -933,12 +958,15 @@ def _attention_inputs(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     return {"q": query, "k": k, "v": v}
 
 
-def _mask_causal(mask: Any, seq_q: int, seq_k: int, module_causal: bool) -> bool:
+def _mask_causal(mask: Any, seq_q: int, seq_k: int, module_causal: bool) -> bool | None:
     """Whether an HF eager attention call is causal as the sketch models it (top-left: see
     _sdpa_causal): a causal module's mask is that with seq_q == seq_k; with fewer queries than keys (a
     cached multi-token step) it is bottom-right aligned, and was recorded as top-left causal (row 0
-    seeing one key where it saw all but the last two of twelve)."""
-    return module_causal and 1 < seq_q == seq_k
+    seeing one key where it saw all but the last two of twelve), then as non-causal (row 0 seeing all
+    twelve): None, no catalog form (_bottom_right)."""
+    if not module_causal or seq_q > seq_k:
+        return False
+    return _bottom_right(seq_q, seq_k)
 
 
 def _used_keys(rec: Recorder, mask: Any, seq_q: int, seq_k: int) -> int | None:
@@ -988,9 +1016,12 @@ def _record_eager(rec: Recorder, orig: Callable, module, query, key, value, atte
     if n is not None and n < seq_k:  # unused (static cache) slots: the call attends over the first n keys only
         key, value = key[:, :, :n], value[:, :, :n]
     if n is not None:  # the mask itself says: causal over its used keys (top-left, as the sketch's) when seq_q == n
-        causal = 1 < seq_q == n
+        causal = _bottom_right(seq_q, n)
     else:
         causal = _mask_causal(attention_mask, seq_q, seq_k, bool(getattr(module, "is_causal", False)))
+    if causal is None:
+        rec.skip(BOTTOM_RIGHT_SKIP)
+        return
     rec.record("attention", "math", functools.partial(_attention_inputs, query, key, value), {"causal": causal},
                dtype=_autocast_name(query, "attention"))
 
