@@ -346,11 +346,16 @@ def _layernorm_forward(handle: Patch, m: nn.LayerNorm) -> Callable[[nn.Module, t
             return type(self).forward(self, x)
         if x.dtype not in DTYPES or _needs_grad(x, m.weight, m.bias) or _off_device(x, m.weight, m.bias):
             return type(m).forward(m, x)
-        bias = m.bias.to(x.dtype) if m.bias is not None else None  # nn.LayerNorm(bias=False)
+        # parameters in another dtype than the input (a LayerNorm kept in float32 under bfloat16 activations,
+        # autocast over a float32 model) are torch's to handle, as rmsnorm's wider weight is HF's: CPU normalises
+        # and applies the float32 affine in float32, CUDA refuses the mix (under CUDA autocast: float32 in and out),
+        # where the kernel would round the weight and bias to the input dtype (an ulp off) or answer a refused call
+        if m.weight.dtype != x.dtype or (m.bias is not None and m.bias.dtype != x.dtype):
+            return type(m).forward(m, x)
         # defer: where the launch runs a program per row (hidden sizes of the Welford launch), its finisher runs
         # batched with other calls' when the monitor settles them (optwin.kernels.deferred)
         return _launch(handle, "layernorm", x.dtype,
-                       lambda sk: layernorm(x, m.weight.to(x.dtype), bias, float(m.eps), sketch=sk, defer=True))
+                       lambda sk: layernorm(x, m.weight, m.bias, float(m.eps), sketch=sk, defer=True))  # None: bias=False
 
     return forward
 
