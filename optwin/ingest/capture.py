@@ -212,6 +212,7 @@ class Recorder:
         self.last_base: float | None = None
         self.last_rope_reason: str | None = None  # why the last rotary call's tables are not the catalog's
         self._rope_checked: dict[Any, tuple[Any, ...]] = {}  # (id(rotary module), layer type) -> inv_freq verdict (_rope_reason)
+        self._rope_tables_checked: dict[Any, tuple[Any, ...]] = {}  # the same key -> its cos/sin verdict (_table_reason)
         self._norm_weights: dict[int, tuple[Any, ...]] = {}  # id(norm module) -> (w, version, 1 + w) (_norm_weight)
         self._mask_seen: tuple[Any, ...] | None = None  # (attention mask, version, used keys) (_used_keys)
         self._rope_pending: tuple[Any, str | None] | None = None  # the rotary call running (_keep_rope_table)
@@ -862,6 +863,9 @@ def _hooked(mod: nn.Module, kind: tuple[str, str] | None) -> bool:
     return kind is not None or isinstance(mod, nn.LayerNorm) or name.endswith(("RMSNorm", "LayerNorm"))
 
 
+HOOK_FAILED = "rope: the rotary module's hook failed (see skipped)"  # a rotary call's verdict until its checks pass
+
+
 def _pre_record(rec: Recorder, m: nn.Module, kind: tuple[str, str], args: tuple, kwargs: dict) -> None:
     """A hooked module's call, as its forward begins: record a norm, or remember a rotary module's
     positions, base and verdict for the apply_rotary_pos_emb calls that use its table."""
@@ -878,7 +882,7 @@ def _pre_record(rec: Recorder, m: nn.Module, kind: tuple[str, str], args: tuple,
         lt = lt if isinstance(lt, str) else None
         # A failure below leaves this verdict on the table the post-hook keeps, so this call's rope is skipped,
         # never recorded with the base and verdict an earlier call left behind.
-        rec.last_rope_reason = "rope: the rotary module's hook failed (see skipped)"
+        rec.last_rope_reason = HOOK_FAILED
         rec._rope_pending = (m, lt)
         rec.last_positions = pos if isinstance(pos, torch.Tensor) else None
         rec.last_base = _rope_base(m, lt)
@@ -943,7 +947,55 @@ def _keep_rope_table(rec: Recorder, out: Any) -> None:
     m, lt = rec._rope_pending
     rec._rope_pending = None
     if isinstance(out, tuple) and out and isinstance(out[0], torch.Tensor):
+        if rec.last_rope_reason is None:  # the pre-hook's checks passed: now the tables the module made
+            sin = out[1] if len(out) > 1 and isinstance(out[1], torch.Tensor) else None
+            rec.last_rope_reason = HOOK_FAILED  # should the check raise, this call's rope is skipped
+            rec.last_rope_reason = _table_reason(rec, m, lt, out[0], sin)
         rec._rope_tables[(id(m), lt)] = (out[0], rec.last_positions, rec.last_base, rec.last_rope_reason)
+
+
+TABLE_REASON = "rope: the rotary module's cos/sin are not cos/sin of positions x inv_freq (scaled or built otherwise)"
+
+
+def _table_reason(rec: Recorder, m: nn.Module, lt: str | None, cos: torch.Tensor, sin: torch.Tensor | None) -> str | None:
+    """TABLE_REASON when the (cos, sin) a rotary call returned are not cos/sin of its positions times its
+    inverse frequencies (float32 angles, cast to the tables' dtype: the catalog's fp32-angles tables once
+    _rope_reason has matched the frequencies to the base), else None. _rope_reason judges the module by
+    its buffer, rope_type and HF's attention_scaling attribute; a module that scales its tables under
+    another name (DeepSeek's yarn rotary multiplies them by its `_mscale`) passed all three and was
+    recorded as the catalog's rope. The reference is built as the module builds it, on its device, so a
+    faithful module matches to the last bit (a one-ulp rounding flip is allowed). The check syncs once:
+    its verdict is kept per module and layer type while the buffer, base, dtype, device and width stay."""
+    pos, base = rec.last_positions, rec.last_base
+    if pos is None or base is None:  # rope is skipped for that already
+        return None
+    inv = _rope_inv(m, lt)
+    if not (isinstance(inv, torch.Tensor) and inv.ndim == 1 and inv.numel() >= 1):
+        inv = None  # no buffer: the catalog's frequencies for the base
+    d = cos.shape[-1]
+    sig = (base, cos.dtype, cos.device, d)
+    key, v = (id(m), lt), (_version(inv) if inv is not None else 0)
+    seen = rec._rope_tables_checked.get(key)
+    if seen is not None and seen[0] is inv and v is not None and seen[1] == v and seen[2] == sig:
+        return seen[3]
+    with torch.no_grad(), autocast_dtype.off(cos.device.type):
+        f = (inv if inv is not None else _catalog_inv(base, max(d // 2, 1))).to(cos.device, torch.float32)
+        reason: str | None = TABLE_REASON
+        if d == 2 * f.numel():
+            ang = pos.to(cos.device, torch.float32)[..., None] * f  # (..., seq, d/2) float32
+            emb = torch.cat((ang, ang), dim=-1)  # (..., seq, d)
+            gaps = []
+            try:
+                for got, fn in ((cos, torch.cos), (sin, torch.sin)):
+                    if got is not None:  # in units of the tables' eps: a one-ulp flip of the cast is 1 at most
+                        gap = (got.float() - fn(emb).to(got.dtype).float()).abs().amax()
+                        gaps.append(gap / torch.finfo(got.dtype).eps)
+                if float(torch.stack(gaps).max()) <= 2.0:  # one sync; NaN fails too
+                    reason = None
+            except RuntimeError:  # shapes that do not broadcast: not tables of these positions
+                pass
+    rec._rope_tables_checked[key] = (inv, v, sig, reason)
+    return reason
 
 
 # ----------------------------------------------------------------------------- wrapped functions
