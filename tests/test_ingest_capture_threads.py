@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from optwin.ingest.capture import capture
+from optwin.ingest.capture import BOTTOM_RIGHT_SKIP, capture
 from optwin.ingest.models import load_llama_tiny
 
 # One forward of the 2-layer tiny Llama: q,k,v,o,gate,up,down per layer + lm_head; 2 norms per layer +
@@ -191,9 +191,9 @@ def test_autocast_calls_carry_the_dtype_they_compute_in() -> None:
 def test_sdpa_prefill_with_padding_is_causal_and_a_cached_step_is_not_top_left() -> None:
     """Llama-sdpa prefill: causal with no mask, an all-ones mask and a left-padded batch (HF passes the
     last as an explicit causal-plus-padding mask and is_causal=False; it was recorded as non-causal).
-    A 3-token eager step on a 9-token KV cache has HF's bottom-right mask, which the sketch's top-left
-    causal flag does not describe: it was recorded causal, making row 0 see one key where the model's
-    row 0 saw ten."""
+    A 3-token eager step on a 9-token KV cache has HF's bottom-right mask, which neither the sketch's
+    top-left causal flag nor non-causal describes (recorded causal, row 0 saw one key where the model's
+    saw ten; then non-causal, rows 0 and 1 saw keys they did not): it is skipped and counted."""
     sdpa = load_llama_tiny("sdpa").module
     ids = torch.randint(1, 999, (2, 7))
     for kw in ({}, {"attention_mask": torch.ones_like(ids)}, {"attention_mask": torch.tensor([[1] * 7, [0] * 3 + [1] * 4])}):
@@ -208,7 +208,7 @@ def test_sdpa_prefill_with_padding_is_causal_and_a_cached_step_is_not_top_left()
         with capture(eager) as rec:
             out = eager(input_ids=ids[:, 9:], past_key_values=past, use_cache=True, output_attentions=True)
     att = [r for r in rec.records() if r["op"] == "attention"]
-    assert [(r["sketch"]["seq_q"], r["sketch"]["seq_k"], r["params"]["causal"]) for r in att] == [(3, 12, False)] * 2
+    assert att == [] and rec.skipped[BOTTOM_RIGHT_SKIP] == 2  # one per layer
     assert [int((out.attentions[0][0, 0, i] > 0).sum()) for i in range(3)] == [10, 11, 12]  # bottom-right
 
 
