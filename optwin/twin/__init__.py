@@ -10,7 +10,9 @@ and exposes:
   probabilities that `low_entropy` judges;
 - `twin(num, variant, dtype, inputs, params) -> Tensor`: the variant step by step, each rounding
   point of the real implementation a `num.round(...)` / `num.sum(...)` call. Inputs are float64 and
-  may carry a leading replay dim, so twins index trailing dims only.
+  may carry a leading replay dim, so twins index trailing dims only;
+- optionally `noise_free_rows(inputs, params) -> bool Tensor (..., 1) | None`: rows whose every noisy
+  replay is the deterministic emulation (layernorm's exactly constant rows), None when there are none.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from optwin.twin.faults import fault_flags, relative_error
 from optwin.twin.numerics import NOISE_MODES, Numerics
 from optwin.validation import validate
 
-TWIN_VERSION = "5"
+TWIN_VERSION = "6"
 
 __all__ = ["run", "TwinResult", "TWIN_VERSION", "NOISE_MODES", "twin_module", "to_float64", "references"]
 
@@ -141,6 +143,7 @@ def run(op: str, variant: str, dtype: str, inputs: Mapping[str, torch.Tensor], p
             result.replays = emulated.unsqueeze(0).expand(replays, *emulated.shape)
     else:
         batch = max(1, REPLAY_BATCH_BYTES // replay_bytes(x, exact, r_prob))
+        exact_rows = mod.noise_free_rows(x, p) if hasattr(mod, "noise_free_rows") else None
         # Only the flags, the errors (and kept outputs) outlive a batch, each copied into a tensor made
         # before the first: small tensors made batch after batch would pin the freed heap (RSS grew
         # with every batch).
@@ -152,6 +155,8 @@ def run(op: str, variant: str, dtype: str, inputs: Mapping[str, torch.Tensor], p
             part = slice(first, min(first + batch, replays))
             num = Numerics(noise, part.stop - first, seed, first_replay=first)
             outs = mod.twin(num, variant, dtype, {k: num.expand(v) for k, v in x.items()}, p)
+            if exact_rows is not None:  # rows the emulation pins down exactly: noise would only invent faults there
+                outs = torch.where(exact_rows, emulated, outs)
             for k, v in fault_flags(op, dtype, outs, exact, r_prob, tolerances).items():
                 result.replay_faults[k][part] = v
             result.replay_rel_error[part] = relative_error(outs, exact)
