@@ -228,7 +228,9 @@ CATALOG: dict[str, Operator] = {
         constants={"eps": 1e-5},
         # max_mean_over_std is over the non-constant rows; exactly constant rows go to const_absmax
         # (their fault, if any, is set by |c|: c^2 overflow, fp32 means that round; issue #8).
-        region_features=("max_mean_over_std", "absmax", "const_absmax"),
+        # const_odd_width (derived from hidden and const_absmax, optwin.fingerprints.regions.DERIVED): a
+        # constant row's mean can round only where the width is not a power of two.
+        region_features=("max_mean_over_std", "absmax", "const_absmax", "const_odd_width"),
     ),
     "geodesic": Operator(
         name="geodesic",

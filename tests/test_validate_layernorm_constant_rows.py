@@ -159,8 +159,8 @@ def test_profile_samples_reproduce_constant_rows() -> None:
 
 
 def test_regions_keep_constant_rows_apart() -> None:
-    assert CATALOG["layernorm"].region_features[-1] == "const_absmax"
-    base = {"max_mean_over_std": 0.0, "absmax": 12.0, "const_absmax": 0.0}
+    assert CATALOG["layernorm"].region_features[-2] == "const_absmax"
+    base = {"max_mean_over_std": 0.0, "absmax": 12.0, "const_absmax": 0.0, "hidden": 64.0}
     const = dict(base, const_absmax=12.0)
     cancel = dict(base, max_mean_over_std=1e6)
     r0, rc, rx = (region_of("layernorm", s) for s in (base, const, cancel))
@@ -184,3 +184,16 @@ def test_matcher_on_a_real_layernorm_build_stays_quiet_on_constant_fp16_rows(tmp
     x[:, 7] = 600.5
     risk = m.assess("layernorm", "one-pass", "float16", sketch=sketch("layernorm", _ln(x)))
     assert any(twin.run("layernorm", "one-pass", "float16", _ln(x)).faults.values()) and risk.warn
+
+
+def test_constant_rows_at_widths_that_are_not_powers_of_two_get_cells_of_their_own() -> None:
+    # A constant row's fp32 mean is exact at a power-of-two width and can round at 384 (aten's uneven merges,
+    # one-pass's rounded 1/n): the seed-4 labels' false warnings came from cells averaging both (stop 47).
+    const = {"max_mean_over_std": 0.0, "absmax": 12.0, "const_absmax": 12.0}
+    r = {h: region_of("layernorm", dict(const, hidden=float(h))) for h in (64, 1024, 384, 768, 127)}
+    assert r[64] == r[1024] and r[384] == r[768] == r[127] and r[64] != r[384]
+    assert r[384][-1] - r[64][-1] > 10  # a flag far apart on the grid: interpolation never mixes the two
+    varying = {"max_mean_over_std": 3.0, "absmax": 12.0, "const_absmax": 0.0}
+    assert region_of("layernorm", dict(varying, hidden=64.0)) == region_of("layernorm", dict(varying, hidden=384.0))
+    zero_rows = dict(varying, max_mean_over_std=0.0)  # rows of zeros: constant, but their mean is exact anywhere
+    assert region_of("layernorm", dict(zero_rows, hidden=384.0)) == region_of("layernorm", dict(zero_rows, hidden=64.0))

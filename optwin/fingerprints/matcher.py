@@ -61,7 +61,7 @@ from typing import Any
 
 from optwin.catalog import CATALOG, check_variant_dtype, operator
 from optwin.errors import CatalogError, DatabaseError, SketchError
-from optwin.fingerprints.regions import Region, parse_region_key, region_features
+from optwin.fingerprints.regions import DERIVED, Region, parse_region_key, region_features, with_derived
 from optwin.fingerprints.regions import _BINNING  # noqa: PLC2701 (same package: the bin grid itself)
 from optwin.ingest.sketch import FEATURE_CAP, SIGNED_FEATURES, SKETCH_FEATURES, cap_features, validate_sketch
 
@@ -77,6 +77,7 @@ FAULT_DIRECTION: dict[str, int] = {
     "max_pos": 1, "d": 1, "score_bound": 1, "max_score": 1, "min_row_max": -1, "seq_k": 1, "max_mean_over_std": 1,
     "min_sep_deg": -1, "median_sep_deg": -1, "max_sep_deg": -1, "rms_sep_deg": -1, "out_bound": 1, "k": 1, "rms": 1,
     "const_absmax": 1,  # layernorm's largest constant row: c^2 overflows fp32 (NaN) as |c| grows
+    "const_odd_width": 1,  # a constant row's mean can round only at a width that is not a power of two
 }
 # Shapes are not magnitudes: beyond the replayed sizes the sketch is clamped to the largest replayed
 # size (rule 2 applies to magnitudes only; a model wider than the sweep is not a fault by itself).
@@ -167,14 +168,18 @@ class TripleIndex:
     # fault index -> (positions of its features in `features`, a one-fault index over those features)
     marginals: dict[int, tuple[tuple[int, ...], "TripleIndex"]] = field(default_factory=dict)
     certain: tuple[tuple[str, int, str], ...] = ()  # CERTAIN_FAULTS of the triple: (feature, fault index, rule)
+    derived: bool = False  # some region feature is computed from the sketch's others (regions.DERIVED)
 
     def __post_init__(self) -> None:
         self.grid = tuple((f, *_BINNING.get(f, (1.0, 1))) for f in self.features)
+        self.derived = any(name in self.features for name, _ in DERIVED.get(self.triple[0], ()))
         self.certain = tuple((f, self.fault_types.index(ft), rule)
                              for f, ft, rule, _ in CERTAIN_FAULTS.get(self.triple[:2], ()) if ft in self.fault_types)
 
     def coordinates(self, sk: Mapping[str, float]) -> tuple[float, ...]:
         """continuous_bin of every region feature of a validated sketch (the hot path's one pass)."""
+        if self.derived:
+            sk = with_derived(self.triple[0], sk)
         out = []
         for f, scale, res in self.grid:
             v = sk[f]
@@ -490,6 +495,8 @@ class Matcher:
 
     def assess_valid(self, ti: TripleIndex, sk: dict[str, float]) -> Risk:
         """assess for a sketch already validated: the hot path (dict lookups only)."""
+        if ti.derived:
+            sk = dict(with_derived(ti.triple[0], sk))  # Risk.sketch holds what was matched, derived features too
         region = tuple(_bin(f, sk[f]) for f in ti.features)
         probs, rule = ti.answer(region, sk, self.config)
         thr = self.config.threshold

@@ -12,7 +12,7 @@ The same function runs at build time and in the matcher, so a sketch and its reg
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from typing import Callable, Mapping
 
 from optwin.catalog import operator
 
@@ -40,6 +40,7 @@ _BINNING: dict[str, tuple[float, float]] = {
     # layernorm's largest constant row: _TINY puts 0 (no constant row) >= 140 bins from any |c| >= 1e-3,
     # so neighbour interpolation never mixes inputs with and without constant rows; 1 bin per octave.
     "const_absmax": (_TINY, 1),
+    "const_odd_width": (1e-6, 1),  # a flag: 0 and 1 lie ~20 bins apart, so no interpolation mixes them
     "min_sep_deg": (1e-12, 1),
     "median_sep_deg": (1e-12, 0.5),  # coarse: the typical pair only moves precision loss
     "max_sep_deg": (1e-12, 1),
@@ -53,6 +54,43 @@ _BINNING: dict[str, tuple[float, float]] = {
 }
 
 Region = tuple[int, ...]
+
+
+def _const_odd_width(sketch: Mapping[str, float]) -> float:
+    """1.0 when a layernorm input has an exactly constant row with c != 0 and its width is not a power of two.
+
+    Such a row's fp32 mean can miss c: aten's vectorized kernel merges thread counts unevenly (coefficients
+    like 2/3 at widths 384 and 768), the one-pass mean multiplies by a rounded 1/n. At a power-of-two width
+    every merge coefficient and 1/n is exact, and so is the mean. Whether the miss happens (and faults) also
+    depends on c's mantissa, so cells of such rows fault sometimes; without this flag they shared cells with
+    the power-of-two widths that never fault and warned for all of them (issue #8, seed-4 labels, stop 47).
+    """
+    hidden = int(sketch["hidden"])
+    return 1.0 if sketch["const_absmax"] > 0 and hidden & (hidden - 1) else 0.0
+
+
+# Region features computed from a sketch's other features: never measured or sent by a producer (a sketch
+# keeps its contract, SKETCH_FEATURES), added where a sketch is placed on the grid.
+DERIVED: dict[str, tuple[tuple[str, Callable[[Mapping[str, float]], float]], ...]] = {
+    "layernorm": (("const_odd_width", _const_odd_width),),
+}
+
+
+def with_derived(op: str, sketch: Mapping[str, float]) -> Mapping[str, float]:
+    """The sketch with the op's derived region features added (the sketch itself when the op has none)."""
+    derived = DERIVED.get(op)
+    if not derived:
+        return sketch
+    out = dict(sketch)
+    for name, fn in derived:
+        out[name] = fn(sketch)
+    return out
+
+
+def region_values(op: str, sketch: Mapping[str, float]) -> tuple[float, ...]:
+    """The values of the op's region features in a sketch, derived ones included."""
+    sk = with_derived(op, sketch)
+    return tuple(float(sk[f]) for f in region_features(op))
 
 
 def feature_bin(feature: str, value: float) -> int:
@@ -76,7 +114,7 @@ def region_features(op: str) -> tuple[str, ...]:
 
 def region_of(op: str, sketch: Mapping[str, float]) -> Region:
     """The region (bin tuple over the op's region features) a sketch lies in."""
-    return tuple(feature_bin(f, float(sketch[f])) for f in region_features(op))
+    return tuple(feature_bin(f, v) for f, v in zip(region_features(op), region_values(op, sketch)))
 
 
 def region_key(region: Region) -> str:

@@ -96,11 +96,9 @@ def _case_row(spec: ShardSpec, case: Any, tol: Any) -> dict[str, Any]:
     import torch
 
     from optwin import twin
-    from optwin.catalog import operator
-    from optwin.fingerprints.regions import region_key, region_of
+    from optwin.fingerprints.regions import region_key, region_of, region_values
     from optwin.ingest import sketch
 
-    feats = operator(spec.op).region_features
     sk = sketch(spec.op, case.inputs, case.params)
     case_id = stable_hash("case", spec.build_seed, spec.op, spec.variant, spec.dtype, spec.source, spec.gen_seed,
                           case.case_index)
@@ -128,8 +126,9 @@ def _case_row(spec: ShardSpec, case: Any, tol: Any) -> dict[str, Any]:
         row["err_q50"], row["err_q90"], row["err_max"] = _quantiles(errs)
     else:
         row["err_q50"] = row["err_q90"] = row["err_max"] = det_err
+    values = region_values(spec.op, sk)
     for i in range(N_FEATURE_COLUMNS):
-        row[f"f{i}"] = float(sk[feats[i]]) if i < len(feats) else None
+        row[f"f{i}"] = values[i] if i < len(values) else None
     return row
 
 
