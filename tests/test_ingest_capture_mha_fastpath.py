@@ -19,7 +19,6 @@ import torch
 from torch import nn
 
 import optwin.monitor as om
-from _matcher_fixture import cached_db
 from optwin.ingest.capture import capture
 
 GRAD_OFF = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}
@@ -105,11 +104,6 @@ def test_nested_captures_restore_the_fast_path_switch_in_any_order() -> None:
         for c in reversed(running):
             c.__exit__(None, None, None)
         mha.set_fastpath_enabled(before)
-
-
-@pytest.fixture(scope="module")
-def db(tmp_path_factory) -> str:
-    return cached_db(str(tmp_path_factory.mktemp("fp") / "fp.duckdb"))
 
 
 @pytest.mark.parametrize("grad_off", list(GRAD_OFF))

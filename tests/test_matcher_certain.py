@@ -10,18 +10,12 @@ import math
 import pytest
 import torch
 
-from _matcher_fixture import cached_db
 from optwin import twin
 from optwin.catalog import CATALOG
 from optwin.fingerprints.matcher import CERTAIN_FAULTS, KNOWN_RULES, Matcher, MatcherConfig
 from optwin.ingest.sketch import SKETCH_FEATURES
 
 SOFTMAX = [("softmax", v, dt) for v in CATALOG["softmax"].variant_names for dt in CATALOG["softmax"].dtypes]
-
-
-@pytest.fixture(scope="module")
-def db(tmp_path_factory) -> str:
-    return cached_db(str(tmp_path_factory.mktemp("fp") / "fp.duckdb"))
 
 
 def _masked(dtype: str, rows: int, masked: int, n: int = 64, seed: int = 0) -> torch.Tensor:

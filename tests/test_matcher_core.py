@@ -12,23 +12,13 @@ import sys
 import pytest
 import torch
 
-from _matcher_fixture import _rmsnorm_case, cached_db
+from _matcher_fixture import _rmsnorm_case
 from optwin.errors import CatalogError, DatabaseError, SketchError
 from optwin.fingerprints.matcher import Matcher
 from optwin.fingerprints.matcher import MatcherConfig, continuous_bin
 from optwin.fingerprints.regions import feature_bin, region_of
 
 TRIPLE = ("rmsnorm", "native-dtype", "float16")
-
-
-@pytest.fixture(scope="module")
-def db(tmp_path_factory) -> str:
-    return cached_db(str(tmp_path_factory.mktemp("fp") / "fp.duckdb"))
-
-
-@pytest.fixture(scope="module")
-def m(db) -> Matcher:
-    return Matcher.open(db)
 
 
 def sk(absmax: float, rms: float, hidden: float = 64.0) -> dict[str, float]:

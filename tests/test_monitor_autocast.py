@@ -17,14 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import optwin.monitor as om
-from _matcher_fixture import cached_db
 
 LOW = [torch.float16, torch.bfloat16]
-
-
-@pytest.fixture(scope="module")
-def db(tmp_path_factory) -> str:
-    return cached_db(str(tmp_path_factory.mktemp("fp") / "fp.duckdb"))
 
 
 def _dtypes(mon: om.Monitor, op: str) -> set[str]:

@@ -13,18 +13,11 @@ from __future__ import annotations
 
 import threading
 
-import pytest
 import torch
 from torch import nn
 
 import optwin.monitor as om
-from _matcher_fixture import cached_db
 from _monitor_fixture import NativeRMSNorm
-
-
-@pytest.fixture(scope="module")
-def db(tmp_path_factory) -> str:
-    return cached_db(str(tmp_path_factory.mktemp("fp") / "fp.duckdb"))
 
 
 def _x(absmax: float, seed: int) -> torch.Tensor:

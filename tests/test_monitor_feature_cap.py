@@ -16,12 +16,6 @@ import torch
 import torch.nn.functional as F
 
 import optwin.monitor as om
-from _matcher_fixture import cached_db
-
-
-@pytest.fixture(scope="module")
-def db(tmp_path_factory) -> str:
-    return cached_db(str(tmp_path_factory.mktemp("fp") / "fp.duckdb"))
 
 
 @pytest.mark.parametrize("async_readback", [False, True])  # read now, or from the queued host row

@@ -16,14 +16,13 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
 
-import pytest  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import optwin.kernels  # noqa: E402
 import optwin.monitor as om  # noqa: E402
 from _kernel_checks import close  # noqa: E402
-from _matcher_fixture import cached_db, twin_case, write_db  # noqa: E402
+from _matcher_fixture import twin_case, write_db  # noqa: E402
 from optwin.fingerprints.sampling import SamplingConfig  # noqa: E402
 from optwin.ingest import sketch  # noqa: E402
 from optwin.ingest.models import load_llama_tiny  # noqa: E402
@@ -31,11 +30,6 @@ from optwin.kernels import sketch_sink  # noqa: E402
 
 SEQ = 9
 IDS = torch.randint(0, 1000, (2, SEQ), generator=torch.Generator().manual_seed(1))  # (batch, seq)
-
-
-@pytest.fixture(scope="module")
-def db(tmp_path_factory) -> str:
-    return cached_db(str(tmp_path_factory.mktemp("fp") / "fp.duckdb"))
 
 
 def _llama() -> nn.Module:

@@ -18,12 +18,6 @@ import torch  # noqa: E402
 
 import optwin.kernels  # noqa: E402
 import optwin.monitor as om  # noqa: E402
-from _matcher_fixture import cached_db  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def db(tmp_path_factory) -> str:
-    return cached_db(str(tmp_path_factory.mktemp("fp") / "fp.duckdb"))
 
 
 def _llama(rope: dict) -> torch.nn.Module:

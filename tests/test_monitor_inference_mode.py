@@ -14,22 +14,15 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
 
-import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import optwin.kernels  # noqa: E402
 import optwin.monitor as om  # noqa: E402
-from _matcher_fixture import cached_db  # noqa: E402
 from optwin.ingest.models import load_llama_tiny  # noqa: E402
 
 SEQ = 9
 IDS = torch.randint(0, 1000, (2, SEQ), generator=torch.Generator().manual_seed(1))  # (batch, seq)
 KEY = ("model.layers.1.self_attn:k:rope", "rope", "fp32-angles", "float32")
-
-
-@pytest.fixture(scope="module")
-def db(tmp_path_factory) -> str:
-    return cached_db(str(tmp_path_factory.mktemp("fp") / "fp.duckdb"))
 
 
 def test_patched_warn_monitor_runs_under_inference_mode_and_follows_in_place_positions(db):

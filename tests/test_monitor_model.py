@@ -12,7 +12,6 @@ import torch
 from torch import nn
 
 import optwin.monitor as om
-from _matcher_fixture import cached_db
 from _monitor_fixture import NativeRMSNorm, fake_clock, rows_of_absmax
 from optwin.errors import CatalogError, OptwinError
 from optwin.fingerprints.sidecar import SidecarConfig, SidecarThread
@@ -26,11 +25,6 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(self.norm(x))  # (rows, 64)
-
-
-@pytest.fixture(scope="module")
-def db(tmp_path_factory) -> str:
-    return cached_db(str(tmp_path_factory.mktemp("fp") / "fp.duckdb"))
 
 
 def _drift(mon_kwargs: dict, db: str, n: int = 140) -> tuple[list[bool], om.Monitor, int | None]:

@@ -9,20 +9,13 @@ Real sidecar (SidecarThread on the fixture database) on loopback TCP and on a un
 
 from __future__ import annotations
 
-import pytest
 import torch
 from torch import nn
 
 import optwin.monitor as om
-from _matcher_fixture import cached_db
 from optwin.fingerprints.client import SidecarClient
 from optwin.fingerprints.sidecar import SidecarConfig, SidecarThread
 from optwin.ingest.sketch import sketch
-
-
-@pytest.fixture(scope="module")
-def db(tmp_path_factory) -> str:
-    return cached_db(str(tmp_path_factory.mktemp("fp") / "fp.duckdb"))
 
 
 def test_a_restarted_sidecar_monitor_still_sends(db):

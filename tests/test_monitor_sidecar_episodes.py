@@ -9,20 +9,12 @@ fingerprints know it). The local matcher is the reference: the sidecar runs the 
 
 from __future__ import annotations
 
-
-import pytest
 import torch
 
 import optwin.monitor as om
-from _matcher_fixture import cached_db
 from _monitor_fixture import NativeRMSNorm, fake_clock, rows_of_absmax
 from optwin.fingerprints.forecast import ForecastConfig
 from optwin.fingerprints.sidecar import SidecarConfig, SidecarThread
-
-
-@pytest.fixture(scope="module")
-def db(tmp_path_factory) -> str:
-    return cached_db(str(tmp_path_factory.mktemp("fp") / "fp.duckdb"))
 
 
 def _episodes(**mon_kwargs) -> om.Monitor:

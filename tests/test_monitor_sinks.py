@@ -17,21 +17,14 @@ os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
 
 import threading  # noqa: E402
 
-import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import optwin.kernels  # noqa: E402
 import optwin.monitor as om  # noqa: E402
-from _matcher_fixture import cached_db  # noqa: E402
 from optwin.ingest.models import load_llama_tiny  # noqa: E402
 
 IDS = torch.randint(0, 1000, (2, 5), generator=torch.Generator().manual_seed(1))
 FUSED_OPS = ("rmsnorm", "rope", "softmax")
-
-
-@pytest.fixture(scope="module")
-def db(tmp_path_factory) -> str:
-    return cached_db(str(tmp_path_factory.mktemp("fp") / "fp.duckdb"))
 
 
 def _fused_streams(mon: om.Monitor) -> dict[str, int]:

@@ -9,13 +9,11 @@ stats.skipped (documented as counting the calls it refused) read 0 for them.
 
 from __future__ import annotations
 
-import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 import optwin.monitor as om
-from _matcher_fixture import cached_db
 
 
 class _Refused(nn.Module):
@@ -27,11 +25,6 @@ class _Refused(nn.Module):
         a = F.scaled_dot_product_attention(q, q, q, scale=1.0)  # not 1/sqrt(d)
         n = F.layer_norm(x.reshape(2, 2, 16), (2, 16))  # normalized over the last two dims
         return y.sum() + a.sum() + n.sum()
-
-
-@pytest.fixture(scope="module")
-def db(tmp_path_factory) -> str:
-    return cached_db(str(tmp_path_factory.mktemp("fp") / "fp.duckdb"))
 
 
 def test_monitor_counts_refused_calls_in_stats_skipped(db: str) -> None:

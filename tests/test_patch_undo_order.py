@@ -22,17 +22,11 @@ from transformers.models.llama import modeling_llama as M  # noqa: E402
 
 import optwin.kernels  # noqa: E402
 import optwin.monitor as om  # noqa: E402
-from _matcher_fixture import cached_db  # noqa: E402
 from optwin.ingest.models import load_llama_tiny  # noqa: E402
 from optwin.kernels import sketch_sink  # noqa: E402
 
 IDS = torch.randint(0, 1000, (2, 5), generator=torch.Generator().manual_seed(1))  # (batch, seq)
 NAMES = ("apply_rotary_pos_emb", "eager_attention_forward")
-
-
-@pytest.fixture(scope="module")
-def db(tmp_path_factory) -> str:
-    return cached_db(str(tmp_path_factory.mktemp("fp") / "fp.duckdb"))
 
 
 @pytest.fixture

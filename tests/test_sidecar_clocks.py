@@ -15,25 +15,13 @@ import random
 
 import pytest
 
-from _matcher_fixture import cached_db
 from optwin.fingerprints.client import HTTP
 from optwin.fingerprints.forecast import ForecastConfig, Stream
-from optwin.fingerprints.matcher import Matcher
 from optwin.fingerprints.sidecar import SidecarConfig, SidecarThread
 
 BASE = {"numel": 1024.0, "rows": 4.0, "absmax": 1.0, "rms": 0.3, "nonfinite": 0.0, "hidden": 256.0,
         "max_row_rms": 0.3, "weight_absmax": 1.0}
 KEY = ("model.layers.3.mlp.norm:rmsnorm", "rmsnorm", "native-dtype", "float16")
-
-
-@pytest.fixture(scope="module")
-def db(tmp_path_factory) -> str:
-    return cached_db(str(tmp_path_factory.mktemp("fp") / "fp.duckdb"))
-
-
-@pytest.fixture(scope="module")
-def m(db) -> Matcher:
-    return Matcher.open(db)
 
 
 def _sk(x: float) -> dict[str, float]:

@@ -11,7 +11,6 @@ import time
 
 import pytest
 
-from _matcher_fixture import cached_db
 from optwin.fingerprints.client import HTTP
 from optwin.fingerprints.sidecar import SidecarConfig, SidecarThread
 from _procs import wait_for
@@ -23,11 +22,6 @@ CFG = SidecarConfig(max_lag_s=60.0, request_timeout_s=2.0)
 # The kernel's own tables tell whether the server still holds a connection: its counters cannot show a socket it
 # has given up on but not closed.
 linux_only = pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads /proc/net (Linux)")
-
-
-@pytest.fixture(scope="module")
-def db(tmp_path_factory) -> str:
-    return cached_db(str(tmp_path_factory.mktemp("fp") / "fp.duckdb"))
 
 
 def _tcp_held(port: int, socks: list[socket.socket]) -> int:

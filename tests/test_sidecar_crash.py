@@ -12,9 +12,7 @@ import subprocess
 import sys
 import time
 
-import pytest
-
-from _matcher_fixture import RMS_SKETCH as SK, cached_db
+from _matcher_fixture import RMS_SKETCH as SK
 from optwin.fingerprints.client import HTTP, SidecarClient
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -42,11 +40,6 @@ def _start(db: str, url: str) -> subprocess.Popen:
         time.sleep(0.1)
     p.kill()
     raise RuntimeError("sidecar did not start")
-
-
-@pytest.fixture(scope="module")
-def db(tmp_path_factory) -> str:
-    return cached_db(str(tmp_path_factory.mktemp("fp") / "fp.duckdb"))
 
 
 def test_kill_9_mid_stream_client_keeps_running_and_reconnects(db):

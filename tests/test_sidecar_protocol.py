@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from _matcher_fixture import RMS_SKETCH as SK, cached_db
+from _matcher_fixture import RMS_SKETCH as SK
 from optwin.fingerprints.client import HTTP, SidecarClient
 from optwin.fingerprints.sidecar import ListenError, SidecarConfig, SidecarThread, parse_listen
 
@@ -28,11 +28,6 @@ HOT = dict(SK, absmax=600.0, rms=200.0, max_row_rms=250.0)
 def rec(stream: str = "s", sketch: dict | None = None, t: float = 0.0, **kw) -> dict:
     return {"stream": stream, "op": "rmsnorm", "variant": "native-dtype", "dtype": "float16",
             "sketch": SK if sketch is None else sketch, "params": {}, "t": t, **kw}
-
-
-@pytest.fixture(scope="module")
-def db(tmp_path_factory) -> str:
-    return cached_db(str(tmp_path_factory.mktemp("fp") / "fp.duckdb"))
 
 
 # In-thread servers share the GIL with the test (and hypothesis): event-loop lag there is the

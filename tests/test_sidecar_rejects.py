@@ -7,14 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from _matcher_fixture import RMS_SKETCH as SK, rms_record as rec, cached_db
+from _matcher_fixture import RMS_SKETCH as SK, rms_record as rec
 from optwin.fingerprints.sidecar import SidecarConfig, SidecarState
-
-
-
-@pytest.fixture(scope="module")
-def db(tmp_path_factory) -> str:
-    return cached_db(str(tmp_path_factory.mktemp("fp") / "fp.duckdb"))
 
 
 # Each is wrong in one field checked after the names: before the fix the stream was created (evicting at the cap)

@@ -20,17 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from _matcher_fixture import cached_db
 from _procs import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 SK = {"numel": 256.0, "rows": 4.0, "absmax": 3.0, "rms": 1.0, "nonfinite": 0.0, "hidden": 64.0,
       "max_row_rms": 1.2, "weight_absmax": 1.0}
-
-
-@pytest.fixture(scope="module")
-def db(tmp_path_factory) -> str:
-    return cached_db(str(tmp_path_factory.mktemp("fp") / "fp.duckdb"))
 
 
 def read_until(s: socket.socket, marker: bytes) -> bytes:

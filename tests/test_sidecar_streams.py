@@ -8,17 +8,9 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
-from _matcher_fixture import RMS_SKETCH as SK, rms_record as rec, cached_db
+from _matcher_fixture import RMS_SKETCH as SK, rms_record as rec
 from optwin.fingerprints.client import HTTP
 from optwin.fingerprints.sidecar import SidecarConfig, SidecarState, SidecarThread
-
-
-
-@pytest.fixture(scope="module")
-def db(tmp_path_factory) -> str:
-    return cached_db(str(tmp_path_factory.mktemp("fp") / "fp.duckdb"))
 
 
 def names(st: SidecarState) -> list[str]:
