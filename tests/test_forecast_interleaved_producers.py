@@ -12,16 +12,10 @@ from __future__ import annotations
 
 import pytest
 
-from _matcher_fixture import cached_db
 from optwin.fingerprints.matcher import Matcher
 
 BASE = {"numel": 1024.0, "rows": 4.0, "absmax": 1.0, "rms": 0.3, "nonfinite": 0.0, "hidden": 256.0,
         "max_row_rms": 0.3, "weight_absmax": 1.0}
-
-
-@pytest.fixture(scope="module")
-def m(tmp_path_factory) -> Matcher:
-    return Matcher.open(cached_db(str(tmp_path_factory.mktemp("fp") / "fp.duckdb")))
 
 
 def _sk(t: float) -> dict[str, float]:

@@ -4,27 +4,16 @@ send them (SKETCH_FEATURES is unchanged), so a sketch without one must still be 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
 from optwin.fingerprints.matcher import Matcher
 from optwin.fingerprints.regions import feature_bin, region_values
 from optwin.ingest.sketch import SKETCH_FEATURES
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _matcher_fixture import cached_db  # noqa: E402
-
 # A float16 layernorm call with an exactly constant row of 700 (and no varying row)
 CONST_SKETCH = {"numel": 1536.0, "rows": 4.0, "absmax": 700.0, "rms": 700.0, "nonfinite": 0.0, "hidden": 384.0,
                 "max_mean_over_std": 0.0, "min_row_std": 0.0, "weight_absmax": 1.0, "bias_absmax": 0.5,
                 "const_absmax": 700.0}
-
-
-@pytest.fixture(scope="module")
-def m(tmp_path_factory) -> Matcher:  # noqa: ANN001
-    return Matcher.open(cached_db(str(tmp_path_factory.mktemp("fp") / "fp.duckdb")))
 
 
 def test_the_derived_flag_is_not_asked_of_producers() -> None:

@@ -7,18 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from _matcher_fixture import cached_db
 from optwin.errors import CatalogError
-from optwin.fingerprints.matcher import Matcher
 
 GOOD = ("rmsnorm", "native-dtype", "float16")
 SKETCH = {"numel": 256.0, "rows": 4.0, "absmax": 4.0, "rms": 1.0, "nonfinite": 0.0, "hidden": 64.0,
           "max_row_rms": 1.0, "weight_absmax": 1.0}
-
-
-@pytest.fixture(scope="module")
-def m(tmp_path_factory) -> Matcher:
-    return Matcher.open(cached_db(str(tmp_path_factory.mktemp("fp") / "fp.duckdb")))
 
 
 @pytest.mark.parametrize("bad,kind", [(["rmsnorm"], "list"), ({"a": 1}, "dict"), (None, "NoneType"), (3, "int"),

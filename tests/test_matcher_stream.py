@@ -9,17 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _matcher_fixture import _rmsnorm_case, _rope_case, cached_db, rope_true_p
+from _matcher_fixture import _rmsnorm_case, _rope_case, rope_true_p
 from optwin import twin
 from optwin.fingerprints.forecast import ForecastConfig
-from optwin.fingerprints.matcher import Matcher
 from optwin.fingerprints.sampling import Sampler, SamplingConfig
 from optwin.ingest import sketch
-
-
-@pytest.fixture(scope="module")
-def m(tmp_path_factory) -> Matcher:
-    return Matcher.open(cached_db(str(tmp_path_factory.mktemp("fp") / "fp.duckdb")))
 
 
 def test_growing_activations_warn_before_the_first_rmsnorm_fault(m):
