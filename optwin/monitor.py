@@ -106,6 +106,8 @@ class _MonitorRecorder(_cap.Recorder):
         # samplers and pending queue are the owner thread's alone)
         if not self.here() or not self.watches(op):
             return None
+        if self.foreign():  # another model's patched kernel, under its own monitor (capture's Recorder.foreign)
+            return None
         site = f"{self.stream}:{suffix}" if suffix else self.stream
         return self.mon._sampled(op, variant, str(dtype).removeprefix("torch."), site)
 

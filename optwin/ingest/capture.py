@@ -47,7 +47,8 @@ recorded again (no double counting: the eager softmax belongs to attention "math
 Threads and nesting: only the thread that entered the capture is recorded (module hooks and wrapped
 transformers functions are process-wide, so they test the thread; their suppression and module stack
 are per thread). Captures and monitors nest: each wrapped function feeds every one active in the
-thread.
+thread, except that a recorder with a model leaves out the calls inside another active recorder's
+model and not inside its own (Recorder.foreign: two models, each under its own monitor).
 
 Every record carries op, variant, dtype, stream (module path of the innermost module whose method
 is running, e.g. "encoder.layer.3.attention.self": Recorder.stream), call_index (order of calls in this capture), t (seconds
@@ -293,6 +294,27 @@ class Recorder:
                     return obj
             f = f.f_back
         return None
+
+    def foreign(self) -> bool:
+        """Whether the call running now (a torch function, a wrapped transformers function or a patched kernel,
+        which every recorder active in this thread is handed) is another model's: this recorder has a model
+        and the call runs inside none of its modules, but inside the model of another recorder active in the
+        thread. Two models each under its own monitor (nested) recorded each other's calls: the other
+        model's matmul, attention, softmax, rope and patched norms landed in streams with no module path
+        ("matmul", ":q:rope"), rope with this model's positions and base, and fed this model's forecasters and
+        verdicts. A call inside no recorder's model (the user's own torch call in the block) is still every
+        recorder's, as it was; a lone recorder, or one without a model, records everything as before (the
+        first test: with one interceptor in the thread it costs a length check)."""
+        here = getattr(intercept._LOCAL, "stack", None)
+        if here is None or len(here) < 2 or not self._paths or self._local.stack:
+            return False
+        others = [r for r in _here_recorders() if r is not self and r._paths]
+        if not others:
+            return False
+        f = sys._getframe(1)
+        if self._frame_module(f) is not None:
+            return False
+        return any(r._local.stack or r._frame_module(f) is not None for r in others)
 
     @property
     def module(self) -> nn.Module | None:
@@ -653,7 +675,7 @@ class _Interceptor:
         rec = self.rec
         rec.action = None  # a verdict a module hook left behind is not this call's
         local = rec._local  # this thread's (direct: the property costs on every call)
-        if local.suppress or not rec.watches(target.op):
+        if local.suppress or not rec.watches(target.op) or rec.foreign():  # foreign: another model's call
             return proceed(args, kwargs)
         local.suppress += 1
         try:
@@ -1162,7 +1184,7 @@ def _wrap_function(fname: str, orig: Callable, shared: _Shared) -> Callable:
         if not recs or not shared.users:
             return orig(*args, **kwargs)
         for rec in recs:
-            if rec._local.suppress == 0:
+            if rec._local.suppress == 0 and not rec.foreign():  # foreign: another model's call
                 try:
                     handler(rec, orig, *args, **kwargs)
                 except Exception as e:  # noqa: BLE001  never break the model (a monitor's FaultPredicted passes)
