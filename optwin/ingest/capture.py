@@ -19,7 +19,9 @@ Two interception paths, one per kind of call site:
   b = mat2 when alpha is 1 and beta 0 or 1 (the bias add is not modelled: see _addmm).
 * modules that optwin.kernels.patch swapped for our kernels -> their op's "triton" variant (rmsnorm,
   layernorm); under a monitor that takes fused sketches (optwin.kernels.sketch_sink) they, and the
-  patched rotary, record nothing here: the kernel hands the monitor its own sketch.
+  patched rotary, record nothing here: the kernel hands the monitor its own sketch. A call the patched
+  forward leaves to the model's own code (kernel_runs in optwin.kernels.patching: a bfloat16 input with
+  float32 weights, float64, gradients) is recorded as the unpatched module's.
 * modules and functions whose *numerics* make them a variant, through module forward hooks and,
   where the tensors never cross a module boundary, by wrapping the transformers function for the
   duration of the capture: `*RMSNorm` / `T5LayerNorm` modules -> rmsnorm, variant by reading the
@@ -870,11 +872,25 @@ def _rope_reason(rec: Recorder, mod: nn.Module, base: float | None, layer_type: 
     return reason
 
 
-def _call_kind(m: nn.Module, kind: tuple[str, str] | None) -> tuple[str, str] | None:
+def _call_kind(m: nn.Module, kind: tuple[str, str] | None, args: tuple, kwargs: dict) -> tuple[str, str] | None:
     """The module's kind for this call: a module optwin.kernels.patch swapped runs the op's `triton`
-    kernel (checked per call: a patch can come and go while the hooks stay)."""
+    kernel (checked per call: a patch can come and go while the hooks stay), unless its forward runs the
+    model's own code on these arguments (the patch's kernel_runs, the test the patched forward makes:
+    a bfloat16 input with float32 LayerNorm/RMSNorm weights, float64, gradients), when the call is the
+    unpatched module's. Taken for the kernel's, such a call was left to a kernel that never ran: under a
+    monitor nothing recorded it (the hook also suppressed the F.layer_norm inside), under a capture it
+    was recorded as the triton variant."""
     fused = sketch_sink.fused_op(m)
-    return (fused, "triton") if fused is not None else kind
+    if fused is None:
+        return kind
+    x = args[0] if args else next(iter(kwargs.values()), None)
+    if isinstance(x, torch.Tensor):
+        # patching is loaded: only a patch lists modules in FUSED (it imports this module: no import at the top)
+        from optwin.kernels.patching import kernel_runs
+
+        if not kernel_runs(m, x):
+            return kind
+    return fused, "triton"
 
 
 def _hooked(mod: nn.Module, kind: tuple[str, str] | None) -> bool:
@@ -925,7 +941,7 @@ def _install_module_hooks(rec: Recorder, model: nn.Module,
                 return
             local = rec._local  # this thread's suppress and stack (direct: the properties cost on every call)
             local.stack.append((path, m, False))  # True once this call holds a suppress count (post gives it back)
-            kind = _call_kind(m, kind0)
+            kind = _call_kind(m, kind0, args, kwargs)
             if kind is None:
                 return
             if not local.suppress:

@@ -313,22 +313,53 @@ def _launch(handle: Patch, op: str, dtype: torch.dtype, run: Callable[[bool], tu
     return y
 
 
+def _rmsnorm_takes(m: nn.Module, x: torch.Tensor) -> bool:
+    """Whether the patched RMSNorm m runs the kernel on x, not the module's own forward (see kernel_runs)."""
+    w = m.weight
+    # float64 models keep their own code (the kernels are fp32 inside), and so do calls that need gradients
+    # or whose tensors the kernels cannot reach
+    if x.dtype not in DTYPES or _needs_grad(x, w) or _off_device(x, w):
+        return False
+    # a weight wider than the input (HF's float32 q/k norms under autocast, _keep_in_fp32_modules) multiplies
+    # in its own precision: HF gives weight * h.to(input dtype) in float32, where the kernel would round the
+    # weight and the product to the input dtype (up to 1 % off): the model's code keeps HF's result
+    return torch.promote_types(x.dtype, w.dtype) == x.dtype
+
+
+def _layernorm_takes(m: nn.Module, x: torch.Tensor) -> bool:
+    """Whether the patched LayerNorm m runs the kernel on x, not the module's own forward (see kernel_runs)."""
+    if x.dtype not in DTYPES or _needs_grad(x, m.weight, m.bias) or _off_device(x, m.weight, m.bias):
+        return False
+    # parameters in another dtype than the input (a LayerNorm kept in float32 under bfloat16 activations,
+    # autocast over a float32 model) are torch's to handle, as rmsnorm's wider weight is HF's: CPU normalises
+    # and applies the float32 affine in float32, CUDA refuses the mix (under CUDA autocast: float32 in and out),
+    # where the kernel would round the weight and bias to the input dtype (an ulp off) or answer a refused call
+    return m.weight.dtype == x.dtype and (m.bias is None or m.bias.dtype == x.dtype)
+
+
+_TAKES = {"rmsnorm": _rmsnorm_takes, "layernorm": _layernorm_takes}
+
+
+def kernel_runs(module: nn.Module, x: torch.Tensor) -> bool:
+    """Whether the patched norm `module`'s forward runs its kernel on input x; False where it runs the model's own
+    code instead (float64, gradients, tensors off the kernels' device, parameters in another dtype) or where no
+    patch holds the module. The patched forwards decide by the same tests, and so do the capture hooks
+    (optwin.ingest.capture._call_kind), which must know before the call whether the kernel will sketch it: a
+    module they took for patched left its call to a kernel that never ran, and a bfloat16 LayerNorm with float32
+    weights went unrecorded under a monitor (and was recorded as the triton variant under a capture)."""
+    takes = _TAKES.get(sketch_sink.fused_op(module) or "")
+    return takes is not None and takes(module, x)
+
+
 def _rmsnorm_forward(handle: Patch, m: nn.Module) -> Callable[[nn.Module, torch.Tensor], torch.Tensor]:
     eps_set = _rms_eps(m)
 
     def forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
         if self is not m:  # a deepcopy of the patched module: the patch (and its undo) is the original's
             return type(self).forward(self, hidden_states)
+        if not _rmsnorm_takes(m, hidden_states):  # the test capture's hooks make too (kernel_runs)
+            return type(m).forward(m, hidden_states)
         w = m.weight
-        # float64 models keep their own code (the kernels are fp32 inside), and so do calls that need gradients
-        # or whose tensors the kernels cannot reach
-        if hidden_states.dtype not in DTYPES or _needs_grad(hidden_states, w) or _off_device(hidden_states, w):
-            return type(m).forward(m, hidden_states)
-        # a weight wider than the input (HF's float32 q/k norms under autocast, _keep_in_fp32_modules) multiplies
-        # in its own precision: HF gives weight * h.to(input dtype) in float32, where the kernel would round the
-        # weight and the product to the input dtype (up to 1 % off): the model's code keeps HF's result
-        if torch.promote_types(hidden_states.dtype, w.dtype) != hidden_states.dtype:
-            return type(m).forward(m, hidden_states)
         # torch.nn.RMSNorm(eps=None) takes the epsilon of its computation dtype, float32 for half-precision
         # inputs too (torch's _fused_rms_norm decomposition), not the input dtype's: bf16's 2**-7 would swamp
         # the mean square of small activations
@@ -344,13 +375,7 @@ def _layernorm_forward(handle: Patch, m: nn.LayerNorm) -> Callable[[nn.Module, t
     def forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
         if self is not m:  # a deepcopy of the patched module: the patch (and its undo) is the original's
             return type(self).forward(self, x)
-        if x.dtype not in DTYPES or _needs_grad(x, m.weight, m.bias) or _off_device(x, m.weight, m.bias):
-            return type(m).forward(m, x)
-        # parameters in another dtype than the input (a LayerNorm kept in float32 under bfloat16 activations,
-        # autocast over a float32 model) are torch's to handle, as rmsnorm's wider weight is HF's: CPU normalises
-        # and applies the float32 affine in float32, CUDA refuses the mix (under CUDA autocast: float32 in and out),
-        # where the kernel would round the weight and bias to the input dtype (an ulp off) or answer a refused call
-        if m.weight.dtype != x.dtype or (m.bias is not None and m.bias.dtype != x.dtype):
+        if not _layernorm_takes(m, x):  # the test capture's hooks make too (kernel_runs)
             return type(m).forward(m, x)
         # defer: where the launch runs a program per row (hidden sizes of the Welford launch), its finisher runs
         # batched with other calls' when the monitor settles them (optwin.kernels.deferred)
