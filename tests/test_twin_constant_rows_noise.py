@@ -1,9 +1,10 @@
-"""layernorm's exactly constant rows take the deterministic emulation in every noisy replay (twin.run).
+"""layernorm's exactly constant rows take the deterministic emulation in every noisy replay (twin.run) where that
+emulation is the GPU's row for row: torch in every dtype, triton in 16 bits (H100, bench/twin_constant_rows.py).
 
-Noise stands in for the orders and roundings the emulation cannot pin down; a constant row has none. Before
-TWIN_VERSION 6, stochastic rounding of the one-pass mean's s * fp32(1/n) sent E[h^2] - m^2 below -eps (NaN in
-most replays of a constant row at width 384) and the torch variant's uneven merges off by ulps (precision_loss),
-where the H200 never faults: the seed-4 labels' false warnings (bench/RESULTS.md, validate, stop 47).
+Before TWIN_VERSION 6, stochastic rounding sent the torch variant's uneven merges off by ulps (precision_loss in
+most replays of a constant row at width 384) where the GPU is exact: the seed-4 labels' false warnings
+(bench/RESULTS.md, validate, stops 47-48). one-pass keeps its noise: its E[h^2] rounds in an order the twin only
+assumes, and the H100 NaNs on constant rows the emulation calls clean.
 """
 
 from __future__ import annotations
@@ -22,21 +23,31 @@ def _inputs(dtype: torch.dtype, hidden: int = 384) -> dict[str, torch.Tensor]:
     return {"x": x, "weight": torch.ones(hidden).to(dtype), "bias": torch.zeros(hidden).to(dtype)}
 
 
-@pytest.mark.parametrize("variant", ["one-pass", "torch"])
+@pytest.mark.parametrize("variant,dtype", [("torch", "float16"), ("torch", "bfloat16"), ("torch", "float32"),
+                                           ("triton", "float16")])
 @pytest.mark.parametrize("noise", ["stochastic", "mca"])
-def test_constant_rows_replay_as_the_emulation(variant: str, noise: str) -> None:
-    inputs = _inputs(torch.float16)
-    r = twin.run("layernorm", variant, "float16", inputs, noise=noise, replays=48, seed=1, keep_replays=True)
-    assert not any(r.faults.values())
-    assert all(int(v.sum()) == 0 for v in r.replay_faults.values()), {k: int(v.sum()) for k, v in r.replay_faults.items()}
+def test_constant_rows_replay_as_the_emulation(variant: str, dtype: str, noise: str) -> None:
+    inputs = _inputs(getattr(torch, dtype))
+    r = twin.run("layernorm", variant, dtype, inputs, noise=noise, replays=48, seed=1, keep_replays=True)
     # the constant rows are the emulation bit for bit; the other rows still carry the noise
     assert torch.equal(r.replays[:, 1:3], r.emulated[1:3].expand(48, -1, -1))
     assert (r.replays[:, 0] != r.emulated[0]).any()
+    if dtype != "float32":
+        assert not any(r.faults.values())
+        assert all(int(v.sum()) == 0 for v in r.replay_faults.values()), {k: int(v.sum()) for k, v in r.replay_faults.items()}
+
+
+@pytest.mark.parametrize("variant,dtype", [("one-pass", "float16"), ("triton", "float32")])
+def test_constant_rows_keep_their_noise_where_the_order_is_assumed(variant: str, dtype: str) -> None:
+    inputs = _inputs(getattr(torch, dtype))
+    assert layernorm.noise_free_rows(variant, dtype, inputs, {}) is None
+    r = twin.run("layernorm", variant, dtype, inputs, noise="stochastic", replays=48, seed=1, keep_replays=True)
+    assert (r.replays[:, 1:3] != r.emulated[1:3]).any()
 
 
 def test_only_constant_rows_are_noise_free() -> None:
-    rows = layernorm.noise_free_rows(_inputs(torch.bfloat16), {})
+    rows = layernorm.noise_free_rows("torch", "bfloat16", _inputs(torch.bfloat16), {})
     assert rows is not None and rows.squeeze(-1).tolist() == [False, True, True, False]
     x = torch.randn(3, 8, dtype=torch.float64)  # no constant row
-    assert layernorm.noise_free_rows({"x": x}, {}) is None
-    assert layernorm.noise_free_rows({"x": torch.empty(0, 8, dtype=torch.float64)}, {}) is None
+    assert layernorm.noise_free_rows("torch", "float32", {"x": x}, {}) is None
+    assert layernorm.noise_free_rows("torch", "float32", {"x": torch.empty(0, 8, dtype=torch.float64)}, {}) is None

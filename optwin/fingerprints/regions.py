@@ -60,10 +60,13 @@ def _const_odd_width(sketch: Mapping[str, float]) -> float:
     """1.0 when a layernorm input has an exactly constant row with c != 0 and its width is not a power of two.
 
     Such a row's fp32 mean can miss c: aten's vectorized kernel merges thread counts unevenly (coefficients
-    like 2/3 at widths 384 and 768), the one-pass mean multiplies by a rounded 1/n. At a power-of-two width
-    every merge coefficient and 1/n is exact, and so is the mean. Whether the miss happens (and faults) also
-    depends on c's mantissa, so cells of such rows fault sometimes; without this flag they shared cells with
-    the power-of-two widths that never fault and warned for all of them (issue #8, seed-4 labels, stop 47).
+    like 2/3 at widths 384 and 768), the one-pass mean multiplies by a rounded 1/n. At a power-of-two width every
+    merge coefficient and 1/n is exact, and so is the mean. On an H100 (256 constant rows a width,
+    bench/gpu_constant_rows.py) torch's output faults at 384 and 768 and never at 1024..4096, in every dtype.
+    Whether the miss happens also depends on c's mantissa, so such cells fault sometimes; without the flag
+    they shared cells with the power-of-two widths and warned for all of them (issue #8, seed-4 labels).
+    The flag says nothing of the variance: one-pass's E[h^2] sums copies of fp32(c^2), which round at any
+    width (the H100 NaNs in 4 to 48 % of float16 rows at 768..4096).
     """
     hidden = int(sketch["hidden"])
     return 1.0 if sketch["const_absmax"] > 0 and hidden & (hidden - 1) else 0.0

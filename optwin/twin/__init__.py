@@ -11,8 +11,9 @@ and exposes:
 - `twin(num, variant, dtype, inputs, params) -> Tensor`: the variant step by step, each rounding
   point of the real implementation a `num.round(...)` / `num.sum(...)` call. Inputs are float64 and
   may carry a leading replay dim, so twins index trailing dims only;
-- optionally `noise_free_rows(inputs, params) -> bool Tensor (..., 1) | None`: rows whose every noisy
-  replay is the deterministic emulation (layernorm's exactly constant rows), None when there are none.
+- optionally `noise_free_rows(variant, dtype, inputs, params) -> bool Tensor (..., 1) | None`: rows whose every
+  noisy replay is the deterministic emulation (layernorm's exactly constant rows where the emulation is the
+  GPU's row for row), None when there are none.
 """
 
 from __future__ import annotations
@@ -143,7 +144,7 @@ def run(op: str, variant: str, dtype: str, inputs: Mapping[str, torch.Tensor], p
             result.replays = emulated.unsqueeze(0).expand(replays, *emulated.shape)
     else:
         batch = max(1, REPLAY_BATCH_BYTES // replay_bytes(x, exact, r_prob))
-        exact_rows = mod.noise_free_rows(x, p) if hasattr(mod, "noise_free_rows") else None
+        exact_rows = mod.noise_free_rows(variant, dtype, x, p) if hasattr(mod, "noise_free_rows") else None
         # Only the flags, the errors (and kept outputs) outlive a batch, each copied into a tensor made
         # before the first: small tensors made batch after batch would pin the freed heap (RSS grew
         # with every batch).
