@@ -48,6 +48,44 @@ def _collect(device: str, cases: int, seed: int, ops: list[str] | None, no_trito
                    max_seconds=max_seconds, checkpoint=checkpoint)
 
 
+def _data_ops(data: dict[str, Any]) -> list[str]:
+    """The operators a collection holds cases or traces of, in catalog order."""
+    from optwin.catalog import CATALOG
+
+    held = {c.get("op") for c in data.get("cases", [])} | {t.get("op") for t in data.get("traces", [])}
+    return [op for op in CATALOG if op in held]
+
+
+def _only_ops(data: dict[str, Any], ops: list[str], path: Path) -> dict[str, Any]:
+    """The collection restricted to `ops`: its cases, traces and failures of other operators left out. Without
+    this, --ops with --labels scored everything in the file, and operators the database lacks came in at AUROC 0.5
+    and dragged the pooled recall down. An asked operator the file holds nothing of is refused: scoring the rest
+    would report on less than was asked for."""
+    from optwin.catalog import operator
+
+    for op in ops:
+        operator(op)  # one-line CatalogError for a typo
+    held = _data_ops(data)
+    missing = [op for op in ops if op not in held]
+    if missing:
+        raise CatalogError(f"--ops {', '.join(missing)}: {path} holds no case or trace of it (it holds "
+                           f"{', '.join(held) or 'nothing'})")
+    keep = set(ops)
+    traces = [t for t in data.get("traces", []) if t.get("op") in keep]
+    trace_op = {t.get("name"): t.get("op") for t in data.get("traces", [])}
+
+    def failure_op(f: dict[str, Any]) -> Any:
+        if "op" in f:
+            return f["op"]
+        # A trace's failure names the trace only; one that failed before any call has no record, and trace
+        # names start with their operator ("rmsnorm-activations").
+        name = str(f.get("trace", ""))
+        return trace_op.get(name, name.split("-")[0])
+
+    return {**data, "ops": list(ops), "cases": [c for c in data.get("cases", []) if c.get("op") in keep],
+            "traces": traces, "failures": [f for f in data.get("failures", []) if failure_op(f) in keep]}
+
+
 def _score(data: dict[str, Any], db: Path, threshold: float | None, forecast: str) -> dict[str, Any]:
     from optwin.fingerprints.forecast import ForecastConfig
     from optwin.fingerprints.matcher import Matcher, MatcherConfig
@@ -97,6 +135,8 @@ def validate_command(
         from optwin.validate.score import read_collected
 
         data = read_collected(labels)
+        if op_list:
+            data = _only_ops(data, list(op_list), labels)
     else:
         data = _collect(device, cases, seed, list(op_list) if op_list else None, no_triton, trace_calls, max_seconds, collect_only)
         if collect_only is not None:
@@ -109,9 +149,11 @@ def validate_command(
             return
     assert db is not None
     report = _score(data, db, threshold, forecast)
+    report["ops"] = _data_ops(data)  # what the numbers are over: the pooled summary is only comparable for the same ops
     from optwin.validate.score import render
 
     render(report)
+    typer.echo(f"scored ops: {', '.join(report['ops']) or 'none'}", err=True)
     if json_out is not None:
         _write_json(report, json_out)
         typer.echo(f"wrote {json_out}", err=True)
