@@ -103,9 +103,12 @@ class BuildConfig:
     def plan_key(self) -> dict[str, Any]:
         """What determines the build's rows (engine, address and workers do not): the options (ops as a set:
         their order changes nothing), the profile's path and a hash of its files' bytes (a profile captured again
-        under the same path is another input), and the twin version (bumped whenever the twins' numerics change:
-        shards of older twins must not be gathered under this one's version). Not the git revision: any commit,
-        a README's included, would then throw away a killed build's shards."""
+        under the same path is another input), the twin version (bumped whenever the twins' numerics change:
+        shards of older twins must not be gathered under this one's version), and each op's region grid (features,
+        binning, derived features): shards key their rows by region, so a build resumed across a grid change
+        gathered 3- and 4-bin regions of one op, and the matcher refused the new database. Not the git revision:
+        any commit, a README's included, would then throw away a killed build's shards."""
+        from optwin.fingerprints.regions import grid
         from optwin.twin import TWIN_VERSION
 
         return {"ops": sorted(set(self.selected_ops())), "replays": self.n_replays, "cases": self.n_cases,
@@ -113,6 +116,7 @@ class BuildConfig:
                 "profile": os.path.abspath(self.profile) if self.profile else None,
                 "profile_digest": profile_digest(self.profile) if self.profile else None,
                 "twin_version": TWIN_VERSION,
+                "region_grid": {op: grid(op) for op in sorted(set(self.selected_ops()))},
                 "tolerances": self.tolerance_values(), "include_triton": self.include_triton}
 
     def tolerance_values(self) -> dict[str, float]:
@@ -161,7 +165,8 @@ def profile_digest(path: str) -> str:
     return h.hexdigest()
 
 
-_PLAN_NAMES = {"profile_digest": "the profile's files", "twin_version": "the twin version"}
+_PLAN_NAMES = {"profile_digest": "the profile's files", "twin_version": "the twin version",
+               "region_grid": "the region grid"}
 
 
 def _plan_changes(old: dict[str, Any], new: dict[str, Any]) -> str:
@@ -170,6 +175,9 @@ def _plan_changes(old: dict[str, Any], new: dict[str, Any]) -> str:
     for k in sorted(set(old) | set(new), key=lambda k: (k not in _PLAN_NAMES, k)):
         if old.get(k) != new.get(k):
             what = _PLAN_NAMES.get(k, k)
+            if k == "region_grid" and isinstance(old.get(k), dict):  # name the ops whose grid changed
+                ops = sorted(op for op in set(old[k]) | set(new.get(k) or {}) if old[k].get(op) != (new.get(k) or {}).get(op))
+                what = f"{what} of {', '.join(ops)}"
             parts.append(f"{what} ({old.get(k)} -> {new.get(k)})" if k.endswith("_version") else what)
     return ", ".join(parts)
 

@@ -115,6 +115,15 @@ def region_features(op: str) -> tuple[str, ...]:
     return operator(op).region_features
 
 
+def grid(op: str) -> dict[str, list]:
+    """What decides the op's region keys, as JSON-ready lists: its region features, each one's (scale, bins per
+    octave) and the names of its derived features. Builds compare it so that shards binned on two grids are never
+    gathered into one database (the matcher refuses such a database)."""
+    features = region_features(op)
+    return {"features": list(features), "binning": [list(_BINNING.get(f, (1.0, 1))) for f in features],
+            "derived": [name for name, _ in DERIVED.get(op, ())]}
+
+
 def region_of(op: str, sketch: Mapping[str, float]) -> Region:
     """The region (bin tuple over the op's region features) a sketch lies in."""
     return tuple(feature_bin(f, v) for f, v in zip(region_features(op), region_values(op, sketch)))
