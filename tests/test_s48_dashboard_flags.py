@@ -1,0 +1,69 @@
+"""layernorm's derived flag `const_odd_width` on the dashboard: shown as 0/1, listed in a case's sketch, and an
+older database binned without it refused with the matcher's one line.
+
+    python -m pytest -q tests/test_s48_dashboard_flags.py
+
+The flag is binned with scale 1e-6 (0 and 1 ~20 bins apart), so its bin's lower edge, which the pages showed, read
+0.524287 and a boundary "const_odd_width >= 0.5243"; the Cases page listed the stored sketch, which never holds a
+derived feature; and a database built before the flag (layernorm regions of 3 bins) rendered NaN probabilities
+beside a made-up const_odd_width of 0. A real quick layernorm build (a few seconds), and a copy of it whose
+layernorm region keys lose their last bin, as such a database has them.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from optwin.dashboard.data import bin_value
+from optwin.fingerprints.build import BuildConfig, build
+from optwin.fingerprints.regions import bin_lower_edge, feature_bin
+from test_dashboard_fixture import direct
+from test_dashboard_pages import app, metrics
+
+@pytest.fixture(scope="module")
+def real_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("flags") / "fp.duckdb"
+    build(BuildConfig(out=str(out), ops=("layernorm",), quick=True, cases=8, replays=2, seed=0, workers=1,
+                      include_triton=False))
+    return out
+
+
+def explorer(db: Path, variant: str = "torch", dtype: str = "float16"):
+    at = app(db, "pages/2_Operator_explorer.py")
+    at.selectbox(key="ex_variant").set_value(variant).run()
+    at.selectbox(key="ex_dtype").set_value(dtype).run()
+    return at
+
+
+def test_bin_value_maps_a_flags_bins_back_to_0_and_1() -> None:
+    assert [bin_value("const_odd_width", feature_bin("const_odd_width", v)) for v in (0.0, 1.0)] == [0.0, 1.0]
+    assert bin_lower_edge("const_odd_width", feature_bin("const_odd_width", 1.0)) < 0.6  # what was shown
+    # magnitudes keep their lower edge
+    assert bin_value("absmax", 40) == bin_lower_edge("absmax", 40)
+    assert bin_value("masked_rows", 19) == bin_lower_edge("masked_rows", 19)
+
+
+def test_the_explorer_shows_the_flag_as_0_and_1(real_db: Path, tmp_path: Path) -> None:
+    # which cells fault varies from build to build: in a copy, the flag-1 cells of one triple's precision_loss all
+    # fault and the flag-0 ones none, so the boundary along the flag is at its 1 (the flag is the key's last bin)
+    db = tmp_path / "set.duckdb"
+    shutil.copy(real_db, db)
+    flag1 = f"region LIKE '%|{feature_bin('const_odd_width', 1.0)}'"
+    variant, dtype = direct(db, f"SELECT variant, dtype FROM fingerprints WHERE {flag1} ORDER BY 1, 2 LIMIT 1")[0]
+    with duckdb.connect(str(db)) as c:
+        c.execute(f"UPDATE fingerprints SET n_faults = CASE WHEN {flag1} THEN n_replays ELSE 0 END, "
+                  f"probability = CASE WHEN {flag1} THEN 1.0 ELSE 0.0 END "
+                  "WHERE variant = ? AND dtype = ? AND fault_type = 'precision_loss'", [variant, dtype])
+    at = explorer(db, variant, dtype)
+    at.selectbox(key="ex_fault").set_value("precision_loss").run()
+    regions = at.dataframe[-1].value  # the Regions table, the page's last
+    assert "region" in regions and set(regions["const_odd_width"]) == {0.0, 1.0}
+    at.radio(key="ex_value").set_value("probability").run()
+    at.selectbox(key="ex_curve").set_value("const_odd_width").run()
+    at.slider(key="ex_threshold").set_value(0.5).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert metrics(at)["Boundary"] == "const_odd_width ≥ 1"
