@@ -12,6 +12,7 @@ layernorm region keys lose their last bin, as such a database has them.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -20,7 +21,7 @@ import pytest
 
 from optwin.dashboard.data import bin_value
 from optwin.fingerprints.build import BuildConfig, build
-from optwin.fingerprints.regions import bin_lower_edge, feature_bin
+from optwin.fingerprints.regions import bin_lower_edge, feature_bin, with_derived
 from test_dashboard_fixture import direct
 from test_dashboard_pages import app, metrics
 
@@ -67,3 +68,22 @@ def test_the_explorer_shows_the_flag_as_0_and_1(real_db: Path, tmp_path: Path) -
     at.slider(key="ex_threshold").set_value(0.5).run()
     assert not at.exception, [e.value for e in at.exception]
     assert metrics(at)["Boundary"] == "const_odd_width ≥ 1"
+
+
+def test_the_cases_sketch_lists_the_derived_flag(real_db: Path) -> None:
+    at = app(real_db, "pages/3_Cases.py")
+    # a triple with failing cases (the page lists only those): which ones fail varies from build to build
+    variant, dtype = direct(real_db, "SELECT variant, dtype FROM representatives ORDER BY 1, 2 LIMIT 1")[0]
+    at.selectbox(key="cs_variant").set_value(variant).run()
+    at.selectbox(key="cs_dtype").set_value(dtype).run()
+    case_id = at.selectbox(key="cs_case").value
+    assert case_id is not None, "the build has no failing case to show"
+    (stored,) = direct(real_db, "SELECT sketch FROM cases WHERE case_id = ?", [case_id])[0]
+    stored = json.loads(stored)
+    assert "const_odd_width" not in stored
+    (table,) = [d.value for d in at.dataframe if "feature" in d.value]  # the sketch table
+    table = table.set_index("feature")
+    want = with_derived("layernorm", stored)["const_odd_width"]
+    assert table.loc["const_odd_width", "value"] == want
+    assert table.loc["const_odd_width", "region feature"] and table.loc["const_odd_width", "derived"]
+    assert not table.loc["hidden", "derived"]

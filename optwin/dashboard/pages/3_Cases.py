@@ -15,6 +15,7 @@ from optwin.dashboard import charts
 from optwin.dashboard.common import page_context, pick, pick_triple
 from optwin.dashboard.snippet import reproduce_snippet
 from optwin.errors import CatalogError
+from optwin.fingerprints.regions import with_derived
 
 ALL = "all fault types"
 
@@ -68,8 +69,14 @@ with left:
                 f"case index {row['case_index']}, shard `{row['shard']}`, region `{row['region']}`"
                 + (" (held out)" if row.get("held_out") else ""))
     st.markdown("**Sketch**")
-    sketch = pd.DataFrame({"feature": list(detail.sketch), "value": list(detail.sketch.values())})
+    # with the op's derived region features (regions.DERIVED, never stored in a sketch), as the matcher places it
+    try:
+        full = dict(with_derived(op, detail.sketch))
+    except (KeyError, TypeError, ValueError):  # a sketch lacking what a derived feature is computed from
+        full = dict(detail.sketch)
+    sketch = pd.DataFrame({"feature": list(full), "value": list(full.values())})
     sketch["region feature"] = sketch["feature"].isin(spec.region_features)
+    sketch["derived"] = ~sketch["feature"].isin(list(detail.sketch))
     st.dataframe(sketch, hide_index=True, key="cs_sketch")
     flags = {ft: (row.get(f"det_{ft}"), row.get(f"n_{ft}")) for ft in spec.fault_types}
     st.markdown("**Faults** (deterministic flag; faulting replays of "
