@@ -1,13 +1,13 @@
-"""layernorm's derived flag `const_odd_width` on the dashboard: shown as 0/1, listed in a case's sketch, and an
-older database binned without it refused with the matcher's one line.
+"""layernorm's derived flag `const_odd_width` on the dashboard: shown as 0/1, listed in a case's sketch, and a
+database binned without it refused with the matcher's one line.
 
     python -m pytest -q tests/test_s48_dashboard_flags.py
 
 The flag is binned with scale 1e-6 (0 and 1 ~20 bins apart), so its bin's lower edge, which the pages showed, read
 0.524287 and a boundary "const_odd_width >= 0.5243"; the Cases page listed the stored sketch, which never holds a
 derived feature; and a database built before the flag (layernorm regions of 3 bins) rendered NaN probabilities
-beside a made-up const_odd_width of 0. A real quick layernorm build (a few seconds), and a copy of it whose
-layernorm region keys lose their last bin, as such a database has them.
+beside a made-up const_odd_width of 0 (and one such op blanked every op's probabilities on Compare builds). A real
+quick layernorm build (a few seconds), and copies whose region keys lose their last bin, as such a database has them.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from optwin.dashboard.data import bin_value
+from optwin.dashboard.data import bin_value, open_data
 from optwin.fingerprints.build import BuildConfig, build
 from optwin.fingerprints.regions import bin_lower_edge, feature_bin, with_derived
-from test_dashboard_fixture import direct
+from test_dashboard_fixture import direct, make_db
 from test_dashboard_pages import app, metrics
 
 @pytest.fixture(scope="module")
@@ -87,3 +87,36 @@ def test_the_cases_sketch_lists_the_derived_flag(real_db: Path) -> None:
     assert table.loc["const_odd_width", "value"] == want
     assert table.loc["const_odd_width", "region feature"] and table.loc["const_odd_width", "derived"]
     assert not table.loc["hidden", "derived"]
+
+
+def test_a_database_binned_without_the_flag_is_refused_in_one_line(real_db: Path, tmp_path: Path) -> None:
+    db = tmp_path / "old.duckdb"
+    shutil.copy(real_db, db)
+    with duckdb.connect(str(db)) as c:  # layernorm's regions as an optwin before the flag binned them: 3 bins
+        c.execute(r"UPDATE fingerprints SET region = regexp_replace(region, '\|[^|]*$', '') WHERE op = 'layernorm'")
+    at = explorer(db)
+    assert len(at.error) == 1, [e.value for e in at.error]
+    line = at.error[0].value
+    assert "\n" not in line and "layernorm" in line and "binned on other region features" in line
+    assert "optwin build" in line and str(db) in line
+    # nothing made up: no probabilities, no region table with a const_odd_width of 0
+    assert "P(fault), matcher" not in metrics(at) and not [d for d in at.dataframe if "const_odd_width" in d.value]
+    (build_id,) = direct(db, "SELECT build_id FROM builds")[0]
+    assert open_data(db).binning_errors(str(build_id)) == [line]
+    assert open_data(real_db).binning_errors(str(build_id)) == []
+
+
+def test_compare_names_the_refused_op_and_keeps_the_others(tmp_path: Path) -> None:
+    # two builds of rmsnorm and softmax; build-1's softmax regions lose a bin, as an older catalog's would
+    db = make_db(tmp_path / "fp.duckdb")
+    with duckdb.connect(str(db)) as c:
+        c.execute(r"UPDATE fingerprints SET region = regexp_replace(region, '\|[^|]*$', '') "
+                  "WHERE op = 'softmax' AND build_id = 'build-1'")
+    at = app(db, "pages/5_Compare_builds.py")
+    assert len(at.error) == 1, [e.value for e in at.error]
+    assert "softmax (build build-1)" in at.error[0].value and "rmsnorm" not in at.error[0].value
+    diff = open_data(db).compare("build-1", "build-2")
+    # one refused op no longer blanks the served probabilities of the others
+    both = diff[diff["status"].isin(["same", "changed"])]
+    assert both[both["op"] == "rmsnorm"]["p_matcher_a"].notna().all() and (both["op"] == "rmsnorm").any()
+    assert diff[diff["op"] == "softmax"]["p_matcher_a"].isna().all()

@@ -22,6 +22,7 @@ from typing import Any, Sequence
 import pandas as pd
 
 from optwin.catalog import FAULT_TYPES, operator
+from optwin.errors import DatabaseError
 from optwin.fingerprints.migrations.v0001_initial import TABLES
 from optwin.fingerprints.regions import bin_lower_edge, feature_bin, parse_region_key
 from optwin.fingerprints.stats import wilson
@@ -36,34 +37,39 @@ def file_identity(path: str | os.PathLike) -> tuple[int, int, int] | None:
     return (st.st_ino, st.st_mtime_ns, st.st_size)
 
 
-def served_probability(df: pd.DataFrame) -> pd.Series:
+def served_probability(df: pd.DataFrame, source: str = "fingerprint rows", strict: bool = False) -> pd.Series:
     """Per fingerprint row, the probability the matcher serves for that row's cell, from the matcher's own code
     (`Matcher.from_rows` over these rows, then `TripleIndex.lookup` of the row's region): the noisy replays'
     fault rate blended with the deterministic emulation (`MatcherConfig.det_weight`), and for fault types with
     their own features the pooled marginal cell. The row's `probability` column is the replays' rate alone,
     which is not what warns: the two fall on opposite sides of the threshold in some cells.
 
-    NaN where the matcher would not serve the rows (binned on another catalog's features: it refuses them).
+    The matcher refuses an op whose rows were binned on other region features (a database from an older
+    catalog, `binning_errors`): with `strict` its one-line DatabaseError (naming `source`) is raised, else that
+    op's rows are NaN. Each op is indexed apart, so one refused op leaves the others' probabilities standing.
     """
     from optwin.errors import OptwinError
     from optwin.fingerprints.matcher import Matcher, MatcherConfig
 
+    out = pd.Series(float("nan"), index=df.index, dtype="float64")
     if df.empty:
-        return pd.Series([], index=df.index, dtype="float64")
+        return out
     cfg = MatcherConfig()
     rows = df.astype(object).where(df.notna(), None).to_dict("records")  # NaN det_faults -> None, as SQL NULL
-    try:
-        m = Matcher.from_rows(rows, config=cfg)
-    except OptwinError:
-        return pd.Series(float("nan"), index=df.index, dtype="float64")
-    out = []
-    for op, variant, dtype, region, ft in zip(df["op"], df["variant"], df["dtype"], df["region"], df["fault_type"]):
-        ti = m.index.get((op, variant, dtype))
-        if ti is None or ft not in ti.fault_types:
-            out.append(float("nan"))
+    for op in df["op"].unique():
+        mine = [r for r in rows if r["op"] == op]
+        try:
+            m = Matcher.from_rows(mine, config=cfg, source=source)
+        except OptwinError:
+            if strict:
+                raise
             continue
-        out.append(ti.lookup(parse_region_key(region), cfg)[0][ti.fault_types.index(ft)])
-    return pd.Series(out, index=df.index, dtype="float64")
+        at = df.index[(df["op"] == op).to_numpy()]
+        for i, r in zip(at, mine):
+            ti = m.index.get((r["op"], r["variant"], r["dtype"]))
+            if ti is not None and r["fault_type"] in ti.fault_types:
+                out[i] = ti.lookup(parse_region_key(r["region"]), cfg)[0][ti.fault_types.index(r["fault_type"])]
+    return out
 
 
 def pool(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
@@ -115,12 +121,18 @@ def bin_value(feature: str, b: int) -> float:
 
 
 def with_region_features(df: pd.DataFrame, op: str) -> pd.DataFrame:
-    """Add per region feature a bin column `bin:<f>` and its value column `<f>` (`bin_value`)."""
+    """Add per region feature a bin column `bin:<f>` and its value column `<f>` (`bin_value`).
+
+    A region key with another number of bins than the op's features (binned on an older catalog) raises the
+    DatabaseError the matcher raises for it, rather than padding the missing bins with made-up zeros."""
     feats = operator(op).region_features
     out = df.copy()
     bins = [parse_region_key(k) for k in out["region"]] if len(out) else []
+    if any(len(b) != len(feats) for b in bins):
+        served_probability(df, strict=True)  # the matcher's own one-line refusal
+        raise DatabaseError(f"{op}: region keys of {len(feats)} bins expected ({', '.join(feats)})")
     for i, f in enumerate(feats):
-        out[f"bin:{f}"] = [b[i] if i < len(b) else 0 for b in bins]
+        out[f"bin:{f}"] = [b[i] for b in bins]
         out[f] = [bin_value(f, b) for b in out[f"bin:{f}"]]
     return out
 
@@ -282,12 +294,29 @@ class DashboardData:
     def fingerprints(self, build: str, op: str, variant: str | None = None, dtype: str | None = None,
                      fault_type: str | None = None) -> pd.DataFrame:
         """Fingerprint rows of one op (optionally one variant/dtype/fault type), with bin columns and the
-        matcher's served probability (`p_matcher`; `probability` is the replays' fault rate)."""
+        matcher's served probability (`p_matcher`; `probability` is the replays' fault rate).
+
+        DatabaseError (one line, the matcher's) when the op's rows were binned on other region features than
+        this optwin's: an older database the matcher refuses, whose cells mean something else here."""
         df = self._rows("fingerprints", build, op=op, variant=variant, dtype=dtype)
-        df["p_matcher"] = served_probability(df)
+        df["p_matcher"] = served_probability(df, source=self.path, strict=True)
         if fault_type is not None:
             df = df[df["fault_type"] == fault_type].reset_index(drop=True)
         return with_region_features(df, op)
+
+    def binning_errors(self, build: str) -> list[str]:
+        """One line per op of the build whose fingerprints the matcher refuses (binned on other region features
+        than this optwin's: an older catalog), the matcher's own DatabaseError text; [] when it reads them all."""
+        from optwin.errors import OptwinError
+
+        df = self._df("fingerprints", build_id=build)
+        errors = []
+        for op in sorted(df["op"].unique()):
+            try:
+                served_probability(df[df["op"] == op], source=self.path, strict=True)
+            except OptwinError as e:
+                errors.append(str(e))
+        return errors
 
     # --- cases --------------------------------------------------------------------------------
 
@@ -341,7 +370,7 @@ class DashboardData:
 
         def side(build: str) -> pd.DataFrame:
             df = self._df("fingerprints", build_id=build, op=op)
-            return df.assign(p_matcher=served_probability(df), p_replays=df["probability"])[keep]
+            return df.assign(p_matcher=served_probability(df, source=self.path), p_replays=df["probability"])[keep]
 
         df = side(build_a).merge(side(build_b), on=key, how="outer", suffixes=("_a", "_b"), indicator=True)
         df["delta"] = df["p_matcher_b"] - df["p_matcher_a"]

@@ -16,6 +16,7 @@ from optwin.catalog import operator
 from optwin.dashboard import charts
 from optwin.dashboard.common import page_context, pick, pick_triple
 from optwin.dashboard.data import boundary, pool
+from optwin.errors import OptwinError
 from optwin.fingerprints.matcher import MatcherConfig
 
 st.title("Operator explorer")
@@ -24,7 +25,11 @@ assert ctx is not None
 
 op, variant, dtype, c4 = pick_triple(ctx, "ex")
 spec = operator(op)
-fp_all = ctx.q("fingerprints", ctx.build, op, None, None, None)  # every variant/dtype/fault of the op
+try:
+    fp_all = ctx.q("fingerprints", ctx.build, op, None, None, None)  # every variant/dtype/fault of the op
+except OptwinError as e:  # binned on an older catalog's features: the matcher refuses it, and so do we
+    st.error(str(e))
+    st.stop()
 sel = fp_all[(fp_all.variant == variant) & (fp_all.dtype == dtype)]
 with c4:
     # start on the fault type this triple shows most
