@@ -1131,9 +1131,13 @@ def rope_table_of(rec: Recorder, cos: Any) -> tuple[Any, float | None, str | Non
 
 
 def _record_rope(rec: Recorder, orig: Callable, q, k, cos, sin, *args, **kwargs) -> None:  # noqa: ANN001
-    # our patched rotary (optwin.kernels.patch) hands a monitor its fused sketch itself
+    # our patched rotary (optwin.kernels.patch) hands a monitor its fused sketch itself, when its kernel runs: on
+    # a call it leaves to the model's code (gradients, partial rotary, off the kernels' device) no kernel does
     if rec.takes_fused and sketch_sink.fused_function(orig) == "rope":
-        return
+        from optwin.kernels.patching import rotary_runs  # loaded: only a patch makes a fused function
+
+        if rotary_runs(orig, q, k, cos, sin, *args, **kwargs):
+            return
     unsq = kwargs.get("unsqueeze_dim", args[1] if len(args) > 1 else 1)
     pos, base, reason = rope_table_of(rec, cos)
     if pos is None or q.ndim != 4:

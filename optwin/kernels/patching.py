@@ -357,7 +357,7 @@ def _rmsnorm_forward(handle: Patch, m: nn.Module) -> Callable[[nn.Module, torch.
     def forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
         if self is not m:  # a deepcopy of the patched module: the patch (and its undo) is the original's
             return type(self).forward(self, hidden_states)
-        if not _rmsnorm_takes(m, hidden_states):  # the test capture's hooks make too (kernel_runs)
+        if not _rmsnorm_takes(m, hidden_states):  # the capture hooks' test too (kernel_runs)
             return type(m).forward(m, hidden_states)
         w = m.weight
         # torch.nn.RMSNorm(eps=None) takes the epsilon of its computation dtype, float32 for half-precision
@@ -375,7 +375,7 @@ def _layernorm_forward(handle: Patch, m: nn.LayerNorm) -> Callable[[nn.Module, t
     def forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
         if self is not m:  # a deepcopy of the patched module: the patch (and its undo) is the original's
             return type(self).forward(self, x)
-        if not _layernorm_takes(m, x):  # the test capture's hooks make too (kernel_runs)
+        if not _layernorm_takes(m, x):  # the capture hooks' test too (kernel_runs)
             return type(m).forward(m, x)
         # defer: where the launch runs a program per row (hidden sizes of the Welford launch), its finisher runs
         # batched with other calls' when the monitor settles them (optwin.kernels.deferred)
@@ -385,12 +385,29 @@ def _layernorm_forward(handle: Patch, m: nn.LayerNorm) -> Callable[[nn.Module, t
     return forward
 
 
+# The attribute of a patched rotary function that holds its test (rotary_runs).
+_TAKES_ATTR = "_optwin_takes"
+
+
+def rotary_runs(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
+    """Whether the patched apply_rotary_pos_emb `fn` runs its kernel on these arguments; False where it runs the
+    model's own code (an undone patch, unsqueeze_dim other than 1, partial rotary, float64, gradients, tensors
+    off the kernels' device) or fn is not ours. The patched function decides by the same test, and so does a
+    monitor's wrapper around it (optwin.ingest.capture._record_rope), which leaves the call's sketch to the
+    kernel only when the kernel runs: left to it always, a call running the model's code went unmonitored."""
+    takes = getattr(fn, _TAKES_ATTR, None)
+    return takes is not None and takes(*args, **kwargs)
+
+
 def _rotary(handle: Patch, original: Callable[..., Any]) -> Callable[..., Any]:
-    def apply_rotary_pos_emb(q, k, cos, sin, *args: Any, **kwargs: Any):  # HF signature
+    def takes(q, k, cos, sin, *args: Any, **kwargs: Any) -> bool:  # the kernel's calls (see rotary_runs)
         unsqueeze_dim = kwargs.get("unsqueeze_dim", args[-1] if args else 1)
-        if (not handle._live or unsqueeze_dim != 1 or cos.ndim != 3 or q.ndim != 4 or q.dtype not in DTYPES
-                or cos.shape[-1] != q.shape[-1]  # not the kernel's (partial rotary: the model's own code)
-                or _needs_grad(q, k, cos, sin) or _off_device(q, k, cos, sin)):
+        return not (not handle._live or unsqueeze_dim != 1 or cos.ndim != 3 or q.ndim != 4 or q.dtype not in DTYPES
+                    or cos.shape[-1] != q.shape[-1]  # not the kernel's (partial rotary: the model's own code)
+                    or _needs_grad(q, k, cos, sin) or _off_device(q, k, cos, sin))
+
+    def apply_rotary_pos_emb(q, k, cos, sin, *args: Any, **kwargs: Any):  # HF signature
+        if not takes(q, k, cos, sin, *args, **kwargs):
             return original(q, k, cos, sin, *args, **kwargs)
         # variant: HF's tables are fp32 angles cast to dtype, rope's fault driver; only the final
         # combine differs (fp32, one rounding, where HF rounds each product): fp32-angles, as capture names it
@@ -399,6 +416,7 @@ def _rotary(handle: Patch, original: Callable[..., Any]) -> Callable[..., Any]:
                      for name, x in (("q", q), ("k", k)))
 
     setattr(apply_rotary_pos_emb, sketch_sink.FUSED_ATTR, "rope")
+    setattr(apply_rotary_pos_emb, _TAKES_ATTR, takes)
     # undone, it emits no sketch: a monitor's wrapper still calling it (_set_global) must sketch rope itself
     handle._undo.append(lambda: delattr(apply_rotary_pos_emb, sketch_sink.FUSED_ATTR))
     return apply_rotary_pos_emb
