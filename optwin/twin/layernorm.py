@@ -247,16 +247,16 @@ def rowwise_welford(num: Numerics, h: torch.Tensor, threads: int = ATEN_ROWWISE_
 def noise_free_rows(variant: str, dtype: str, inputs: dict[str, torch.Tensor], params: dict) -> torch.Tensor | None:
     """The exactly constant rows (..., 1) whose noisy replays are the deterministic emulation; None if none.
 
-    Rounding noise stands in for the orders and roundings the emulation cannot pin down. For torch (every dtype)
-    and triton in 16 bits a constant row has none: its sums of h are multiples of c in any order, every merge sees
-    equal means, and the emulation (an uneven merge's one-ulp miss of the mean included) is the GPU's result row
-    for row: 256 rows a width at 384..4096 on an H100, bench/gpu_constant_rows.py and bench/twin_constant_rows.py
-    (bench/RESULTS.md, validate, stop 48). There the noise only invented faults: the torch variant's merges off by
-    ulps where the GPU is exact. one-pass keeps its noise: its E[h^2] sums copies of fp32(c^2), which round in
-    an order the twin only assumes (the H100 NaNs at widths 768..4096 where the emulation does not), and so does
-    triton's float32 sum of c.
+    Rounding noise stands in for the orders and roundings the emulation cannot pin down. A constant row's are
+    pinned: its sums of h are multiples of c, its E[h^2] sums copies of fp32(c^2) in torch's reduce order
+    (Numerics._cuda_reduce), every merge sees equal means, and the emulation (an uneven merge's one-ulp miss
+    of the mean, one-pass's E[h^2] - m^2 below -eps) is the GPU's result row for row: 256 rows a width at
+    384..4096 in every dtype on an H100, bench/gpu_constant_rows.py and bench/twin_constant_rows.py
+    (bench/RESULTS.md, validate, stop 48). There the noise only invented faults: NaN in most one-pass
+    replays of a constant row at widths 384 and 768 where the GPU gives none. triton's float32 rows keep
+    their noise: its sums of c round in an order the twin misses (the H100 faults where it does not).
     """
-    if variant == "one-pass" or (variant == "triton" and dtype == "float32"):
+    if variant == "triton" and dtype == "float32":
         return None
     x = inputs["x"]  # (..., hidden)
     if x.numel() == 0:

@@ -460,7 +460,7 @@ class Numerics:
 
     # -- reductions -------------------------------------------------------------------------
     def sum(self, x: torch.Tensor, dim: int = -1, acc: Format | str = "float32", order: str = "blocked",
-            lanes: int = 256, keepdim: bool = False) -> torch.Tensor:
+            lanes: int = 256, keepdim: bool = False, outputs: int = 1) -> torch.Tensor:
         """Sum along `dim` accumulating in format `acc`, rounding after every addition.
 
         order:
@@ -468,7 +468,9 @@ class Numerics:
         - "pairwise":   a balanced tree (Triton's tl.sum, a warp shuffle reduction);
         - "blocked":    each of `lanes` threads sums its strided elements i, i+lanes, ... in
                         sequence, then a tree over the lanes (a GPU block reduction; with lanes = K
-                        chunks it is a split-K reduction).
+                        chunks it is a split-K reduction);
+        - "cuda":       torch's CUDA reduce kernel over the last dim (`_cuda_reduce`), whose block
+                        width depends on how many sums the call makes (`outputs`: the rows).
         Under noise "order" the elements are permuted at random (per replay and row) and the lane
         count is drawn from {32, 64, ..., 1024}.
         """
@@ -494,6 +496,8 @@ class Numerics:
             out = self._tree(x, add)
         elif order == "blocked":
             out = self._blocked(x, add, lanes)
+        elif order == "cuda":
+            out = self._cuda_reduce(x, add, outputs)
         else:
             raise ValueError(f"unknown reduction order {order!r}")
         out = out.to(torch.float64)
@@ -506,7 +510,7 @@ class Numerics:
             return _add32
         return lambda s, t: self.round(s + t, acc)
 
-    def mean(self, x: torch.Tensor, dim: int = -1, acc: Format | str = "float32", order: str = "blocked",
+    def mean(self, x: torch.Tensor, dim: int = -1, acc: Format | str = "float32", order: str = "cuda",
              lanes: int = 256, keepdim: bool = False) -> torch.Tensor:
         """CUDA's torch.mean over `dim`: the sum accumulated in `acc` (as `sum`), times the float32
         factor ~ 1/n, the product rounded in `acc` (MeanOps::project returns acc * factor, SharedReduceOps.h;
@@ -518,7 +522,7 @@ class Numerics:
         rows = x.numel() // n
         if self.replays and x.ndim > 1 and x.shape[0] == self.replays:
             rows //= self.replays
-        s = self.sum(x, dim, acc, order, lanes, keepdim)
+        s = self.sum(x, dim, acc, order, lanes, keepdim, outputs=rows)
         return self.round(s * cuda_mean_factor(rows, n), acc)
 
     def max(self, x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
@@ -553,6 +557,49 @@ class Numerics:
         for i in range(1, steps):
             s = add(s, x[..., i, :])
         return self._tree(s, add)
+
+    def _cuda_reduce(self, x: torch.Tensor, add, outputs: int) -> torch.Tensor:
+        """torch's CUDA reduce (Reduce.cuh) of contiguous rows over their last dim, `outputs` rows a launch.
+
+        ReduceConfig::set_block_dimension gives each row `width` threads (a power of two: 32 once 16 or more
+        rows share a block, up to 512 for one row). Rows of more than 128 elements, a multiple of 4, are read
+        as vectors of 4 (input_vec_size): thread t holds 4 accumulators, accumulator j sums elements
+        4 (t + k width) + j for k = 0, 1, ... in sequence; shorter rows are read element-wise with vt0 = 4
+        accumulators, accumulator j summing t + j width + 4 k width. Each thread adds its accumulators in
+        order, then the block: shared memory halving while more than a warp is left, then the warp's
+        shuffle-downs at offsets 16, 8, ..., 1, halving too (one tree over the threads; the seed-4 labels
+        tell it from an adjacent-pair tree, which constant rows cannot). Zero padding stands for the threads and
+        accumulators past the row's end (x + 0 is exact). Checked on an H100 against one-pass layernorm's
+        constant rows, where the order decides NaN or not (bench/twin_constant_rows.py: 3840 of 3840 rows,
+        where "blocked" over 256 lanes missed 105), and on the H200's seed-4 labels (stop 48).
+        Rows long enough that ReduceConfig splits them over several warps of a block (values per thread
+        >= 16 x block height, or >= 256) take a block-level tree this does not model: "blocked" stands in.
+        """
+        n = x.shape[-1]
+        vectorized = n > 128 and n % 4 == 0
+        dim0 = n // 4 if vectorized else n
+        dim0_pow2 = min(1 << (dim0.bit_length() - 1), 512)
+        dim1_pow2 = min(1 << (max(outputs, 1).bit_length() - 1), 512)
+        width = min(dim0_pow2, 32)
+        height = min(dim1_pow2, 512 // width)
+        width = min(dim0_pow2, 512 // height)
+        per_thread = -(-dim0 // width)
+        if per_thread >= 16 * height or per_thread >= 256:
+            return self._blocked(x, add, 256)
+        steps = -(-n // (4 * width))
+        if steps * 4 * width != n:
+            x = torch.nn.functional.pad(x, (0, steps * 4 * width - n))
+        if vectorized:  # element 4 (t + k width) + j -> (k, t, j)
+            x = x.reshape(*x.shape[:-1], steps, width, 4).transpose(-1, -2)  # (..., steps, 4, width)
+        else:  # element t + j width + 4 k width -> (k, j, t)
+            x = x.reshape(*x.shape[:-1], steps, 4, width)  # (..., steps, 4, width)
+        acc = x[..., 0, :, :]
+        for k in range(1, steps):
+            acc = add(acc, x[..., k, :, :])
+        s = acc[..., 0, :]  # (..., width)
+        for j in range(1, 4):
+            s = add(s, acc[..., j, :])
+        return self._tree(s, add)  # shared memory, then the warp's shuffles: both halve
 
     # -- products -----------------------------------------------------------------------------
     def matmul(self, a: torch.Tensor, b: torch.Tensor, out: Format | str, acc: Format | str = "float32",
