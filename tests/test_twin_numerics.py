@@ -258,7 +258,7 @@ def test_mean_multiplies_by_a_float32_reciprocal_as_cuda_does(monkeypatch) -> No
     some rows. The factor counts one input's means (a replay dim is not rows): past 2^24 elements
     fp32(numel) can round, so 4097 rows of 4097 take a factor one ulp off fp32(1/4097)."""
     x = _sum_data(5, rows=64, n=3000)  # (64, 3000) float32
-    s = Numerics().sum(x.double()).float()  # (64,) the fp32 sums
+    s = Numerics().sum(x.double(), order="cuda", outputs=64).float()  # (64,) the fp32 sums, in the mean's order
     inv = torch.tensor(1 / 3000, dtype=torch.float32)
     got = Numerics().mean(x.double())
     assert_same(got, (s * inv).double(), "mean")
