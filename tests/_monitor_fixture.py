@@ -31,3 +31,15 @@ def fake_clock(step: float = 0.5):
     """A monitor clock that advances `step` seconds a reading."""
     tick = itertools.count()
     return lambda: step * next(tick)
+
+
+def eager_llama(theta: float, seed: int) -> nn.Module:
+    """A one-layer eager Llama (hidden 64, 2 heads) with rope base `theta`, for tests that run two models' monitors."""
+    import transformers  # imports triton: after the test module has set TRITON_INTERPRET
+
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=1 << 20,
+                                   rope_parameters={"rope_type": "default", "rope_theta": theta},
+                                   attn_implementation="eager")
+    return transformers.LlamaForCausalLM(cfg).eval()

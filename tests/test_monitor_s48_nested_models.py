@@ -24,26 +24,12 @@ import torch  # noqa: E402
 
 import optwin.kernels  # noqa: E402
 import optwin.monitor as om  # noqa: E402
-from _matcher_fixture import cached_db  # noqa: E402
+from _monitor_fixture import eager_llama  # noqa: E402
 
 SEQ = 8
 FAR = 100000  # A's first position: fp32 angles lose the position there (rope's fault driver)
 
 
-@pytest.fixture(scope="module")
-def db(tmp_path_factory) -> str:
-    return cached_db(str(tmp_path_factory.mktemp("fp") / "fp.duckdb"))
-
-
-def _llama(theta: float, seed: int) -> torch.nn.Module:
-    import transformers  # imports triton: after TRITON_INTERPRET is set
-
-    torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                                   num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=1 << 20,
-                                   rope_parameters={"rope_type": "default", "rope_theta": theta},
-                                   attn_implementation="eager")
-    return transformers.LlamaForCausalLM(cfg).eval()
 
 
 IDS = torch.randint(1, 100, (1, SEQ), generator=torch.Generator().manual_seed(1))  # (1, SEQ)
@@ -69,7 +55,7 @@ def _alone(db: str, model: torch.nn.Module, run) -> tuple[set, int]:  # noqa: AN
 @pytest.mark.parametrize("patched", [False, True])
 @pytest.mark.parametrize("a_outer", [True, False])
 def test_nested_monitors_record_only_their_own_models_calls(db, patched, a_outer):
-    a, b = _llama(10000.0, 0), _llama(500000.0, 1)
+    a, b = eager_llama(10000.0, 0), eager_llama(500000.0, 1)
     pa, pb = (optwin.kernels.patch(a), optwin.kernels.patch(b)) if patched else (nullcontext(), nullcontext())
     with torch.no_grad(), pa, pb:
         want_a, want_b = _alone(db, a, lambda: _run_a(a)), _alone(db, b, lambda: b(IDS))
@@ -93,7 +79,7 @@ def test_nested_monitors_record_only_their_own_models_calls(db, patched, a_outer
 
 def test_a_call_in_neither_model_is_still_every_monitors(db):
     """The user's own torch call in the block belongs to no model: each monitor records it, as a lone one does."""
-    a, b = _llama(10000.0, 0), _llama(500000.0, 1)
+    a, b = eager_llama(10000.0, 0), eager_llama(500000.0, 1)
     x = torch.randn(4, 16, generator=torch.Generator().manual_seed(2))  # (4, 16)
     with torch.no_grad(), om.Monitor(a, db=db, sampling="always") as ma, om.Monitor(b, db=db, sampling="always") as mb:
         torch.softmax(x, -1)

@@ -22,25 +22,11 @@ import torch  # noqa: E402
 
 import optwin.kernels  # noqa: E402
 import optwin.monitor as om  # noqa: E402
-from _matcher_fixture import cached_db  # noqa: E402
+from _monitor_fixture import eager_llama  # noqa: E402
 
 SEQ = 8
 
 
-@pytest.fixture(scope="module")
-def db(tmp_path_factory) -> str:
-    return cached_db(str(tmp_path_factory.mktemp("fp") / "fp.duckdb"))
-
-
-def _llama(theta: float, seed: int) -> torch.nn.Module:
-    import transformers  # imports triton: after TRITON_INTERPRET is set
-
-    torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                                   num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=1 << 20,
-                                   rope_parameters={"rope_type": "default", "rope_theta": theta},
-                                   attn_implementation="eager")
-    return transformers.LlamaForCausalLM(cfg).eval()
 
 
 def _own_ropes(mon: om.Monitor) -> dict[str, tuple[float, float]]:
@@ -51,7 +37,7 @@ def _own_ropes(mon: om.Monitor) -> dict[str, tuple[float, float]]:
 
 @pytest.mark.parametrize("a_outer", [True, False])  # _Fanout hands the buffer to the innermost monitor first
 def test_each_monitor_reads_its_own_models_rope_tail_from_the_shared_buffer(db, a_outer):
-    a, b = _llama(10000.0, 0), _llama(500000.0, 1)
+    a, b = eager_llama(10000.0, 0), eager_llama(500000.0, 1)
     ids = torch.randint(1, 100, (1, SEQ), generator=torch.Generator().manual_seed(1))
     far = torch.arange(SEQ)[None] + 100000  # (1, SEQ): A's fault-inducing positions
     kw = {"db": db, "sampling": "always", "ops": ("rope",)}
