@@ -494,7 +494,10 @@ def _sdpa(rec: Recorder, args: tuple, kwargs: dict) -> None:
     n = None if is_causal else _used_keys(rec, mask, q.shape[2], k.shape[2])
     if n is not None:  # the mask's used keys (a static cache's unwritten slots dropped), causal when seq_q == n
         k, v = k[:, :, :n], v[:, :, :n]
-        causal = _bottom_right(q.shape[2], n)
+        # one mask row for every query row (HF's pack_gqa decode step: q (b, kv_heads, n_rep, d), its n_rep rows
+        # one token's heads): every row sees the same n keys, non-causal; as a bottom-right mask (n_rep queries on
+        # n keys) it was skipped as a cached multi-token step, every GQA decode step with a mask
+        causal = False if mask.shape[-2] == 1 else _bottom_right(q.shape[2], n)
     else:
         causal = _sdpa_causal(rec, mask, is_causal, q.shape[2], k.shape[2])
     if causal is None:
@@ -1064,10 +1067,13 @@ def _used_keys(rec: Recorder, mask: Any, seq_q: int, seq_k: int) -> int | None:
     other key masked, in every batch row and head: causal, bottom-right aligned, over the first n keys,
     the rest unused. A static KV cache passes all of its max_cache_len slots with the unwritten ones
     masked: its prefill (12 queries, 14 slots) was recorded non-causal over 14 keys, its decode steps
-    over the empty slots too. None for any other mask (padding, sliding windows, additive biases).
-    The check syncs once per mask: every layer is handed the same tensor, whose verdict is kept."""
-    if not isinstance(mask, torch.Tensor) or mask.ndim != 4 or tuple(mask.shape[-2:]) != (seq_q, seq_k):
+    over the empty slots too. A mask of one row for all seq_q query rows (a packed GQA decode step, see
+    _sdpa) gives n when that row allows exactly the first n keys. None for any other mask (padding,
+    sliding windows, additive biases). The check syncs once per mask: every layer is handed the same tensor, whose verdict is kept."""
+    if not isinstance(mask, torch.Tensor) or mask.ndim != 4 or mask.shape[-1] != seq_k or mask.shape[-2] not in (seq_q, 1):
         return None
+    # one row for all query rows (HF's pack_gqa decode): every query sees the same keys, the first n of them
+    shared = mask.shape[-2] == 1
     seen, v = rec._mask_seen, _version(mask)
     if seen is not None and seen[0] is mask and v is not None and seen[1] == v:
         return seen[2]
@@ -1076,7 +1082,10 @@ def _used_keys(rec: Recorder, mask: Any, seq_q: int, seq_k: int) -> int | None:
         n = int(allowed[..., -1, :].sum(-1).max())
         i = torch.arange(seq_q, device=mask.device)[:, None]
         j = torch.arange(seq_k, device=mask.device)[None, :]
-        ok = seq_q <= n and bool((allowed == (j <= n - seq_q + i)).all())
+        if shared:
+            ok = n >= 1 and bool((allowed == (j < n)).all())
+        else:
+            ok = seq_q <= n and bool((allowed == (j <= n - seq_q + i)).all())
     rec._mask_seen = (mask, v, n if ok else None)
     return rec._mask_seen[2]
 
