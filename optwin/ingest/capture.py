@@ -217,7 +217,7 @@ class Recorder:
         self._rope_checked: dict[Any, tuple[Any, ...]] = {}  # (id(rotary module), layer type) -> inv_freq verdict (_rope_reason)
         self._rope_tables_checked: dict[Any, tuple[Any, ...]] = {}  # the same key -> its cos/sin verdict (_table_reason)
         self._norm_weights: dict[int, tuple[Any, ...]] = {}  # id(norm module) -> (w, version, 1 + w) (_norm_weight)
-        self._mask_seen: tuple[Any, ...] | None = None  # (attention mask, version, used keys) (_used_keys)
+        self._mask_seen: tuple[Any, ...] | None = None  # (mask, version, used keys, _mask_other, seq_q) (_used_keys)
         self._rope_pending: tuple[Any, str | None] | None = None  # the rotary call running (_keep_rope_table)
         self._rope_tables: dict[Any, tuple[Any, ...]] = {}  # its tables: (cos, positions, base, reason)
         self._records: list[dict[str, Any]] | None = None
@@ -498,6 +498,11 @@ def _sdpa(rec: Recorder, args: tuple, kwargs: dict) -> None:
         # one token's heads): every row sees the same n keys, non-causal; as a bottom-right mask (n_rep queries on
         # n keys) it was skipped as a cached multi-token step, every GQA decode step with a mask
         causal = False if mask.shape[-2] == 1 else _bottom_right(q.shape[2], n)
+    elif _mask_other(rec, mask) and getattr(rec.calling_module(), "is_causal", False):
+        rec.skip(MASK_SKIP)  # a sliding window, a bias: no catalog form
+        return
+    elif isinstance(mask, torch.Tensor) and mask.ndim == 4 and mask.shape[-2] == 1:
+        causal = False  # one row of keys (and padding) for every query row: a (packed) decode step, see above
     else:
         causal = _sdpa_causal(rec, mask, is_causal, q.shape[2], k.shape[2])
     if causal is None:
@@ -517,6 +522,13 @@ def _sdpa(rec: Recorder, args: tuple, kwargs: dict) -> None:
 # would let it see one. Such calls are skipped and counted under this reason.
 BOTTOM_RIGHT_SKIP = ("attention: cached multi-token step (causal mask bottom-right aligned, seq_q < seq_k): the "
                      "catalog's causal is top-left and takes no mask")
+
+# A causal module's mask that is neither causal over a prefix of the keys (_used_keys) nor causal with padded
+# keys masked (_mask_other): a sliding window (Qwen2, Mistral: row 11 of a 4-wide window sees keys 8..11), an
+# additive bias. It was recorded as the plain causal mask over every key (the twin's output 0.2 off the model's
+# on a sliding-window prefill); the catalog's attention takes no mask, so such calls are skipped and counted.
+# Padding stays recorded as before (causal, or non-causal for one query row, over every key).
+MASK_SKIP = "attention: mask not causal-only: sliding window / bias (the catalog's attention takes no mask)"
 
 
 def _bottom_right(seq_q: int, seq_k: int) -> bool | None:
@@ -1069,13 +1081,14 @@ def _used_keys(rec: Recorder, mask: Any, seq_q: int, seq_k: int) -> int | None:
     masked: its prefill (12 queries, 14 slots) was recorded non-causal over 14 keys, its decode steps
     over the empty slots too. A mask of one row for all seq_q query rows (a packed GQA decode step, see
     _sdpa) gives n when that row allows exactly the first n keys. None for any other mask (padding,
-    sliding windows, additive biases). The check syncs once per mask: every layer is handed the same tensor, whose verdict is kept."""
+    sliding windows, additive biases). The check syncs once per mask (twice when it also decides
+    _mask_other): every layer is handed the same tensor, whose verdicts are kept in rec._mask_seen."""
     if not isinstance(mask, torch.Tensor) or mask.ndim != 4 or mask.shape[-1] != seq_k or mask.shape[-2] not in (seq_q, 1):
         return None
     # one row for all query rows (HF's pack_gqa decode): every query sees the same keys, the first n of them
     shared = mask.shape[-2] == 1
     seen, v = rec._mask_seen, _version(mask)
-    if seen is not None and seen[0] is mask and v is not None and seen[1] == v:
+    if seen is not None and seen[0] is mask and v is not None and seen[1] == v and seen[4] == seq_q:
         return seen[2]
     with torch.no_grad():
         allowed = mask if mask.dtype == torch.bool else mask == 0
@@ -1086,8 +1099,21 @@ def _used_keys(rec: Recorder, mask: Any, seq_q: int, seq_k: int) -> int | None:
             ok = n >= 1 and bool((allowed == (j < n)).all())
         else:
             ok = seq_q <= n and bool((allowed == (j <= n - seq_q + i)).all())
-    rec._mask_seen = (mask, v, n if ok else None)
+        other = False
+        if not ok:  # causal (bottom-right over all keys) with the keys no row of a batch row sees (padding) masked?
+            pad = ~allowed.any(-2, keepdim=True).any(-3, keepdim=True)
+            want = (torch.ones_like(j, dtype=torch.bool) if shared else j <= seq_k - seq_q + i) & ~pad
+            dead = ~want.any(-1, keepdim=True)  # a padding token's query row: whatever the model left in it
+            other = not bool(((allowed == want) | dead).all())
+    rec._mask_seen = (mask, v, n if ok else None, other, seq_q)
     return rec._mask_seen[2]
+
+
+def _mask_other(rec: Recorder, mask: Any) -> bool:
+    """Whether _used_keys, just run on `mask`, found it neither causal over a key prefix nor causal plus
+    padding (a sliding window, a bias: MASK_SKIP). False for masks it did not read (other shapes)."""
+    seen = rec._mask_seen
+    return seen is not None and seen[0] is mask and seen[3]
 
 
 def _rope_inputs(x: torch.Tensor, pos: torch.Tensor, unsqueeze_dim: int,
@@ -1116,6 +1142,9 @@ def _record_eager(rec: Recorder, orig: Callable, module, query, key, value, atte
         key, value = key[:, :, :n], value[:, :, :n]
     if n is not None:  # the mask itself says: causal over its used keys (top-left, as the sketch's) when seq_q == n
         causal = _bottom_right(seq_q, n)
+    elif _mask_other(rec, attention_mask) and getattr(module, "is_causal", False):
+        rec.skip(MASK_SKIP)  # a sliding window, a bias: no catalog form
+        return
     else:
         causal = _mask_causal(attention_mask, seq_q, seq_k, bool(getattr(module, "is_causal", False)))
     if causal is None:
