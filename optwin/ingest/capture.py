@@ -1168,6 +1168,9 @@ def rope_table_of(rec: Recorder, cos: Any) -> tuple[Any, float | None, str | Non
     return rec.last_positions, rec.last_base, reason
 
 
+PARTIAL_ROTARY_SKIP = "rope: partial rotary (cos/sin narrower than q: the catalog's rope rotates every dim)"
+
+
 def _record_rope(rec: Recorder, orig: Callable, q, k, cos, sin, *args, **kwargs) -> None:  # noqa: ANN001
     # our patched rotary (optwin.kernels.patch) hands a monitor its fused sketch itself, when its kernel runs: on
     # a call it leaves to the model's code (gradients, partial rotary, off the kernels' device) no kernel does
@@ -1182,6 +1185,11 @@ def _record_rope(rec: Recorder, orig: Callable, q, k, cos, sin, *args, **kwargs)
         rec.skip("rope: positions unknown (no rotary-embedding module ran)")
     elif reason is not None or base is None:
         rec.skip(reason or "rope: base unknown", 2)  # q and k
+    elif isinstance(cos, torch.Tensor) and cos.shape[-1] != q.shape[-1]:
+        # partial rotary (Phi-3's partial_rotary_factor, GPT-NeoX's rotary_pct, StableLM, Phi-2): the call rotates
+        # only q's first cos.shape[-1] dims and passes the rest through; recorded as the catalog's full-width rope
+        # its twin rotated them all (0.6 off the model's output). The catalog's rope has no rotary width.
+        rec.skip(PARTIAL_ROTARY_SKIP, 2)
     elif rec.watches("rope"):  # record() would drop both calls; the stream's frame walk need not run
         params = {"base": base}
         site = rec.stream
