@@ -42,3 +42,15 @@ def test_the_block_width_follows_the_rows_of_the_call() -> None:
     many = num.sum(x.expand(64, -1), order="cuda", outputs=64)
     assert two[0] != many[0]  # the order changes with the launch, as torch's does
     assert torch.equal(two, two[:1].expand(2)) and torch.equal(many, many[:1].expand(64))
+
+
+def test_edges_of_the_modelled_order() -> None:
+    num = Numerics()
+    # torch's accumulators start at +0: a row of -0.0 sums to +0.0
+    s = num.sum(torch.full((16, 256), -0.0, dtype=torch.float64), order="cuda", outputs=16)
+    assert torch.equal(s, torch.zeros(16, dtype=torch.float64)) and not s.signbit().any()
+    with pytest.raises(ValueError, match="last dim"):
+        num.sum(torch.ones(4, 256, dtype=torch.float64), dim=0, order="cuda", outputs=256)
+    # rows torch splits over a block's warps (16 rows of 8192: 256 elements a thread) take "blocked", as documented
+    x = (torch.arange(1, 8193, dtype=torch.float64) / 3).float().double().expand(16, -1)
+    assert torch.equal(num.sum(x, order="cuda", outputs=16), num.sum(x, order="blocked", lanes=256))

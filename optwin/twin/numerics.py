@@ -475,6 +475,8 @@ class Numerics:
         count is drawn from {32, 64, ..., 1024}.
         """
         acc = fmt(acc)
+        if order == "cuda" and dim not in (-1, x.ndim - 1):  # torch sets a strided reduction up otherwise
+            raise ValueError(f"order 'cuda' models a reduction over the last dim, not dim {dim}")
         x = x.movedim(dim, -1)
         n = x.shape[-1]
         if self.noise == "order" and n > 1:
@@ -562,8 +564,8 @@ class Numerics:
         """torch's CUDA reduce (Reduce.cuh) of contiguous rows over their last dim, `outputs` rows a launch.
 
         ReduceConfig::set_block_dimension gives each row `width` threads (a power of two: 32 once 16 or more
-        rows share a block, up to 512 for one row). Rows of more than 128 elements, a multiple of 4, are read
-        as vectors of 4 (input_vec_size): thread t holds 4 accumulators, accumulator j sums elements
+        rows share a block, up to 512 for one row). Rows of more than 128 elements are read as vectors of 4
+        (input_vec_size): thread t holds 4 accumulators, accumulator j sums elements
         4 (t + k width) + j for k = 0, 1, ... in sequence; shorter rows are read element-wise with vt0 = 4
         accumulators, accumulator j summing t + j width + 4 k width. Each thread adds its accumulators in
         order, then the block: shared memory halving while more than a warp is left, then the warp's
@@ -572,18 +574,22 @@ class Numerics:
         accumulators past the row's end (x + 0 is exact). Checked on an H100 against one-pass layernorm's
         constant rows, where the order decides NaN or not (bench/twin_constant_rows.py: 3840 of 3840 rows,
         where "blocked" over 256 lanes missed 105), and on the H200's seed-4 labels (stop 48).
-        Rows long enough that ReduceConfig splits them over several warps of a block (values per thread
-        >= 16 x block height, or >= 256) take a block-level tree this does not model: "blocked" stands in.
+        Not modelled, "blocked" over 256 lanes stands in: rows long enough that ReduceConfig splits them over
+        several warps of a block (values per thread, in elements, >= 16 x block height or >= 256: 16 rows of
+        8192, one of 131072), and rows past 128 elements that are not a multiple of 4 (an unaligned head and
+        tail read apart).
         """
         n = x.shape[-1]
-        vectorized = n > 128 and n % 4 == 0
+        vectorized = n > 128
+        if vectorized and n % 4:  # torch reads such rows' unaligned head and tail apart: not modelled
+            return self._blocked(x, add, 256)
         dim0 = n // 4 if vectorized else n
         dim0_pow2 = min(1 << (dim0.bit_length() - 1), 512)
         dim1_pow2 = min(1 << (max(outputs, 1).bit_length() - 1), 512)
         width = min(dim0_pow2, 32)
         height = min(dim1_pow2, 512 // width)
         width = min(dim0_pow2, 512 // height)
-        per_thread = -(-dim0 // width)
+        per_thread = -(-n // width)  # values_per_thread counts elements, vectorized or not
         if per_thread >= 16 * height or per_thread >= 256:
             return self._blocked(x, add, 256)
         steps = -(-n // (4 * width))
@@ -593,7 +599,7 @@ class Numerics:
             x = x.reshape(*x.shape[:-1], steps, width, 4).transpose(-1, -2)  # (..., steps, 4, width)
         else:  # element t + j width + 4 k width -> (k, j, t)
             x = x.reshape(*x.shape[:-1], steps, 4, width)  # (..., steps, 4, width)
-        acc = x[..., 0, :, :]
+        acc = add(torch.zeros_like(x[..., 0, :, :]), x[..., 0, :, :])  # from +0, as torch's accumulators: -0 + 0 = +0
         for k in range(1, steps):
             acc = add(acc, x[..., k, :, :])
         s = acc[..., 0, :]  # (..., width)
