@@ -24,7 +24,7 @@ import pandas as pd
 from optwin.catalog import FAULT_TYPES, operator
 from optwin.errors import DatabaseError
 from optwin.fingerprints.migrations.v0001_initial import TABLES
-from optwin.fingerprints.regions import bin_lower_edge, feature_bin, parse_region_key
+from optwin.fingerprints.regions import FLAGS, bin_lower_edge, feature_bin, parse_region_key
 from optwin.fingerprints.stats import wilson
 
 
@@ -103,16 +103,9 @@ def boundary(curve: pd.DataFrame, feature: str, threshold: float, column: str = 
     return float(hit[feature].min()) if len(hit) else None
 
 
-# Region features whose values are 0 or 1 (regions.DERIVED's const_odd_width). Their grid puts 0 and 1 ~20 bins
-# apart (so no interpolation mixes them), which makes 1's bin start at 0.524: shown as its lower edge, the flag
-# read 0.524287 and a boundary "const_odd_width >= 0.5243". Every other region feature is a magnitude, count or
-# fraction whose bins stand for ranges (no op's region features include `causal` or another flag).
-FLAGS = frozenset({"const_odd_width"})
-
-
 def bin_value(feature: str, b: int) -> float:
     """The value a region bin stands for in tables, axes and boundaries: its lower edge (`bin_lower_edge`), and
-    for a flag (FLAGS) the flag itself, 0 or 1, from the bins `feature_bin` puts them in."""
+    for a flag (regions.FLAGS) the flag itself, 0 or 1, from the bins `feature_bin` puts them in."""
     if feature in FLAGS:
         for v in (0.0, 1.0):
             if feature_bin(feature, v) == b:
@@ -128,9 +121,9 @@ def with_region_features(df: pd.DataFrame, op: str) -> pd.DataFrame:
     feats = operator(op).region_features
     out = df.copy()
     bins = [parse_region_key(k) for k in out["region"]] if len(out) else []
-    if any(len(b) != len(feats) for b in bins):
-        served_probability(df, strict=True)  # the matcher's own one-line refusal
-        raise DatabaseError(f"{op}: region keys of {len(feats)} bins expected ({', '.join(feats)})")
+    if any(len(b) != len(feats) for b in bins):  # fingerprints() has the matcher refuse it first; rows from elsewhere
+        raise DatabaseError(f"{op}: region keys of {len(feats)} bins expected ({', '.join(feats)}): binned on "
+                            "another optwin's region features; rebuild with `optwin build`")
     for i, f in enumerate(feats):
         out[f"bin:{f}"] = [b[i] for b in bins]
         out[f] = [bin_value(f, b) for b in out[f"bin:{f}"]]

@@ -79,6 +79,11 @@ DERIVED: dict[str, tuple[tuple[str, Callable[[Mapping[str, float]], float]], ...
 }
 
 
+# Region features whose values are 0 or 1. Their grid puts 0 and 1 ~20 bins apart (no interpolation mixes them),
+# so 1's bin starts at 0.524: a flag is shown as its value, not its bin's lower edge (dashboard.data.bin_value).
+FLAGS: frozenset[str] = frozenset({"const_odd_width"})
+
+
 def with_derived(op: str, sketch: Mapping[str, float]) -> Mapping[str, float]:
     """The sketch with the op's derived region features added (the sketch itself when the op has none)."""
     derived = DERIVED.get(op)

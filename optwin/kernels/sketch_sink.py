@@ -50,12 +50,13 @@ class _Fanout:
     had already left that call's sketch to the kernel, so nobody sketched or counted it (a second
     monitor, nested or in another thread, silently stopped the first one checking rmsnorm, rope and
     softmax). Every sink is asked, not just the first that says yes, so each monitor counts and samples
-    its own calls whichever other monitors run. The sinks share the call's buffer (a new one per launch): a
-    monitor reads it, except rope's two tail features (max position, base), which each monitor writes (from the
-    rotary call its own hooks saw last) just before reading them. Monitors of different models write different
-    values there, and each still reads its own: take hands the buffer to one sink at a time, a monitor reads the
-    features before returning (on CUDA its device-to-host copy is queued behind its write and ahead of the
-    next sink's, on the same stream), and rope's launch never defers its buffer (optwin.kernels.deferred)."""
+    its own calls whichever other monitors run. A monitor with a model turns down a call inside another
+    monitor's model (capture.Recorder.foreign), so monitors of different models share a buffer only for a call
+    inside neither (a user's own rope call in the `with` block). Then each reads the buffer, except rope's two
+    tail features (max position, base), which each monitor writes (from the rotary call its own hooks saw last)
+    just before reading them, and each still reads its own: take hands the buffer to one sink at a time, a
+    monitor reads the features before returning (on CUDA its device-to-host copy is queued behind its write and
+    ahead of the next sink's, on the same stream), and rope's launch never defers its buffer."""
 
     __slots__ = ("sinks",)
 
