@@ -757,7 +757,8 @@ _OFFSET_RE = re.compile(rf"{_ONE}\s*\+\s*{_SELF_W.format(1)}{_NOT_OPERAND}"
 def _version(t: torch.Tensor) -> int | None:
     """t's version counter, None for a tensor made under torch.inference_mode (it has none: `_version`
     raises, and in a hook or wrapped function that broke the model's forward). The verdicts kept per
-    tensor below are then recomputed on every call, as WeightCache does."""
+    tensor below are then recomputed on every call, as WeightCache does, except the rotary table check's
+    (_table_reason: kept by the buffer's identity)."""
     return None if t.is_inference() else t._version
 
 
@@ -1029,7 +1030,10 @@ def _table_reason(rec: Recorder, m: nn.Module, lt: str | None, cos: torch.Tensor
     sig = (base, cos.dtype, cos.device, d)
     key, v = (id(m), lt), (_version(inv) if inv is not None else 0)
     seen = rec._rope_tables_checked.get(key)
-    if seen is not None and seen[0] is inv and v is not None and seen[1] == v and seen[2] == sig:
+    # an inference tensor has no version (v None): its verdict is kept by the buffer's identity and the
+    # signature alone (HF changes inv_freq by assigning a new buffer: dynamic rope, a moved model). Its v was
+    # required, so a model built under torch.inference_mode re-ran the check, and its sync, on every forward.
+    if seen is not None and seen[0] is inv and seen[1] == v and seen[2] == sig:
         return seen[3]
     with torch.no_grad(), autocast_dtype.off(cos.device.type):
         f = (inv if inv is not None else _catalog_inv(base, max(d // 2, 1))).to(cos.device, torch.float32)
