@@ -61,3 +61,20 @@ def test_mixed_parameter_dtypes_give_torchs_own_result(x_dtype, p_dtype, bias):
     else:
         assert got == ref  # the same exception as the unpatched module
     assert isinstance(same, torch.Tensor) and h.calls == {"layernorm": 1}  # only the unmixed call ran the kernel
+
+
+@pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
+def test_under_autocast_the_norms_are_torchs(kind: str) -> None:
+    # CUDA autocast runs layer_norm in float32 and returns float32 for a bfloat16 input; the kernel returns
+    # bfloat16. Whatever autocast does on a device, the patched model must do: the module's own code runs.
+    ln = (nn.LayerNorm(HIDDEN) if kind == "layernorm" else nn.RMSNorm(HIDDEN)).to(torch.bfloat16)
+    x = torch.randn(7, HIDDEN, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)  # (7, 96)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = ln(x)
+        with optwin.kernels.patch(ln) as h:
+            got = ln(x)
+    assert got.dtype == ref.dtype and torch.equal(got, ref)
+    assert h.calls[kind] == 0
+    with torch.no_grad(), optwin.kernels.patch(ln) as h:  # without autocast the kernel takes the call
+        ln(x)
+    assert h.calls[kind] == 1

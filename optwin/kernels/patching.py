@@ -118,6 +118,13 @@ def _off_device(*tensors: Any) -> bool:
                for t in tensors)
 
 
+def _autocast(x: torch.Tensor) -> bool:
+    """Under autocast the norms' dtypes are torch's to decide, per device: CUDA runs layer_norm (and rms_norm) in
+    float32 and returns float32 for a bfloat16 input, where the kernel would return bfloat16; the model's own
+    code gets autocast's answer on any device."""
+    return torch.is_autocast_enabled(x.device.type)
+
+
 @contextmanager
 def _unwatched() -> Iterator[None]:
     """Run a probe past this thread's captures and monitors: their wrappers of torch.matmul, F.softmax,
@@ -316,9 +323,9 @@ def _launch(handle: Patch, op: str, dtype: torch.dtype, run: Callable[[bool], tu
 def _rmsnorm_takes(m: nn.Module, x: torch.Tensor) -> bool:
     """Whether the patched RMSNorm m runs the kernel on x, not the module's own forward (see kernel_runs)."""
     w = m.weight
-    # float64 models keep their own code (the kernels are fp32 inside), and so do calls that need gradients
-    # or whose tensors the kernels cannot reach
-    if x.dtype not in DTYPES or _needs_grad(x, w) or _off_device(x, w):
+    # float64 models keep their own code (the kernels are fp32 inside), and so do calls that need gradients,
+    # whose tensors the kernels cannot reach, or that autocast decides (_autocast)
+    if x.dtype not in DTYPES or _needs_grad(x, w) or _off_device(x, w) or _autocast(x):
         return False
     # a weight wider than the input (HF's float32 q/k norms under autocast, _keep_in_fp32_modules) multiplies
     # in its own precision: HF gives weight * h.to(input dtype) in float32, where the kernel would round the
@@ -328,7 +335,7 @@ def _rmsnorm_takes(m: nn.Module, x: torch.Tensor) -> bool:
 
 def _layernorm_takes(m: nn.Module, x: torch.Tensor) -> bool:
     """Whether the patched LayerNorm m runs the kernel on x, not the module's own forward (see kernel_runs)."""
-    if x.dtype not in DTYPES or _needs_grad(x, m.weight, m.bias) or _off_device(x, m.weight, m.bias):
+    if x.dtype not in DTYPES or _needs_grad(x, m.weight, m.bias) or _off_device(x, m.weight, m.bias) or _autocast(x):
         return False
     # parameters in another dtype than the input (a LayerNorm kept in float32 under bfloat16 activations,
     # autocast over a float32 model) are torch's to handle, as rmsnorm's wider weight is HF's: CPU normalises
