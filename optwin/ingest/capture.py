@@ -491,23 +491,18 @@ def _sdpa(rec: Recorder, args: tuple, kwargs: dict) -> None:
         return
     if not _default_scale(rec, kwargs.get("scale"), q.shape[-1]):  # keyword-only in sdpa
         return
-    n = None if is_causal else _used_keys(rec, mask, q.shape[2], k.shape[2])
-    if n is not None:  # the mask's used keys (a static cache's unwritten slots dropped), causal when seq_q == n
-        k, v = k[:, :, :n], v[:, :, :n]
-        # one mask row for every query row (HF's pack_gqa decode step: q (b, kv_heads, n_rep, d), its n_rep rows
-        # one token's heads): every row sees the same n keys, non-causal; as a bottom-right mask (n_rep queries on
-        # n keys) it was skipped as a cached multi-token step, every GQA decode step with a mask
-        causal = False if mask.shape[-2] == 1 else _bottom_right(q.shape[2], n)
-    elif _mask_other(rec, mask) and getattr(rec.calling_module(), "is_causal", False):
-        rec.skip(MASK_SKIP)  # a sliding window, a bias: no catalog form
-        return
-    elif isinstance(mask, torch.Tensor) and mask.ndim == 4 and mask.shape[-2] == 1:
-        causal = False  # one row of keys (and padding) for every query row: a (packed) decode step, see above
+    if is_causal:  # torch's mask, top-left even for one query row (it sees key 0 only)
+        n, causal = None, True
     else:
-        causal = _sdpa_causal(rec, mask, is_causal, q.shape[2], k.shape[2])
-    if causal is None:
-        rec.skip(BOTTOM_RIGHT_SKIP)
-        return
+        # HF passes is_causal=True without padding and, with padding, is_causal=False and an explicit mask; the
+        # attention module is not hooked (a padded batch was recorded as non-causal), so the model's module is
+        # found by the stream's frame walk, only where the mask leaves it to decide
+        form = _mask_form(rec, mask, q.shape[2], k.shape[2], lambda: getattr(rec.calling_module(), "is_causal", False))
+        if form is None:
+            return
+        n, causal = form
+    if n is not None:  # the mask's used keys (a static cache's unwritten slots dropped)
+        k, v = k[:, :, :n], v[:, :, :n]
     if k.shape[1] != q.shape[1] and q.shape[1] % k.shape[1] == 0:  # GQA: expand kv heads (norms unchanged)
         rep = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
@@ -540,22 +535,33 @@ def _bottom_right(seq_q: int, seq_k: int) -> bool | None:
     return True if seq_q == seq_k else None
 
 
-def _sdpa_causal(rec: Recorder, mask: Any, is_causal: bool, seq_q: int, seq_k: int) -> bool | None:
-    """Whether an sdpa call's scores are masked causally as the attention sketch models it (query i
-    sees keys j <= i, top-left aligned: sdpa's own is_causal, whatever seq_q and seq_k); None where the
-    call's mask is causal bottom-right aligned with 1 < seq_q < seq_k (_bottom_right). HF passes
-    is_causal=True without padding and, with padding, is_causal=False and an explicit mask that is
-    causal plus padding; the attention module is not hooked (rec.module was None there, and a padded
-    batch was recorded as non-causal), so the model's module is found by the stream's frame walk and
-    its is_causal read. A causal module's mask is bottom-right aligned (a cached multi-token step's,
-    padding and all), which is the top-left flag only when seq_q == seq_k."""
-    if is_causal:  # torch's mask, top-left even for one query row (it sees key 0 only)
-        return True
-    if mask is None or seq_q <= 1 or seq_q > seq_k:
-        return False
-    if not getattr(rec.calling_module(), "is_causal", False):
-        return False
-    return _bottom_right(seq_q, seq_k)
+def _mask_form(rec: Recorder, mask: Any, seq_q: int, seq_k: int,
+               module_causal: Callable[[], bool]) -> tuple[int | None, bool] | None:
+    """(used keys or None for all, the catalog's causal flag) of an HF attention call (sdpa's without is_causal,
+    eager's) from its mask, or None when the call has no catalog form, counted in skipped. The flag is top-left
+    (query i sees keys j <= i); a causal module's mask is bottom-right aligned (_bottom_right): the top-left
+    flag only when seq_q == seq_k, no form for a cached multi-token step (BOTTOM_RIGHT_SKIP). One mask row
+    for every query row (HF's pack_gqa decode step: q (b, kv_heads, n_rep, d), its n_rep rows one token's
+    heads) lets every row see the same keys: non-causal (as a bottom-right mask, every GQA decode step with a
+    mask was skipped). No mask, or a module that is not causal (`module_causal()`, read only when the mask
+    leaves it to decide: it can cost a frame walk), is non-causal. sdpa and eager attention decided this
+    apart; eager's copy called a mask-less causal module's call causal, where eager attention applies no
+    mask."""
+    n = _used_keys(rec, mask, seq_q, seq_k)
+    shared = isinstance(mask, torch.Tensor) and mask.ndim == 4 and mask.shape[-2] == 1
+    if n is not None:  # causal over the used keys (top-left when seq_q == n)
+        causal = False if shared else _bottom_right(seq_q, n)
+    elif _mask_other(rec, mask) and module_causal():
+        rec.skip(MASK_SKIP)  # a sliding window, a bias: no catalog form
+        return None
+    elif mask is None or shared or not 1 < seq_q <= seq_k or not module_causal():
+        causal = False
+    else:
+        causal = _bottom_right(seq_q, seq_k)
+    if causal is None:
+        rec.skip(BOTTOM_RIGHT_SKIP)
+        return None
+    return n, causal
 
 
 def _vec(t: torch.Tensor | None, n: int, like: torch.Tensor, fill: float) -> torch.Tensor:
@@ -1067,17 +1073,6 @@ def _attention_inputs(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     return {"q": query, "k": k, "v": v}
 
 
-def _mask_causal(mask: Any, seq_q: int, seq_k: int, module_causal: bool) -> bool | None:
-    """Whether an HF eager attention call is causal as the sketch models it (top-left: see
-    _sdpa_causal): a causal module's mask is that with seq_q == seq_k; with fewer queries than keys (a
-    cached multi-token step) it is bottom-right aligned, and was recorded as top-left causal (row 0
-    seeing one key where it saw all but the last two of twelve), then as non-causal (row 0 seeing all
-    twelve): None, no catalog form (_bottom_right)."""
-    if not module_causal or seq_q > seq_k:
-        return False
-    return _bottom_right(seq_q, seq_k)
-
-
 def _used_keys(rec: Recorder, mask: Any, seq_q: int, seq_k: int) -> int | None:
     """n when an HF attention mask lets query row i see exactly the keys j <= n - seq_q + i, every
     other key masked, in every batch row and head: causal, bottom-right aligned, over the first n keys,
@@ -1140,20 +1135,12 @@ def _rope_inputs(x: torch.Tensor, pos: torch.Tensor, unsqueeze_dim: int,
 def _record_eager(rec: Recorder, orig: Callable, module, query, key, value, attention_mask, *args, **kwargs) -> None:  # noqa: ANN001
     if not _default_scale(rec, args[0] if args else kwargs.get("scaling"), query.shape[-1]):  # HF's `scaling`
         return
-    seq_q, seq_k = query.shape[2], key.shape[2]
-    n = _used_keys(rec, attention_mask, seq_q, seq_k)
-    if n is not None and n < seq_k:  # unused (static cache) slots: the call attends over the first n keys only
+    form = _mask_form(rec, attention_mask, query.shape[2], key.shape[2], lambda: getattr(module, "is_causal", False))
+    if form is None:
+        return
+    n, causal = form
+    if n is not None and n < key.shape[2]:  # unused (static cache) slots: the call attends over the first n keys only
         key, value = key[:, :, :n], value[:, :, :n]
-    if n is not None:  # the mask itself says: causal over its used keys (top-left, as the sketch's) when seq_q == n
-        causal = _bottom_right(seq_q, n)
-    elif _mask_other(rec, attention_mask) and getattr(module, "is_causal", False):
-        rec.skip(MASK_SKIP)  # a sliding window, a bias: no catalog form
-        return
-    else:
-        causal = _mask_causal(attention_mask, seq_q, seq_k, bool(getattr(module, "is_causal", False)))
-    if causal is None:
-        rec.skip(BOTTOM_RIGHT_SKIP)
-        return
     rec.record("attention", "math", functools.partial(_attention_inputs, query, key, value), {"causal": causal},
                dtype=_autocast_name(query, "attention"))
 
