@@ -454,6 +454,17 @@ def _handler_failed(rec: Recorder, op: str, where: str, e: Exception, site: str 
                     type(e).__name__, str(e)[:200])
 
 
+def _guarded(rec: Recorder, op: str, where: str, handler: Callable[..., None], *args: Any, site: str = "") -> None:
+    """handler(*args) for a hook or wrapped function outside the interceptor: its failure counted
+    (_handler_failed), never raised into the model, except what `rec`'s interceptor passes (_passes)."""
+    try:
+        handler(*args)
+    except Exception as e:  # noqa: BLE001  never break the model (a monitor's FaultPredicted passes)
+        if isinstance(e, _passes(rec)):
+            raise
+        _handler_failed(rec, op, where, e, site)
+
+
 def _passes(rec: Recorder) -> tuple[type[BaseException], ...]:
     """The handler errors that propagate for `rec` (its interceptor's `passes`: a monitor's
     FaultPredicted under policy "raise"), for the handlers outside the interceptor: module hooks and
@@ -967,13 +978,8 @@ def _install_module_hooks(rec: Recorder, model: nn.Module,
             if kind is None:
                 return
             if not local.suppress:
-                try:
-                    _pre_record(rec, m, kind, args, kwargs)
-                except Exception as e:  # noqa: BLE001  never break the model (a monitor's FaultPredicted passes)
-                    if isinstance(e, _passes(rec)):
-                        raise
-                    _handler_failed(rec, "rope" if kind[0] == "rope-tables" else kind[0], "a module's forward pre-hook",
-                                    e, path or type(m).__name__)
+                _guarded(rec, "rope" if kind[0] == "rope-tables" else kind[0], "a module's forward pre-hook", _pre_record,
+                         rec, m, kind, args, kwargs, site=path or type(m).__name__)
             local.suppress += 1
             local.stack[-1] = (path, m, True)
 
@@ -1242,12 +1248,7 @@ def _wrap_function(fname: str, orig: Callable, shared: _Shared) -> Callable:
             return orig(*args, **kwargs)
         for rec in recs:
             if rec._local.suppress == 0 and not rec.foreign():  # foreign: another model's call
-                try:
-                    handler(rec, orig, *args, **kwargs)
-                except Exception as e:  # noqa: BLE001  never break the model (a monitor's FaultPredicted passes)
-                    if isinstance(e, _passes(rec)):
-                        raise
-                    _handler_failed(rec, op, fname, e)
+                _guarded(rec, op, fname, functools.partial(handler, rec, orig, *args, **kwargs))
         for rec in recs:
             rec._local.suppress += 1
         try:
