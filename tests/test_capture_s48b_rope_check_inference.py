@@ -11,10 +11,15 @@ sync re-ran on every forward (20 of 20 decode steps). Such a buffer's verdict is
 from __future__ import annotations
 
 import pytest
+import importlib
+
 import torch
 
-import optwin.ingest.capture as C
 from optwin.ingest.models import load_llama_tiny
+
+# the module, not the `capture` function optwin.ingest exports under the same name: `import optwin.ingest.capture
+# as C` binds whichever the package attribute holds, the function once another test imported it from the package
+C = importlib.import_module("optwin.ingest.capture")
 
 
 @pytest.fixture
