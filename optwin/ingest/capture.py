@@ -779,6 +779,12 @@ def _version(t: torch.Tensor) -> int | None:
     return None if t.is_inference() else t._version
 
 
+def _unchanged(seen: tuple[Any, ...] | None, t: torch.Tensor, v: int | None) -> bool:
+    """Whether a verdict kept as (tensor, version, ...) is still t's: the same tensor, unmodified since (v, its
+    _version now; None, an inference tensor, never counts as unchanged)."""
+    return seen is not None and seen[0] is t and v is not None and seen[1] == v
+
+
 def _norm_offset(cls: type) -> Any:
     if cls not in _NORM_OFFSET:
         try:
@@ -802,7 +808,7 @@ def _norm_weight(rec: Recorder, mod: nn.Module) -> torch.Tensor | None:
     if off is False:
         return w
     seen, v = rec._norm_weights.get(id(mod)), _version(w)
-    if seen is not None and seen[0] is w and v is not None and seen[1] == v:
+    if _unchanged(seen, w, v):
         return seen[2]
     with torch.no_grad():
         eff = 1.0 + (w.to(off) if off is not None else w)
@@ -890,7 +896,7 @@ def _rope_reason(rec: Recorder, mod: nn.Module, base: float | None, layer_type: 
         return None  # nothing to check against: the base is all the module tells
     key = (id(mod), layer_type)
     seen, v = rec._rope_checked.get(key), _version(inv)
-    if seen is not None and seen[0] is inv and v is not None and seen[1] == v and seen[2] == base:
+    if _unchanged(seen, inv, v) and seen[2] == base:
         return seen[3]
     ref = _catalog_inv(base, inv.numel())
     # ulp-level differences (inv computed another way) pass; any scaling of the frequencies does not
@@ -1093,7 +1099,7 @@ def _used_keys(rec: Recorder, mask: Any, seq_q: int, seq_k: int) -> int | None:
     # one row for all query rows (HF's pack_gqa decode): every query sees the same keys, the first n of them
     shared = mask.shape[-2] == 1
     seen, v = rec._mask_seen, _version(mask)
-    if seen is not None and seen[0] is mask and v is not None and seen[1] == v and seen[4] == seq_q:
+    if _unchanged(seen, mask, v) and seen[4] == seq_q:
         return seen[2]
     with torch.no_grad():
         allowed = mask if mask.dtype == torch.bool else mask == 0
