@@ -62,7 +62,7 @@ from typing import Any
 from optwin.catalog import CATALOG, check_variant_dtype, operator
 from optwin.errors import CatalogError, DatabaseError, SketchError
 from optwin.fingerprints.regions import DERIVED, Region, parse_region_key, region_features, with_derived
-from optwin.fingerprints.regions import _BINNING  # noqa: PLC2701 (same package: the bin grid itself)
+from optwin.fingerprints.regions import _BINNING, _UNLISTED, binning  # noqa: PLC2701 (same package: the bin grid itself)
 from optwin.ingest.sketch import FEATURE_CAP, SIGNED_FEATURES, SKETCH_FEATURES, cap_features, validate_sketch
 
 Triple = tuple[str, str, str]
@@ -171,7 +171,7 @@ class TripleIndex:
     derived: bool = False  # some region feature is computed from the sketch's others (regions.DERIVED)
 
     def __post_init__(self) -> None:
-        self.grid = tuple((f, *_BINNING.get(f, (1.0, 1))) for f in self.features)
+        self.grid = tuple((f, *binning(f)) for f in self.features)
         self.derived = any(name in self.features for name, _ in DERIVED.get(self.triple[0], ()))
         self.certain = tuple((f, self.fault_types.index(ft), rule)
                              for f, ft, rule, _ in CERTAIN_FAULTS.get(self.triple[:2], ()) if ft in self.fault_types)
@@ -340,7 +340,7 @@ def continuous_bin(feature: str, value: float) -> float:
 
     The forecaster follows streams on this log scale, so a trend is in bins per second.
     """
-    return continuous_bin_of(value, *_BINNING.get(feature, (1.0, 1)))
+    return continuous_bin_of(value, *binning(feature))
 
 
 def continuous_bin_of(value: float, scale: float, res: float) -> float:
@@ -641,7 +641,7 @@ def call_sketch(op: str, dtype: str, inputs: Mapping[str, Any] | None, params: M
 
 def _bin(feature: str, value: float) -> int:
     """regions.feature_bin for a validated (finite) value, inlined for the hot path."""
-    scale, res = _BINNING.get(feature, (1.0, 1))
+    scale, res = _BINNING.get(feature, _UNLISTED)  # regions.binning, without the call
     b = math.floor(res * math.log2(1.0 + abs(value) / scale))
     return -b if value < 0 else b
 

@@ -101,8 +101,16 @@ def region_values(op: str, sketch: Mapping[str, float]) -> tuple[float, ...]:
     return tuple(float(sk[f]) for f in region_features(op))
 
 
+_UNLISTED: tuple[float, float] = (1.0, 1)  # the grid of a feature _BINNING does not list
+
+
+def binning(feature: str) -> tuple[float, float]:
+    """(scale, bins per octave) of a region feature: its _BINNING entry, _UNLISTED for another."""
+    return _BINNING.get(feature, _UNLISTED)
+
+
 def feature_bin(feature: str, value: float) -> int:
-    scale, res = _BINNING.get(feature, (1.0, 1))
+    scale, res = binning(feature)
     if not math.isfinite(value):
         value = math.copysign(1e300, value) if not math.isnan(value) else 0.0
     b = math.floor(res * math.log2(1.0 + abs(value) / scale))
@@ -111,7 +119,7 @@ def feature_bin(feature: str, value: float) -> int:
 
 def bin_lower_edge(feature: str, b: int) -> float:
     """The smallest |value| that falls in bin b (signed like b): the inverse of `feature_bin`."""
-    scale, res = _BINNING.get(feature, (1.0, 1))
+    scale, res = binning(feature)
     mag = scale * (2.0 ** (abs(b) / res) - 1.0)
     return -mag if b < 0 else mag
 
@@ -125,7 +133,7 @@ def grid(op: str) -> dict[str, list]:
     octave) and the names of its derived features. Builds compare it so that shards binned on two grids are never
     gathered into one database (the matcher refuses such a database)."""
     features = region_features(op)
-    return {"features": list(features), "binning": [list(_BINNING.get(f, (1.0, 1))) for f in features],
+    return {"features": list(features), "binning": [list(binning(f)) for f in features],
             "derived": [name for name, _ in DERIVED.get(op, ())]}
 
 
