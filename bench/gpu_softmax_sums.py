@@ -5,9 +5,11 @@
     python bench/gpu_softmax_sums.py --smoke    # CPU dry run, two widths
 
 For each dtype, width and row count: x = 1 + 1.5 N(0, 1) in the dtype, seeded on the CPU (`rows_of`) so the twin
-sees the same rows. Kept: the naive variant's sum exp(x).sum(-1) in float32 (the same reduce kernel as its
+sees the same rows. Kept: x.sum(-1) in float32 (terms the CPU knows exactly: the reduce order alone), the naive
+variant's sum exp(x).sum(-1) in float32 (the same reduce kernel as its
 dtype sum, whose order it shows in full) and in the dtype, and the outputs of softmax naive and torch.softmax
-for row counts up to OUTPUT_ROWS (the files stay small).
+for row counts up to OUTPUT_ROWS, and exp(x) for up to EXP_ROWS (float32's exp is not correctly rounded on the
+GPU; the files stay small).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 WIDTHS = (64, 100, 128, 130, 384, 768, 1000, 1024, 2048, 4096, 8192)
 ROW_COUNTS = (1, 8, 64, 512)
 OUTPUT_ROWS = 64
+EXP_ROWS = 8
 DTYPES = ("float16", "bfloat16", "float32")
 
 
@@ -55,8 +58,11 @@ def main() -> None:
                 x = rows_of(dtype, n, rows).to(device)
                 e = torch.exp(x)
                 key = f"{dtype}_{n}_{rows}"
+                arrays[f"{key}_xsum32"] = as_numpy(x.sum(-1, dtype=torch.float32))  # known terms: the order alone
                 arrays[f"{key}_sum32"] = as_numpy(e.sum(-1, dtype=torch.float32))
                 arrays[f"{key}_sum"] = as_numpy(e.sum(-1))
+                if rows <= EXP_ROWS:
+                    arrays[f"{key}_exp"] = as_numpy(e)
                 if rows <= OUTPUT_ROWS:
                     arrays[f"{key}_naive"] = as_numpy(softmax_naive(x))
                     arrays[f"{key}_torch"] = as_numpy(torch.softmax(x, -1))
