@@ -665,6 +665,16 @@ BOUNDARY_RANGES: dict[str, dict[str, tuple[tuple[float, float], tuple[float, flo
 }
 
 
+# Widths the sweeps draw from, shared by the ordinary cases (_case) and the zero / tiny ones (_tiny_case)
+# so that both cover the same shapes: odd sizes (127, 33) cross block boundaries. Listed once here because
+# a width added to one sweep and not the other would leave zero inputs unseen at that width.
+RMSNORM_HIDDEN = (32, 64, 127, 256, 512, 1024)
+LAYERNORM_HIDDEN = (32, 64, 127, 384, 768, 1024)  # BERT / GPT-2 widths
+SOFTMAX_N = (8, 33, 128, 512, 1024)
+HEAD_DIMS = (16, 32, 64, 128)  # rope and attention
+SOFTMAX_MASKS = ("none", "none", "causal", "padding")  # unmasked half the time
+
+
 def _range(op: str, feature: str, dtype: str) -> tuple[float, float]:
     narrow, wide = BOUNDARY_RANGES[op][feature]
     return narrow if dtype == "float16" else wide
@@ -702,19 +712,19 @@ def _case(op: str, dtype: str, t: torch.dtype, rng: np.random.Generator, boundar
     lo_hi = (lambda f: _range(op, f, dtype)) if boundary else None
     if op == "rmsnorm":
         lo, hi = lo_hi("absmax") if lo_hi else (1e-3, 1e3)
-        return make_rmsnorm(rng, t, rows=_log_int(rng, 1, MAX_ROWS), hidden=_pick(rng, (32, 64, 127, 256, 512, 1024)),
+        return make_rmsnorm(rng, t, rows=_log_int(rng, 1, MAX_ROWS), hidden=_pick(rng, RMSNORM_HIDDEN),
                             family=fam, absmax=loguniform(rng, lo, hi))
     if op == "softmax":
-        rows, n = _log_int(rng, 1, MAX_ROWS), _pick(rng, (8, 33, 128, 512, 1024))
+        rows, n = _log_int(rng, 1, MAX_ROWS), _pick(rng, SOFTMAX_N)
         lo, hi = lo_hi("max") if lo_hi else (1e-1, 1e2)
         top = loguniform(rng, lo, hi) * (1 if rng.random() < 0.75 else -1)
         rlo, rhi = lo_hi("max_row_range") if lo_hi else (1e-2, 1e2)
-        mask = _pick(rng, ("none", "none", "causal", "padding"))
+        mask = _pick(rng, SOFTMAX_MASKS)
         masked = int(rng.integers(1, max(rows // 4, 1) + 1)) if rng.random() < (0.3 if boundary else 0.15) else 0
         return make_softmax(rng, t, rows=rows, n=n, family=fam, max=top, max_row_range=loguniform(rng, rlo, rhi),
                             mask=mask, masked_rows=masked)
     if op == "rope":
-        seq, d = _log_int(rng, 1, MAX_ROWS), _pick(rng, (16, 32, 64, 128))
+        seq, d = _log_int(rng, 1, MAX_ROWS), _pick(rng, HEAD_DIMS)
         plo, phi = lo_hi("max_pos") if lo_hi else (1.0, 2.0**17)
         alo, ahi = lo_hi("absmax") if lo_hi else (1e-2, 1e2)
         base = 10000.0 if boundary or rng.random() < 0.7 else 500000.0  # Llama 2 / Llama 3 bases
@@ -725,14 +735,14 @@ def _case(op: str, dtype: str, t: torch.dtype, rng: np.random.Generator, boundar
         seq_q = seq_k if rng.random() < 0.6 else _pick(rng, (1, max(seq_k // 2, 1)))
         lo, hi = lo_hi("score_bound") if lo_hi else (1e-1, 1e3)
         return make_attention(rng, t, batch=int(rng.integers(1, 3)), heads=int(rng.integers(1, 5)), seq_q=seq_q,
-                              seq_k=seq_k, d=_pick(rng, (16, 32, 64, 128)), family=fam, score_bound=loguniform(rng, lo, hi),
+                              seq_k=seq_k, d=_pick(rng, HEAD_DIMS), family=fam, score_bound=loguniform(rng, lo, hi),
                               causal=bool(rng.random() < 0.5), aligned=bool(rng.random() < 0.3))
     if op == "layernorm":
         lo, hi = lo_hi("max_mean_over_std") if lo_hi else (1e-2, 1e4)
         amax = loguniform(rng, 1e-1, 1e4 if dtype == "float16" else 1e6)
         rows = _log_int(rng, 1, MAX_ROWS)
         k, c = _const_rows(extra if extra is not None else rng, dtype, rows, boundary)
-        return make_layernorm(rng, t, rows=rows, hidden=_pick(rng, (32, 64, 127, 384, 768, 1024)), family=fam,
+        return make_layernorm(rng, t, rows=rows, hidden=_pick(rng, LAYERNORM_HIDDEN), family=fam,
                               max_mean_over_std=loguniform(rng, lo, hi), absmax=amax, const_rows=k, const_absmax=c)
     if op == "geodesic":
         gfam = _pick(rng, ("random", "near-identical", "antipodal", "random"))
@@ -782,27 +792,27 @@ def _tiny_case(op: str, t: torch.dtype, rng: np.random.Generator, zero: bool) ->
         which = _pick(rng, ("a", "b", "b", "ab"))
         return Case({k: shrink(v) if k in which else v for k, v in c.inputs.items()}, {}, f"{tag}-{which}")
     if op == "softmax":
-        rows, n = _log_int(rng, 1, MAX_ROWS), _pick(rng, (8, 33, 128, 512, 1024))
+        rows, n = _log_int(rng, 1, MAX_ROWS), _pick(rng, SOFTMAX_N)
         z = _nonzero(values(rng, fam, (rows, n)))
         x = z * (scale / np.abs(z).max())
         if not zero and rng.random() < 0.25:  # near-constant rows around an offset: the softmax of x + c is x's
             x = x + loguniform(rng, 1e-3, 10.0) * (1 if rng.random() < 0.5 else -1)
             tag += "+offset"
-        mask = _pick(rng, ("none", "none", "causal", "padding"))
+        mask = _pick(rng, SOFTMAX_MASKS)
         x = np.where(_mask(rng, mask, rows, n, 0), -np.inf, x)
         return Case({"x": to_tensor(x, t)}, {}, tag + ("" if mask == "none" else f"+{mask}"))
     if op == "attention":
         seq_k = _log_int(rng, 1, MAX_SEQ)
         c = make_attention(rng, t, batch=int(rng.integers(1, 3)), heads=int(rng.integers(1, 5)), seq_q=seq_k,
-                           seq_k=seq_k, d=_pick(rng, (16, 32, 64, 128)), family=fam,
+                           seq_k=seq_k, d=_pick(rng, HEAD_DIMS), family=fam,
                            score_bound=loguniform(rng, 1e-1, 1e2), causal=bool(rng.random() < 0.5))
         which = _pick(rng, ("q", "k", "qk"))
         return Case({k: shrink(v) if k in which else v for k, v in c.inputs.items()}, c.params, f"{tag}-{which}")
     rows = _log_int(rng, 1, MAX_ROWS)
     if op == "rmsnorm":
-        c = make_rmsnorm(rng, t, rows=rows, hidden=_pick(rng, (32, 64, 127, 256, 512, 1024)), family=fam, absmax=1.0)
+        c = make_rmsnorm(rng, t, rows=rows, hidden=_pick(rng, RMSNORM_HIDDEN), family=fam, absmax=1.0)
     else:
-        c = make_layernorm(rng, t, rows=rows, hidden=_pick(rng, (32, 64, 127, 384, 768, 1024)), family=fam,
+        c = make_layernorm(rng, t, rows=rows, hidden=_pick(rng, LAYERNORM_HIDDEN), family=fam,
                            max_mean_over_std=loguniform(rng, 1e-2, 10.0), absmax=1.0)
     return Case({k: shrink(v) if k == "x" else v for k, v in c.inputs.items()}, c.params, tag)
 
