@@ -37,7 +37,8 @@ def file_identity(path: str | os.PathLike) -> tuple[int, int, int] | None:
     return (st.st_ino, st.st_mtime_ns, st.st_size)
 
 
-def served_probability(df: pd.DataFrame, source: str = "fingerprint rows", strict: bool = False) -> pd.Series:
+def served_probability(df: pd.DataFrame, source: str = "fingerprint rows", strict: bool = False,
+                       errors: list[str] | None = None) -> pd.Series:
     """Per fingerprint row, the probability the matcher serves for that row's cell, from the matcher's own code
     (`Matcher.from_rows` over these rows, then `TripleIndex.lookup` of the row's region): the noisy replays'
     fault rate blended with the deterministic emulation (`MatcherConfig.det_weight`), and for fault types with
@@ -46,7 +47,9 @@ def served_probability(df: pd.DataFrame, source: str = "fingerprint rows", stric
 
     The matcher refuses an op whose rows were binned on other region features (a database from an older
     catalog, `binning_errors`): with `strict` its one-line DatabaseError (naming `source`) is raised, else that
-    op's rows are NaN. Each op is indexed apart, so one refused op leaves the others' probabilities standing.
+    op's rows are NaN and the line is appended to `errors` (when given), op by op in sorted order: a caller that
+    shows both gets them from one index build per op. Each op is indexed apart, so one refused op leaves the
+    others' probabilities standing.
     """
     from optwin.errors import OptwinError
     from optwin.fingerprints.matcher import Matcher, MatcherConfig
@@ -56,13 +59,15 @@ def served_probability(df: pd.DataFrame, source: str = "fingerprint rows", stric
         return out
     cfg = MatcherConfig()
     rows = df.astype(object).where(df.notna(), None).to_dict("records")  # NaN det_faults -> None, as SQL NULL
-    for op in df["op"].unique():
+    for op in sorted(df["op"].unique()):
         mine = [r for r in rows if r["op"] == op]
         try:
             m = Matcher.from_rows(mine, config=cfg, source=source)
-        except OptwinError:
+        except OptwinError as e:
             if strict:
                 raise
+            if errors is not None:
+                errors.append(str(e))
             continue
         at = df.index[(df["op"] == op).to_numpy()]
         for i, r in zip(at, mine):
@@ -300,15 +305,8 @@ class DashboardData:
     def binning_errors(self, build: str) -> list[str]:
         """One line per op of the build whose fingerprints the matcher refuses (binned on other region features
         than this optwin's: an older catalog), the matcher's own DatabaseError text; [] when it reads them all."""
-        from optwin.errors import OptwinError
-
-        df = self._df("fingerprints", build_id=build)
-        errors = []
-        for op in sorted(df["op"].unique()):
-            try:
-                served_probability(df[df["op"] == op], source=self.path, strict=True)
-            except OptwinError as e:
-                errors.append(str(e))
+        errors: list[str] = []
+        served_probability(self._df("fingerprints", build_id=build), source=self.path, errors=errors)
         return errors
 
     # --- cases --------------------------------------------------------------------------------
@@ -358,14 +356,23 @@ class DashboardData:
         delta = p_matcher_b - p_matcher_a. Changed: either probability differs. Not rebuilt: only in A, of a
         triple B did not replay (a build of some ops, `optwin build --ops X`): B left it as it was, and the
         matcher still serves it from an older build; "removed" is for triples B replayed without that cell."""
+        return self.comparison(build_a, build_b, op)[0]
+
+    def comparison(self, build_a: str, build_b: str, op: str | None = None) -> tuple[pd.DataFrame, list[str]]:
+        """(`compare`, the `binning_errors` of build A then of B, once when A is B, for `op` or every op): what the
+        Compare page shows, from one matcher index per op of each build. The page asked for both separately, and
+        binning_errors indexed every op a second time only to see whether the matcher refuses it."""
         key = ["op", "variant", "dtype", "region", "fault_type"]
         keep = [*key, "p_matcher", "p_replays", "n_replays"]
+        errors: list[str] = []
 
         def side(build: str) -> pd.DataFrame:
             df = self._df("fingerprints", build_id=build, op=op)
-            return df.assign(p_matcher=served_probability(df, source=self.path), p_replays=df["probability"])[keep]
+            p = served_probability(df, source=self.path, errors=errors)
+            return df.assign(p_matcher=p, p_replays=df["probability"])[keep]
 
-        df = side(build_a).merge(side(build_b), on=key, how="outer", suffixes=("_a", "_b"), indicator=True)
+        sides = {b: side(b) for b in dict.fromkeys([build_a, build_b])}  # A against itself: indexed once
+        df = sides[build_a].merge(sides[build_b], on=key, how="outer", suffixes=("_a", "_b"), indicator=True)
         df["delta"] = df["p_matcher_b"] - df["p_matcher_a"]
         status = df["_merge"].map({"left_only": "removed", "right_only": "new", "both": "same"}).astype(str)
         status = status.where(~((status == "removed") & self._not_replayed_by(df, build_b)), "not rebuilt")
@@ -376,7 +383,7 @@ class DashboardData:
         order = df["delta"].abs().fillna(1.0)
         df = df.assign(_o=order).sort_values(["_o", *key], ascending=[False, True, True, True, True, True])
         return df.drop(columns=["_o"])[[*key, "p_matcher_a", "p_matcher_b", "delta", "p_replays_a", "p_replays_b",
-                                        "n_replays_a", "n_replays_b", "status"]].reset_index(drop=True)
+                                        "n_replays_a", "n_replays_b", "status"]].reset_index(drop=True), errors
 
     def region_changes(self, build_a: str, build_b: str) -> pd.DataFrame:
         """Regions (op/variant/dtype/region) present in only one of the two builds; those only in A of a triple

@@ -34,11 +34,11 @@ with c1:
     a = st.selectbox("Build A (before)", ids, key="cmp_a")
 with c2:
     b = pick("Build B (after)", ids, "cmp_b")
-diff_all = ctx.q("compare", a, b, None)
 # ops the matcher refuses (binned on an older catalog's features) have no served probability: say why, once each
-for build_id in dict.fromkeys([a, b]):
-    for line in ctx.q("binning_errors", build_id):
-        st.error(line)
+# (the same pass as the probabilities: one matcher index per op of each build)
+diff_all, refused = ctx.q("comparison", a, b, None)
+for line in refused:
+    st.error(line)
 with c3:
     op = pick("Operator", [ALL, *sorted(diff_all["op"].unique())], "cmp_op")
 diff = diff_all if op == ALL else diff_all[diff_all["op"] == op]
