@@ -191,16 +191,23 @@ def test_autocast_calls_carry_the_dtype_they_compute_in() -> None:
 def test_sdpa_prefill_with_padding_is_causal_and_a_cached_step_is_not_top_left() -> None:
     """Llama-sdpa prefill: causal with no mask, an all-ones mask and a left-padded batch (HF passes the
     last as an explicit causal-plus-padding mask and is_causal=False; it was recorded as non-causal).
+    The left-padded batch is causal per batch row over its live keys (test_capture_s49_padding): the
+    unpadded row over its 7 tokens, the padded row over its last 4. It was one causal record over every
+    key of both rows, whose replay let the padded row's queries see the 3 pad keys the model's never saw.
     A 3-token eager step on a 9-token KV cache has HF's bottom-right mask, which neither the sketch's
     top-left causal flag nor non-causal describes (recorded causal, row 0 saw one key where the model's
     saw ten; then non-causal, rows 0 and 1 saw keys they did not): it is skipped and counted."""
     sdpa = load_llama_tiny("sdpa").module
     ids = torch.randint(1, 999, (2, 7))
-    for kw in ({}, {"attention_mask": torch.ones_like(ids)}, {"attention_mask": torch.tensor([[1] * 7, [0] * 3 + [1] * 4])}):
+    left = torch.tensor([[1] * 7, [0] * 3 + [1] * 4])
+    # per layer: (batch, seq_q, seq_k) of each record
+    for kw, per_layer in (({}, [(2, 7, 7)]), ({"attention_mask": torch.ones_like(ids)}, [(2, 7, 7)]),
+                          ({"attention_mask": left}, [(1, 7, 7), (1, 4, 4)])):
         with torch.no_grad(), capture(sdpa) as rec:
             sdpa(input_ids=ids, **kw)
         att = [r for r in rec.records() if r["op"] == "attention"]
-        assert len(att) == 2 and all(r["params"] == {"causal": True} and r["sketch"]["causal"] == 1.0 for r in att), kw
+        assert [tuple(int(r["sketch"][f]) for f in ("batch", "seq_q", "seq_k")) for r in att] == per_layer * 2, kw
+        assert all(r["params"] == {"causal": True} and r["sketch"]["causal"] == 1.0 for r in att), kw
     eager = load_llama_tiny("eager").module
     ids = torch.randint(1, 999, (1, 12))
     with torch.no_grad():
