@@ -15,6 +15,7 @@ import torch
 from test_capture_s48b_gqa_decode import _gqa_llama, _replays, _Spy
 
 from optwin.ingest.capture import MASK_SKIP, capture
+from optwin.twin.attention import reference
 
 
 def _sliding_qwen2(impl: str):  # noqa: ANN202
@@ -56,8 +57,10 @@ def test_sliding_window_decode_steps_stay_recorded_and_replay_the_model() -> Non
 
 
 def test_a_left_padded_gqa_batch_stays_recorded() -> None:
-    """Padding is no sliding window: a left-padded batch's prefill stays causal (as it was) and its packed
-    GQA decode steps are recorded non-causal over their keys, not skipped as cached multi-token steps."""
+    """Padding is no sliding window: a left-padded batch's prefill stays causal and its packed GQA decode steps
+    are recorded non-causal, not skipped as cached multi-token steps; each batch row over its live keys
+    (test_capture_s49_padding: the padded row's 3 pad keys dropped), so every kept case replays its row's own
+    sdpa output, the padded row's included."""
     m = _gqa_llama()
     ids = torch.randint(1, 999, (2, 9), generator=torch.Generator().manual_seed(0))
     am = torch.ones_like(ids)
@@ -65,6 +68,15 @@ def test_a_left_padded_gqa_batch_stays_recorded() -> None:
     ids[1, :3] = 0
     with _Spy() as spy, torch.no_grad(), capture(m, sample_rate=1.0, capacity=100) as rec:
         m.generate(ids, attention_mask=am, max_new_tokens=4, do_sample=False)
-    assert _attention(rec) == [(9, 9, True)] * 2 + [(2, n, False) for n in (10, 11, 12) for _ in range(2)]
+    rows = [(9, 9, True), (6, 6, True)] * 2  # per layer: batch row 0, then row 1 over keys 3..8
+    rows += [c for n in (10, 11, 12) for _ in range(2) for c in ((2, n, False), (2, n - 3, False))]
+    assert _attention(rec) == rows
     assert not rec.skipped
-    _replays(spy, rec, rows=slice(0, 1))  # the unpadded batch row: the catalog's attention takes no padding
+    kept = [s for s in rec.all_samples() if s.op == "attention"]
+    assert len(kept) == len(rows)
+    for s in kept:  # its batch row's query rows (a suffix: left padding) in the model's call, and that row's output
+        q = s.inputs["q"]
+        b, off, out = next((b, qq.shape[2] - q.shape[2], out) for qq, out in spy.calls for b in range(qq.shape[0])
+                           if qq.shape[2] >= q.shape[2] and torch.equal(qq[b:b + 1, :, qq.shape[2] - q.shape[2]:], q))
+        got = reference({n: t.double() for n, t in s.inputs.items()}, s.params)
+        torch.testing.assert_close(got, out[b:b + 1, :, off:].double(), rtol=1e-5, atol=1e-5)
