@@ -18,8 +18,9 @@ Two interception paths, one per kind of call site:
   `torch.addmm`/`Tensor.addmm` (transformers' Conv1D: GPT-2) -> matmul "torch" with a = mat1,
   b = mat2 when alpha is 1 and beta 0 or 1 (the bias add is not modelled: see _addmm).
 * modules that optwin.kernels.patch swapped for our kernels -> their op's "triton" variant (rmsnorm,
-  layernorm); under a monitor that takes fused sketches (optwin.kernels.sketch_sink) they, and the
-  patched rotary, record nothing here: the kernel hands the monitor its own sketch. A call the patched
+  layernorm); under a monitor that takes fused sketches (optwin.kernels.sketch_sink) they, the
+  patched rotary and the patched eager attention (whose softmax is recorded as softmax "triton"), record
+  nothing here: the kernel hands the monitor its own sketch. A call the patched
   forward leaves to the model's own code (kernel_runs in optwin.kernels.patching: a bfloat16 input with
   float32 weights, float64, gradients) is recorded as the unpatched module's.
 * modules and functions whose *numerics* make them a variant, through module forward hooks and,
@@ -1267,8 +1268,22 @@ def _record_rope(rec: Recorder, orig: Callable, q, k, cos, sin, *args, **kwargs)
                        dtype=_DTYPE_NAMES.get(dt) or str(dt).removeprefix("torch."), stream=f"{site}:{name}")
 
 
+def _record_eager_unfused(rec: Recorder, orig: Callable, *args: Any, **kwargs: Any) -> None:
+    """_record_eager, except for a call that our patched eager attention (optwin.kernels.patch, applied before the
+    monitor wrapped it) runs with its Triton softmax under a monitor taking fused sketches: that softmax records the
+    call itself (softmax/triton, its fused sketch), which is what the call computes (QK^T * scale + mask, our
+    softmax, @ V), where attention "math" names torch's softmax inside. Recording both made one call two records; a
+    patch applied under the monitor replaces this wrapper and leaves the softmax record alone, the same one."""
+    if rec.takes_fused and sketch_sink.fused_function(orig) == "softmax":
+        from optwin.kernels.patching import eager_runs  # loaded: only a patch makes a fused function
+
+        if eager_runs(orig, *args, **kwargs):
+            return
+    _record_eager(rec, orig, *args, **kwargs)
+
+
 _RECORD_FN: dict[str, Callable[..., None]] = {
-    "eager_attention_forward": _record_eager,
+    "eager_attention_forward": _record_eager_unfused,
     "apply_rotary_pos_emb": _record_rope,
 }
 _RECORD_OP = {"eager_attention_forward": "attention", "apply_rotary_pos_emb": "rope"}  # for the skip counts

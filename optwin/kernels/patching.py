@@ -25,7 +25,9 @@ then each call asks it whether to sketch (its per-stream sampling) and hands it 
 and the monitor computes no sketch of its own for the call. `handle.sketched` counts those launches.
 Either order works when the two unwind in reverse (nested `with`): a patch applied under a running
 monitor replaces the monitor's rotary and attention wrappers (the attention "math" record goes with
-them; the softmax inside is monitored as softmax/triton), and a patch applied first is wrapped by it.
+them; the softmax inside is monitored as softmax/triton), and a patch applied first is wrapped by it (the
+wrapper leaves the calls our kernels run to their own records: softmax/triton for the attention, not
+attention "math" as well).
 They may unwind in any order too: undone under a monitor that wrapped its functions, the patch leaves
 the wrapper in place (those functions then run the model's code, which the monitor watches as without a
 patch), and undone after such a monitor stopped, it puts back transformers' own functions.
@@ -392,7 +394,7 @@ def _layernorm_forward(handle: Patch, m: nn.LayerNorm) -> Callable[[nn.Module, t
     return forward
 
 
-# The attribute of a patched rotary function that holds its test (rotary_runs).
+# The attribute of a patched rotary or eager attention function that holds its test (rotary_runs, eager_runs).
 _TAKES_ATTR = "_optwin_takes"
 
 
@@ -404,6 +406,15 @@ def rotary_runs(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
     kernel only when the kernel runs: left to it always, a call running the model's code went unmonitored."""
     takes = getattr(fn, _TAKES_ATTR, None)
     return takes is not None and takes(*args, **kwargs)
+
+
+def eager_runs(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
+    """Whether the patched eager_attention_forward `fn` runs our softmax on these arguments; False where it runs
+    the model's own code (an undone patch, float64, scaling=None, gradients, tensors off the kernels' device,
+    softcap or sinks) or fn is not ours. The patched function decides by the same test, and so does a monitor's
+    wrapper around it (optwin.ingest.capture._record_eager_unfused), which then leaves the call to the kernel's
+    softmax/triton sketch, as rotary_runs does for rope."""
+    return rotary_runs(fn, *args, **kwargs)  # the same attribute: each patched function carries its own test
 
 
 def _rotary(handle: Patch, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -434,11 +445,14 @@ def _eager_attention(handle: Patch, mod: ModuleType) -> Callable[..., Any]:
     repeat_kv = mod.repeat_kv
     original = mod.eager_attention_forward
 
-    def eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    def takes(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs) -> bool:  # see eager_runs
         # scaling=None: functions that default it (Evolla's) compute it themselves; ours multiplies by it
-        if (not handle._live or query.dtype not in DTYPES or scaling is None or _needs_grad(query, key, value)
-                or _off_device(query, key, value)
-                or any(kwargs.get(k) is not None for k in _EAGER_UNSUPPORTED)):
+        return not (not handle._live or query.dtype not in DTYPES or scaling is None or _needs_grad(query, key, value)
+                    or _off_device(query, key, value)
+                    or any(kwargs.get(k) is not None for k in _EAGER_UNSUPPORTED))
+
+    def eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+        if not takes(module, query, key, value, attention_mask, scaling, dropout, **kwargs):
             return original(module, query, key, value, attention_mask, scaling, dropout=dropout, **kwargs)
         # modules without grouped-query heads (Idefics2's vision attention) have no num_key_value_groups: the
         # functions that take them repeat nothing
@@ -458,6 +472,13 @@ def _eager_attention(handle: Patch, mod: ModuleType) -> Callable[..., Any]:
         attn_output = torch.matmul(attn_weights, value_states)  # (B, H, Sq, D)
         return attn_output.transpose(1, 2).contiguous(), attn_weights
 
+    # A monitor started after the patch wraps this function (capture._record_eager_unfused): on the calls `takes`,
+    # the wrapper records no attention "math" (whose twin runs torch's softmax) and leaves the call to our softmax's
+    # own softmax/triton record, so one call is one record, as when the patch replaced the monitor's wrapper
+    setattr(eager_attention_forward, sketch_sink.FUSED_ATTR, "softmax")
+    setattr(eager_attention_forward, _TAKES_ATTR, takes)
+    # undone, it runs the model's code: a monitor's wrapper still calling it (_set_global) records attention again
+    handle._undo.append(lambda: delattr(eager_attention_forward, sketch_sink.FUSED_ATTR))
     return eager_attention_forward
 
 
