@@ -76,8 +76,13 @@ def test_minilm_ops_variants_streams(texts: list[str]) -> None:
     recs = rec.records()
     count = Counter((r["op"], r["variant"]) for r in recs)
     # BERT, 6 layers: q,k,v,attn-out,intermediate,output dense per layer + pooler; LayerNorm after
-    # embeddings and twice per layer; sdpa once per layer (HF default attn_implementation).
-    assert count == {("matmul", "torch"): 37, ("layernorm", "torch"): 13, ("attention", "sdpa"): 6}
+    # embeddings and twice per layer; sdpa (HF default attn_implementation) once per layer and run of batch rows
+    # with one live length: the batch is padded, and each such run is recorded over its live tokens only (the
+    # whole batch as one record over every key replayed the padded rows seeing pad keys: it was 6 records;
+    # tests/test_capture_s49_encoder_padding.py)
+    lengths = batch["attention_mask"].sum(1).tolist()
+    runs = 1 + sum(a != b for a, b in zip(lengths, lengths[1:]))
+    assert runs > 1 and count == {("matmul", "torch"): 37, ("layernorm", "torch"): 13, ("attention", "sdpa"): 6 * runs}
     streams = {(r["op"], r["stream"]) for r in recs}
     assert ("layernorm", "embeddings.LayerNorm") in streams
     for i in range(6):
@@ -87,6 +92,7 @@ def test_minilm_ops_variants_streams(texts: list[str]) -> None:
     for r in recs:
         if r["op"] == "attention":
             assert r["params"] == {"causal": False} and r["sketch"]["heads"] == 12 and r["sketch"]["d"] == 32
+            assert r["sketch"]["seq_q"] == r["sketch"]["seq_k"] in lengths
         if r["op"] == "layernorm":
             assert r["sketch"]["hidden"] == 384 and r["dtype"] == "float32"
     # Reservoir: at most `capacity` per (op, variant, dtype, shape class), some kept at rate 0.5,

@@ -218,7 +218,7 @@ class Recorder:
         self._rope_checked: dict[Any, tuple[Any, ...]] = {}  # (id(rotary module), layer type) -> inv_freq verdict (_rope_reason)
         self._rope_tables_checked: dict[Any, tuple[Any, ...]] = {}  # the same key -> its cos/sin verdict (_table_reason)
         self._norm_weights: dict[int, tuple[Any, ...]] = {}  # id(norm module) -> (w, version, 1 + w) (_norm_weight)
-        # (mask, version, used keys, _mask_other, seq_q, _mask_spans) (_used_keys)
+        # (mask, version, used keys, _mask_other, seq_q, _mask_spans, _mask_bidirectional) (_used_keys)
         self._mask_seen: tuple[Any, ...] | None = None
         self._rope_pending: tuple[Any, str | None] | None = None  # the rotary call running (_keep_rope_table)
         self._rope_tables: dict[Any, tuple[Any, ...]] = {}  # its tables: (cos, positions, base, reason)
@@ -505,7 +505,7 @@ def _sdpa(rec: Recorder, args: tuple, kwargs: dict) -> None:
     if not _default_scale(rec, kwargs.get("scale"), q.shape[-1]):  # keyword-only in sdpa
         return
     if is_causal:  # torch's mask, top-left even for one query row (it sees key 0 only)
-        n, causal, spans = None, True, None
+        n, causal, spans, rows = None, True, None, True
     else:
         # HF passes is_causal=True without padding and, with padding, is_causal=False and an explicit mask; the
         # attention module is not hooked (a padded batch was recorded as non-causal), so the model's module is
@@ -513,9 +513,9 @@ def _sdpa(rec: Recorder, args: tuple, kwargs: dict) -> None:
         form = _mask_form(rec, mask, q.shape[2], k.shape[2], lambda: getattr(rec.calling_module(), "is_causal", False))
         if form is None:
             return
-        n, causal, spans = form
+        n, causal, spans, rows = form
     dtype = _autocast_name(q, "attention")
-    for q, k, v in _attention_parts(q, k, v, n, causal, spans):
+    for q, k, v in _attention_parts(q, k, v, n, spans, rows):
         if k.shape[1] != q.shape[1] and q.shape[1] % k.shape[1] == 0:  # GQA: expand kv heads (norms unchanged)
             rep = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
@@ -536,13 +536,16 @@ BOTTOM_RIGHT_SKIP = ("attention: cached multi-token step (causal mask bottom-rig
 # additive bias. It was recorded as the plain causal mask over every key (the twin's output 0.2 off the model's
 # on a sliding-window prefill); the catalog's attention takes no mask, so such calls are skipped and counted.
 # Padding is recorded per batch row over its live keys (_attention_parts), or skipped (PADDING_HOLES_SKIP).
+# A module that is not causal (an encoder: BERT) has no skip here: its mask, when not bidirectional plus padding
+# (_mask_bidirectional), is still recorded non-causal over every key.
 MASK_SKIP = "attention: mask not causal-only: sliding window / bias (the catalog's attention takes no mask)"
 
-# A padded batch's mask: causal (or, one mask row for every query row, every key) with the keys that no query row
-# of a batch row sees masked (_used_keys). Each batch row whose live keys are one span (left padding: a suffix,
-# right padding: a prefix, no padding: every key) is recorded as what it computed, its rows sliced to that span
-# (_attention_parts). A batch row whose live keys have a hole (a right-padded batch's decode step: its pad keys
-# between the prompt and the new token) computed what no catalog call replays: such calls are skipped, counted here.
+# A padded batch's mask: causal (or, one mask row for every query row, every key; or, an encoder's, every key for
+# every live token's query row) with the keys that no query row of a batch row sees masked (_used_keys). Each batch
+# row whose live keys are one span (left padding: a suffix, right padding: a prefix, no padding: every key) is
+# recorded as what it computed, its rows sliced to that span (_attention_parts). A batch row whose live keys have a
+# hole (a right-padded batch's decode step: its pad keys between the prompt and the new token; a pad token inside an
+# encoder's row) computed what no catalog call replays: such calls are skipped, counted here.
 PADDING_HOLES_SKIP = ("attention: padding mask whose live keys are not one span per batch row (holes): the "
                       "catalog's attention takes no mask")
 
@@ -557,9 +560,10 @@ def _bottom_right(seq_q: int, seq_k: int) -> bool | None:
 
 
 def _mask_form(rec: Recorder, mask: Any, seq_q: int, seq_k: int, module_causal: Callable[[], bool],
-               ) -> tuple[int | None, bool, tuple[tuple[int, int], ...] | None] | None:
+               ) -> tuple[int | None, bool, tuple[tuple[int, int], ...] | None, bool] | None:
     """(used keys or None for all, the catalog's causal flag, each mask batch row's live key span (s, e) or None
-    for every key of every row) of an HF attention call (sdpa's without is_causal, eager's) from its mask, or None
+    for every key of every row, whether the spans slice the query rows too: _attention_parts' rows) of an HF
+    attention call (sdpa's without is_causal, eager's) from its mask, or None
     when the call has no catalog form, counted in skipped. The flag is top-left
     (query i sees keys j <= i); a causal module's mask is bottom-right aligned (_bottom_right): the top-left
     flag only when seq_q == seq_k, no form for a cached multi-token step (BOTTOM_RIGHT_SKIP). One mask row
@@ -569,9 +573,13 @@ def _mask_form(rec: Recorder, mask: Any, seq_q: int, seq_k: int, module_causal: 
     leaves it to decide: it can cost a frame walk), is non-causal. sdpa and eager attention decided this
     apart; eager's copy called a mask-less causal module's call causal, where eager attention applies no
     mask. A padded batch's mask (causal plus padding, see PADDING_HOLES_SKIP) gives the spans: recorded as one
-    causal call over every key, its left-padded rows were replayed seeing pad keys the model's never saw."""
+    causal call over every key, its left-padded rows were replayed seeing pad keys the model's never saw. So does
+    an encoder's (a module that is not causal, seq_q == seq_k: BERT, MiniLM) padded batch, bidirectional plus
+    padding: recorded as one non-causal call over every key, every row's queries were replayed seeing its pad keys,
+    which the model's never saw."""
     n = _used_keys(rec, mask, seq_q, seq_k)
     shared = isinstance(mask, torch.Tensor) and mask.ndim == 4 and mask.shape[-2] == 1
+    module_causal = _once(module_causal)  # read at most once per call (sdpa's: a frame walk), only where needed
     if n is not None:  # causal over the used keys (top-left when seq_q == n)
         causal = False if shared else _bottom_right(seq_q, n)
     elif _mask_other(rec, mask) and module_causal():
@@ -585,24 +593,44 @@ def _mask_form(rec: Recorder, mask: Any, seq_q: int, seq_k: int, module_causal: 
         rec.skip(BOTTOM_RIGHT_SKIP)
         return None
     spans = None
-    if n is None and (causal or shared):  # causal: seq_q == seq_k; shared: every query row sees the same keys
+    # causal: seq_q == seq_k; shared: every query row sees the same keys; bidirectional (reached only for a module
+    # that is not causal: a causal one's is MASK_SKIP): every live token's query row sees its batch row's live keys
+    if n is None and (causal or shared or _mask_bidirectional(rec, mask)):
         spans = _mask_spans(rec, mask)
         if spans == ():
             rec.skip(PADDING_HOLES_SKIP)
             return None
         if spans is not None and all(s == 0 and e == seq_k for s, e in spans):
             spans = None  # nothing padded
-    return n, causal, spans
+    # query row i is token i (a prefill, an encoder's self-attention) unless a one-mask-row step's rows are one token
+    # (a decode step; a packed GQA decode step's n_rep rows are one token's heads, whatever seq_k is): the module says
+    # which, read only for a padded shared mask with as many rows as keys
+    rows = causal or (spans is not None and seq_q == seq_k > 1 and not module_causal())
+    return n, causal, spans, rows
 
 
-def _attention_parts(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n: int | None, causal: bool,
-                     spans: tuple[tuple[int, int], ...] | None) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """The catalog calls (q, k, v) that an attention call with _mask_form's (n, causal, spans) computed: itself over
-    its first n keys (a static cache's written slots), or, for a padded batch, one call per run of adjacent batch
-    rows with the same live key span [s, e): keys and values [b:c, :, s:e]; queries [b:c, :, s:e] when causal (the
-    prefill: seq_q == seq_k, query s + i sees keys s..s+i, top-left over the span; the pad tokens' own rows, which
-    the model's output leaves unused, dropped), every query row when not (a decode step: its one token over the
-    live keys). Views: no copies, so each run is one call and rows with the same span elsewhere in the batch
+def _once(fn: Callable[[], bool]) -> Callable[[], bool]:
+    """fn, called at most once: its first answer kept."""
+    got: list[bool] = []
+
+    def once() -> bool:
+        if not got:
+            got.append(fn())
+        return got[0]
+    return once
+
+
+def _attention_parts(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n: int | None,
+                     spans: tuple[tuple[int, int], ...] | None,
+                     rows: bool) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """The catalog calls (q, k, v) that an attention call with _mask_form's (n, causal, spans, rows) computed: itself
+    over its first n keys (a static cache's written slots), or, for a padded batch, one call per run of adjacent
+    batch rows with the same live key span [s, e): keys and values [b:c, :, s:e]; queries [b:c, :, s:e] with `rows`
+    (query i is token i: a causal prefill, query s + i sees keys s..s+i, top-left over the span; an encoder's
+    non-causal self-attention, every live query over the span), the pad tokens' own query rows dropped: a decoder's
+    output leaves them unused and an encoder's pooling ignores them (mean pooling weighs them 0, CLS pooling reads
+    token 0), whatever the model put there; every query row without (a decode step: its one token over the live
+    keys). Views: no copies, so each run is one call and rows with the same span elsewhere in the batch
     another."""
     if n is not None:
         return [(q, k[:, :, :n], v[:, :, :n])]
@@ -616,7 +644,7 @@ def _attention_parts(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n: int |
         while c < len(spans) and spans[c] == spans[b]:
             c += 1
         s, e = spans[b]
-        parts.append((q[b:c, :, s:e] if causal else q[b:c], k[b:c, :, s:e], v[b:c, :, s:e]))  # (c-b, h, *, d)
+        parts.append((q[b:c, :, s:e] if rows else q[b:c], k[b:c, :, s:e], v[b:c, :, s:e]))  # (c-b, h, *, d)
         b = c
     return parts
 
@@ -1139,7 +1167,8 @@ def _used_keys(rec: Recorder, mask: Any, seq_q: int, seq_k: int) -> int | None:
     over the empty slots too. A mask of one row for all seq_q query rows (a packed GQA decode step, see
     _sdpa) gives n when that row allows exactly the first n keys. None for any other mask (padding,
     sliding windows, additive biases). The check syncs once per mask (twice when it also decides
-    _mask_other and _mask_spans): every layer is handed the same tensor, whose verdicts are kept in
+    _mask_other, _mask_spans and _mask_bidirectional): every layer is handed the same tensor (HF builds a model's
+    mask once, an encoder's too: BertModel's create_bidirectional_mask), whose verdicts are kept in
     rec._mask_seen."""
     if not isinstance(mask, torch.Tensor) or mask.ndim != 4 or mask.shape[-1] != seq_k or mask.shape[-2] not in (seq_q, 1):
         return None
@@ -1157,7 +1186,7 @@ def _used_keys(rec: Recorder, mask: Any, seq_q: int, seq_k: int) -> int | None:
             ok = n >= 1 and bool((allowed == (j < n)).all())
         else:
             ok = seq_q <= n and bool((allowed == (j <= n - seq_q + i)).all())
-        other, spans = False, None
+        other, spans, bidir = False, None, False
         if not ok:  # causal (bottom-right over all keys) with the keys no row of a batch row sees (padding) masked?
             pad = ~allowed.any(-2, keepdim=True).any(-3, keepdim=True)  # (b, 1, 1, seq_k)
             want = (torch.ones_like(j, dtype=torch.bool) if shared else j <= seq_k - seq_q + i) & ~pad
@@ -1166,12 +1195,20 @@ def _used_keys(rec: Recorder, mask: Any, seq_q: int, seq_k: int) -> int | None:
             # read in the same sync as the verdict
             live = (~pad).reshape(pad.shape[0], seq_k).int()  # (b, seq_k)
             first, end = live.argmax(-1), seq_k - live.flip(-1).argmax(-1)
-            got = torch.cat([((allowed == want) | dead).all().view(1).long(), first, end, live.sum(-1)]).tolist()
+            # or bidirectional plus padding (an encoder's self-attention): each live token's query row (query i is
+            # token i) sees exactly its batch row's live keys; a pad token's row whatever the model left in it. A
+            # shared mask's padding verdict above is already this one.
+            if seq_q == seq_k > 1 and not shared:
+                bi = ((allowed == ~pad) | pad.transpose(-1, -2)).all()
+            else:
+                bi = torch.zeros((), dtype=torch.bool, device=mask.device)
+            verdicts = torch.stack([((allowed == want) | dead).all(), bi]).long()
+            got = torch.cat([verdicts, first, end, live.sum(-1)]).tolist()
             b = live.shape[0]
-            other = not got[0]
+            other, bidir, got = not got[0], bool(got[1]), got[1:]
             rows = list(zip(got[1:1 + b], got[1 + b:1 + 2 * b], got[1 + 2 * b:]))
             spans = tuple((s, e) for s, e, _ in rows) if all(0 < c == e - s for s, e, c in rows) else ()
-    rec._mask_seen = (mask, v, n if ok else None, other, seq_q, spans)
+    rec._mask_seen = (mask, v, n if ok else None, other, seq_q, spans, bidir)
     return rec._mask_seen[2]
 
 
@@ -1183,11 +1220,21 @@ def _mask_other(rec: Recorder, mask: Any) -> bool:
 
 
 def _mask_spans(rec: Recorder, mask: Any) -> tuple[tuple[int, int], ...] | None:
-    """For a mask that _used_keys, just run on it, found causal plus padding (not _mask_other): each mask batch
-    row's live keys [s, e), the keys some query row of it sees; () when a row's are not one span (holes, or none:
-    PADDING_HOLES_SKIP). None for other masks and masks it did not read."""
+    """For a mask that _used_keys, just run on it, found causal plus padding (not _mask_other) or bidirectional
+    plus padding (_mask_bidirectional): each mask batch row's live keys [s, e), the keys some query row of it sees;
+    () when a row's are not one span (holes, or none: PADDING_HOLES_SKIP). None for other masks and masks it did
+    not read."""
     seen = rec._mask_seen
-    return seen[5] if seen is not None and seen[0] is mask and seen[2] is None and not seen[3] else None
+    ok = seen is not None and seen[0] is mask and seen[2] is None and (not seen[3] or seen[6])
+    return seen[5] if ok else None
+
+
+def _mask_bidirectional(rec: Recorder, mask: Any) -> bool:
+    """Whether _used_keys, just run on `mask` (seq_q == seq_k > 1, one mask row per query row), found it
+    bidirectional plus padding: each live token's query row sees exactly its batch row's live keys (an encoder's
+    padded batch; every key where nothing is padded). False for masks it did not read."""
+    seen = rec._mask_seen
+    return seen is not None and seen[0] is mask and seen[2] is None and seen[6]
 
 
 def _rope_inputs(x: torch.Tensor, pos: torch.Tensor, unsqueeze_dim: int,
@@ -1213,10 +1260,10 @@ def _record_eager(rec: Recorder, orig: Callable, module, query, key, value, atte
     form = _mask_form(rec, attention_mask, query.shape[2], key.shape[2], lambda: getattr(module, "is_causal", False))
     if form is None:
         return
-    n, causal, spans = form
+    n, causal, spans, rows = form
     dtype = _autocast_name(query, "attention")
     # unused (static cache) slots dropped, a padded batch split by its rows' live keys (_attention_parts)
-    for q, k, v in _attention_parts(query, key, value, n, causal, spans):
+    for q, k, v in _attention_parts(query, key, value, n, spans, rows):
         rec.record("attention", "math", functools.partial(_attention_inputs, q, k, v), {"causal": causal}, dtype=dtype)
 
 
