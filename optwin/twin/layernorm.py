@@ -24,6 +24,8 @@ from optwin.twin.numerics import (
     triton_row_lanes,
     welford_chunk,
 )
+from optwin.twin.triton_reduce import row_layout, tl_sum
+from optwin.twin.triton_reduce import sum_squares as tl_sum_squares
 
 EPS = CATALOG["layernorm"].constants["eps"]
 F32 = "float32"
@@ -258,8 +260,10 @@ def noise_free_rows(variant: str, dtype: str, inputs: dict[str, torch.Tensor], p
     384..4096 in every dtype on an H100, bench/gpu_constant_rows.py and bench/twin_constant_rows.py
     (bench/RESULTS.md, validate, stop 48). There the noise only invented faults: NaN in most one-pass
     replays of a constant row at widths 384 and 768 where the GPU gives none. triton's float32 rows keep
-    their noise: its sums of c round in an order the twin misses (the H100 faults where it does not), and so
-    do one-pass rows wider than CHECKED_WIDTH, which torch's reduce can split in a way the twin does not model.
+    their noise still: their sums of c round in each thread's chain of registers (triton_reduce), which the
+    twin models since stop 49 (the H100's 1280 rows of 1280 agree) but which the replays do not yet rely on;
+    and so do one-pass rows wider than CHECKED_WIDTH, which torch's reduce can split in a way the twin does
+    not model.
     """
     if variant == "triton" and dtype == "float32":
         return None
@@ -296,12 +300,19 @@ def twin(num: Numerics, variant: str, dtype: str, inputs: dict[str, torch.Tensor
     if variant == "triton" and welford_chunk(n):
         m, var = welford(num, h, lanes=welford_chunk(n))
         return num.round(_normalize(num, h, m, var, w, b, fused=True), dtype)
+    if variant == "triton" and n <= TRITON_WHOLE_ROW_MAX:
+        # the row held whole: each sum one tl.sum in the kernel's layout (triton_reduce)
+        block, warps, spt = row_layout(n, dtype, "layernorm")
+        m = num.round(tl_sum(num, h, block, warps, spt) / n, F32)
+        dev = num.round(h - m, F32)
+        var = num.round(tl_sum_squares(num, dev, block, warps, spt) / n, F32)
+        # ((h - m) * r) * w + b: the kernel's explicit FMA, one rounding
+        return num.round(_normalize(num, h, m, var, w, b, fused=True), dtype)
     if variant == "triton":
-        # one tl.sum tree per sum, or per-lane sums over the kernel's chunks and then the tree
+        # rows past TRITON_WHOLE_ROW_MAX: per-lane sums over the kernel's chunks and then the tree
         lanes = triton_row_lanes(n)
         m = num.round(num.sum(h, order="blocked", lanes=lanes, keepdim=True) / n, F32)
         dev = num.round(h - m, F32)
         var = num.round(sum_squares(num, dev) / n, F32)
-        # rows held whole end in an explicit FMA, ((h - m) * r) * w + b with one rounding
-        return num.round(_normalize(num, h, m, var, w, b, fused=n <= TRITON_WHOLE_ROW_MAX), dtype)
+        return num.round(_normalize(num, h, m, var, w, b), dtype)  # every product rounds (no FMA)
     raise ValueError(f"layernorm: no twin for variant {variant!r}")
