@@ -23,7 +23,8 @@ heads <= 4, geodesic n <= 512); region-feature shapes (hidden, n, d, seq_k, k) a
 keeps causal and, for causal or self-attention calls, seq_q == seq_k (up to 2048 tokens, with fewer
 batches and heads); cross-attention caps seq_q at 64.
 `peaked_frac` (the fraction of low-entropy rows): attention aims at it by rescaling query rows within
-the drawn norms (generate._aim_peaked_frac); softmax by the spread of each row's scores, apart from
+the drawn norms, then turning rows toward a key where growing leaves them flat (short rows of few keys;
+generate._aim_peaked_frac); softmax by the spread of each row's scores, apart from
 its range (generate._softmax_rows: a finite mask value such as finfo.min or -1e9 widens the range,
 not the scores), and hits min_row_max as well.
 Not aimed at: attention's `max_score` (the largest q.k): it follows from the drawn norms and

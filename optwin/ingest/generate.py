@@ -458,11 +458,89 @@ def _row_entropy(scores: np.ndarray, scale: np.ndarray) -> np.ndarray:
     return logit_row_entropy(torch.from_numpy(scores * scale[:, None]))[0].numpy()
 
 
+# Keys _steer_rows tries per query row: its highest-scoring ones, then its longest key.
+STEER_KEYS = 4
+
+
+def _steer_rows(qr: np.ndarray, kb: np.ndarray, seq_q: int, scores: np.ndarray, rows: np.ndarray, need: int,
+                cap_norm: float, cap_abs: float, goal: float) -> tuple[np.ndarray, np.ndarray]:
+    """Up to `need` of `rows` (query rows of qr (rows, d), tried in order) turned toward one of their
+    visible keys until their attention entropy is below `goal`: (the rows, their new values).
+
+    Rescaling alone leaves a random query row flat when its keys are few and its scores close: a
+    row of 12 keys needs its top score ~5.5 above the rest to fall below 0.3 nats, more than a
+    random direction in d = 32 gives even at the largest norm. A real encoder's peaked rows are a
+    query aligned with one key ([CLS], [SEP]); here a row moves along the great circle from its own
+    direction toward a key (one of its STEER_KEYS highest-scoring keys, else its longest key), just
+    far enough, at the largest norm the caps allow (cap_norm: the largest row norm, so score_bound
+    stays; cap_abs: the largest |q|, so absmax stays). kb: (batch*heads, seq_k, d), row i's keys are
+    kb[i // seq_q]; scores: (rows, seq_k), qr's scaled scores, -inf where hidden. Rows that no
+    candidate key makes peaked are left out."""
+    d = qr.shape[1]
+    sqd = math.sqrt(d)
+    m = STEER_KEYS + 1
+    chunk = max(1, (1 << 22) // (m * scores.shape[1]))  # float64 score elements formed at once
+    knorm = np.linalg.norm(kb, axis=2)  # (batch*heads, seq_k)
+    got_rows: list[np.ndarray] = []
+    got_vals: list[np.ndarray] = []
+    have = 0
+    for start in range(0, len(rows), chunk):
+        if have >= need:
+            break
+        r = rows[start:start + chunk]
+        bh, sc = r // seq_q, scores[r]  # (n,), (n, seq_k)
+        vis = np.isfinite(sc)
+        top = np.argsort(np.where(vis, -sc, np.inf), axis=1, kind="stable")[:, :STEER_KEYS]  # highest scores first
+        opts = np.concatenate([top, np.where(vis, knorm[bh], -1.0).argmax(axis=1)[:, None]], axis=1)  # (n, m)
+        opts = np.where(np.take_along_axis(vis, opts, axis=1), opts, opts[:, :1])  # fewer keys: repeat the top one
+        u = kb[bh[:, None], opts]  # (n, m, d)
+        u = u / np.maximum(np.linalg.norm(u, axis=2, keepdims=True), 1e-300)
+        ku = np.empty((len(r), m, scores.shape[1]))  # u . k_j / sqrt(d): the scores of a unit row along u
+        for g in np.unique(bh):
+            sel = bh == g
+            ku[sel] = np.einsum("nmd,kd->nmk", u[sel], kb[g]) / sqd
+        s1 = np.minimum(cap_norm, cap_abs / np.maximum(np.abs(u).max(axis=2), 1e-300))  # (n, m)
+        pick = np.full(len(r), -1)  # the first candidate key whose row, pointing at it, is peaked
+        for j in range(m):  # a later key only for the rows the earlier ones leave flat
+            left = np.flatnonzero(pick < 0)
+            full = np.where(vis[left], ku[left, j] * s1[left, j, None], -np.inf)
+            pick[left[_row_entropy(full, np.ones(len(left))) < goal]] = j
+        ok = np.flatnonzero(pick >= 0)[: need - have]
+        if not len(ok):
+            continue
+        pick = pick[ok]
+        r, vis, u, b = r[ok], vis[ok], u[ok, pick], ku[ok, pick]  # b: (n, seq_k)
+        qn = np.maximum(np.linalg.norm(qr[r], axis=1, keepdims=True), 1e-300)
+        qh, a = qr[r] / qn, sc[ok] / qn  # unit rows and their unit-row scores
+
+        def at(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            """(row, its scaled scores) turned by t in [0, 1] from qh toward u, at the caps."""
+            w = (1 - t)[:, None] * qh + t[:, None] * u
+            wn = np.maximum(np.linalg.norm(w, axis=1), 1e-300)
+            size = np.minimum(cap_norm, cap_abs * wn / np.maximum(np.abs(w).max(axis=1), 1e-300))  # (n,)
+            c = (size / wn)[:, None]
+            return w * c, np.where(vis, ((1 - t)[:, None] * a + t[:, None] * b) * c, -np.inf)
+
+        lo, hi = np.zeros(len(r)), np.ones(len(r))  # hi stays a turn that reaches the goal
+        for _ in range(12):  # bisection on the turn (to 2e-4: a turn a little past the least is as good)
+            mid = (lo + hi) / 2
+            ok_mid = _row_entropy(at(mid)[1], np.ones(len(r))) < goal
+            lo, hi = np.where(ok_mid, lo, mid), np.where(ok_mid, mid, hi)
+        got_rows.append(r)
+        got_vals.append(at(hi)[0])
+        have += len(r)
+    if not got_rows:
+        return np.zeros(0, dtype=np.int64), np.zeros((0, d))
+    return np.concatenate(got_rows), np.concatenate(got_vals)
+
+
 def _aim_peaked_frac(q: np.ndarray, k: np.ndarray, causal: bool, target: float) -> np.ndarray:
-    """q with its query rows rescaled so that about `target` of the attention rows have entropy below
-    the low_entropy threshold. A row's entropy falls as its norm grows, so rows are shrunk (flatter)
-    or grown up to the largest row norm and the largest |q| (sharper): score_bound and absmax stay.
-    The rows that carry those two maxima are left alone; targets no rescaling can reach are missed."""
+    """q with its query rows rescaled (or turned) so that about `target` of the attention rows have
+    entropy below the low_entropy threshold. A row's entropy falls as its norm grows, so rows are
+    shrunk (flatter) or grown up to the largest row norm and the largest |q| (sharper): score_bound
+    and absmax stay. Rows that growing leaves flat are then turned toward one of their keys within
+    the same caps (_steer_rows). The rows that carry those two maxima are left alone; targets no
+    rescaling or turning can reach are missed."""
     from optwin.catalog import DEFAULT_TOLERANCES
 
     thr = DEFAULT_TOLERANCES.low_entropy_nats
@@ -478,10 +556,12 @@ def _aim_peaked_frac(q: np.ndarray, k: np.ndarray, causal: bool, target: float) 
     free[[int(np.argmax(norms)), int(np.argmax(amax))]] = False
     grow = np.minimum(norms.max() / np.maximum(norms, 1e-300), amax.max() / np.maximum(amax, 1e-300))  # (rows,)
     ones = np.ones(len(qr))
-    peaked = _row_entropy(scores, ones) < thr
+    entropy = _row_entropy(scores, ones)
+    peaked = entropy < thr
     want = int(round(target * len(qr))) - int(peaked[~free].sum())
     free_peaked = np.flatnonzero(free & peaked)
     scale = ones.copy()
+    steered = np.zeros(0, dtype=np.int64)
     if len(free_peaked) > want:  # flatten some: shrink until the entropy clears the threshold
         flattenable = free_peaked[np.isfinite(scores[free_peaked]).sum(axis=1) >= 2]  # one key: always peaked
         rows = flattenable[: len(free_peaked) - max(want, 0)]
@@ -493,10 +573,20 @@ def _aim_peaked_frac(q: np.ndarray, k: np.ndarray, causal: bool, target: float) 
         scale[rows] = lo
     elif len(free_peaked) < want:  # sharpen some: grow rows that become peaked at their largest scale
         candidates = np.flatnonzero(free & ~peaked)
-        can = candidates[_row_entropy(scores[candidates], grow[candidates]) < thr]
+        sharp = _row_entropy(scores[candidates], grow[candidates]) < thr
+        can = candidates[sharp]
         rows = can[: want - len(free_peaked)]
         scale[rows] = grow[rows]
-    return (qr * scale[:, None]).reshape(q.shape)
+        short = want - len(free_peaked) - len(rows)
+        if short > 0:  # then turn some of the rest toward a key, the nearest to peaked first
+            rest = candidates[~sharp]
+            rest = rest[np.argsort(entropy[rest], kind="stable")]
+            steered, vals = _steer_rows(qr, k.reshape(batch * heads, seq_k, d), seq_q, scores, rest, short,
+                                        float(norms.max()), float(amax.max()), thr - 0.1)
+    out = qr * scale[:, None]
+    if len(steered):
+        out[steered] = vals
+    return out.reshape(q.shape)
 
 
 def make_attention(rng: np.random.Generator, dtype: torch.dtype, *, batch: int, heads: int, seq_q: int, seq_k: int,
