@@ -1,6 +1,9 @@
 """The twin against a GPU's softmax row sums and outputs (bench/gpu_softmax_sums.py's files), row by row.
 
-    python bench/twin_softmax_sums.py bench/results/softmax_sums_gpu_h100_s49_float16.npz [more .npz]
+    python bench/twin_softmax_sums.py bench/results/softmax_sums_gpu_h100_s49.npz [more .npz]
+
+(The committed file keeps the row sums only; the device's full files, with the outputs and exp, were
+softmax_sums_gpu_<dtype>.npz, 18 MB together: their columns are in bench/RESULTS.md.)
 
 Per dtype and width (row counts together), how many rows the twin gets bit for bit:
 - x's own float32 row sum under each reduction order the twin knows ("blocked" over 256 lanes, "cuda": torch's
@@ -44,7 +47,7 @@ def main() -> None:
         print(f"{path}: {' '.join(str(v) for v in data['meta'][:2])}\n")
         count: collections.Counter = collections.Counter()
         keys = sorted({k.rsplit("_", 1)[0] for k in data.files if k != "meta"},
-                      key=lambda k: (int(k.split("_")[1]), int(k.split("_")[2])))
+                      key=lambda k: (k.split("_")[0], int(k.split("_")[1]), int(k.split("_")[2])))
         for key in keys:
             dtype, n, rows = key.split("_")
             n, rows = int(n), int(rows)
@@ -55,7 +58,7 @@ def main() -> None:
             count[cell + ("rows",)] += rows
             for order in ORDERS:
                 for name, terms in (("xsum32", x), ("sum32", e)):
-                    s = num.sum(terms, acc="float32", order=order, outputs=rows)
+                    s = num.sum(terms, acc="float32", order=order, outputs=rows, itemsize=xd.element_size())
                     count[cell + (name, order)] += int((s == from_numpy(data[f"{key}_{name}"], "float32")).sum())
             if f"{key}_exp" in data.files:
                 gpu_e = from_numpy(data[f"{key}_exp"], dtype)
@@ -69,14 +72,15 @@ def main() -> None:
                 same = ((y == gpu) | (y.isnan() & gpu.isnan())).all(-1)
                 count[cell + (variant,)] += int(same.sum())
                 count[cell + (variant + "_n",)] += rows
-        cells = sorted({k[:2] for k in count})
+        cells = sorted({k[:2] for k in count}, key=lambda c: (("float16", "bfloat16", "float32").index(c[0]), c[1]))
         head = " | ".join(f"{s} {o}" for s in ("x sum", "exp sum") for o in ORDERS)
         print(f"| dtype | width | rows | {head} | naive rows | torch rows | exp elements off |")
         print("|---|---:|---:|" + "---:|" * (2 * len(ORDERS) + 3))
         for c in cells:
             sums = " | ".join(str(count[c + (s, o)]) for s in ("xsum32", "sum32") for o in ORDERS)
-            print(f"| {c[0]} | {c[1]} | {count[c + ('rows',)]} | {sums} | {count[c + ('naive',)]}/{count[c + ('naive_n',)]}"
-                  f" | {count[c + ('torch',)]}/{count[c + ('torch_n',)]} | {count[c + ('exp_diff',)]}/{count[c + ('exp_n',)]} |")
+            kept = [f"{count[c + (a,)]}/{count[c + (b,)]}" if count[c + (b,)] else "-"
+                    for a, b in (("naive", "naive_n"), ("torch", "torch_n"), ("exp_diff", "exp_n"))]
+            print(f"| {c[0]} | {c[1]} | {count[c + ('rows',)]} | {sums} | {' | '.join(kept)} |")
         print()
 
 

@@ -125,7 +125,9 @@ def test_naive_variant_matches_cpu_production(dtype: str) -> None:
     x = (torch.randn(16, 512, generator=g) * 3).to(DT[dtype])
     y = run_variant("softmax", "naive", dtype, {"x": x}).double()
     emu = twin.run("softmax", "naive", dtype, {"x": x}).emulated
-    assert float(ulps_between(emu, y, dtype).max()) <= 4
+    # The twin sums as torch's CUDA reduce does (checked on an H100: tests/test_twin_s49_cuda_reduce.py); CPU torch
+    # sums in its own order and its exp is ~1 ulp off: a few float32 ulps apart, as the torch variant's above.
+    assert float(ulps_between(emu, y, dtype).max()) <= 8
 
 
 def test_emulation_error_is_format_sized() -> None:

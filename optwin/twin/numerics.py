@@ -400,6 +400,41 @@ def torch_cast(x: torch.Tensor, f: Format | str) -> torch.Tensor:
     return x32 if f.name == "float32" else round_nearest(x32, f)
 
 
+# ReduceConfig splits a row over several blocks only while the grid stays under the SMs' worth of 512-thread blocks
+# (132 SMs x 4 on an H100 or H200).
+_CUDA_GRID_TARGET = 528
+
+
+@functools.lru_cache(maxsize=256)
+def _cuda_reduce_index(n: int, threads: int, accs: int, vectorized: bool, shift: int) -> torch.Tensor:
+    """Which element of a row of n each of `threads` threads adds into each of its `accs` accumulators at each step
+    (Numerics._cuda_reduce): a long tensor (accs, steps, threads), n where a thread adds nothing (the zero pad).
+    Vectorized rows (vec = accs elements a vector): the head before the row's first 16-byte boundary (`shift`
+    elements into an aligned vector), then the whole vectors, then the tail past the last whole vector, head and
+    tail into accumulator 0. Element-wise rows: accumulator j takes t + j T + 4 k T."""
+    t = torch.arange(threads)
+    if not vectorized:
+        steps = -(-n // (accs * threads))
+        idx = t + threads * (torch.arange(accs)[:, None, None] + accs * torch.arange(steps)[None, :, None])
+        return torch.where(idx < n, idx, n)  # (accs, steps, threads)
+    head = (accs - shift) % accs  # elements before the first aligned vector
+    body = n - head
+    vectors = body // accs
+    steps = -(-vectors // threads)
+    v = t + threads * torch.arange(steps)[:, None]  # (steps, threads) vector index
+    main = head + v * accs + torch.arange(accs)[:, None, None]  # (accs, steps, threads)
+    main = torch.where(v < vectors, main, n)
+    first = torch.full((accs, 1, threads), n)
+    last = torch.full((accs, 1, threads), n)
+    if head:  # thread shift + i reads the row's element i
+        lanes = torch.arange(shift, accs)
+        first[0, 0, lanes] = lanes - shift
+    tail = body - vectors * accs
+    if tail:
+        last[0, 0, :tail] = head + vectors * accs + torch.arange(tail)
+    return torch.cat([first, main, last], dim=1)
+
+
 class Numerics:
     """The rounding context a twin computes under: noise mode, replay count, generator.
 
@@ -460,7 +495,7 @@ class Numerics:
 
     # -- reductions -------------------------------------------------------------------------
     def sum(self, x: torch.Tensor, dim: int = -1, acc: Format | str = "float32", order: str = "blocked",
-            lanes: int = 256, keepdim: bool = False, outputs: int = 1) -> torch.Tensor:
+            lanes: int = 256, keepdim: bool = False, outputs: int = 1, itemsize: int = 4) -> torch.Tensor:
         """Sum along `dim` accumulating in format `acc`, rounding after every addition.
 
         order:
@@ -470,7 +505,8 @@ class Numerics:
                         sequence, then a tree over the lanes (a GPU block reduction; with lanes = K
                         chunks it is a split-K reduction);
         - "cuda":       torch's CUDA reduce kernel over the last dim (`_cuda_reduce`), whose block
-                        width depends on how many sums the call makes (`outputs`: the rows).
+                        width depends on how many sums the call makes (`outputs`: the rows), and whose
+                        vector loads on the GPU tensor's element size (`itemsize` bytes).
         Under noise "order" the elements are permuted at random (per replay and row) and the lane
         count is drawn from {32, 64, ..., 1024}.
         """
@@ -499,7 +535,7 @@ class Numerics:
         elif order == "blocked":
             out = self._blocked(x, add, lanes)
         elif order == "cuda":
-            out = self._cuda_reduce(x, add, outputs)
+            out = self._cuda_reduce(x, add, outputs, itemsize)
         else:
             raise ValueError(f"unknown reduction order {order!r}")
         out = out.to(torch.float64)
@@ -513,7 +549,7 @@ class Numerics:
         return lambda s, t: self.round(s + t, acc)
 
     def mean(self, x: torch.Tensor, dim: int = -1, acc: Format | str = "float32", order: str = "cuda",
-             lanes: int = 256, keepdim: bool = False) -> torch.Tensor:
+             lanes: int = 256, keepdim: bool = False, itemsize: int = 4) -> torch.Tensor:
         """CUDA's torch.mean over `dim`: the sum accumulated in `acc` (as `sum`), times the float32
         factor ~ 1/n, the product rounded in `acc` (MeanOps::project returns acc * factor, SharedReduceOps.h;
         the factor: cuda_mean_factor). It does not divide: fp32(s * fp32(1/n)) parts from fp32(s / n)
@@ -521,11 +557,17 @@ class Numerics:
         whose twins round s / n themselves. The factor counts the means of one input: under replays
         x's leading dim is the replay dim, not part of it."""
         n = x.shape[dim]
-        rows = x.numel() // n
+        rows = self.rows(x, dim)
+        s = self.sum(x, dim, acc, order, lanes, keepdim, outputs=rows, itemsize=itemsize)
+        return self.round(s * cuda_mean_factor(rows, n), acc)
+
+    def rows(self, x: torch.Tensor, dim: int = -1) -> int:
+        """How many sums a reduction of one input over `dim` makes on the GPU: under replays x's leading dim
+        is the replay dim, not part of the input."""
+        rows = x.numel() // max(x.shape[dim], 1)
         if self.replays and x.ndim > 1 and x.shape[0] == self.replays:
             rows //= self.replays
-        s = self.sum(x, dim, acc, order, lanes, keepdim, outputs=rows)
-        return self.round(s * cuda_mean_factor(rows, n), acc)
+        return rows
 
     def max(self, x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
         """Max is exact in every order; NaN propagates, as on the GPU (torch.amax propagates NaN)."""
@@ -560,52 +602,64 @@ class Numerics:
             s = add(s, x[..., i, :])
         return self._tree(s, add)
 
-    def _cuda_reduce(self, x: torch.Tensor, add, outputs: int) -> torch.Tensor:
-        """torch's CUDA reduce (Reduce.cuh) of contiguous rows over their last dim, `outputs` rows a launch.
+    def _cuda_reduce(self, x: torch.Tensor, add, outputs: int, itemsize: int = 4) -> torch.Tensor:
+        """torch's CUDA reduce (Reduce.cuh) of contiguous rows over their last dim, `outputs` rows a launch, the
+        input's elements `itemsize` bytes wide on the GPU.
 
-        ReduceConfig::set_block_dimension gives each row `width` threads (a power of two: 32 once 16 or more
-        rows share a block, up to 512 for one row). Rows of more than 128 elements are read as vectors of 4
-        (input_vec_size): thread t holds 4 accumulators, accumulator j sums elements
-        4 (t + k width) + j for k = 0, 1, ... in sequence; shorter rows are read element-wise with vt0 = 4
-        accumulators, accumulator j summing t + j width + 4 k width. Each thread adds its accumulators in
-        order, then the block: shared memory halving while more than a warp is left, then the warp's
-        shuffle-downs at offsets 16, 8, ..., 1, halving too (one tree over the threads; the seed-4 labels
-        tell it from an adjacent-pair tree, which constant rows cannot). Zero padding stands for the threads and
-        accumulators past the row's end (x + 0 is exact). Checked on an H100 against one-pass layernorm's
-        constant rows, where the order decides NaN or not (bench/twin_constant_rows.py: 3840 of 3840 rows,
-        where "blocked" over 256 lanes missed 105), and on the H200's seed-4 labels (stop 48).
-        Not modelled, "blocked" over 256 lanes stands in: rows long enough that ReduceConfig splits them over
-        several warps of a block (values per thread, in elements, >= 16 x block height or >= 256: 16 rows of
-        8192, one of 131072), and rows past 128 elements that are not a multiple of 4 (an unaligned head and
-        tail read apart).
+        ReduceConfig::set_block_dimension gives each row `width` threads (a power of two: 32 once 16 or more rows
+        share a block, up to 512 for one row). Rows of 128 elements and more are read as aligned 16-byte vectors of
+        `vec` = 16 / itemsize elements (4 float32, 8 float16 / bfloat16), thread t's accumulator j summing element
+        j of vectors t, t + T, ... in sequence; shorter rows element-wise with vt0 = 4 accumulators, accumulator j
+        summing t + j T + 4 k T. A row that does not start on a 16-byte boundary (rows of n elements where vec does
+        not divide n: row r starts at r n) has its first elements up to the boundary summed first, one by each of
+        threads shift..vec-1 into accumulator 0, and the elements past its last whole vector last, thread t taking
+        the t-th into accumulator 0 (input_vectorized_thread_reduce_impl). Rows long enough (values per thread, in
+        elements, >= 16 x block height or >= 256) are split over the block's warps: T = width x height threads
+        work on one row, t = lane + width x warp. Each thread adds its accumulators in order, then the block: over
+        the lanes (block_x_reduce: shared memory halving while more than a warp is left, then the warp's
+        shuffle-downs at offsets 16, 8, ..., 1, halving too), then over a split row's warps (block_y_reduce,
+        shared memory, halving).
+        Checked on an H100 (bench/twin_softmax_sums.py, bench/results/softmax_sums_gpu_h100_s49_*.npz): every row
+        sum of float16 / bfloat16 / float32 rows at widths 64 to 8192 (130: unaligned rows) and 1 to 512 rows a
+        launch, bit for bit; 100 elements are read element-wise, 128 as vectors (the source's dim0 > 128 would
+        not); and layernorm's constant rows (bench/twin_constant_rows.py). Not modelled, "blocked" over 256 lanes
+        stands in: rows that ReduceConfig also splits over blocks (values per thread still >= 256 after the warp
+        split while the grid is small: a handful of rows of 131072 and more), summed through global memory.
         """
         n = x.shape[-1]
-        vectorized = n > 128
-        if vectorized and n % 4:  # torch reads such rows' unaligned head and tail apart: not modelled
-            return self._blocked(x, add, 256)
-        dim0 = n // 4 if vectorized else n
+        vec = max(16 // itemsize, 1)
+        vectorized = n >= 128
+        dim0 = n // vec if vectorized else n
         dim0_pow2 = min(1 << (dim0.bit_length() - 1), 512)
         dim1_pow2 = min(1 << (max(outputs, 1).bit_length() - 1), 512)
         width = min(dim0_pow2, 32)
         height = min(dim1_pow2, 512 // width)
         width = min(dim0_pow2, 512 // height)
         per_thread = -(-n // width)  # values_per_thread counts elements, vectorized or not
-        if per_thread >= 16 * height or per_thread >= 256:
-            return self._blocked(x, add, 256)
-        steps = -(-n // (4 * width))
-        if steps * 4 * width != n:
-            x = torch.nn.functional.pad(x, (0, steps * 4 * width - n))
-        if vectorized:  # element 4 (t + k width) + j -> (k, t, j)
-            x = x.reshape(*x.shape[:-1], steps, width, 4).transpose(-1, -2)  # (..., steps, 4, width)
-        else:  # element t + j width + 4 k width -> (k, j, t)
-            x = x.reshape(*x.shape[:-1], steps, 4, width)  # (..., steps, 4, width)
-        acc = add(torch.zeros_like(x[..., 0, :, :]), x[..., 0, :, :])  # from +0, as torch's accumulators: -0 + 0 = +0
-        for k in range(1, steps):
-            acc = add(acc, x[..., k, :, :])
-        s = acc[..., 0, :]  # (..., width)
-        for j in range(1, 4):
-            s = add(s, acc[..., j, :])
-        return self._tree(s, add)  # shared memory, then the warp's shuffles: both halve
+        threads = width * height if (per_thread >= 16 * height or per_thread >= 256) else width
+        if threads > width and -(-n // threads) >= 256 and outputs <= _CUDA_GRID_TARGET:
+            return self._blocked(x, add, 256)  # split over blocks too: a global-memory reduction, not modelled
+        lead = x.shape[:-1]
+        # (replays or 1, rows, n): a leading replay dim stays leading, so each replay draws its own noise
+        x = x.reshape(x.shape[0] if self.replays and x.ndim > 1 and x.shape[0] == self.replays else 1, -1, n)
+        # each row's 16-byte misalignment, in elements: row r of an input starts at element r n
+        shift = torch.arange(x.shape[1]) * n % vec if vectorized else torch.zeros(x.shape[1], dtype=torch.long)
+        out = torch.empty(x.shape[:2], dtype=x.dtype)
+        for sh in shift.unique().tolist():  # one order per misalignment: at most vec of them
+            pick = (shift == sh).nonzero().squeeze(-1)
+            rows = x if len(pick) == x.shape[1] else x[:, pick]
+            index = _cuda_reduce_index(n, threads, vec if vectorized else 4, vectorized, sh)  # (accs, steps, threads)
+            terms = torch.nn.functional.pad(rows, (0, 1))[..., index]  # element n is the zero pad (x + 0 is exact)
+            acc = add(torch.zeros_like(terms[..., 0, :]), terms[..., 0, :])  # from +0, as torch's: -0 + 0 = +0
+            for k in range(1, terms.shape[-2]):
+                acc = add(acc, terms[..., k, :])
+            s = acc[..., 0, :]  # (replays, rows, threads)
+            for j in range(1, acc.shape[-2]):
+                s = add(s, acc[..., j, :])
+            s = s.reshape(*s.shape[:-1], threads // width, width)  # (..., warps, lanes): t = lane + width x warp
+            s = self._tree(s, add)  # block_x_reduce over the lanes: shared memory, then the warp's shuffles, both halve
+            out[:, pick] = self._tree(s, add).to(out.dtype)  # block_y_reduce over a split row's warps, halving
+        return out.reshape(lead)
 
     # -- products -----------------------------------------------------------------------------
     def matmul(self, a: torch.Tensor, b: torch.Tensor, out: Format | str, acc: Format | str = "float32",

@@ -34,7 +34,8 @@ def twin(num: Numerics, variant: str, dtype: str, inputs: dict[str, torch.Tensor
         return num.round(w * hn, dtype)  # weight * (...) in dtype
     if variant == "native-dtype":
         sq = num.round(x * x, dtype)  # x*x in dtype: |x| > 256 overflows float16
-        v = num.round(num.mean(sq, keepdim=True), dtype)  # mean accumulates fp32, result in dtype
+        # mean accumulates fp32, result in dtype; torch's reduce reads the dtype tensor in 16-byte vectors
+        v = num.round(num.mean(sq, keepdim=True, itemsize=getattr(torch, dtype).itemsize), dtype)
         # v + eps: a dtype tensor and a Python scalar add in float32 (opmath), then round to dtype
         r = num.round(torch.rsqrt(num.round(num.round(v + EPS32, F32), dtype)), dtype)
         return num.round(w * num.round(x * r, dtype), dtype)

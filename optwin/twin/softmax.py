@@ -45,7 +45,8 @@ def torch_softmax(num: Numerics, x: torch.Tensor, dtype: str) -> torch.Tensor:
 def naive_softmax(num: Numerics, x: torch.Tensor, dtype: str) -> torch.Tensor:
     """exp(x) / sum(exp(x)) with every intermediate a dtype tensor (no max subtraction)."""
     e = num.round(torch.exp(x), dtype)  # (..., n) dtype: overflows above ln(max of dtype)
-    s = num.round(num.sum(e, acc=F32, order="blocked", keepdim=True), dtype)  # (..., 1) fp32 acc -> dtype
+    # torch's CUDA reduce of the dtype tensor e (Reduce.cuh: 16-byte vector loads of its elements), fp32 acc -> dtype
+    s = num.round(num.sum(e, acc=F32, order="cuda", keepdim=True, outputs=num.rows(e), itemsize=getattr(torch, dtype).itemsize), dtype)
     return num.round(e / s, dtype)  # (..., n) dtype
 
 
