@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -105,6 +106,16 @@ _BUILTIN: dict[str, Callable[[], LoadedModel]] = {
 }
 
 
+def _search_current_directory() -> None:
+    """Let a factory module in the current directory import, as under `python -m optwin`: the `optwin` console
+    script's sys.path[0] is its bin directory, so `optwin capture --model mymodels:llama` run beside mymodels.py
+    found no module. Appended, not put first as `python -m` does, so a file there named like an installed package
+    cannot shadow what optwin itself imports later; an installed module of the factory's name still wins."""
+    cwd = os.getcwd()
+    if not any(os.path.abspath(p or os.curdir) == cwd for p in sys.path):
+        sys.path.append(cwd)
+
+
 def load_model(spec: str) -> LoadedModel:
     """Resolve "minilm" | "minilm-eager" | "llama-tiny" | "llama-tiny-eager" | "PACKAGE.MODULE:FACTORY"."""
     if spec in _BUILTIN:
@@ -112,8 +123,13 @@ def load_model(spec: str) -> LoadedModel:
     if ":" not in spec:
         raise ModelError(f"unknown model {spec!r}; expected one of {', '.join(_BUILTIN)} or PACKAGE.MODULE:FACTORY")
     modname, _, attr = spec.partition(":")
+    _search_current_directory()
     try:
         factory = getattr(importlib.import_module(modname), attr)
+    except ModuleNotFoundError as e:
+        hint = " (looked in the current directory and sys.path; set PYTHONPATH for a module elsewhere)" \
+            if e.name and (modname + ".").startswith(e.name + ".") else ""  # the factory's module, not one it imports
+        raise ModelError(f"cannot load model factory {spec!r}: {e}{hint}") from None
     except (ImportError, AttributeError) as e:
         raise ModelError(f"cannot load model factory {spec!r}: {e}") from None
     if not callable(factory):

@@ -1,0 +1,47 @@
+"""Fixes from a user-journey review: a capture of the user's own model factory, build's --out in a missing
+directory, and the mode of a profile's tensors file.
+
+    python -m pytest -q tests/test_s49_journey_fixes.py
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+# The `optwin` console script beside this interpreter: what a user runs, whose sys.path[0] is the bin directory
+# (under `python -m optwin` it would be the current directory, which hid finding 1a).
+OPTWIN = str(Path(sys.executable).parent / "optwin")
+
+LLAMA_FACTORY = """
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+def llama():
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(vocab_size={vocab}, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                        num_attention_heads=4, num_key_value_heads=4))
+"""
+
+
+def _run_optwin(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # as a user runs it: nothing on the path
+    env["HF_HUB_OFFLINE"] = "1"
+    return subprocess.run([OPTWIN, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_capture_imports_a_factory_module_from_the_current_directory(tmp_path: Path) -> None:
+    # vocab 1000: the hashed token ids fit, so this checks the import alone
+    (tmp_path / "journey_models_cwd.py").write_text(LLAMA_FACTORY.format(vocab=1000))
+    r = _run_optwin(["capture", "--model", "journey_models_cwd:llama", "--out", "p", "--max-texts", "2"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "p" / "profile.json").is_file()
+
+
+def test_a_factory_module_found_nowhere_names_pythonpath(tmp_path: Path) -> None:
+    r = _run_optwin(["capture", "--model", "journey_no_such_module:llama", "--out", "p"], tmp_path)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "No module named 'journey_no_such_module'" in lines[0], r.stderr
+    assert "PYTHONPATH" in lines[0], r.stderr
