@@ -4,8 +4,8 @@
 
 Protocol (shared/spec/api.md, "Sidecar protocol"):
 - POST /v1/observe: one record or a JSON list of records {stream, op, variant, dtype, sketch,
-  params, t}; answers a list of {stream, warn, probability, known, eta_s} in the same order; a
-  malformed record gets {"error": "..."} in its place and the rest are served.
+  params, t} (t, the producer's seconds, is required); answers a list of {stream, warn, probability, known,
+  eta_s} in the same order; a malformed record gets {"error": "..."} in its place and the rest are served.
 - GET /v1/warnings?since=SEQ: warnings (stream warning episodes) with seq > SEQ, oldest first.
 - GET /metrics: Prometheus text. GET /healthz: 200 {"status": "ok", "build_id": ..., "twin_versions": {build: twin
   version}, "twin_version_mismatch": bool} (true: some fingerprints served come from another twin version).
@@ -269,8 +269,13 @@ class SidecarState:
             raise ValueError("record field 'params' must be a JSON object")
         t = rec.get("t")
         if t is None:
-            t = time.monotonic()
-        elif type(t) is not float and (type(t) is not int):
+            # Required (shared/spec/api.md lists "t": seconds in the record and names no default). Stamping the
+            # record with this server's monotonic clock, as before, gave it a clock unrelated to the producer's:
+            # the forecaster read it as a second producer, and a drifting stream's warning came 31 calls late (or a
+            # false one came at once).
+            # Stream.observe may default t to now because there the producer's clock is the stream's.
+            raise ValueError("record field 't' is missing: send the producer's time in seconds (time.monotonic())")
+        if type(t) is not float and (type(t) is not int):
             raise ValueError("record field 't' must be a finite number of seconds")
         elif not -_INF < t < _INF:
             raise ValueError("record field 't' must be a finite number of seconds")
