@@ -45,3 +45,23 @@ def test_a_factory_module_found_nowhere_names_pythonpath(tmp_path: Path) -> None
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "No module named 'journey_no_such_module'" in lines[0], r.stderr
     assert "PYTHONPATH" in lines[0], r.stderr
+
+
+def test_capture_feeds_a_factory_model_without_tokenizer_ids_within_its_vocabulary(tmp_path: Path) -> None:
+    # vocab 300 < the 1000 that hashed token ids used to assume: the embedding raised IndexError on batch 0
+    (tmp_path / "journey_models_vocab.py").write_text(LLAMA_FACTORY.format(vocab=300))
+    r = _run_optwin(["capture", "--model", "journey_models_vocab:llama", "--out", "p", "--max-texts", "8"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "p" / "profile.json").is_file()
+
+
+def test_hashed_token_ids_take_the_vocabulary_from_the_module() -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from optwin.ingest.models import LoadedModel, default_texts
+
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2))
+    ids = [b["input_ids"] for b in LoadedModel("m", model).batches(default_texts(16), 8)]
+    assert max(int(x.max()) for x in ids) < 50
+    assert LoadedModel("m", model, vocab_size=20).token_vocab() == 20  # a vocab_size given still wins

@@ -39,16 +39,32 @@ class LoadedModel:
     module: nn.Module
     tokenizer: Any | None = None
     max_length: int = 128
-    vocab_size: int = 1000
+    vocab_size: int | None = None  # for hashed token ids without a tokenizer; None: the module's (token_vocab)
+
+    def token_vocab(self) -> int:
+        """The number of token ids the module embeds: vocab_size if given, else its input embedding's rows or
+        config.vocab_size, else 1000. A fixed 1000 fed a user's model of a smaller vocabulary ids it cannot embed
+        (IndexError: index out of range in self on the first batch)."""
+        if self.vocab_size is not None:
+            return self.vocab_size
+        try:
+            emb = self.module.get_input_embeddings()  # transformers' PreTrainedModel; absent on a plain module
+        except (AttributeError, NotImplementedError):
+            emb = None
+        if isinstance(emb, nn.Embedding):
+            return emb.num_embeddings
+        n = getattr(getattr(self.module, "config", None), "vocab_size", None)
+        return n if isinstance(n, int) and n > 1 else 1000
 
     def batches(self, texts: list[str], batch_size: int = 8) -> Iterator[dict[str, torch.Tensor]]:
+        vocab = self.token_vocab() if self.tokenizer is None else 0
         for i in range(0, len(texts), batch_size):
             chunk = texts[i : i + batch_size]
             if self.tokenizer is not None:
                 enc = self.tokenizer(chunk, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt")
                 yield dict(enc)
             else:
-                yield {"input_ids": hash_tokens(chunk, self.vocab_size, self.max_length)}
+                yield {"input_ids": hash_tokens(chunk, vocab, self.max_length)}
 
 
 def hash_tokens(texts: list[str], vocab: int, max_length: int) -> torch.Tensor:
