@@ -246,7 +246,8 @@ def rowwise_welford(num: Numerics, h: torch.Tensor, threads: int = ATEN_ROWWISE_
     return mean, num.round(m2 / n, F32)  # (..., 1) each
 
 
-# The widest rows the one-pass emulation's constant rows were checked at on a GPU (noise_free_rows)
+# The widest rows the one-pass and triton float32 emulations' constant rows were checked at on a GPU
+# (noise_free_rows)
 CHECKED_WIDTH = 4096
 
 
@@ -259,16 +260,18 @@ def noise_free_rows(variant: str, dtype: str, inputs: dict[str, torch.Tensor], p
     of the mean, one-pass's E[h^2] - m^2 below -eps) is the GPU's result row for row: 256 rows a width at
     384..4096 in every dtype on an H100, bench/gpu_constant_rows.py and bench/twin_constant_rows.py
     (bench/RESULTS.md, validate, stop 48). There the noise only invented faults: NaN in most one-pass
-    replays of a constant row at widths 384 and 768 where the GPU gives none. triton's float32 rows keep
-    their noise still: their sums of c round in each thread's chain of registers (triton_reduce), which the
-    twin models since stop 49 (the H100's 1280 rows of 1280 agree) but which the replays do not yet rely on;
-    and so do one-pass rows wider than CHECKED_WIDTH, which torch's reduce can split in a way the twin does
-    not model.
+    replays of a constant row at widths 384 and 768 where the GPU gives none.
+    triton float32 since stop 49: below 4096 a row is held in registers and its sums of c round in each
+    thread's chain (triton_reduce), which the twin models; the H100's faults at 384..2048 are the twin's row
+    for row (the 1280 of 1280 rows agree). Width 4096 takes the Welford kernel, whose merge tree the twin
+    does not model, but a constant row's every delta is 0 so any order keeps mean c and M2 0 (y = bias), as
+    the H100 gave on all 256 rows there. Rows wider than CHECKED_WIDTH keep their noise, triton float32 (no
+    GPU rows: the register kernel at other widths, the chunked kernels' final sum past 65536) and one-pass
+    (torch's reduce can split them in a way the twin does not model).
     """
-    if variant == "triton" and dtype == "float32":
-        return None
     x = inputs["x"]  # (..., hidden)
-    if variant == "one-pass" and x.shape[-1] > CHECKED_WIDTH:  # may take torch's split reduce, not modelled
+    unchecked = variant == "one-pass" or (variant == "triton" and dtype == "float32")
+    if unchecked and x.shape[-1] > CHECKED_WIDTH:  # no GPU rows to hold the emulation to
         return None
     if x.numel() == 0:
         return None
