@@ -1,5 +1,5 @@
 """Sidecar records over real loopback HTTP: a record without "t" is refused in place and leaves its stream's
-forecast as it was.
+forecast as it was; an unknown variant or dtype is named in the matcher's words, before the sketch is read.
 
     python -m pytest -q tests/test_s49_sidecar_records.py
 
@@ -13,6 +13,7 @@ import json
 
 import pytest
 
+from optwin.errors import CatalogError
 from optwin.fingerprints.client import HTTP
 from optwin.fingerprints.sidecar import SidecarConfig, SidecarThread
 
@@ -66,3 +67,16 @@ def test_a_record_without_t_is_refused_and_the_forecast_is_undisturbed(server, l
     assert out[:30] + out[31:] == ref  # every other answer as if the refused record had never been sent ...
     # ... because it changed nothing: the stream's history holds 199 calls
     assert server.state.streams[(f"gap-{lack}", *NAMES.values())].n_observed == 199
+
+
+@pytest.mark.parametrize("variant,dtype", [("naive", "float17"), ("fancy", "float16")], ids=["dtype", "variant"])
+def test_an_unknown_variant_or_dtype_is_named_before_the_sketch_is_read(server, m, variant, dtype):
+    with pytest.raises(CatalogError) as e:  # what the matcher says of the same call, the one wording for both
+        m.assess("softmax", variant, dtype, sketch={})
+    bad = {"stream": "d", "op": "softmax", "variant": variant, "dtype": dtype, "sketch": {}, "t": 1.0}
+    ok = {"stream": "ok", **NAMES, "sketch": _sk(0.0), "t": 1.0}
+    out = _post(HTTP(server.url), [bad, ok])
+    # Before: "softmax: sketch is missing features numel, rows, ...", the sketch checked before the names.
+    assert out[0] == {"error": str(e.value)}
+    assert out[1]["stream"] == "ok" and "error" not in out[1]
+    assert not any(k[0] == "d" for k in server.state.streams)

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator
 from urllib.parse import parse_qs
 
-from optwin.catalog import CATALOG
+from optwin.catalog import check_variant_dtype
 from optwin.errors import OptwinError, first_line
 from optwin.fingerprints.forecast import ForecastConfig, Stream
 from optwin.fingerprints.matcher import Matcher, MatcherConfig, fast_validate_sketch
@@ -449,15 +449,17 @@ class SidecarState:
 
 
 def _check_names(key: tuple) -> None:
-    """ValueError naming the field unless a record's stream names can make a new stream."""
+    """ValueError (CatalogError for unknown names) naming the field unless a record's stream names can make a new
+    stream."""
     name, op = key[0], key[1]
     for field, v in zip(("stream", "op", "variant", "dtype"), key):
         if not isinstance(v, str) or not v:
             raise ValueError(f"record field {field!r} must be a non-empty string")
     if len(name) > 512:
         raise ValueError("record field 'stream' is longer than 512 characters")
-    if op not in CATALOG:
-        raise ValueError(f"unknown operator {op!r}; expected one of {', '.join(CATALOG)}")
+    # The matcher's own check (Matcher.triple_index), in its words, before the sketch is read: checking the op alone
+    # let an unknown variant or dtype be answered with the sketch's missing features, the dtype never named.
+    check_variant_dtype(op, key[2], key[3])
 
 
 class _SidecarStream(Stream):
