@@ -85,6 +85,13 @@ class MonitorStats:
     fallbacks: int = 0
     raised: int = 0
     warnings: int = 0
+    # With a sidecar: its client's counts of records (copied in whenever `Monitor.stats` is read; the sender
+    # thread keeps them). Failures are also logged at WARNING on 'optwin.client', rate-limited.
+    sidecar_sent: int = 0  # answered by the sidecar
+    sidecar_failed: int = 0  # lost: sidecar unreachable, or it refused the request (HTTP 401: no or wrong token)
+    sidecar_dropped: int = 0  # never sent: the client's queue was full (or the monitor stopped)
+    sidecar_rejected: int = 0  # the sidecar was overloaded (HTTP 503)
+    sidecar_errors: int = 0  # records the sidecar answered with an error
 
 
 class _MonitorRecorder(_cap.Recorder):
@@ -148,7 +155,7 @@ class _MonitorRecorder(_cap.Recorder):
         # calls the monitor cannot see (torch's MHA fast path, see capture._FASTPATH_CALLS) count in
         # stats.skipped too, where a monitor's user looks first
         super().skip(reason, n)
-        self.mon.stats.skipped += n
+        self.mon._stats.skipped += n
 
     def record(self, op: str, variant: str, inputs: _cap.Inputs, params: dict[str, Any] | None = None,
                dtype: str | None = None, stream: str | None = None) -> None:
@@ -253,7 +260,7 @@ class Monitor:
         self._sites: dict[tuple[str, str, str, str], Any] = {}  # (site, op, variant, dtype) -> stream, None: skipped
         self.warnings: list[dict[str, Any]] = []
         self.last_sketches: dict[tuple[str, str, str, str], dict[str, float]] = {}  # per stream key: the latest assessed
-        self.stats = MonitorStats()
+        self._stats = MonitorStats()
         # sketches in flight (async readback): (stream, names, host row, event or None on CPU, t, params, row)
         self._pending: deque[tuple[Any, tuple[str, ...], torch.Tensor, Any, float, dict, int]] = deque()
         self._host: torch.Tensor | None = None  # pinned (HOST_SLOTS, widest sketch) float64, on first use
@@ -263,6 +270,17 @@ class Monitor:
         self._undo: list[Any] = []
         self._interceptor: _MonitorInterceptor | None = None
         self._targets: tuple[intercept.Target, ...] = ()
+
+    @property
+    def stats(self) -> MonitorStats:
+        """The counters, with the sidecar client's send counts as they are now (the hot path counts into
+        `_stats` and never touches the client's)."""
+        s, c = self._stats, self.client
+        if c is not None:
+            cs = c.stats
+            s.sidecar_sent, s.sidecar_failed, s.sidecar_dropped = cs.sent, cs.failed, cs.dropped
+            s.sidecar_rejected, s.sidecar_errors = cs.rejected, cs.errors
+        return s
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -328,7 +346,7 @@ class Monitor:
 
     def _sampled(self, op: str, variant: str, dt: str, site: str) -> Any:
         """The call's stream if its sampling picks this call for a sketch, else None."""
-        self.stats.calls += 1
+        self._stats.calls += 1
         deferred.settle_stale()  # deferred kernel sketches wait at most deferred.MAX_AGE_S for their page
         if self._pending:
             self._drain(block=False)
@@ -340,7 +358,7 @@ class Monitor:
             s = self._sites[key] = (self._stream(f"{site}:{op}" if site else op, op, variant, dt)
                                     if dt in CATALOG[op].dtypes else None)
         if s is None:
-            self.stats.skipped += 1  # e.g. float64 calls: not a catalog variant
+            self._stats.skipped += 1  # e.g. float64 calls: not a catalog variant
             return None
         return s if s.should_check() else None
 
@@ -404,7 +422,7 @@ class Monitor:
         """Assess one sketched call (made at time t, default now) now, or queue it behind its device copy
         (warn on CUDA)."""
         op, variant, dt = s.op, s.variant, s.dtype
-        self.stats.checked += 1
+        self._stats.checked += 1
         t = self.clock() if t is None else t
         asyncr = self.async_readback if self.async_readback is not None else values.is_cuda
         if self.policy == "warn" and asyncr:
@@ -419,7 +437,7 @@ class Monitor:
                 event = torch.cuda.Event()  # per call: it records on the current device's stream
                 event.record()
             self._pending.append((s, names, host, event, t, params, slot))
-            self.stats.queued = len(self._pending)
+            self._stats.queued = len(self._pending)
             return
         r = self._assess(s, _features(names, values), t, params)
         if r is None or self.policy == "warn":
@@ -428,9 +446,9 @@ class Monitor:
             msg = (f"{s.name}: {op}/{variant}/{dt} predicted to fault "
                    f"({', '.join(f'{k} p={v:.2f}' for k, v in r.probability.items())})")
             if self.policy == "raise":
-                self.stats.raised += 1
+                self._stats.raised += 1
                 raise FaultPredicted(msg)
-            self.stats.fallbacks += 1
+            self._stats.fallbacks += 1
             # The float32 rerun is cast back to the inputs' dtype, except where the call would not give that
             # dtype either: it computes in float32 (softmax/layer_norm under CUDA autocast), or autocast's lower
             # precision is the fault (matmul, attention), and casting back would overflow again. Autocast
@@ -474,7 +492,7 @@ class Monitor:
         """Assess queued device sketches whose events completed (all of them when block)."""
         while self._pending and self._assess_oldest(block):
             pass
-        self.stats.queued = len(self._pending)
+        self._stats.queued = len(self._pending)
 
     def _host_slot(self) -> int:
         """A free row of the pinned host buffer for one device sketch. Allocated once:
@@ -515,7 +533,7 @@ class Monitor:
             self._emit({**ans, "source": "sidecar"})
 
     def _emit(self, w: dict[str, Any]) -> None:
-        self.stats.warnings += 1
+        self._stats.warnings += 1
         self.warnings.append(w)
         log.warning("optwin: %s (%s/%s/%s) %s: %s, eta_s=%s", w.get("stream"), w.get("op"), w.get("variant"),
                     w.get("dtype"), w.get("reason", "warn"), w.get("probability"), w.get("eta_s"))

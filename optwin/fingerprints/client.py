@@ -9,6 +9,12 @@ backoff when the sidecar goes away (a batch in flight then is counted as `failed
 `warn` go to `on_warning` callbacks, every answer to `on_answer` callbacks (a caller that follows
 episodes needs the warn=False answers too); 503 answers (the sidecar is overloaded) are counted as
 `rejected`. Nothing here raises into the caller's thread.
+
+What fails is also told, on logging 'optwin.client' at WARNING, from the sender thread (never the caller's):
+the sidecar unreachable (with the reason: connection refused, timed out), a request it refuses (HTTP 401: no
+or the wrong token), overload (503), a record it answers with an error (its error text), records dropped on a
+full queue. Each kind's first at once, then at most one line per `warn_every_s` (60 s) with how many records
+it hit since: a pointer at the wrong port or a forgotten token otherwise lost every warning in silence.
 """
 
 from __future__ import annotations
@@ -102,13 +108,63 @@ class ClientStats:
     latencies_s: list[float] = field(default_factory=list)  # per request, when record_latency
 
 
+def _reason(e: BaseException) -> str:
+    """One line for a failed request: 'Connection refused', 'timed out', 'No such file or directory'."""
+    return getattr(e, "strerror", None) or str(e) or type(e).__name__
+
+
+def _error_text(body: bytes) -> str:
+    """The sidecar's {"error": ...} text of a refusal, else the start of whatever came back."""
+    try:
+        ans = json.loads(body)
+    except ValueError:
+        ans = None
+    if isinstance(ans, dict) and isinstance(ans.get("error"), str):
+        return ans["error"][:300]
+    text = body[:120].decode("utf-8", "replace").strip()
+    return repr(text) if text else "(no body)"
+
+
+class _Reports:
+    """Failures told at WARNING, rate-limited per kind: the first at once, then at most one line per `every_s`
+    with how many records the kind hit since the last line. A dead sidecar fails every batch, so a line per
+    failure would flood the log of a busy model; none at all hid a wrong port or a missing token. Sender
+    thread only (no lock)."""
+
+    def __init__(self, url: str, every_s: float) -> None:
+        self.url = url
+        self.every_s = every_s
+        self._last: dict[str, float] = {}  # kind -> monotonic time of its last line
+        self._since: dict[str, int] = {}  # kind -> records since that line
+        self._total: dict[str, int] = {}
+
+    def tell(self, kind: str, n: int, what: str) -> None:
+        self._since[kind] = self._since.get(kind, 0) + n
+        self._total[kind] = self._total.get(kind, 0) + n
+        now = time.monotonic()
+        last = self._last.get(kind)
+        if last is not None and now - last < self.every_s:
+            return
+        self._last[kind] = now
+        since, total = self._since.pop(kind), self._total[kind]
+        if last is None:
+            tail = f"{total} record(s) so far; told again at most every {self.every_s:g} s"
+        else:
+            tail = f"{since} record(s) since the last report, {total} in all"
+        log.warning("optwin sidecar %s %s (%s)", self.url, what, tail)
+
+
 class SidecarClient:
     """Fire-and-forget client with a bounded queue and a sender thread."""
 
     def __init__(self, url: str, token: str | None = None, queue_size: int = 10000, batch_size: int = 256,
                  timeout_s: float = 2.0, on_warning: Callable[[dict[str, Any]], None] | None = None,
-                 record_latency: bool = False, on_answer: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 record_latency: bool = False, on_answer: Callable[[dict[str, Any]], None] | None = None,
+                 warn_every_s: float = 60.0) -> None:
         self.http = HTTP(url, token=token, timeout=timeout_s)
+        self.reports = _Reports(str(self.http.address), warn_every_s)
+        self._full = 0  # records dropped on a full queue (stats.dropped also counts those put after close)
+        self._full_told = 0
         self.batch_size = batch_size
         self.stats = ClientStats()
         self.record_latency = record_latency
@@ -147,6 +203,7 @@ class SidecarClient:
             self._q.put_nowait(rec)
         except queue.Full:
             self.stats.dropped += 1
+            self._full += 1  # told by the sender thread: no logging on the caller's thread
             return False
         self._idle.clear()
         self.stats.queued += 1
@@ -222,6 +279,9 @@ class SidecarClient:
     def _run(self, q: queue.Queue, idle: threading.Event, stop: threading.Event, conn: HTTP) -> None:
         backoff = 0.05
         while True:
+            if self._full != self._full_told:
+                n, self._full_told = self._full - self._full_told, self._full
+                self.reports.tell("dropped", n, f"records dropped: the client's queue is full ({self._queue_size} records)")
             try:
                 first = q.get(timeout=0.1)
             except queue.Empty:
@@ -251,15 +311,22 @@ class SidecarClient:
             except (OSError, http.client.HTTPException) as e:
                 self.stats.failed += len(batch)
                 self.stats.reconnects += 1
-                log.debug("sidecar unreachable (%s); retrying in %.2fs", e, backoff)
+                self.reports.tell("unreachable", len(batch),
+                                  f"unreachable ({_reason(e)}): records are not sent and its warnings are lost")
                 self._drain_while_down(backoff)
                 backoff = min(1.0, backoff * 2)
                 continue
             if code == 503:
                 self.stats.rejected += len(batch)
+                self.reports.tell("overloaded", len(batch), f"overloaded, records not assessed: HTTP 503 "
+                                                            f"{_error_text(body)}")
                 time.sleep(0.01)
             elif code != 200:
                 self.stats.failed += len(batch)
+                hint = ("; pass the sidecar's --token as token= (optwin.monitor(..., token=...))"
+                        if code in (401, 403) else "")
+                self.reports.tell(f"http {code}", len(batch),
+                                  f"refused POST /v1/observe: HTTP {code} {_error_text(body)}{hint}")
             else:
                 self._answers(batch, body)
             if q.empty():
@@ -276,11 +343,16 @@ class SidecarClient:
             answers = _loads(body)
         except ValueError:
             self.stats.failed += len(batch)
+            self.reports.tell("answer", len(batch), f"answered POST /v1/observe with no JSON list: "
+                                                    f"{_error_text(body)}")
             return
         self.stats.sent += len(batch)
         for rec, ans in zip(batch, answers):
             if "error" in ans:
                 self.stats.errors += 1
+                self.reports.tell("record", 1, f"rejected a record of stream {rec.get('stream')!r} "
+                                               f"({rec.get('op')}/{rec.get('variant')}/{rec.get('dtype')}): "
+                                               f"{str(ans['error'])[:300]}")
                 continue
             warn = ans.get("warn")
             if warn:
