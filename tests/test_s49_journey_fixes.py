@@ -65,3 +65,27 @@ def test_hashed_token_ids_take_the_vocabulary_from_the_module() -> None:
     ids = [b["input_ids"] for b in LoadedModel("m", model).batches(default_texts(16), 8)]
     assert max(int(x.max()) for x in ids) < 50
     assert LoadedModel("m", model, vocab_size=20).token_vocab() == 20  # a vocab_size given still wins
+
+
+def test_build_refuses_an_out_in_a_missing_directory_before_any_work(tmp_path: Path) -> None:
+    # It used to make the directories and run the whole build into them. Called through build() (what the CLI
+    # runs after its up-front checks): the refusal must come from check_inputs, before the lock or a shard.
+    import pytest
+
+    from optwin.errors import OptwinError
+    from optwin.fingerprints.build import BuildConfig, build
+
+    out = tmp_path / "missing" / "dir" / "fp.duckdb"
+    with pytest.raises(OptwinError) as e:
+        build(BuildConfig(out=str(out), ops=("geodesic",), cases=2, replays=1, workers=1),
+              on_start=lambda total, done: pytest.fail("the build started"))
+    assert str(e.value) == f"--out {out}: directory {out.parent} does not exist (create it first)"
+    assert list(tmp_path.iterdir()) == []  # nothing made: no directory, lock or work directory
+
+
+def test_optwin_build_into_a_missing_directory_is_one_error_line(tmp_path: Path) -> None:
+    out = tmp_path / "missing" / "fp.duckdb"
+    r = _run_optwin(["build", "--quick", "--ops", "geodesic", "--out", str(out)], tmp_path)
+    assert r.returncode == 2 and r.stdout == "", (r.stdout, r.stderr)  # refused before the build's first line
+    assert r.stderr == f"error: --out {out}: directory {out.parent} does not exist (create it first)\n"
+    assert list(tmp_path.iterdir()) == []

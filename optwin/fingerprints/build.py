@@ -395,15 +395,20 @@ def _summarise(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def check_out(out: str) -> None:
-    """A --out the build can write: a file name whose directory (or the nearest existing one above it, which the
-    build creates the rest of) is a writable directory, and not a directory or read-only file itself. The build
-    writes `<out>.lock`, `<out>.work/` and a copy beside it, so this is refused up front, not after all the work."""
+    """A --out the build can write: a file name in an existing writable directory, and not a directory or
+    read-only file itself. The build writes `<out>.lock`, `<out>.work/` and a copy beside it, so this is refused up
+    front, not after all the work. A missing directory is refused, not made: a mistyped path used to get its
+    directories created and a whole build run into them, where validate --json, serve's unix socket and
+    --warnings-jsonl all refuse one."""
     if not out.strip():
         raise OptwinError("--out is empty: name the database file to write")
     path = os.path.realpath(out)  # a symlink's target is what the build writes, in the target's directory
     if os.path.isdir(path):
         raise OptwinError(f"--out {out} is a directory: name the database file to write")
-    check_writable_in("--out", out, os.path.dirname(path))  # the build's first write is `<out>.lock` beside it
+    parent = os.path.dirname(path)
+    check_writable_in("--out", out, parent)  # first: a file or an unwritable directory above names itself
+    if not os.path.isdir(parent):
+        raise OptwinError(f"--out {out}: directory {parent} does not exist (create it first)")
     if os.path.exists(path) and not os.access(path, os.W_OK):
         raise OptwinError(f"--out {out}: the file is not writable")
 
@@ -438,8 +443,7 @@ def build(cfg: BuildConfig, on_start: Callable[[int, int], None] | None = None,
     # Resolved once, here: a symlinked --out names its target, and the lock, the copy (in the target's directory)
     # and the swap must all act on that one file. On the link itself, the swap turned the link into a plain file
     # (the target kept the old data) and a build through the target's own path took another lock.
-    db = os.path.realpath(cfg.out)
-    os.makedirs(os.path.dirname(db), exist_ok=True)
+    db = os.path.realpath(cfg.out)  # its directory exists: check_out refuses a missing one
     with build_lock(db):
         return _build_locked(cfg, t0, on_start, on_shard, on_note, db=db)
 
