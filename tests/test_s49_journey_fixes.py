@@ -89,3 +89,22 @@ def test_optwin_build_into_a_missing_directory_is_one_error_line(tmp_path: Path)
     assert r.returncode == 2 and r.stdout == "", (r.stdout, r.stderr)  # refused before the build's first line
     assert r.stderr == f"error: --out {out}: directory {out.parent} does not exist (create it first)\n"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_profiles_tensors_file_has_the_mode_of_its_other_files(tmp_path: Path) -> None:
+    # safetensors wrote tensors.safetensors 0600 while profile.json got 0644: another user read the one, not the other
+    import torch
+
+    from optwin.ingest.capture import capture
+
+    norm = torch.nn.RMSNorm(16)
+    with torch.no_grad(), capture(norm, sample_rate=1.0, capacity=2, seed=1, ops=("rmsnorm",)) as rec:
+        norm(torch.randn(4, 16))
+    for umask, want in ((0o022, 0o644), (0o027, 0o640)):  # the umask's file mode, whichever it is
+        old = os.umask(umask)
+        try:
+            prof = rec.write_profile(tmp_path / f"prof{umask:o}", model="tiny-rmsnorm")
+        finally:
+            os.umask(old)
+        modes = {p.name: oct(p.stat().st_mode & 0o777) for p in prof.iterdir()}
+        assert "tensors.safetensors" in modes and set(modes.values()) == {oct(want)}, modes

@@ -39,6 +39,7 @@ import math
 import os
 import platform
 import shutil
+import stat
 import tempfile
 import time
 import uuid
@@ -230,6 +231,9 @@ def _write_files(out: Path, rec: "Recorder", model: str, extra: dict[str, Any] |
     save_file(tensors, str(out / TENSOR_FILE), metadata={"format": FORMAT, "profile_id": profile_id})
     (out / INDEX_FILE).write_text(json.dumps({"version": FORMAT_VERSION, "profile_id": profile_id, "samples": index},
                                              indent=1))
+    # safetensors writes the file 0600 whatever the umask: another user could read profile.json but not the
+    # tensors it describes. Give it the mode open() gave the index (0666 less the umask), as every other file has.
+    os.chmod(out / TENSOR_FILE, stat.S_IMODE(os.stat(out / INDEX_FILE).st_mode))
     st = rec.settings
     meta = {
         "format": FORMAT, "version": FORMAT_VERSION, "profile_id": profile_id, "model": model,
