@@ -20,7 +20,9 @@ Two interception paths, one per kind of call site:
 * modules that optwin.kernels.patch swapped for our kernels -> their op's "triton" variant (rmsnorm,
   layernorm); under a monitor that takes fused sketches (optwin.kernels.sketch_sink) they, the
   patched rotary and the patched eager attention (whose softmax is recorded as softmax "triton"), record
-  nothing here: the kernel hands the monitor its own sketch. A call the patched
+  nothing here: the kernel hands the monitor its own sketch. Under a capture or a "raise"/"fallback"
+  monitor, a patched eager attention call is recorded as softmax "triton" too, with the scores the
+  patched function hands its kernel (eager_scores), not as attention "math". A call the patched
   forward leaves to the model's own code (kernel_runs in optwin.kernels.patching: a bfloat16 input with
   float32 weights, float64, gradients) is recorded as the unpatched module's.
 * modules and functions whose *numerics* make them a variant, through module forward hooks and,
@@ -1317,16 +1319,54 @@ def _record_rope(rec: Recorder, orig: Callable, q, k, cos, sin, *args, **kwargs)
 
 def _record_eager_unfused(rec: Recorder, orig: Callable, *args: Any, **kwargs: Any) -> None:
     """_record_eager, except for a call that our patched eager attention (optwin.kernels.patch, applied before the
-    monitor wrapped it) runs with its Triton softmax under a monitor taking fused sketches: that softmax records the
-    call itself (softmax/triton, its fused sketch), which is what the call computes (QK^T * scale + mask, our
-    softmax, @ V), where attention "math" names torch's softmax inside. Recording both made one call two records; a
-    patch applied under the monitor replaces this wrapper and leaves the softmax record alone, the same one."""
-    if rec.takes_fused and sketch_sink.fused_function(orig) == "softmax":
+    capture or monitor wrapped it) runs with its Triton softmax: that call computes QK^T * scale (+ mask), our
+    softmax, @ V, where attention "math" names torch's softmax inside, so its twin replayed numerics that never ran.
+    It is recorded as what ran, softmax "triton": under a monitor taking fused sketches ("warn") by the kernel's own
+    fused sketch (nothing here); under a capture or a "raise"/"fallback" monitor by the scores the patched function
+    hands its kernel (eager_scores), whose sample a capture keeps. The call is queued here, not recorded: the
+    scores exist only inside the call, and recomputing QK^T here would cost a matmul and could differ from what ran.
+    A call the patch leaves to the model's code (float64, gradients, an undone patch) is attention "math" still."""
+    if sketch_sink.fused_function(orig) == "softmax":
         from optwin.kernels.patching import eager_runs  # loaded: only a patch makes a fused function
 
         if eager_runs(orig, *args, **kwargs):
+            if not rec.takes_fused and rec.watches("softmax"):
+                query = _arg(args, kwargs, 1, "query")
+                waiting = _EAGER.waiting
+                # an entry a call left behind (it raised before its softmax) goes; the recorders of this call stay
+                waiting[:] = [w for w in waiting if w[1] is query]
+                waiting.append((rec, query, rec.stream))
             return
     _record_eager(rec, orig, *args, **kwargs)
+
+
+class _EagerWaiting(threading.local):
+    """Per thread: the (recorder, query, stream) of the patched eager call running now, for each recorder that
+    records its softmax from the scores (_record_eager_unfused, eager_scores)."""
+
+    def __init__(self) -> None:
+        self.waiting: list[tuple[Recorder, torch.Tensor, str]] = []
+
+
+_EAGER = _EagerWaiting()
+
+
+def eager_scores(query: torch.Tensor, scores: torch.Tensor) -> None:
+    """The patched eager_attention_forward (optwin.kernels.patching) hands over the scores it is about to give its
+    Triton softmax (QK^T * scale + mask, in the dtype the kernel receives), with the call's query: each recorder
+    whose wrapper queued this call (_record_eager_unfused) records it as softmax "triton" with the scores as x, in
+    the stream the wrapper saw. Called before the launch, so a "raise" monitor's FaultPredicted stops the call
+    before the kernel runs; any other failure is counted, never raised into the model. Nothing queued (no capture,
+    a "warn" monitor): a list test."""
+    waiting = _EAGER.waiting
+    if not waiting:
+        return
+    calls = [w for w in waiting if w[1] is query]
+    waiting.clear()
+    dtype = _dtype_name(scores)
+    for rec, _, site in calls:
+        _guarded(rec, "softmax", "eager_attention_forward", rec.record, "softmax", "triton", {"x": scores}, None,
+                 dtype, site, site=site)
 
 
 _RECORD_FN: dict[str, Callable[..., None]] = {

@@ -27,7 +27,9 @@ Either order works when the two unwind in reverse (nested `with`): a patch appli
 monitor replaces the monitor's rotary and attention wrappers (the attention "math" record goes with
 them; the softmax inside is monitored as softmax/triton), and a patch applied first is wrapped by it (the
 wrapper leaves the calls our kernels run to their own records: softmax/triton for the attention, not
-attention "math" as well).
+attention "math" as well). A capture, or a "fallback"/"raise" monitor, wrapping a patch applied first records
+each attention call our softmax runs as softmax/triton too, from the scores the patched function hands it
+(optwin.ingest.capture.eager_scores), before the kernel runs.
 They may unwind in any order too: undone under a monitor that wrapped its functions, the patch leaves
 the wrapper in place (those functions then run the model's code, which the monitor watches as without a
 patch), and undone after such a monitor stopped, it puts back transformers' own functions.
@@ -57,7 +59,7 @@ from torch import nn
 
 from optwin.errors import InputError
 from optwin.ingest import intercept
-from optwin.ingest.capture import _SHARED_LOCK, unwrap_idle, wrapper_state
+from optwin.ingest.capture import _SHARED_LOCK, eager_scores, unwrap_idle, wrapper_state
 from optwin.kernels import sketch_sink
 from optwin.kernels._common import DTYPES
 from optwin.kernels.layernorm import layernorm
@@ -411,9 +413,10 @@ def rotary_runs(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
 def eager_runs(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
     """Whether the patched eager_attention_forward `fn` runs our softmax on these arguments; False where it runs
     the model's own code (an undone patch, float64, scaling=None, gradients, tensors off the kernels' device,
-    softcap or sinks) or fn is not ours. The patched function decides by the same test, and so does a monitor's
-    wrapper around it (optwin.ingest.capture._record_eager_unfused), which then leaves the call to the kernel's
-    softmax/triton sketch, as rotary_runs does for rope."""
+    softcap or sinks) or fn is not ours. The patched function decides by the same test, and so does a capture's or
+    monitor's wrapper around it (optwin.ingest.capture._record_eager_unfused), which then records the call as
+    softmax/triton, not attention "math": by the kernel's fused sketch under a "warn" monitor (as rotary_runs does
+    for rope), else from the scores the patched function hands over (optwin.ingest.capture.eager_scores)."""
     return rotary_runs(fn, *args, **kwargs)  # the same attribute: each patched function carries its own test
 
 
@@ -464,6 +467,9 @@ def _eager_attention(handle: Patch, mod: ModuleType) -> Callable[..., Any]:
             attn_weights = attn_weights + attention_mask
         # HF: softmax(..., dtype=float32).to(query.dtype): fp32 out, as our kernel's out_dtype
         scores = attn_weights
+        # a capture's or a "raise"/"fallback" monitor's wrapper around this function queued the call: it records the
+        # softmax that runs, on the scores the kernel receives (a "warn" monitor takes the kernel's fused sketch)
+        eager_scores(query, scores)
         # defer: where the launch runs a program per row (long rows), its finisher runs batched with other
         # calls' when the monitor settles them (optwin.kernels.deferred)
         run = lambda sk: softmax(scores, sketch=sk, out_dtype=torch.float32, defer=True)  # noqa: E731
@@ -472,9 +478,9 @@ def _eager_attention(handle: Patch, mod: ModuleType) -> Callable[..., Any]:
         attn_output = torch.matmul(attn_weights, value_states)  # (B, H, Sq, D)
         return attn_output.transpose(1, 2).contiguous(), attn_weights
 
-    # A monitor started after the patch wraps this function (capture._record_eager_unfused): on the calls `takes`,
-    # the wrapper records no attention "math" (whose twin runs torch's softmax) and leaves the call to our softmax's
-    # own softmax/triton record, so one call is one record, as when the patch replaced the monitor's wrapper
+    # A capture or monitor started after the patch wraps this function (capture._record_eager_unfused): on the calls
+    # `takes`, the wrapper records no attention "math" (whose twin runs torch's softmax) but our softmax's
+    # softmax/triton record (the fused sketch, or eager_scores above), so one call is one record of what ran
     setattr(eager_attention_forward, sketch_sink.FUSED_ATTR, "softmax")
     setattr(eager_attention_forward, _TAKES_ATTR, takes)
     # undone, it runs the model's code: a monitor's wrapper still calling it (_set_global) records attention again
