@@ -108,3 +108,37 @@ def test_a_rejected_record_logs_the_sidecars_error_text_once(db, caplog):
     assert len(lines) == 1, lines
     assert "rejected a record of stream 'bad0'" in lines[0] and answer["error"] in lines[0], (lines, answer)
     assert (mon.stats.sidecar_errors, mon.stats.sidecar_sent) == (3, 3), mon.stats
+
+
+def test_two_senders_share_the_rate_limit_without_losing_a_thread() -> None:
+    """reopen() starts a second sender while the old one still times out against a hung sidecar; both tell
+    the same _Reports. Unlocked, both passed the rate check at once and the second pop raised KeyError, which
+    killed that sender (every later record dropped). Counts stay exact too."""
+    import sys
+    import threading
+
+    from optwin.fingerprints.client import _Reports
+
+    reports = _Reports("tcp://127.0.0.1:1", every_s=0.0)
+    errors: list[str] = []
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible: the race shows within a few thousand calls
+    logging.disable(logging.CRITICAL)
+    try:
+        def tell() -> None:
+            try:
+                for _ in range(20000):
+                    reports.tell("unreachable", 1, "unreachable (test)")
+            except Exception as e:  # noqa: BLE001 - the failure under test
+                errors.append(repr(e))
+
+        threads = [threading.Thread(target=tell) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+        logging.disable(logging.NOTSET)
+    assert errors == []
+    assert reports._total["unreachable"] == 40000

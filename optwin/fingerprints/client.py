@@ -128,25 +128,29 @@ def _error_text(body: bytes) -> str:
 class _Reports:
     """Failures told at WARNING, rate-limited per kind: the first at once, then at most one line per `every_s`
     with how many records the kind hit since the last line. A dead sidecar fails every batch, so a line per
-    failure would flood the log of a busy model; none at all hid a wrong port or a missing token. Sender
-    thread only (no lock)."""
+    failure would flood the log of a busy model; none at all hid a wrong port or a missing token. Called from
+    sender threads, and there can be two: `reopen()` starts a new sender while the old one still times out
+    against a hung sidecar. Unlocked, both could pass the rate check at once and the second pop raised
+    KeyError, killing its sender (every later record dropped)."""
 
     def __init__(self, url: str, every_s: float) -> None:
         self.url = url
         self.every_s = every_s
+        self._lock = threading.Lock()
         self._last: dict[str, float] = {}  # kind -> monotonic time of its last line
         self._since: dict[str, int] = {}  # kind -> records since that line
         self._total: dict[str, int] = {}
 
     def tell(self, kind: str, n: int, what: str) -> None:
-        self._since[kind] = self._since.get(kind, 0) + n
-        self._total[kind] = self._total.get(kind, 0) + n
-        now = time.monotonic()
-        last = self._last.get(kind)
-        if last is not None and now - last < self.every_s:
-            return
-        self._last[kind] = now
-        since, total = self._since.pop(kind), self._total[kind]
+        with self._lock:
+            self._since[kind] = self._since.get(kind, 0) + n
+            self._total[kind] = self._total.get(kind, 0) + n
+            now = time.monotonic()
+            last = self._last.get(kind)
+            if last is not None and now - last < self.every_s:
+                return
+            self._last[kind] = now
+            since, total = self._since.pop(kind), self._total[kind]
         if last is None:
             tail = f"{total} record(s) so far; told again at most every {self.every_s:g} s"
         else:
@@ -262,8 +266,7 @@ class SidecarClient:
         try:
             code, body = conn.request("GET", "/healthz")
         except (OSError, http.client.HTTPException) as e:  # refused, timed out, reset, not HTTP at all
-            reason = getattr(e, "strerror", None) or str(e) or type(e).__name__
-            return {"code": None, "status": "unreachable", "error": f"cannot reach {address}: {reason}"}
+            return {"code": None, "status": "unreachable", "error": f"cannot reach {address}: {_reason(e)}"}
         finally:
             conn.close()
         try:
