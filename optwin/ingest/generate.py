@@ -595,7 +595,8 @@ def make_attention(rng: np.random.Generator, dtype: torch.dtype, *, batch: int, 
     """q, k, v [batch, heads, seq, d] with max||q|| max||k|| / sqrt(d) = score_bound (and max|q,k| = absmax).
 
     aligned: some keys point along some queries, so real scores approach the bound (peaked rows).
-    peaked_frac: aim the fraction of low-entropy rows at this (as far as row rescaling reaches).
+    peaked_frac: aim the fraction of low-entropy rows at this: rows rescaled, and rows that rescaling leaves flat
+    turned toward one of their keys (_steer_rows), as far as the norm caps allow.
     """
     if absmax is not None and not aligned:
         nq, nk, aq, ak = split_product(score_bound * math.sqrt(d), absmax, d)
