@@ -1168,8 +1168,8 @@ def _used_keys(rec: Recorder, mask: Any, seq_q: int, seq_k: int) -> int | None:
     masked: its prefill (12 queries, 14 slots) was recorded non-causal over 14 keys, its decode steps
     over the empty slots too. A mask of one row for all seq_q query rows (a packed GQA decode step, see
     _sdpa) gives n when that row allows exactly the first n keys. None for any other mask (padding,
-    sliding windows, additive biases). The check syncs once per mask (twice when it also decides
-    _mask_other, _mask_spans and _mask_bidirectional): every layer is handed the same tensor (HF builds a model's
+    sliding windows, additive biases). The check syncs twice per mask (three times when it also decides
+    _mask_other, _mask_spans and _mask_bidirectional: a padded batch's): every layer is handed the same tensor (HF builds a model's
     mask once, an encoder's too: BertModel's create_bidirectional_mask), whose verdicts are kept in
     rec._mask_seen."""
     if not isinstance(mask, torch.Tensor) or mask.ndim != 4 or mask.shape[-1] != seq_k or mask.shape[-2] not in (seq_q, 1):
@@ -1317,6 +1317,12 @@ def _record_rope(rec: Recorder, orig: Callable, q, k, cos, sin, *args, **kwargs)
                        dtype=_DTYPE_NAMES.get(dt) or str(dt).removeprefix("torch."), stream=f"{site}:{name}")
 
 
+# A patched eager attention call (optwin.kernels.patch) runs our Triton softmax and is recorded as softmax "triton"
+# (_record_eager_unfused), never as attention: a capture or monitor whose ops leave softmax out records nothing of
+# it, and counts it here so the empty result says why.
+PATCHED_EAGER_SKIP = "attention: run by the patched softmax kernel, recorded as softmax/triton (watch softmax)"
+
+
 def _record_eager_unfused(rec: Recorder, orig: Callable, *args: Any, **kwargs: Any) -> None:
     """_record_eager, except for a call that our patched eager attention (optwin.kernels.patch, applied before the
     capture or monitor wrapped it) runs with its Triton softmax: that call computes QK^T * scale (+ mask), our
@@ -1330,7 +1336,12 @@ def _record_eager_unfused(rec: Recorder, orig: Callable, *args: Any, **kwargs: A
         from optwin.kernels.patching import eager_runs  # loaded: only a patch makes a fused function
 
         if eager_runs(orig, *args, **kwargs):
-            if not rec.takes_fused and rec.watches("softmax"):
+            if not rec.watches("softmax"):
+                # recorded only as softmax (by eager_scores or the kernel's fused sketch): with softmax filtered
+                # out nothing of this call is kept, and an attention-only capture came back empty, unexplained
+                if rec.watches("attention"):
+                    rec.skip(PATCHED_EAGER_SKIP)
+            elif not rec.takes_fused:
                 query = _arg(args, kwargs, 1, "query")
                 waiting = _EAGER.waiting
                 # an entry a call left behind (it raised before its softmax) goes; the recorders of this call stay
