@@ -1437,6 +1437,12 @@ def _wrap_function(fname: str, orig: Callable, shared: _Shared) -> Callable:
         finally:
             for rec in recs:
                 rec._local.suppress -= 1
+            if fname == "eager_attention_forward" and _EAGER.waiting:
+                # this call's queued entries (_record_eager_unfused) where it raised before eager_scores took them:
+                # left there they kept its recorder, samples and all, and its query alive until the thread's next
+                # patched call, past the capture's end
+                query = _arg(args, kwargs, 1, "query")
+                _EAGER.waiting[:] = [w for w in _EAGER.waiting if w[1] is not query]
 
     # the HF name and signature, for the checks of optwin.kernels.patch
     wrapper = functools.wraps(orig)(eager_under_compile(run, orig))
