@@ -42,8 +42,9 @@ def test_cuda_order_is_the_h100s_row_sums(dtype: str, n: int, rows: int) -> None
 
 
 def test_noisy_replays_keep_their_replay_dim() -> None:
-    """Under stochastic rounding each replay draws its own noise: replays run together are the replays run one
-    at a time (the rows' misalignment groups split the rows, never the replay dim)."""
+    """Under stochastic rounding each replay draws its own noise along the leading replay dim, which the rows'
+    misalignment groups never split (replays run in batches are the unbatched replays: test_twin_run's
+    test_replays_in_batches_are_the_unbatched_replays)."""
     x = rows_of("float32", 130, 8).double()
     together = Numerics("stochastic", replays=3, seed=5).sum(x.expand(3, 8, 130), order="cuda", outputs=8)
     assert together.shape == (3, 8)

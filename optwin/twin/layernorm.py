@@ -263,11 +263,12 @@ def noise_free_rows(variant: str, dtype: str, inputs: dict[str, torch.Tensor], p
     replays of a constant row at widths 384 and 768 where the GPU gives none.
     triton float32 since stop 49: below 4096 a row is held in registers and its sums of c round in each
     thread's chain (triton_reduce), which the twin models; the H100's faults at 384..2048 are the twin's row
-    for row (the 1280 of 1280 rows agree). Width 4096 takes the Welford kernel, whose merge tree the twin
+    for row (1024 of 1024 rows; with width 4096's, 1280 of 1280). Width 4096 takes the Welford kernel, whose merge tree the twin
     does not model, but a constant row's every delta is 0 so any order keeps mean c and M2 0 (y = bias), as
     the H100 gave on all 256 rows there. Rows wider than CHECKED_WIDTH keep their noise, triton float32 (no
     GPU rows: the register kernel at other widths, the chunked kernels' final sum past 65536) and one-pass
-    (torch's reduce can split them in a way the twin does not model).
+    (past 4096 the H100 was not asked; torch's reduce splits a few very long rows over blocks, which the twin
+    does not model).
     """
     x = inputs["x"]  # (..., hidden)
     unchecked = variant == "one-pass" or (variant == "triton" and dtype == "float32")

@@ -424,15 +424,18 @@ def _cuda_reduce_index(n: int, threads: int, accs: int, vectorized: bool, shift:
     v = t + threads * torch.arange(steps)[:, None]  # (steps, threads) vector index
     main = head + v * accs + torch.arange(accs)[:, None, None]  # (accs, steps, threads)
     main = torch.where(v < vectors, main, n)
-    first = torch.full((accs, 1, threads), n)
-    last = torch.full((accs, 1, threads), n)
-    if head:  # thread shift + i reads the row's element i
+    parts = [main]
+    if head:  # thread shift + i reads the row's element i, first
+        first = torch.full((accs, 1, threads), n)
         lanes = torch.arange(shift, accs)
         first[0, 0, lanes] = lanes - shift
+        parts.insert(0, first)
     tail = body - vectors * accs
-    if tail:
+    if tail:  # thread t the t-th element past the last whole vector, last
+        last = torch.full((accs, 1, threads), n)
         last[0, 0, :tail] = head + vectors * accs + torch.arange(tail)
-    return torch.cat([first, main, last], dim=1)
+        parts.append(last)
+    return torch.cat(parts, dim=1)  # (accs, steps, threads); an aligned row's has no empty head or tail step
 
 
 class Numerics:
@@ -619,7 +622,7 @@ class Numerics:
         the lanes (block_x_reduce: shared memory halving while more than a warp is left, then the warp's
         shuffle-downs at offsets 16, 8, ..., 1, halving too), then over a split row's warps (block_y_reduce,
         shared memory, halving).
-        Checked on an H100 (bench/twin_softmax_sums.py, bench/results/softmax_sums_gpu_h100_s49_*.npz): every row
+        Checked on an H100 (bench/twin_softmax_sums.py, bench/results/softmax_sums_gpu_h100_s49.npz): every row
         sum of float16 / bfloat16 / float32 rows at widths 64 to 8192 (130: unaligned rows) and 1 to 512 rows a
         launch, bit for bit; 100 elements are read element-wise, 128 as vectors (the source's dim0 > 128 would
         not); and layernorm's constant rows (bench/twin_constant_rows.py). Not modelled, "blocked" over 256 lanes
@@ -636,8 +639,9 @@ class Numerics:
         height = min(dim1_pow2, 512 // width)
         width = min(dim0_pow2, 512 // height)
         per_thread = -(-n // width)  # values_per_thread counts elements, vectorized or not
-        threads = width * height if (per_thread >= 16 * height or per_thread >= 256) else width
-        if threads > width and -(-n // threads) >= 256 and outputs <= _CUDA_GRID_TARGET:
+        split = per_thread >= 16 * height or per_thread >= 256  # over the block's warps (one row: height 1)
+        threads = width * height if split else width
+        if split and -(-n // threads) >= 256 and outputs <= _CUDA_GRID_TARGET:
             return self._blocked(x, add, 256)  # split over blocks too: a global-memory reduction, not modelled
         lead = x.shape[:-1]
         # (replays or 1, rows, n): a leading replay dim stays leading, so each replay draws its own noise
