@@ -31,7 +31,7 @@ from optwin.twin.faults import fault_flags, relative_error
 from optwin.twin.numerics import NOISE_MODES, Numerics
 from optwin.validation import validate
 
-TWIN_VERSION = "10"
+TWIN_VERSION = "11"
 
 __all__ = ["run", "TwinResult", "TWIN_VERSION", "NOISE_MODES", "twin_module", "to_float64", "references"]
 
