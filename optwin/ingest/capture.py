@@ -632,7 +632,7 @@ def _attention_parts(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n: int |
     non-causal self-attention, every live query over the span), the pad tokens' own query rows dropped: a decoder's
     output leaves them unused and an encoder's pooling ignores them (mean pooling weighs them 0, CLS pooling reads
     token 0), whatever the model put there; every query row without (a decode step: its one token over the live
-    keys). Views: no copies, so each run is one call and rows with the same span elsewhere in the batch
+    keys; cross-attention, seq_q != seq_k: every decoder query over the encoder's live keys). Views: no copies, so each run is one call and rows with the same span elsewhere in the batch
     another."""
     if n is not None:
         return [(q, k[:, :, :n], v[:, :, :n])]
@@ -1200,8 +1200,12 @@ def _used_keys(rec: Recorder, mask: Any, seq_q: int, seq_k: int) -> int | None:
             # or bidirectional plus padding (an encoder's self-attention): each live token's query row (query i is
             # token i) sees exactly its batch row's live keys; a pad token's row whatever the model left in it. A
             # shared mask's padding verdict above is already this one.
+            # Any other seq_q (cross-attention: decoder queries over a padded encoder's keys) has no token i for
+            # query i: every query row must see exactly the live keys.
             if seq_q == seq_k > 1 and not shared:
                 bi = ((allowed == ~pad) | pad.transpose(-1, -2)).all()
+            elif seq_q > 1 and not shared:
+                bi = (allowed == ~pad).all()
             else:
                 bi = torch.zeros((), dtype=torch.bool, device=mask.device)
             verdicts = torch.stack([((allowed == want) | dead).all(), bi]).long()
@@ -1232,9 +1236,11 @@ def _mask_spans(rec: Recorder, mask: Any) -> tuple[tuple[int, int], ...] | None:
 
 
 def _mask_bidirectional(rec: Recorder, mask: Any) -> bool:
-    """Whether _used_keys, just run on `mask` (seq_q == seq_k > 1, one mask row per query row), found it
-    bidirectional plus padding: each live token's query row sees exactly its batch row's live keys (an encoder's
-    padded batch; every key where nothing is padded). False for masks it did not read."""
+    """Whether _used_keys, just run on `mask` (seq_q > 1, one mask row per query row), found it bidirectional plus
+    padding: each live token's query row sees exactly its batch row's live keys (an encoder's padded batch; every key
+    where nothing is padded), or, seq_q != seq_k (cross-attention over a padded encoder), every query row does. Where
+    seq_q == seq_k the call cannot be told from a cross-attention whose lengths agree: both keep today's verdict
+    (_mask_form's rows: the pad tokens' query rows dropped). False for masks it did not read."""
     seen = rec._mask_seen
     return seen is not None and seen[0] is mask and seen[2] is None and seen[6]
 
