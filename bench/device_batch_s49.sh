@@ -2,10 +2,7 @@
 # Stop 49's device batch: softmax's row sums for the twin's reduction order (bench/gpu_softmax_sums.py, any card),
 # then, only where the card is an H200 (none came in stops 43-48), issue #6's official kernel bench and the patch check.
 #   bash bench/device_batch_s49.sh      # on the device; results under $OUT
-set -u
-export PYTHONUNBUFFERED=1
-name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-echo "gpu: $name"
+. "$(dirname "$0")/device_common.sh"
 echo "== softmax sums"; timeout 120 python bench/gpu_softmax_sums.py 2>&1 | tail -10
 case "$name" in
   *H200*)
