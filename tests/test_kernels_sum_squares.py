@@ -1,7 +1,7 @@
 """The norms' sum of squares (optwin.kernels._common.sum_squares: each 4 neighbours' squares folded with
 explicit FMAs, then a tree) under TRITON_INTERPRET=1 (a true single-rounding fma), bit for bit against
-the twin's model of it (optwin.twin.numerics.sum_squares), on rows where an FMA and a rounded product
-give different sums.
+the twin's model of it (optwin.twin.triton_reduce.sum_squares, the path the rmsnorm / layernorm twins take
+for rows held whole), on rows where an FMA and a rounded product give different sums.
 
     python -m pytest -q tests/test_kernels_sum_squares.py
 """
@@ -19,8 +19,10 @@ import triton.language as tl
 from _kernel_checks import seed
 
 from optwin.kernels._common import sum_squares
-from optwin.twin.numerics import Numerics
-from optwin.twin.numerics import sum_squares as twin_sum_squares
+from optwin.twin.numerics import TRITON_WHOLE_ROW_MAX, Numerics
+from optwin.twin.numerics import sum_squares as chunked_sum_squares
+from optwin.twin.triton_reduce import row_layout
+from optwin.twin.triton_reduce import sum_squares as twin_sum_squares
 
 
 @triton.jit
@@ -41,14 +43,26 @@ def _rounded_products(x: torch.Tensor) -> torch.Tensor:
     return ((q[..., 0] + (q[..., 1] + (q[..., 2] + q[..., 3])))).sum(-1)
 
 
+@pytest.mark.parametrize("op", ["rmsnorm", "layernorm"])
 @pytest.mark.parametrize("width", [4, 8])
-def test_kernel_sum_of_squares_is_the_twins_fma_chain(width: int) -> None:
-    """Rows of one or two groups (the tree is then exact or one add): kernel == twin bit for bit, and
-    the rows were chosen so that rounding each product first gives another sum."""
+def test_kernel_sum_of_squares_is_the_twins_fma_chain(width: int, op: str) -> None:
+    """Rows of one or two groups (the tree is then exact or one add, so the interpreter's tl.sum order
+    agrees with the device's): kernel == the twin's path (each norm's launch layout) bit for bit, and the
+    rows were chosen so that rounding each product first gives another sum."""
     g = seed("sum-squares", width)
     x = (1 + torch.rand(512, width, generator=g) * 2.0**-10).to(torch.float32)  # squares near 1: long tails
     got = _kernel(x).double()
-    want = twin_sum_squares(Numerics(), x.double()).squeeze(-1)
+    want = twin_sum_squares(Numerics(), x.double(), *row_layout(width, "float32", op)).squeeze(-1)
     assert torch.equal(got, want)
     differs = _rounded_products(x).double() != want
     assert int(differs.sum()) > 20  # the test can tell an FMA from a rounded product
+
+
+def test_chunked_sum_squares_refuses_rows_held_whole() -> None:
+    """numerics.sum_squares models only rows read in chunks: a row held whole is triton_reduce's to sum,
+    and a second model of it would go unchecked (it did: s49 review)."""
+    with pytest.raises(ValueError, match="triton_reduce.sum_squares"):
+        chunked_sum_squares(Numerics(), torch.ones(2, TRITON_WHOLE_ROW_MAX, dtype=torch.float64))
+    n = TRITON_WHOLE_ROW_MAX + 4
+    s = chunked_sum_squares(Numerics(), torch.full((2, n), 0.5, dtype=torch.float64))
+    assert s.shape == (2, 1) and torch.equal(s, torch.full((2, 1), n / 4, dtype=torch.float64))  # exact

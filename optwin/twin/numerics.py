@@ -74,19 +74,15 @@ def fma_odd(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
 
 
 def sum_squares(num: Numerics, x: torch.Tensor) -> torch.Tensor:
-    """The Triton norms' row sum of x*x (keepdim, float32), optwin.kernels._common.sum_squares: rows held
-    whole fold each 4 neighbours with FMAs (one rounding per step), fma(x0, x0, fma(x1, x1, fma(x2, x2,
-    x3*x3))), zero-padded to a multiple of 4, then a tree over the partials; rows read in chunks round
-    every product and sum per lane over the chunks (the order "blocked")."""
+    """The Triton norms' row sum of x*x (keepdim, float32) over rows past TRITON_WHOLE_ROW_MAX, read in
+    TRITON_CHUNK pieces: every product rounded, each lane summing its elements over the chunks in sequence,
+    then a tree (the order "blocked"). A row held whole folds FMAs and sums in the kernel's layout:
+    optwin.twin.triton_reduce.sum_squares, the only model of it."""
     n = x.shape[-1]
-    if n > TRITON_WHOLE_ROW_MAX or n <= 2:
-        return num.sum(num.round(x * x, "float32"), order="blocked", lanes=triton_row_lanes(n), keepdim=True)
-    pad = -n % 4
-    g = torch.nn.functional.pad(x, (0, pad)).reshape(*x.shape[:-1], (n + pad) // 4, 4)
-    q = num.round(g[..., 3] * g[..., 3], "float32")  # a float32 square is exact in float64
-    for j in (2, 1, 0):
-        q = num.round(fma_odd(g[..., j], g[..., j], q), "float32")  # fma: one rounding
-    return num.sum(q, order="pairwise", keepdim=True)
+    if n <= TRITON_WHOLE_ROW_MAX:  # a second, unchecked model of the held-whole rows would drift (s49 review)
+        raise ValueError(f"sum_squares models rows past {TRITON_WHOLE_ROW_MAX} read in chunks, not a row of {n}: "
+                         "rows held whole are optwin.twin.triton_reduce.sum_squares")
+    return num.sum(num.round(x * x, "float32"), order="blocked", lanes=triton_row_lanes(n), keepdim=True)
 
 
 def triton_row_lanes(n: int) -> int:

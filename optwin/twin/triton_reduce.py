@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from optwin.twin.numerics import Numerics, fma_odd
+from optwin.twin.numerics import Numerics, _add32, fma_odd, fmt
 
 F32 = "float32"
 WARP = 32
@@ -62,21 +62,16 @@ def row_layout(n: int, dtype: str, op: str) -> tuple[int, int, int]:
 
 
 def _adder(num: Numerics, x: torch.Tensor):
-    """(x, add): float32 tensor arithmetic where rounding is to nearest and x holds float32 values (one
-    kernel a step, the same bits), else float64 adds each rounded by num."""
-    if num.noise == "none" and not num.ftz:
+    """(x, add): Numerics' float32 addition (num._adder), over x cast to float32 where that addition is
+    float32 tensor arithmetic and x holds float32 values (one kernel a step, the same bits), as
+    Numerics.sum does."""
+    add = num._adder(fmt(F32))
+    if add is _add32:
         x32 = x.to(torch.float32)
         if torch.equal(x32.to(torch.float64), x):  # NaN fails it and takes the rounded path
-            return x32, lambda s, t: s + t
-    return x, lambda s, t: num.round(s + t, F32)
-
-
-def _halve(x: torch.Tensor, add) -> torch.Tensor:
-    """The butterfly over the last dim (a power of two): element j with j + half, halving to one."""
-    while x.shape[-1] > 1:
-        half = x.shape[-1] // 2
-        x = add(x[..., :half], x[..., half:])
-    return x[..., 0]
+            return x32, add
+        add = lambda s, t: num.round(s + t, F32)  # Numerics.sum falls back the same way
+    return x, add
 
 
 def tl_sum(num: Numerics, x: torch.Tensor, block: int, warps: int, spt: int) -> torch.Tensor:
@@ -98,7 +93,8 @@ def tl_sum(num: Numerics, x: torch.Tensor, block: int, warps: int, spt: int) -> 
     s = x[..., 0]
     for i in range(1, x.shape[-1]):
         s = add(s, x[..., i])
-    s = _halve(_halve(s, add), add)  # the lanes', then the warps' butterfly
+    # the lanes', then the warps' butterfly: Numerics' halving tree (lanes and warps are powers of two: no padding)
+    s = num._tree(num._tree(s, add), add)
     return s.to(torch.float64).unsqueeze(-1)
 
 
