@@ -604,7 +604,7 @@ def sum_squares(h, BLOCK: tl.constexpr):
     registers) folded with explicit FMAs, fma(h0, h0, fma(h1, h1, fma(h2, h2, h3*h3))), then one
     tl.sum tree over the BLOCK/4 partials. The kernels compile without FMA contraction (the twin must
     know every rounding); explicit FMAs give Inductor's instruction count (1.25 instead of 2 per
-    element) with a fixed order, the same with and without the sketch (optwin.twin.numerics.sum_squares)."""
+    element) with a fixed order, the same with and without the sketch (optwin.twin.triton_reduce.sum_squares)."""
     if BLOCK >= 4:
         return tl.sum(fold4_squares(tl.reshape(h, [BLOCK // 4, 2, 2])), axis=0)
     else:

@@ -15,7 +15,7 @@ A tensor smaller than the layout keeps only the threads with distinct data: 16 p
 over 16 lanes of one warp (offsets 8 .. 1).
 triton 3.9 (this machine's) adds a thread's registers as a pairwise tree instead ((x0 + x1) + (x2 + x3)):
 the twin models the device's 3.6. The in-thread chain is what decides a float32 constant row's mean: c + c + c
-rounds where a tree of equal halves never does (H100: the GPU's 1280 rows at 384..4096, RESULTS.md, stop 49).
+rounds where a tree of equal halves never does (H100: the GPU's 1024 rows at 384..2048, RESULTS.md, stop 49).
 
 The layouts, from the TTGIR of that compile (3.6 and 3.9 agree): h = x.to(float32) keeps the load's layout,
 spt = min(16 bytes / element size, max(BLOCK / threads, 1)); sum_squares' [BLOCK / 4] partials (each 4
