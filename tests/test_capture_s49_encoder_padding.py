@@ -18,7 +18,7 @@ import functools
 
 import pytest
 import torch
-import torch.nn.functional as F
+from _attention_spy import AttentionSpy
 
 from optwin.ingest.capture import PADDING_HOLES_SKIP, capture
 from optwin.ingest.models import load_minilm
@@ -33,54 +33,11 @@ def _minilm(impl: str):  # noqa: ANN202 - loaded once per attention implementati
     return load_minilm(impl)
 
 
-class _Attention:
-    """Every attention call's q, k, v, mask (the attention function's own arguments, eager's or sdpa's) and the
-    model's own attention output for it (BertSelfOutput.dense's input, (b, s, h*d) -> (b, h, s, d)), in order."""
+def _attention(m, impl: str) -> AttentionSpy:  # noqa: ANN001
+    """MiniLM's attention calls, their masks and its own attention output (BertSelfOutput.dense's input) for each."""
+    import transformers.models.bert.modeling_bert as mb
 
-    def __init__(self, model, impl: str) -> None:  # noqa: ANN001
-        self.model, self.impl = model, impl
-        self.qkv: list[tuple[torch.Tensor, ...]] = []
-        self.masks: list[torch.Tensor | None] = []
-        self.out: list[torch.Tensor] = []
-
-    def __enter__(self) -> _Attention:
-        import transformers.models.bert.modeling_bert as mb
-
-        self.mb = mb
-        heads = self.model.config.num_attention_heads
-
-        def keep(m, args) -> None:  # noqa: ANN001
-            b, s, hd = args[0].shape
-            self.out.append(args[0].reshape(b, s, heads, hd // heads).transpose(1, 2).clone())
-
-        self.hooks = [layer.attention.output.dense.register_forward_pre_hook(keep) for layer in self.model.encoder.layer]
-        if self.impl == "sdpa":
-            self.orig = F.scaled_dot_product_attention
-
-            def spy(q, k, v, attn_mask=None, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
-                self.qkv.append((q, k, v))
-                self.masks.append(attn_mask)
-                return self.orig(q, k, v, attn_mask, *args, **kwargs)
-
-            F.scaled_dot_product_attention = spy
-        else:  # installed before the capture: its wrapper calls this one
-            self.orig = mb.eager_attention_forward
-
-            def spy(module, q, k, v, mask, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
-                self.qkv.append((q, k, v))
-                self.masks.append(mask)
-                return self.orig(module, q, k, v, mask, *args, **kwargs)
-
-            mb.eager_attention_forward = spy
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for h in self.hooks:
-            h.remove()
-        if self.impl == "sdpa":
-            F.scaled_dot_product_attention = self.orig
-        else:
-            self.mb.eager_attention_forward = self.orig
+    return AttentionSpy(m, impl, mb, [layer.attention.output.dense for layer in m.encoder.layer], keep_masks=True)
 
 
 def _run(impl: str, texts: list[str], side: str = "right", mask4d: str | None = None):  # noqa: ANN202
@@ -99,7 +56,7 @@ def _run(impl: str, texts: list[str], side: str = "right", mask4d: str | None = 
         live = am[:, None, None, :].bool()
         live = live if mask4d == "shared" else live.expand(-1, 1, am.shape[1], -1).clone()
         enc["attention_mask"] = live if impl == "sdpa" else (~live).float() * torch.finfo(torch.float32).min
-    with torch.no_grad(), _Attention(m, impl) as seen, capture(m, sample_rate=1.0, capacity=100) as rec:
+    with torch.no_grad(), _attention(m, impl) as seen, capture(m, sample_rate=1.0, capacity=100) as rec:
         m(**enc)
     return rec, seen, am
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
+from _attention_spy import AttentionSpy
 
 from optwin.ingest.capture import PADDING_HOLES_SKIP, capture
 from optwin.ingest.models import load_llama_tiny
@@ -25,51 +25,11 @@ RIGHT = [[1] * 7, [1] * 5 + [0] * 2]  # batch row 1: keys 0..4 live
 SPANS = {"left": [(0, 7), (3, 7)], "right": [(0, 7), (0, 5)]}  # each batch row's live keys [s, e)
 
 
-class _Attention:
-    """Every attention call's q, k, v (the attention function's own arguments, eager's or sdpa's) and the
-    model's own attention output for it (o_proj's input, (b, s, h*d) -> (b, h, s, d)), in call order."""
+def _attention(m, impl: str) -> AttentionSpy:  # noqa: ANN001
+    """The tiny Llama's attention calls and its own attention output (o_proj's input) for each."""
+    import transformers.models.llama.modeling_llama as ml
 
-    def __init__(self, model, impl: str) -> None:  # noqa: ANN001
-        self.model, self.impl = model, impl
-        self.qkv: list[tuple[torch.Tensor, ...]] = []
-        self.out: list[torch.Tensor] = []
-
-    def __enter__(self) -> _Attention:
-        import transformers.models.llama.modeling_llama as ml
-
-        self.ml = ml
-        heads = self.model.config.num_attention_heads
-
-        def keep(m, args) -> None:  # noqa: ANN001
-            b, s, hd = args[0].shape
-            self.out.append(args[0].reshape(b, s, heads, hd // heads).transpose(1, 2).clone())
-
-        self.hooks = [layer.self_attn.o_proj.register_forward_pre_hook(keep) for layer in self.model.model.layers]
-        if self.impl == "sdpa":
-            self.orig = F.scaled_dot_product_attention
-
-            def spy(q, k, v, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
-                self.qkv.append((q, k, v))
-                return self.orig(q, k, v, *args, **kwargs)
-
-            F.scaled_dot_product_attention = spy
-        else:  # installed before the capture: its wrapper calls this one
-            self.orig = ml.eager_attention_forward
-
-            def spy(module, q, k, v, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
-                self.qkv.append((q, k, v))
-                return self.orig(module, q, k, v, *args, **kwargs)
-
-            ml.eager_attention_forward = spy
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for h in self.hooks:
-            h.remove()
-        if self.impl == "sdpa":
-            F.scaled_dot_product_attention = self.orig
-        else:
-            self.ml.eager_attention_forward = self.orig
+    return AttentionSpy(m, impl, ml, [layer.self_attn.o_proj for layer in m.model.layers])
 
 
 def _run(impl: str, mask: list[list[int]], decode: bool = False):  # noqa: ANN202
@@ -82,7 +42,7 @@ def _run(impl: str, mask: list[list[int]], decode: bool = False):  # noqa: ANN20
             past = m(input_ids=ids, attention_mask=am, use_cache=True).cache
             am = torch.cat([am, torch.ones(am.shape[0], 1, dtype=am.dtype)], 1)
             ids = ids[:, -1:]
-        with _Attention(m, impl) as seen, capture(m, sample_rate=1.0, capacity=100) as rec:
+        with _attention(m, impl) as seen, capture(m, sample_rate=1.0, capacity=100) as rec:
             if decode:
                 m(input_ids=ids, attention_mask=am, cache=past, use_cache=True)
             else:
