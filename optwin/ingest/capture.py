@@ -1368,22 +1368,35 @@ class _EagerWaiting(threading.local):
 _EAGER = _EagerWaiting()
 
 
-def eager_scores(query: torch.Tensor, scores: torch.Tensor) -> None:
+def eager_scores(query: torch.Tensor, scores: torch.Tensor) -> str | None:
     """The patched eager_attention_forward (optwin.kernels.patching) hands over the scores it is about to give its
     Triton softmax (QK^T * scale + mask, in the dtype the kernel receives), with the call's query: each recorder
     whose wrapper queued this call (_record_eager_unfused) records it as softmax "triton" with the scores as x, in
     the stream the wrapper saw. Called before the launch, so a "raise" monitor's FaultPredicted stops the call
     before the kernel runs; any other failure is counted, never raised into the model. Nothing queued (no capture,
-    a "warn" monitor): a list test."""
+    a "warn" monitor): a list test.
+
+    Returns the policy's verdict on the call: "fallback" where a "fallback" monitor predicted the softmax faults
+    (its record set rec.action, as for the torch calls its interceptor reruns in float32), and the patched
+    function must then compute it in float32 itself, not launch the kernel; None otherwise. No interceptor runs
+    this call (our kernel is no torch function), so nothing else would read the verdict: the monitor counted a
+    fallback and logged "running in float32" while the kernel ran as predicted."""
     waiting = _EAGER.waiting
     if not waiting:
-        return
+        return None
     calls = [w for w in waiting if w[1] is query]
     waiting.clear()
     dtype = _dtype_name(scores)
+    act = None
     for rec, _, site in calls:
+        rec.action = None  # only this record's verdict counts
         _guarded(rec, "softmax", "eager_attention_forward", rec.record, "softmax", "triton", {"x": scores}, None,
                  dtype, site, site=site)
+        if rec.action is not None:
+            # "fallback" or "fallback32": the same float32 softmax here (the kernel's output is float32 either
+            # way); taken, so no later call reads it as its own
+            act, rec.action = "fallback", None
+    return act
 
 
 _RECORD_FN: dict[str, Callable[..., None]] = {

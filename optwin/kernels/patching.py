@@ -469,11 +469,15 @@ def _eager_attention(handle: Patch, mod: ModuleType) -> Callable[..., Any]:
         scores = attn_weights
         # a capture's or a "raise"/"fallback" monitor's wrapper around this function queued the call: it records the
         # softmax that runs, on the scores the kernel receives (a "warn" monitor takes the kernel's fused sketch)
-        eager_scores(query, scores)
-        # defer: where the launch runs a program per row (long rows), its finisher runs batched with other
-        # calls' when the monitor settles them (optwin.kernels.deferred)
-        run = lambda sk: softmax(scores, sketch=sk, out_dtype=torch.float32, defer=True)  # noqa: E731
-        attn_weights = _launch(handle, "softmax", scores.dtype, run).to(query.dtype)
+        if eager_scores(query, scores) is None:
+            # defer: where the launch runs a program per row (long rows), its finisher runs batched with other
+            # calls' when the monitor settles them (optwin.kernels.deferred)
+            run = lambda sk: softmax(scores, sketch=sk, out_dtype=torch.float32, defer=True)  # noqa: E731
+            attn_weights = _launch(handle, "softmax", scores.dtype, run).to(query.dtype)
+        else:
+            # a "fallback" monitor predicted this softmax faults: it runs as the monitor's fallback runs a torch
+            # call, in float32 (torch's softmax of the upcast scores), no kernel; float32 out, as the kernel's
+            attn_weights = torch.softmax(scores.float(), dim=-1).to(query.dtype)
         attn_weights = nn.functional.dropout(attn_weights, p=dropout, training=module.training)
         attn_output = torch.matmul(attn_weights, value_states)  # (B, H, Sq, D)
         return attn_output.transpose(1, 2).contiguous(), attn_weights
