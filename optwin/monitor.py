@@ -25,7 +25,8 @@ Policies:
 - "fallback": when the call itself is predicted to fault (probability >= threshold), it runs in
   float32 and the result is cast back to the call's dtype (under torch.autocast, a matmul or attention
   whose autocast float16/bfloat16 is the fault keeps the float32 result). Applies to torch-function calls and to
-  RMSNorm modules; wrapped HF functions (eager attention, rotary) only warn. Needs the verdict
+  RMSNorm modules, and to the softmax of an eager attention patched with our kernels (run as float32
+  torch.softmax instead of the kernel); wrapped HF functions (eager attention, rotary) otherwise only warn. Needs the verdict
   before the call, so it reads the sketch synchronously.
 - "raise": raises FaultPredicted (an OptwinError) before the faulting call runs.
 "raise"/"fallback" need a local database (db=...); a sidecar answers asynchronously.
