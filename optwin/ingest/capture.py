@@ -220,7 +220,7 @@ class Recorder:
         self._rope_checked: dict[Any, tuple[Any, ...]] = {}  # (id(rotary module), layer type) -> inv_freq verdict (_rope_reason)
         self._rope_tables_checked: dict[Any, tuple[Any, ...]] = {}  # the same key -> its cos/sin verdict (_table_reason)
         self._norm_weights: dict[int, tuple[Any, ...]] = {}  # id(norm module) -> (w, version, 1 + w) (_norm_weight)
-        # (mask, version, used keys, _mask_other, seq_q, _mask_spans, _mask_bidirectional) (_used_keys)
+        # (mask, version, used keys, _mask_other, seq_q, _mask_spans, _mask_bidirectional, _mask_keys) (_used_keys)
         self._mask_seen: tuple[Any, ...] | None = None
         self._rope_pending: tuple[Any, str | None] | None = None  # the rotary call running (_keep_rope_table)
         self._rope_tables: dict[Any, tuple[Any, ...]] = {}  # its tables: (cos, positions, base, reason)
@@ -590,7 +590,7 @@ def _mask_form(rec: Recorder, mask: Any, seq_q: int, seq_k: int, module_causal: 
     elif mask is None or shared or not 1 < seq_q <= seq_k or not module_causal():
         causal = False
     else:
-        causal = _bottom_right(seq_q, seq_k)
+        causal = _bottom_right(seq_q, _mask_keys(rec, mask, seq_k))
     if causal is None:
         rec.skip(BOTTOM_RIGHT_SKIP)
         return None
@@ -1188,15 +1188,23 @@ def _used_keys(rec: Recorder, mask: Any, seq_q: int, seq_k: int) -> int | None:
             ok = n >= 1 and bool((allowed == (j < n)).all())
         else:
             ok = seq_q <= n and bool((allowed == (j <= n - seq_q + i)).all())
-        other, spans, bidir = False, None, False
+        other, spans, bidir, keys = False, None, False, seq_k
         if not ok:  # causal (bottom-right over all keys) with the keys no row of a batch row sees (padding) masked?
             pad = ~allowed.any(-2, keepdim=True).any(-3, keepdim=True)  # (b, 1, 1, seq_k)
-            want = (torch.ones_like(j, dtype=torch.bool) if shared else j <= seq_k - seq_q + i) & ~pad
-            dead = ~want.any(-1, keepdim=True)  # a padding token's query row: whatever the model left in it
-            # and each batch row's live keys: first, end past the last, count (one span when count == end - first);
+            # each batch row's live keys: first, end past the last, count (one span when count == end - first);
             # read in the same sync as the verdict
             live = (~pad).reshape(pad.shape[0], seq_k).int()  # (b, seq_k)
             first, end = live.argmax(-1), seq_k - live.flip(-1).argmax(-1)
+            # bottom-right aligned to seq_k, or to the last live key of any batch row: a static cache's slots past
+            # the written ones are masked in every row, and its left-padded prefill (7 queries, 10 slots: query i
+            # sees the row's live keys j <= i) was MASK_SKIP against the mask aligned to slot 10. Both, since a
+            # batch whose every row ends in pad tokens (pad_to_multiple_of) is aligned to seq_k with its last
+            # keys dead. The first that matches gives _mask_keys.
+            verdicts = []
+            for last in (seq_k, end.max()):
+                want = (torch.ones_like(j, dtype=torch.bool) if shared else j <= last - seq_q + i) & ~pad
+                dead = ~want.any(-1, keepdim=True)  # a padding token's query row: whatever the model left in it
+                verdicts.append(((allowed == want) | dead).all())
             # or bidirectional plus padding (an encoder's self-attention): each live token's query row (query i is
             # token i) sees exactly its batch row's live keys; a pad token's row whatever the model left in it. A
             # shared mask's padding verdict above is already this one.
@@ -1208,13 +1216,14 @@ def _used_keys(rec: Recorder, mask: Any, seq_q: int, seq_k: int) -> int | None:
                 bi = (allowed == ~pad).all()
             else:
                 bi = torch.zeros((), dtype=torch.bool, device=mask.device)
-            verdicts = torch.stack([((allowed == want) | dead).all(), bi]).long()
-            got = torch.cat([verdicts, first, end, live.sum(-1)]).tolist()
-            b = live.shape[0]
-            other, bidir, got = not got[0], bool(got[1]), got[1:]
+            got = torch.cat([torch.stack(verdicts + [bi]).long(), first, end, live.sum(-1)]).tolist()
+            b, at_k, at_last = live.shape[0], got[0], got[1]
+            other, bidir, got = not (at_k or at_last), bool(got[2]), got[2:]
             rows = list(zip(got[1:1 + b], got[1 + b:1 + 2 * b], got[1 + 2 * b:]))
             spans = tuple((s, e) for s, e, _ in rows) if all(0 < c == e - s for s, e, c in rows) else ()
-    rec._mask_seen = (mask, v, n if ok else None, other, seq_q, spans, bidir)
+            if at_last and not at_k:
+                keys = max(e for _, e, _ in rows)
+    rec._mask_seen = (mask, v, n if ok else None, other, seq_q, spans, bidir, keys)
     return rec._mask_seen[2]
 
 
@@ -1223,6 +1232,14 @@ def _mask_other(rec: Recorder, mask: Any) -> bool:
     padding (a sliding window, a bias: MASK_SKIP). False for masks it did not read (other shapes)."""
     seen = rec._mask_seen
     return seen is not None and seen[0] is mask and seen[3]
+
+
+def _mask_keys(rec: Recorder, mask: Any, seq_k: int) -> int:
+    """The key count a mask that _used_keys, just run on it, found causal plus padding is bottom-right aligned to:
+    its last live key's end where only that alignment matched (a static cache's written slots: the rest masked in
+    every row), else seq_k (also for masks it did not read)."""
+    seen = rec._mask_seen
+    return seen[7] if seen is not None and seen[0] is mask and seen[2] is None and not seen[3] else seq_k
 
 
 def _mask_spans(rec: Recorder, mask: Any) -> tuple[tuple[int, int], ...] | None:
