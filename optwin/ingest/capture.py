@@ -517,11 +517,8 @@ def _sdpa(rec: Recorder, args: tuple, kwargs: dict) -> None:
             return
         n, causal, spans, rows = form
     dtype = _autocast_name(q, "attention")
-    for q, k, v in _attention_parts(q, k, v, n, spans, rows):
-        if k.shape[1] != q.shape[1] and q.shape[1] % k.shape[1] == 0:  # GQA: expand kv heads (norms unchanged)
-            rep = q.shape[1] // k.shape[1]
-            k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-        rec.record("attention", "sdpa", {"q": q, "k": k, "v": v}, {"causal": causal}, dtype=dtype)
+    for q, k, v in _attention_parts(q, k, v, n, spans, rows):  # GQA: kv heads expanded (norms unchanged)
+        rec.record("attention", "sdpa", _attention_inputs(q, k, v), {"causal": causal}, dtype=dtype)
 
 
 # A cached multi-token step (generate fed several new tokens, chunked prefill, speculative decoding's
@@ -581,7 +578,7 @@ def _mask_form(rec: Recorder, mask: Any, seq_q: int, seq_k: int, module_causal: 
     which the model's never saw."""
     n = _used_keys(rec, mask, seq_q, seq_k)
     shared = isinstance(mask, torch.Tensor) and mask.ndim == 4 and mask.shape[-2] == 1
-    module_causal = _once(module_causal)  # read at most once per call (sdpa's: a frame walk), only where needed
+    module_causal = functools.cache(module_causal)  # read at most once per call (sdpa's: a frame walk), only where needed
     if n is not None:  # causal over the used keys (top-left when seq_q == n)
         causal = False if shared else _bottom_right(seq_q, n)
     elif _mask_other(rec, mask) and module_causal():
@@ -609,17 +606,6 @@ def _mask_form(rec: Recorder, mask: Any, seq_q: int, seq_k: int, module_causal: 
     # which, read only for a padded shared mask with as many rows as keys
     rows = causal or (spans is not None and seq_q == seq_k > 1 and not module_causal())
     return n, causal, spans, rows
-
-
-def _once(fn: Callable[[], bool]) -> Callable[[], bool]:
-    """fn, called at most once: its first answer kept."""
-    got: list[bool] = []
-
-    def once() -> bool:
-        if not got:
-            got.append(fn())
-        return got[0]
-    return once
 
 
 def _attention_parts(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n: int | None,
@@ -1153,7 +1139,7 @@ def _table_reason(rec: Recorder, m: nn.Module, lt: str | None, cos: torch.Tensor
 
 
 def _attention_inputs(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> dict[str, torch.Tensor]:
-    """q, k, v of an eager attention call, grouped keys and values repeated to q's heads (GQA)."""
+    """q, k, v of an attention call (eager's, sdpa's), grouped keys and values repeated to q's heads (GQA)."""
     k, v = key, value
     if k.shape[1] != query.shape[1] and query.shape[1] % k.shape[1] == 0:
         rep = query.shape[1] // k.shape[1]
