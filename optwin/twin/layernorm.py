@@ -15,17 +15,8 @@ from __future__ import annotations
 import torch
 
 from optwin.catalog import CATALOG
-from optwin.twin.numerics import (
-    TRITON_WHOLE_ROW_MAX,
-    Numerics,
-    fma_odd,
-    scalar32,
-    sum_squares,
-    triton_row_lanes,
-    welford_chunk,
-)
-from optwin.twin.triton_reduce import row_layout, tl_sum
-from optwin.twin.triton_reduce import sum_squares as tl_sum_squares
+from optwin.twin.numerics import TRITON_WHOLE_ROW_MAX, Numerics, fma_odd, scalar32, welford_chunk
+from optwin.twin.triton_reduce import row_sum, row_sum_squares
 
 EPS = CATALOG["layernorm"].constants["eps"]
 F32 = "float32"
@@ -304,19 +295,13 @@ def twin(num: Numerics, variant: str, dtype: str, inputs: dict[str, torch.Tensor
     if variant == "triton" and welford_chunk(n):
         m, var = welford(num, h, lanes=welford_chunk(n))
         return num.round(_normalize(num, h, m, var, w, b, fused=True), dtype)
-    if variant == "triton" and n <= TRITON_WHOLE_ROW_MAX:
-        # the row held whole: each sum one tl.sum in the kernel's layout (triton_reduce)
-        block, warps, spt = row_layout(n, dtype, "layernorm")
-        m = num.round(tl_sum(num, h, block, warps, spt) / n, F32)
-        dev = num.round(h - m, F32)
-        var = num.round(tl_sum_squares(num, dev, block, warps, spt) / n, F32)
-        # ((h - m) * r) * w + b: the kernel's explicit FMA, one rounding
-        return num.round(_normalize(num, h, m, var, w, b, fused=True), dtype)
     if variant == "triton":
-        # rows past TRITON_WHOLE_ROW_MAX: per-lane sums over the kernel's chunks and then the tree
-        lanes = triton_row_lanes(n)
-        m = num.round(num.sum(h, order="blocked", lanes=lanes, keepdim=True) / n, F32)
+        # a row held whole: each sum one tl.sum in the kernel's layout; past TRITON_WHOLE_ROW_MAX per-lane sums over
+        # the kernel's chunks and then the tree (triton_reduce.row_sum)
+        m = num.round(row_sum(num, h, dtype, "layernorm") / n, F32)
         dev = num.round(h - m, F32)
-        var = num.round(sum_squares(num, dev) / n, F32)
-        return num.round(_normalize(num, h, m, var, w, b), dtype)  # every product rounds (no FMA)
+        var = num.round(row_sum_squares(num, dev, dtype, "layernorm") / n, F32)
+        # held whole, ((h - m) * r) * w + b is the kernel's explicit FMA, one rounding; the chunked kernels round
+        # every product (no FMA)
+        return num.round(_normalize(num, h, m, var, w, b, fused=n <= TRITON_WHOLE_ROW_MAX), dtype)
     raise ValueError(f"layernorm: no twin for variant {variant!r}")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -82,12 +83,7 @@ def sum_squares(num: Numerics, x: torch.Tensor) -> torch.Tensor:
     if n <= TRITON_WHOLE_ROW_MAX:  # a second, unchecked model of the held-whole rows would drift (s49 review)
         raise ValueError(f"sum_squares models rows past {TRITON_WHOLE_ROW_MAX} read in chunks, not a row of {n}: "
                          "rows held whole are optwin.twin.triton_reduce.sum_squares")
-    return num.sum(num.round(x * x, "float32"), order="blocked", lanes=triton_row_lanes(n), keepdim=True)
-
-
-def triton_row_lanes(n: int) -> int:
-    """The `lanes` of Numerics.sum(order="blocked") that is a Triton norm's sum over a row of n."""
-    return n if n <= TRITON_WHOLE_ROW_MAX else TRITON_CHUNK
+    return num.sum(num.round(x * x, "float32"), order="blocked", lanes=TRITON_CHUNK, keepdim=True)
 
 
 @dataclass(frozen=True)
@@ -519,14 +515,7 @@ class Numerics:
             x = torch.gather(x, -1, perm)
             lanes = 2 ** int(torch.randint(5, 11, (1,), generator=self.gen))  # one for every replay
             order = "blocked"
-        add = self._adder(acc)
-        if add is _add32:  # exact float32 arithmetic when every term is a float32 value
-            x32 = x.to(torch.float32)
-            # One fused comparison; NaN terms fail it and take the (equally exact) rounding path.
-            if torch.equal(x32.to(torch.float64), x):
-                x = x32
-            else:
-                add = lambda s, t: self.round(s + t, acc)
+        x, add = self.terms(x, acc)
         if order == "sequential":
             out = self._sequential(x, add)
         elif order == "pairwise":
@@ -539,6 +528,20 @@ class Numerics:
             raise ValueError(f"unknown reduction order {order!r}")
         out = out.to(torch.float64)
         return out.unsqueeze(dim) if keepdim else out
+
+    def terms(self, x: torch.Tensor, acc: Format | str) -> tuple[torch.Tensor, Callable[..., torch.Tensor]]:
+        """(x, add) for summing x's terms in `acc`: x cast to float32 and float32 tensor addition where that is
+        the rounded addition (_adder) and every term is a float32 value (one kernel a step, the same bits), else x
+        and the rounded addition."""
+        acc = fmt(acc)
+        add = self._adder(acc)
+        if add is _add32:  # exact float32 arithmetic when every term is a float32 value
+            x32 = x.to(torch.float32)
+            # One fused comparison; NaN terms fail it and take the (equally exact) rounding path.
+            if torch.equal(x32.to(torch.float64), x):
+                return x32, add
+            add = lambda s, t: self.round(s + t, acc)  # noqa: E731
+        return x, add
 
     def _adder(self, acc: Format):
         """The rounded addition of two acc values: float32 tensor addition (IEEE, correctly rounded:
@@ -563,10 +566,11 @@ class Numerics:
     def rows(self, x: torch.Tensor, dim: int = -1) -> int:
         """How many sums a reduction of one input over `dim` makes on the GPU: under replays x's leading dim
         is the replay dim, not part of the input."""
-        rows = x.numel() // max(x.shape[dim], 1)
-        if self.replays and x.ndim > 1 and x.shape[0] == self.replays:
-            rows //= self.replays
-        return rows
+        return x.numel() // max(x.shape[dim], 1) // self._replay_lead(x)
+
+    def _replay_lead(self, x: torch.Tensor) -> int:
+        """x's leading replay dim's size (this context's replays), 1 when x has none."""
+        return self.replays if self.replays and x.ndim > 1 and x.shape[0] == self.replays else 1
 
     def max(self, x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
         """Max is exact in every order; NaN propagates, as on the GPU (torch.amax propagates NaN)."""
@@ -641,15 +645,16 @@ class Numerics:
             return self._blocked(x, add, 256)  # split over blocks too: a global-memory reduction, not modelled
         lead = x.shape[:-1]
         # (replays or 1, rows, n): a leading replay dim stays leading, so each replay draws its own noise
-        x = x.reshape(x.shape[0] if self.replays and x.ndim > 1 and x.shape[0] == self.replays else 1, -1, n)
+        x = x.reshape(self._replay_lead(x), -1, n)
         # each row's 16-byte misalignment, in elements: row r of an input starts at element r n
         shift = torch.arange(x.shape[1]) * n % vec if vectorized else torch.zeros(x.shape[1], dtype=torch.long)
         out = torch.empty(x.shape[:2], dtype=x.dtype)
+        x = torch.nn.functional.pad(x, (0, 1))  # element n is the zero pad (x + 0 is exact)
         for sh in shift.unique().tolist():  # one order per misalignment: at most vec of them
             pick = (shift == sh).nonzero().squeeze(-1)
             rows = x if len(pick) == x.shape[1] else x[:, pick]
             index = _cuda_reduce_index(n, threads, vec if vectorized else 4, vectorized, sh)  # (accs, steps, threads)
-            terms = torch.nn.functional.pad(rows, (0, 1))[..., index]  # element n is the zero pad (x + 0 is exact)
+            terms = rows[..., index]
             acc = add(torch.zeros_like(terms[..., 0, :]), terms[..., 0, :])  # from +0, as torch's: -0 + 0 = +0
             for k in range(1, terms.shape[-2]):
                 acc = add(acc, terms[..., k, :])

@@ -9,9 +9,8 @@ from __future__ import annotations
 import torch
 
 from optwin.catalog import CATALOG
-from optwin.twin.numerics import TRITON_WHOLE_ROW_MAX, Numerics, scalar32, sum_squares
-from optwin.twin.triton_reduce import row_layout
-from optwin.twin.triton_reduce import sum_squares as tl_sum_squares
+from optwin.twin.numerics import Numerics, scalar32
+from optwin.twin.triton_reduce import row_sum_squares
 
 EPS = CATALOG["rmsnorm"].constants["eps"]
 EPS32 = scalar32(EPS)  # `v + eps` adds eps cast to float32: torch's float32 (opmath) add, Triton's fp32 argument
@@ -40,12 +39,9 @@ def twin(num: Numerics, variant: str, dtype: str, inputs: dict[str, torch.Tensor
         r = num.round(torch.rsqrt(num.round(num.round(v + EPS32, F32), dtype)), dtype)
         return num.round(w * num.round(x * r, dtype), dtype)
     if variant == "triton":
-        n = x.shape[-1]
-        if n <= TRITON_WHOLE_ROW_MAX:  # FMA-folded neighbours, then one tl.sum in the kernel's layout
-            s = tl_sum_squares(num, x, *row_layout(n, dtype, "rmsnorm"))
-        else:  # per-lane sums over the kernel's chunks, then a tree
-            s = sum_squares(num, x)
-        v = num.round(s / n, F32)
+        # held whole: FMA-folded neighbours, then one tl.sum in the kernel's layout; longer: per-lane sums over the
+        # kernel's chunks, then a tree
+        v = num.round(row_sum_squares(num, x, dtype, "rmsnorm") / x.shape[-1], F32)
         r = num.round(torch.rsqrt(num.round(v + EPS32, F32)), F32)
         y = num.round(num.round(x * r, F32) * w, F32)
         return num.round(y, dtype)

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import torch
 
-from optwin.twin.numerics import Numerics, _add32, fma_odd, fmt
+from optwin.twin.numerics import TRITON_CHUNK, TRITON_WHOLE_ROW_MAX, Numerics, fma_odd
+from optwin.twin.numerics import sum_squares as chunked_sum_squares
 
 F32 = "float32"
 WARP = 32
@@ -61,19 +62,6 @@ def row_layout(n: int, dtype: str, op: str) -> tuple[int, int, int]:
     return block, warps, min(VECTOR_BYTES // esize, max(block // (WARP * warps), 1))
 
 
-def _adder(num: Numerics, x: torch.Tensor):
-    """(x, add): Numerics' float32 addition (num._adder), over x cast to float32 where that addition is
-    float32 tensor arithmetic and x holds float32 values (one kernel a step, the same bits), as
-    Numerics.sum does."""
-    add = num._adder(fmt(F32))
-    if add is _add32:
-        x32 = x.to(torch.float32)
-        if torch.equal(x32.to(torch.float64), x):  # NaN fails it and takes the rounded path
-            return x32, add
-        add = lambda s, t: num.round(s + t, F32)  # Numerics.sum falls back the same way
-    return x, add
-
-
 def tl_sum(num: Numerics, x: torch.Tensor, block: int, warps: int, spt: int) -> torch.Tensor:
     """Triton 3.6's tl.sum over the last dim of x (..., n) zero-padded to `block` (a power of two) in a
     blocked layout of `spt` contiguous elements a thread, 32 lanes, `warps` warps: each thread's registers in
@@ -87,7 +75,7 @@ def tl_sum(num: Numerics, x: torch.Tensor, block: int, warps: int, spt: int) -> 
     wu = max(1, min(warps, block // (spt * WARP)))  # warps holding distinct data
     reps = block // (spt * lanes * wu)
     x = torch.nn.functional.pad(x, (0, block - n))
-    x, add = _adder(num, x)
+    x, add = num.terms(x, F32)
     x = x.reshape(*x.shape[:-1], reps, wu, lanes, spt)  # element ((r wu + w) lanes + l) spt + v
     x = x.movedim(-4, -2).flatten(-2)  # (..., wu, lanes, reps * spt): each thread's registers in order
     s = x[..., 0]
@@ -111,3 +99,22 @@ def sum_squares(num: Numerics, x: torch.Tensor, block: int, warps: int, spt: int
     for j in (2, 1, 0):
         q = num.round(fma_odd(g[..., j], g[..., j], q), F32)  # fma: one rounding
     return tl_sum(num, q, block // 4, warps, max(spt // 4, 1))
+
+
+def row_sum(num: Numerics, x: torch.Tensor, dtype: str, op: str) -> torch.Tensor:
+    """op's (a Triton norm's) row sum of x (..., n), (..., 1) float32 values: a row held whole (n <=
+    TRITON_WHOLE_ROW_MAX) one tl_sum in the kernel's layout, a longer row each lane's sum over the kernel's
+    TRITON_CHUNK pieces in sequence, then a tree."""
+    n = x.shape[-1]
+    if n <= TRITON_WHOLE_ROW_MAX:
+        return tl_sum(num, x, *row_layout(n, dtype, op))
+    return num.sum(x, order="blocked", lanes=TRITON_CHUNK, keepdim=True)
+
+
+def row_sum_squares(num: Numerics, x: torch.Tensor, dtype: str, op: str) -> torch.Tensor:
+    """op's row sum of x * x, as row_sum reads rows: held whole, sum_squares (FMA-folded neighbours, one tl_sum);
+    longer, numerics.sum_squares (every product rounded, per lane over the chunks, then a tree)."""
+    n = x.shape[-1]
+    if n <= TRITON_WHOLE_ROW_MAX:
+        return sum_squares(num, x, *row_layout(n, dtype, op))
+    return chunked_sum_squares(num, x)
