@@ -436,11 +436,19 @@ def _rotary(handle: Patch, original: Callable[..., Any]) -> Callable[..., Any]:
                              variant="fp32-angles")
                      for name, x in (("q", q), ("k", k)))
 
-    setattr(apply_rotary_pos_emb, sketch_sink.FUSED_ATTR, "rope")
-    setattr(apply_rotary_pos_emb, _TAKES_ATTR, takes)
     # undone, it emits no sketch: a monitor's wrapper still calling it (_set_global) must sketch rope itself
-    handle._undo.append(lambda: delattr(apply_rotary_pos_emb, sketch_sink.FUSED_ATTR))
-    return apply_rotary_pos_emb
+    return _mark(handle, apply_rotary_pos_emb, "rope", takes)
+
+
+def _mark(handle: Patch, fn: Callable[..., Any], op: str, takes: Callable[..., bool]) -> Callable[..., Any]:
+    """fn, a patched module global, marked as our kernel of `op` (sketch_sink's fused marker: a monitor's wrapper
+    around it leaves the sketch to the kernel) with `takes`, its test of the calls the kernel runs (rotary_runs,
+    eager_runs). The patch's undo drops the marker: a wrapper still calling the undone function records the call
+    itself."""
+    setattr(fn, sketch_sink.FUSED_ATTR, op)
+    setattr(fn, _TAKES_ATTR, takes)
+    handle._undo.append(lambda: delattr(fn, sketch_sink.FUSED_ATTR))
+    return fn
 
 
 def _eager_attention(handle: Patch, mod: ModuleType) -> Callable[..., Any]:
@@ -485,11 +493,8 @@ def _eager_attention(handle: Patch, mod: ModuleType) -> Callable[..., Any]:
     # A capture or monitor started after the patch wraps this function (capture._record_eager_unfused): on the calls
     # `takes`, the wrapper records no attention "math" (whose twin runs torch's softmax) but our softmax's
     # softmax/triton record (the fused sketch, or eager_scores above), so one call is one record of what ran
-    setattr(eager_attention_forward, sketch_sink.FUSED_ATTR, "softmax")
-    setattr(eager_attention_forward, _TAKES_ATTR, takes)
     # undone, it runs the model's code: a monitor's wrapper still calling it (_set_global) records attention again
-    handle._undo.append(lambda: delattr(eager_attention_forward, sketch_sink.FUSED_ATTR))
-    return eager_attention_forward
+    return _mark(handle, eager_attention_forward, "softmax", takes)
 
 
 def patch(model: nn.Module, rmsnorm: bool = True, layernorm: bool = True, softmax: bool = True,
