@@ -220,8 +220,7 @@ class Recorder:
         self._rope_checked: dict[Any, tuple[Any, ...]] = {}  # (id(rotary module), layer type) -> inv_freq verdict (_rope_reason)
         self._rope_tables_checked: dict[Any, tuple[Any, ...]] = {}  # the same key -> its cos/sin verdict (_table_reason)
         self._norm_weights: dict[int, tuple[Any, ...]] = {}  # id(norm module) -> (w, version, 1 + w) (_norm_weight)
-        # (mask, version, used keys, _mask_other, seq_q, _mask_spans, _mask_bidirectional, _mask_keys) (_used_keys)
-        self._mask_seen: tuple[Any, ...] | None = None
+        self._mask_seen: _MaskVerdict | None = None  # the last attention mask read (_mask_verdict)
         self._rope_pending: tuple[Any, str | None] | None = None  # the rotary call running (_keep_rope_table)
         self._rope_tables: dict[Any, tuple[Any, ...]] = {}  # its tables: (cos, positions, base, reason)
         self._records: list[dict[str, Any]] | None = None
@@ -530,17 +529,17 @@ def _sdpa(rec: Recorder, args: tuple, kwargs: dict) -> None:
 BOTTOM_RIGHT_SKIP = ("attention: cached multi-token step (causal mask bottom-right aligned, seq_q < seq_k): the "
                      "catalog's causal is top-left and takes no mask")
 
-# A causal module's mask that is neither causal over a prefix of the keys (_used_keys) nor causal with padded
-# keys masked (_mask_other): a sliding window (Qwen2, Mistral: row 11 of a 4-wide window sees keys 8..11), an
+# A causal module's mask that is neither causal over a prefix of the keys (_mask_verdict) nor causal with padded
+# keys masked (its verdict's other): a sliding window (Qwen2, Mistral: row 11 of a 4-wide window sees keys 8..11), an
 # additive bias. It was recorded as the plain causal mask over every key (the twin's output 0.2 off the model's
 # on a sliding-window prefill); the catalog's attention takes no mask, so such calls are skipped and counted.
 # Padding is recorded per batch row over its live keys (_attention_parts), or skipped (PADDING_HOLES_SKIP).
 # A module that is not causal (an encoder: BERT) has no skip here: its mask, when not bidirectional plus padding
-# (_mask_bidirectional), is still recorded non-causal over every key.
+# (its verdict's bidir), is still recorded non-causal over every key.
 MASK_SKIP = "attention: mask not causal-only: sliding window / bias (the catalog's attention takes no mask)"
 
 # A padded batch's mask: causal (or, one mask row for every query row, every key; or, an encoder's, every key for
-# every live token's query row) with the keys that no query row of a batch row sees masked (_used_keys). Each batch
+# every live token's query row) with the keys that no query row of a batch row sees masked (_mask_verdict). Each batch
 # row whose live keys are one span (left padding: a suffix, right padding: a prefix, no padding: every key) is
 # recorded as what it computed, its rows sliced to that span (_attention_parts). A batch row whose live keys have a
 # hole (a right-padded batch's decode step: its pad keys between the prompt and the new token; a pad token inside an
@@ -576,26 +575,28 @@ def _mask_form(rec: Recorder, mask: Any, seq_q: int, seq_k: int, module_causal: 
     an encoder's (a module that is not causal, seq_q == seq_k: BERT, MiniLM) padded batch, bidirectional plus
     padding: recorded as one non-causal call over every key, every row's queries were replayed seeing its pad keys,
     which the model's never saw."""
-    n = _used_keys(rec, mask, seq_q, seq_k)
+    verdict = _mask_verdict(rec, mask, seq_q, seq_k)
+    n = verdict.used
     shared = isinstance(mask, torch.Tensor) and mask.ndim == 4 and mask.shape[-2] == 1
     module_causal = functools.cache(module_causal)  # read at most once per call (sdpa's: a frame walk), only where needed
     if n is not None:  # causal over the used keys (top-left when seq_q == n)
         causal = False if shared else _bottom_right(seq_q, n)
-    elif _mask_other(rec, mask) and module_causal():
+    elif verdict.other and module_causal():
         rec.skip(MASK_SKIP)  # a sliding window, a bias: no catalog form
         return None
     elif mask is None or shared or not 1 < seq_q <= seq_k or not module_causal():
         causal = False
     else:
-        causal = _bottom_right(seq_q, _mask_keys(rec, mask, seq_k))
+        causal = _bottom_right(seq_q, verdict.keys)
     if causal is None:
         rec.skip(BOTTOM_RIGHT_SKIP)
         return None
     spans = None
     # causal: seq_q == seq_k; shared: every query row sees the same keys; bidirectional (reached only for a module
     # that is not causal: a causal one's is MASK_SKIP): every live token's query row sees its batch row's live keys
-    if n is None and (causal or shared or _mask_bidirectional(rec, mask)):
-        spans = _mask_spans(rec, mask)
+    if n is None and (causal or shared or verdict.bidir):
+        # causal plus padding (not other) or bidirectional plus padding: each batch row's live key span
+        spans = verdict.spans if not verdict.other or verdict.bidir else None
         if spans == ():
             rec.skip(PADDING_HOLES_SKIP)
             return None
@@ -1147,24 +1148,47 @@ def _attention_inputs(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     return {"q": query, "k": k, "v": v}
 
 
-def _used_keys(rec: Recorder, mask: Any, seq_q: int, seq_k: int) -> int | None:
-    """n when an HF attention mask lets query row i see exactly the keys j <= n - seq_q + i, every
-    other key masked, in every batch row and head: causal, bottom-right aligned, over the first n keys,
-    the rest unused. A static KV cache passes all of its max_cache_len slots with the unwritten ones
-    masked: its prefill (12 queries, 14 slots) was recorded non-causal over 14 keys, its decode steps
-    over the empty slots too. A mask of one row for all seq_q query rows (a packed GQA decode step, see
-    _sdpa) gives n when that row allows exactly the first n keys. None for any other mask (padding,
-    sliding windows, additive biases). The check syncs twice per mask (three times when it also decides
-    _mask_other, _mask_spans and _mask_bidirectional: a padded batch's): every layer is handed the same tensor (HF builds a model's
-    mask once, an encoder's too: BertModel's create_bidirectional_mask), whose verdicts are kept in
-    rec._mask_seen."""
+class _MaskVerdict(NamedTuple):
+    """What _mask_verdict read off an HF attention mask, kept per mask tensor and version in rec._mask_seen."""
+
+    mask: Any
+    version: int | None
+    # n when query row i sees exactly the keys j <= n - seq_q + i (causal, bottom-right, over the first n keys)
+    used: int | None
+    # neither that nor causal plus padding (a sliding window, a bias: MASK_SKIP)
+    other: bool
+    seq_q: int
+    # causal or bidirectional plus padding: each batch row's live keys [s, e); () where a row's are not one span
+    # (holes, or none: PADDING_HOLES_SKIP)
+    spans: tuple[tuple[int, int], ...] | None
+    # bidirectional plus padding: each live token's query row sees exactly its batch row's live keys (an encoder's
+    # padded batch), or, seq_q != seq_k (cross-attention over a padded encoder), every query row does. Where
+    # seq_q == seq_k the call cannot be told from a cross-attention whose lengths agree: both keep today's verdict
+    # (_mask_form's rows: the pad tokens' query rows dropped)
+    bidir: bool
+    # the key count causal plus padding is bottom-right aligned to: the last live key's end where only that
+    # alignment matched (a static cache's written slots: the rest masked in every row), else seq_k
+    keys: int
+
+
+def _mask_verdict(rec: Recorder, mask: Any, seq_q: int, seq_k: int) -> _MaskVerdict:
+    """The verdict on an HF attention mask (_MaskVerdict). `used`: n when the mask lets query row i see exactly
+    the keys j <= n - seq_q + i, every other key masked, in every batch row and head: causal, bottom-right
+    aligned, over the first n keys, the rest unused. A static KV cache passes all of its max_cache_len slots with
+    the unwritten ones masked: its prefill (12 queries, 14 slots) was recorded non-causal over 14 keys, its decode
+    steps over the empty slots too. A mask of one row for all seq_q query rows (a packed GQA decode step, see
+    _sdpa) gives n when that row allows exactly the first n keys. None for any other mask (padding, sliding
+    windows, additive biases), which the other fields then describe. A mask it does not read (none, other shapes)
+    gets the verdict of no mask. The check syncs twice per mask (three times for a padded batch's): every layer is
+    handed the same tensor (HF builds a model's mask once, an encoder's too: BertModel's
+    create_bidirectional_mask), whose verdict is kept in rec._mask_seen."""
     if not isinstance(mask, torch.Tensor) or mask.ndim != 4 or mask.shape[-1] != seq_k or mask.shape[-2] not in (seq_q, 1):
-        return None
+        return _MaskVerdict(mask, None, None, False, seq_q, None, False, seq_k)
     # one row for all query rows (HF's pack_gqa decode): every query sees the same keys, the first n of them
     shared = mask.shape[-2] == 1
     seen, v = rec._mask_seen, _version(mask)
-    if _unchanged(seen, mask, v) and seen[4] == seq_q:
-        return seen[2]
+    if _unchanged(seen, mask, v) and seen.seq_q == seq_q:
+        return seen
     with torch.no_grad():
         allowed = mask if mask.dtype == torch.bool else mask == 0
         n = int(allowed[..., -1, :].sum(-1).max())
@@ -1185,7 +1209,7 @@ def _used_keys(rec: Recorder, mask: Any, seq_q: int, seq_k: int) -> int | None:
             # the written ones are masked in every row, and its left-padded prefill (7 queries, 10 slots: query i
             # sees the row's live keys j <= i) was MASK_SKIP against the mask aligned to slot 10. Both, since a
             # batch whose every row ends in pad tokens (pad_to_multiple_of) is aligned to seq_k with its last
-            # keys dead. The first that matches gives _mask_keys.
+            # keys dead. The first that matches gives keys.
             verdicts = []
             for last in (seq_k, end.max()):
                 want = (torch.ones_like(j, dtype=torch.bool) if shared else j <= last - seq_q + i) & ~pad
@@ -1209,43 +1233,8 @@ def _used_keys(rec: Recorder, mask: Any, seq_q: int, seq_k: int) -> int | None:
             spans = tuple((s, e) for s, e, _ in rows) if all(0 < c == e - s for s, e, c in rows) else ()
             if at_last and not at_k:
                 keys = max(e for _, e, _ in rows)
-    rec._mask_seen = (mask, v, n if ok else None, other, seq_q, spans, bidir, keys)
-    return rec._mask_seen[2]
-
-
-def _mask_other(rec: Recorder, mask: Any) -> bool:
-    """Whether _used_keys, just run on `mask`, found it neither causal over a key prefix nor causal plus
-    padding (a sliding window, a bias: MASK_SKIP). False for masks it did not read (other shapes)."""
-    seen = rec._mask_seen
-    return seen is not None and seen[0] is mask and seen[3]
-
-
-def _mask_keys(rec: Recorder, mask: Any, seq_k: int) -> int:
-    """The key count a mask that _used_keys, just run on it, found causal plus padding is bottom-right aligned to:
-    its last live key's end where only that alignment matched (a static cache's written slots: the rest masked in
-    every row), else seq_k (also for masks it did not read)."""
-    seen = rec._mask_seen
-    return seen[7] if seen is not None and seen[0] is mask and seen[2] is None and not seen[3] else seq_k
-
-
-def _mask_spans(rec: Recorder, mask: Any) -> tuple[tuple[int, int], ...] | None:
-    """For a mask that _used_keys, just run on it, found causal plus padding (not _mask_other) or bidirectional
-    plus padding (_mask_bidirectional): each mask batch row's live keys [s, e), the keys some query row of it sees;
-    () when a row's are not one span (holes, or none: PADDING_HOLES_SKIP). None for other masks and masks it did
-    not read."""
-    seen = rec._mask_seen
-    ok = seen is not None and seen[0] is mask and seen[2] is None and (not seen[3] or seen[6])
-    return seen[5] if ok else None
-
-
-def _mask_bidirectional(rec: Recorder, mask: Any) -> bool:
-    """Whether _used_keys, just run on `mask` (seq_q > 1, one mask row per query row), found it bidirectional plus
-    padding: each live token's query row sees exactly its batch row's live keys (an encoder's padded batch; every key
-    where nothing is padded), or, seq_q != seq_k (cross-attention over a padded encoder), every query row does. Where
-    seq_q == seq_k the call cannot be told from a cross-attention whose lengths agree: both keep today's verdict
-    (_mask_form's rows: the pad tokens' query rows dropped). False for masks it did not read."""
-    seen = rec._mask_seen
-    return seen is not None and seen[0] is mask and seen[2] is None and seen[6]
+    rec._mask_seen = _MaskVerdict(mask, v, n if ok else None, other, seq_q, spans, bidir, keys)
+    return rec._mask_seen
 
 
 def _rope_inputs(x: torch.Tensor, pos: torch.Tensor, unsqueeze_dim: int,
