@@ -14,7 +14,8 @@ from optwin.errors import OptwinError
 
 def check_writable_in(option: str, shown: object, path: str | os.PathLike) -> None:
     """Raise OptwinError (`{option} {shown}: ...`) unless a file or directory can be made at `path`: the nearest
-    existing directory at or above it (what is missing above it is made by the writer) takes a new entry."""
+    existing directory at or above it takes a new entry (whether what is missing above it may be made is the
+    caller's rule: build's --out refuses a missing directory, fingerprints.build.check_out)."""
     above = os.path.abspath(path)
     while not os.path.lexists(above):
         above = os.path.dirname(above)

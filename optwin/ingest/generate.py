@@ -450,12 +450,12 @@ def make_rope(rng: np.random.Generator, dtype: torch.dtype, *, seq: int, heads: 
     return Case({"x": to_tensor(x, dtype), "positions": pos}, {"base": float(base)}, family)
 
 
-def _row_entropy(scores: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """Softmax entropy (nats) of each row of scores (rows, keys; -inf hidden) scaled by scale (rows,),
-    with the sketch's own computation (every row keeps a visible key, so every row is eligible)."""
+def _row_entropy(scores: np.ndarray, scale: np.ndarray | None = None) -> np.ndarray:
+    """Softmax entropy (nats) of each row of scores (rows, keys; -inf hidden) scaled by scale (rows,), or as they
+    are, with the sketch's own computation (every row keeps a visible key, so every row is eligible)."""
     from optwin.ingest.sketch import logit_row_entropy
 
-    return logit_row_entropy(torch.from_numpy(scores * scale[:, None]))[0].numpy()
+    return logit_row_entropy(torch.from_numpy(scores if scale is None else scores * scale[:, None]))[0].numpy()
 
 
 # Keys _steer_rows tries per query row: its highest-scoring ones, then its longest key.
@@ -504,7 +504,7 @@ def _steer_rows(qr: np.ndarray, kb: np.ndarray, seq_q: int, scores: np.ndarray, 
         for j in range(m):  # a later key only for the rows the earlier ones leave flat
             left = np.flatnonzero(pick < 0)
             full = np.where(vis[left], ku[left, j] * s1[left, j, None], -np.inf)
-            pick[left[_row_entropy(full, np.ones(len(left))) < goal]] = j
+            pick[left[_row_entropy(full) < goal]] = j
         ok = np.flatnonzero(pick >= 0)[: need - have]
         if not len(ok):
             continue
@@ -524,7 +524,7 @@ def _steer_rows(qr: np.ndarray, kb: np.ndarray, seq_q: int, scores: np.ndarray, 
         lo, hi = np.zeros(len(r)), np.ones(len(r))  # hi stays a turn that reaches the goal
         for _ in range(12):  # bisection on the turn (to 2e-4: a turn a little past the least is as good)
             mid = (lo + hi) / 2
-            ok_mid = _row_entropy(at(mid)[1], np.ones(len(r))) < goal
+            ok_mid = _row_entropy(at(mid)[1]) < goal
             lo, hi = np.where(ok_mid, lo, mid), np.where(ok_mid, mid, hi)
         got_rows.append(r)
         got_vals.append(at(hi)[0])
